@@ -1,0 +1,294 @@
+#include "delegate/cpp/runner.h"
+
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include <executorch/devtools/etdump/etdump_flatcc.h>
+#include <executorch/extension/data_loader/file_data_loader.h>
+#include <executorch/extension/memory_allocator/malloc_memory_allocator.h>
+#include <executorch/extension/tensor/tensor_ptr.h>
+#include <executorch/runtime/backend/interface.h>
+#include <executorch/runtime/backend/options.h>
+#include <executorch/runtime/executor/method.h>
+#include <executorch/runtime/executor/program.h>
+
+#include "rustconv/delegate/src/bin/pte_runner/ffi.rs.h"
+
+// libexecutorch_threadpool.so exports the shared pool but the wheel ships no
+// header for it; these declarations match its exported symbols
+// (executorch/extension/threadpool/threadpool.h upstream).
+namespace executorch::extension::threadpool {
+class ThreadPool {
+ public:
+  bool _unsafe_reset_threadpool(std::uint32_t num_threads);
+};
+ThreadPool* get_threadpool();
+} // namespace executorch::extension::threadpool
+
+namespace rustconv {
+namespace runner {
+
+using executorch::aten::ScalarType;
+using executorch::extension::FileDataLoader;
+using executorch::extension::MallocMemoryAllocator;
+using executorch::extension::TensorPtr;
+using executorch::runtime::Error;
+using executorch::runtime::EValue;
+using executorch::runtime::HierarchicalAllocator;
+using executorch::runtime::MemoryManager;
+using executorch::runtime::Method;
+using executorch::runtime::MethodMeta;
+using executorch::runtime::Program;
+using executorch::runtime::Result;
+using executorch::runtime::Span;
+
+namespace {
+
+[[noreturn]] void fail(const std::string& what, Error error) {
+  throw std::runtime_error(
+      what + " failed: " + executorch::runtime::to_string(error));
+}
+
+template <typename T>
+T take(Result<T>&& result, const std::string& what) {
+  if (!result.ok()) {
+    fail(what, result.error());
+  }
+  return std::move(result.get());
+}
+
+TensorInfo info_of(const executorch::aten::Tensor& t) {
+  TensorInfo info;
+  info.dtype = static_cast<std::int8_t>(t.scalar_type());
+  for (auto s : t.sizes()) {
+    info.sizes.push_back(s);
+  }
+  return info;
+}
+
+} // namespace
+
+class SessionImpl {
+ public:
+  SessionImpl(const std::string& path, const std::string& method_name, bool trace)
+      : loader_(take(FileDataLoader::from(path.c_str()), "opening " + path)),
+        program_(take(Program::load(&loader_), "loading program " + path)) {
+    MethodMeta meta = take(
+        program_.method_meta(method_name.c_str()),
+        "reading method '" + method_name + "'");
+    for (size_t i = 0; i < meta.num_memory_planned_buffers(); ++i) {
+      const size_t size =
+          take(meta.memory_planned_buffer_size(i), "planned buffer size");
+      planned_buffers_.emplace_back(new std::uint8_t[size]);
+      planned_spans_.emplace_back(planned_buffers_.back().get(), size);
+    }
+    planned_memory_ = std::make_unique<HierarchicalAllocator>(
+        Span<Span<std::uint8_t>>(planned_spans_.data(), planned_spans_.size()));
+    memory_manager_ = std::make_unique<MemoryManager>(
+        &method_allocator_, planned_memory_.get(), &temp_allocator_);
+    if (trace) {
+      etdump_ = std::make_unique<executorch::etdump::ETDumpGen>();
+    }
+    method_ = std::make_unique<Method>(take(
+        program_.load_method(
+            method_name.c_str(), memory_manager_.get(), etdump_.get()),
+        "loading method '" + method_name + "'"));
+    inputs_.resize(method_->inputs_size());
+  }
+
+  std::size_t num_inputs() const { return method_->inputs_size(); }
+
+  TensorInfo input_info(std::size_t i) const {
+    MethodMeta meta = method_->method_meta();
+    auto tag = take(meta.input_tag(i), "input tag");
+    if (tag != executorch::runtime::Tag::Tensor) {
+      throw std::runtime_error(
+          "input " + std::to_string(i) + " is not a tensor; not supported");
+    }
+    auto tensor_meta = take(meta.input_tensor_meta(i), "input meta");
+    TensorInfo info;
+    info.dtype = static_cast<std::int8_t>(tensor_meta.scalar_type());
+    for (auto s : tensor_meta.sizes()) {
+      info.sizes.push_back(s);
+    }
+    return info;
+  }
+
+  void set_input(
+      std::size_t i,
+      std::int8_t dtype,
+      rust::Slice<const std::int32_t> sizes,
+      rust::Slice<const std::uint8_t> data) {
+    if (i >= inputs_.size()) {
+      throw std::runtime_error("input index out of range");
+    }
+    // The Session keeps the bytes: a method whose inputs are not memory
+    // planned reads them in place at every execute.
+    auto bytes = std::make_shared<std::vector<std::uint8_t>>(
+        data.begin(), data.end());
+    inputs_[i] = executorch::extension::make_tensor_ptr(
+        std::vector<executorch::aten::SizesType>(sizes.begin(), sizes.end()),
+        bytes->data(),
+        static_cast<ScalarType>(dtype),
+        executorch::aten::Device(executorch::aten::DeviceType::CPU),
+        executorch::aten::TensorShapeDynamism::DYNAMIC_BOUND,
+        [bytes](void*) {});
+    const Error err = method_->set_input(EValue(*inputs_[i]), i);
+    if (err != Error::Ok) {
+      fail("setting input " + std::to_string(i), err);
+    }
+  }
+
+  // Planned memory may reuse an input's buffer once the input is dead, so
+  // every execute starts by copying the inputs in again.
+  void reload_inputs() {
+    for (std::size_t i = 0; i < inputs_.size(); ++i) {
+      if (!inputs_[i]) {
+        throw std::runtime_error("input " + std::to_string(i) + " was never set");
+      }
+      const Error err = method_->set_input(EValue(*inputs_[i]), i);
+      if (err != Error::Ok) {
+        fail("setting input " + std::to_string(i), err);
+      }
+    }
+  }
+
+  void execute() {
+    const Error err = method_->execute();
+    if (err != Error::Ok) {
+      fail("execute", err);
+    }
+  }
+
+  std::size_t num_outputs() const { return method_->outputs_size(); }
+
+  TensorInfo output_info(std::size_t i) const {
+    return info_of(output(i));
+  }
+
+  rust::Slice<const std::uint8_t> output_data(std::size_t i) const {
+    const auto& t = output(i);
+    return {static_cast<const std::uint8_t*>(t.const_data_ptr()), t.nbytes()};
+  }
+
+  void write_etdump(rust::Str path) {
+    if (!etdump_) {
+      throw std::runtime_error("the session was opened without tracing");
+    }
+    const executorch::etdump::ETDumpResult result =
+        etdump_->get_etdump_data();
+    if (result.buf == nullptr || result.size == 0) {
+      throw std::runtime_error("ETDump is empty");
+    }
+    const std::string file(path);
+    std::FILE* f = std::fopen(file.c_str(), "wb");
+    const bool ok = f != nullptr &&
+        std::fwrite(result.buf, 1, result.size, f) == result.size;
+    if (f != nullptr) {
+      std::fclose(f);
+    }
+    std::free(result.buf);
+    if (!ok) {
+      throw std::runtime_error("cannot write ETDump to " + file);
+    }
+  }
+
+ private:
+  const executorch::aten::Tensor& output(std::size_t i) const {
+    if (i >= method_->outputs_size()) {
+      throw std::runtime_error("output index out of range");
+    }
+    const EValue& value = method_->get_output(i);
+    if (!value.isTensor()) {
+      throw std::runtime_error(
+          "output " + std::to_string(i) + " is not a tensor; not supported");
+    }
+    return value.toTensor();
+  }
+
+  FileDataLoader loader_;
+  Program program_;
+  MallocMemoryAllocator method_allocator_;
+  MallocMemoryAllocator temp_allocator_;
+  std::vector<std::unique_ptr<std::uint8_t[]>> planned_buffers_;
+  std::vector<Span<std::uint8_t>> planned_spans_;
+  std::unique_ptr<HierarchicalAllocator> planned_memory_;
+  std::unique_ptr<MemoryManager> memory_manager_;
+  std::unique_ptr<executorch::etdump::ETDumpGen> etdump_;
+  std::unique_ptr<Method> method_;
+  std::vector<TensorPtr> inputs_;
+};
+
+Session::Session(std::unique_ptr<SessionImpl> impl) : impl_(std::move(impl)) {}
+Session::~Session() = default;
+
+std::size_t Session::num_inputs() const {
+  return impl_->num_inputs();
+}
+TensorInfo Session::input_info(std::size_t i) const {
+  return impl_->input_info(i);
+}
+void Session::set_input(
+    std::size_t i,
+    std::int8_t dtype,
+    rust::Slice<const std::int32_t> sizes,
+    rust::Slice<const std::uint8_t> data) {
+  impl_->set_input(i, dtype, sizes, data);
+}
+void Session::reload_inputs() {
+  impl_->reload_inputs();
+}
+void Session::execute() {
+  impl_->execute();
+}
+std::size_t Session::num_outputs() const {
+  return impl_->num_outputs();
+}
+TensorInfo Session::output_info(std::size_t i) const {
+  return impl_->output_info(i);
+}
+rust::Slice<const std::uint8_t> Session::output_data(std::size_t i) const {
+  return impl_->output_data(i);
+}
+void Session::write_etdump(rust::Str path) {
+  impl_->write_etdump(path);
+}
+
+std::unique_ptr<Session> open_session(
+    rust::Str model_path,
+    rust::Str method_name,
+    bool trace) {
+  return std::make_unique<Session>(std::make_unique<SessionImpl>(
+      std::string(model_path), std::string(method_name), trace));
+}
+
+void set_num_threads(std::uint32_t num_threads) {
+  auto* pool = executorch::extension::threadpool::get_threadpool();
+  if (pool == nullptr || !pool->_unsafe_reset_threadpool(num_threads)) {
+    throw std::runtime_error("cannot resize ExecuTorch's thread pool");
+  }
+  executorch::runtime::BackendOptions<1> options;
+  options.set_option("num_threads", static_cast<int>(num_threads));
+  const Error err =
+      executorch::runtime::set_option("RustConvBackend", options.view());
+  if (err != Error::Ok) {
+    fail("set_option(RustConvBackend, num_threads)", err);
+  }
+}
+
+rust::Vec<rust::String> registered_backends() {
+  rust::Vec<rust::String> names;
+  const size_t n = executorch::runtime::get_num_registered_backends();
+  for (size_t i = 0; i < n; ++i) {
+    auto name = executorch::runtime::get_backend_name(i);
+    if (name.ok()) {
+      names.push_back(rust::String(name.get()));
+    }
+  }
+  return names;
+}
+
+} // namespace runner
+} // namespace rustconv

@@ -1,0 +1,55 @@
+// pte_runner's C++ side: loads a .pte with ExecuTorch's Program/Method API,
+// feeds inputs, runs, reads outputs and writes the ETDump. Errors are thrown
+// as std::runtime_error, which cxx turns into Rust `Err`s.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "rust/cxx.h"
+
+namespace rustconv {
+namespace runner {
+
+struct TensorInfo;
+class SessionImpl;
+
+// One loaded method of one program, with its inputs and memory.
+class Session {
+ public:
+  explicit Session(std::unique_ptr<SessionImpl> impl);
+  ~Session();
+
+  std::size_t num_inputs() const;
+  TensorInfo input_info(std::size_t i) const;
+  void set_input(
+      std::size_t i,
+      std::int8_t dtype,
+      rust::Slice<const std::int32_t> sizes,
+      rust::Slice<const std::uint8_t> data);
+  void reload_inputs();
+  void execute();
+  std::size_t num_outputs() const;
+  TensorInfo output_info(std::size_t i) const;
+  rust::Slice<const std::uint8_t> output_data(std::size_t i) const;
+  void write_etdump(rust::Str path);
+
+ private:
+  std::unique_ptr<SessionImpl> impl_;
+};
+
+std::unique_ptr<Session> open_session(
+    rust::Str model_path,
+    rust::Str method_name,
+    bool trace);
+
+// Thread count for ExecuTorch's shared thread pool (XNNPACK and the
+// optimized CPU kernels) and, through set_option, for RustConvBackend.
+void set_num_threads(std::uint32_t num_threads);
+
+rust::Vec<rust::String> registered_backends();
+
+} // namespace runner
+} // namespace rustconv

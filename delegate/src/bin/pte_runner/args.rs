@@ -1,0 +1,133 @@
+//! Command-line flags, in the style of ExecuTorch's executor_runner (gflags):
+//! `-flag value`, `-flag=value`, and the same with a double dash.
+
+use std::path::PathBuf;
+
+pub const USAGE: &str = "\
+usage: pte_runner -model_path FILE [options]
+
+  -model_path FILE        the .pte to run (required)
+  -method NAME            method to run (default: forward)
+  -inputs_npz_path FILE   inputs as arrays named \"0\", \"1\", ... in input order;
+                          without it, random inputs of the method's shapes
+  -iter N                 timed iterations (default: 1)
+  -warmup N               untimed iterations before them (default: 0)
+  -etdump_path FILE       write an ETDump with one Method::execute event per iteration
+  -output_npz_path FILE   write the outputs of the last iteration
+  -num_threads N          threads for RustConvBackend, XNNPACK and the CPU kernels
+  -seed N                 seed for random inputs (default: 0)
+  -help                   show this text";
+
+#[derive(Debug, Default, PartialEq)]
+pub struct Args {
+    pub model_path: PathBuf,
+    pub method: String,
+    pub inputs_npz_path: Option<PathBuf>,
+    pub iter: usize,
+    pub warmup: usize,
+    pub etdump_path: Option<PathBuf>,
+    pub output_npz_path: Option<PathBuf>,
+    pub num_threads: Option<u32>,
+    pub seed: u64,
+    pub help: bool,
+}
+
+pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
+    let mut args = Args {
+        method: "forward".into(),
+        iter: 1,
+        ..Args::default()
+    };
+    let mut model_path = None;
+    let mut it = argv.into_iter();
+    while let Some(arg) = it.next() {
+        let Some(flag) = arg.strip_prefix("--").or_else(|| arg.strip_prefix('-')) else {
+            return Err(format!("unexpected argument '{arg}'"));
+        };
+        let (name, inline) = match flag.split_once('=') {
+            Some((n, v)) => (n, Some(v.to_owned())),
+            None => (flag, None),
+        };
+        if name == "help" || name == "h" {
+            args.help = true;
+            continue;
+        }
+        let mut value = || {
+            inline
+                .clone()
+                .or_else(|| it.next())
+                .ok_or_else(|| format!("flag -{name} needs a value"))
+        };
+        match name {
+            "model_path" => model_path = Some(PathBuf::from(value()?)),
+            "method" => args.method = value()?,
+            "inputs_npz_path" => args.inputs_npz_path = Some(value()?.into()),
+            "iter" => args.iter = number(name, &value()?)?,
+            "warmup" => args.warmup = number(name, &value()?)?,
+            "etdump_path" => args.etdump_path = Some(value()?.into()),
+            "output_npz_path" => args.output_npz_path = Some(value()?.into()),
+            "num_threads" => {
+                let n: u32 = number(name, &value()?)?;
+                if n == 0 {
+                    return Err("-num_threads must be at least 1".into());
+                }
+                args.num_threads = Some(n);
+            }
+            "seed" => args.seed = number(name, &value()?)?,
+            _ => return Err(format!("unknown flag '{arg}' (see -help)")),
+        }
+    }
+    if args.help {
+        return Ok(args);
+    }
+    args.model_path = model_path.ok_or("-model_path is required (see -help)")?;
+    if args.iter == 0 {
+        return Err("-iter must be at least 1".into());
+    }
+    Ok(args)
+}
+
+fn number<T: std::str::FromStr>(flag: &str, s: &str) -> Result<T, String> {
+    s.parse()
+        .map_err(|_| format!("-{flag} expects a non-negative integer, got '{s}'"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_str(s: &str) -> Result<Args, String> {
+        parse(s.split_whitespace().map(String::from))
+    }
+
+    #[test]
+    fn accepts_single_double_dash_and_equals() {
+        let a = parse_str("-model_path m.pte --iter 5 -num_threads=2 --etdump_path=e.bin").unwrap();
+        assert_eq!(a.model_path, PathBuf::from("m.pte"));
+        assert_eq!(a.iter, 5);
+        assert_eq!(a.num_threads, Some(2));
+        assert_eq!(a.etdump_path, Some(PathBuf::from("e.bin")));
+        assert_eq!(a.method, "forward");
+    }
+
+    #[test]
+    fn rejects_bad_flags_with_a_reason() {
+        assert!(parse_str("-iter 3")
+            .unwrap_err()
+            .contains("-model_path is required"));
+        assert!(parse_str("-model_path m -iter x")
+            .unwrap_err()
+            .contains("-iter expects"));
+        assert!(parse_str("-model_path m -iter 0")
+            .unwrap_err()
+            .contains("at least 1"));
+        assert!(parse_str("-model_path m -bogus 1")
+            .unwrap_err()
+            .contains("unknown flag"));
+        assert!(parse_str("-model_path")
+            .unwrap_err()
+            .contains("needs a value"));
+        assert!(parse_str("-model_path m -num_threads 0").is_err());
+        assert!(parse_str("stray").is_err());
+    }
+}

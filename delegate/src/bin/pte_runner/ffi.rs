@@ -1,0 +1,40 @@
+//! cxx bridge to delegate/cpp/runner.cpp, the part of pte_runner that drives
+//! ExecuTorch's C++ Program/Method API.
+
+#[cxx::bridge(namespace = "rustconv::runner")]
+pub mod ffi {
+    /// A tensor's ExecuTorch ScalarType code and sizes.
+    struct TensorInfo {
+        dtype: i8,
+        sizes: Vec<i32>,
+    }
+
+    unsafe extern "C++" {
+        include!("delegate/cpp/runner.h");
+
+        type Session;
+        fn open_session(
+            model_path: &str,
+            method_name: &str,
+            trace: bool,
+        ) -> Result<UniquePtr<Session>>;
+        fn num_inputs(self: &Session) -> usize;
+        fn input_info(self: &Session, i: usize) -> Result<TensorInfo>;
+        fn set_input(
+            self: Pin<&mut Session>,
+            i: usize,
+            dtype: i8,
+            sizes: &[i32],
+            data: &[u8],
+        ) -> Result<()>;
+        fn reload_inputs(self: Pin<&mut Session>) -> Result<()>;
+        fn execute(self: Pin<&mut Session>) -> Result<()>;
+        fn num_outputs(self: &Session) -> usize;
+        fn output_info(self: &Session, i: usize) -> Result<TensorInfo>;
+        fn output_data(self: &Session, i: usize) -> Result<&[u8]>;
+        fn write_etdump(self: Pin<&mut Session>, path: &str) -> Result<()>;
+
+        fn set_num_threads(num_threads: u32) -> Result<()>;
+        fn registered_backends() -> Vec<String>;
+    }
+}

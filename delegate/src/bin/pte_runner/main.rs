@@ -1,0 +1,184 @@
+//! pte_runner: runs a `.pte` with RustConvBackend, XNNPACK and ExecuTorch's
+//! optimized CPU kernels linked in, times it, and optionally writes the
+//! outputs (npz) and an ETDump trace for `executorch.devtools.Inspector`.
+//!
+//! Any failure exits non-zero with one line on stderr.
+
+mod args;
+mod ffi;
+mod npz;
+mod stats;
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use rand::{rngs::SmallRng, Rng, SeedableRng};
+
+use args::Args;
+use ffi::ffi as et;
+use npz::{Array, ElemType};
+
+fn main() -> ExitCode {
+    match run(std::env::args().skip(1)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("pte_runner: error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(argv: impl IntoIterator<Item = String>) -> Result<(), String> {
+    let args = args::parse(argv)?;
+    if args.help {
+        println!("{}", args::USAGE);
+        return Ok(());
+    }
+    if !rustconv_backend::register() {
+        return Err("could not register RustConvBackend with ExecuTorch".into());
+    }
+    let backends = et::registered_backends();
+    for needed in ["RustConvBackend", "XnnpackBackend"] {
+        if !backends.iter().any(|b| b == needed) {
+            return Err(format!("{needed} is not registered (have: {backends:?})"));
+        }
+    }
+    if !args.model_path.is_file() {
+        return Err(format!(
+            "model file {} does not exist",
+            args.model_path.display()
+        ));
+    }
+    if let Some(n) = args.num_threads {
+        et::set_num_threads(n).map_err(|e| e.what().to_owned())?;
+    }
+    let model = args
+        .model_path
+        .to_str()
+        .ok_or("model path is not valid UTF-8")?;
+    let mut session = et::open_session(model, &args.method, args.etdump_path.is_some())
+        .map_err(|e| e.what().to_owned())?;
+
+    let inputs = match &args.inputs_npz_path {
+        Some(path) => npz::read_inputs(path, session.num_inputs())?,
+        None => random_inputs(&session, args.seed)?,
+    };
+    for (i, array) in inputs.iter().enumerate() {
+        let expected = session.input_info(i).map_err(|e| e.what().to_owned())?;
+        if expected.dtype != array.dtype.scalar_type() {
+            return Err(format!(
+                "input {i} is {:?} but the method expects {:?}",
+                array.dtype,
+                ElemType::from_scalar_type(expected.dtype)
+            ));
+        }
+        let sizes: Vec<i32> = array.shape.iter().map(|&d| d as i32).collect();
+        session
+            .pin_mut()
+            .set_input(i, array.dtype.scalar_type(), &sizes, &array.data)
+            .map_err(|e| format!("input {i} with shape {:?}: {}", array.shape, e.what()))?;
+    }
+
+    let times = time_iterations(&mut session, &args)?;
+    println!(
+        "pte_runner: {} '{}': {} iteration(s), {} thread(s)",
+        args.model_path.display(),
+        args.method,
+        args.iter,
+        args.num_threads
+            .map_or("default".to_owned(), |n| n.to_string())
+    );
+    println!("latency: {}", stats::summarize(&times));
+
+    let outputs = read_outputs(&session)?;
+    for (i, out) in outputs.iter().enumerate() {
+        println!("output {i}: {:?} {:?}", out.dtype, out.shape);
+    }
+    if let Some(path) = &args.output_npz_path {
+        npz::write_outputs(path, &outputs)?;
+    }
+    if let Some(path) = &args.etdump_path {
+        let path = path.to_str().ok_or("ETDump path is not valid UTF-8")?;
+        session
+            .pin_mut()
+            .write_etdump(path)
+            .map_err(|e| e.what().to_owned())?;
+    }
+    Ok(())
+}
+
+fn time_iterations(
+    session: &mut cxx::UniquePtr<et::Session>,
+    args: &Args,
+) -> Result<Vec<Duration>, String> {
+    let mut times = Vec::with_capacity(args.iter);
+    for i in 0..args.warmup + args.iter {
+        // Untimed: the memory plan may have reused input buffers last time.
+        session
+            .pin_mut()
+            .reload_inputs()
+            .map_err(|e| e.what().to_owned())?;
+        let start = Instant::now();
+        session
+            .pin_mut()
+            .execute()
+            .map_err(|e| e.what().to_owned())?;
+        if i >= args.warmup {
+            times.push(start.elapsed());
+        }
+    }
+    Ok(times)
+}
+
+/// Uniform in [-1, 1) for floats, small values for integers, of the shapes
+/// the method declares (the upper bounds for dynamic dimensions).
+fn random_inputs(session: &et::Session, seed: u64) -> Result<Vec<Array>, String> {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    (0..session.num_inputs())
+        .map(|i| {
+            let info = session.input_info(i).map_err(|e| e.what().to_owned())?;
+            let dtype = ElemType::from_scalar_type(info.dtype).ok_or_else(|| {
+                format!(
+                    "input {i} has ScalarType {}, unsupported for random inputs",
+                    info.dtype
+                )
+            })?;
+            let shape: Vec<usize> = info.sizes.iter().map(|&d| d as usize).collect();
+            let numel: usize = shape.iter().product();
+            let mut data = Vec::with_capacity(numel * dtype.size());
+            for _ in 0..numel {
+                let x: f64 = rng.gen_range(-1.0..1.0);
+                match dtype {
+                    ElemType::F32 => data.extend_from_slice(&(x as f32).to_le_bytes()),
+                    ElemType::F64 => data.extend_from_slice(&x.to_le_bytes()),
+                    ElemType::F16 => data.extend_from_slice(&half::f16::from_f64(x).to_le_bytes()),
+                    ElemType::Bool => data.push((x > 0.0) as u8),
+                    int => {
+                        let v = (x * 4.0).round() as i64;
+                        data.extend_from_slice(&v.to_le_bytes()[..int.size()]);
+                    }
+                }
+            }
+            Ok(Array { dtype, shape, data })
+        })
+        .collect()
+}
+
+fn read_outputs(session: &et::Session) -> Result<Vec<Array>, String> {
+    (0..session.num_outputs())
+        .map(|i| {
+            let info = session.output_info(i).map_err(|e| e.what().to_owned())?;
+            let dtype = ElemType::from_scalar_type(info.dtype)
+                .ok_or_else(|| format!("output {i} has unsupported ScalarType {}", info.dtype))?;
+            let data = session
+                .output_data(i)
+                .map_err(|e| e.what().to_owned())?
+                .to_vec();
+            Ok(Array {
+                dtype,
+                shape: info.sizes.iter().map(|&d| d as usize).collect(),
+                data,
+            })
+        })
+        .collect()
+}

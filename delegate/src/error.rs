@@ -1,0 +1,198 @@
+//! Typed errors of the delegate, each mapped to the ExecuTorch error code the
+//! FFI boundary returns (see [`DelegateError::status`]).
+
+use rustconv_kernels::KernelError;
+
+use crate::ffi::Status;
+
+/// The blob's framing: header, flatbuffer and constant segment.
+#[derive(Debug, thiserror::Error)]
+pub enum BlobError {
+    #[error("blob is {len} bytes, shorter than its {needed}-byte header")]
+    TooShort { len: usize, needed: usize },
+    #[error("bad magic {found:?}: this is not a RustConv delegate blob")]
+    BadMagic { found: [u8; 4] },
+    #[error(
+        "blob layout version {found} is newer than this runtime reads (up to {supported}): \
+         update the runtime or re-export with a matching rustconv"
+    )]
+    NewerVersion { found: u32, supported: u32 },
+    #[error("blob layout version 0 is invalid")]
+    ZeroVersion,
+    #[error("header size {0} is smaller than the 48-byte version 1 header")]
+    HeaderSize(u32),
+    #[error("{what} spans bytes {start}..{end} but the blob has {len}")]
+    OutOfBounds {
+        what: &'static str,
+        start: u64,
+        end: u64,
+        len: usize,
+    },
+    #[error("constant segment offset {0} is not 64-byte aligned")]
+    MisalignedSegment(u64),
+    #[error("flatbuffer graph does not carry the \"RCG1\" identifier")]
+    Identifier,
+    #[error("flatbuffer graph fails verification: {0}")]
+    Flatbuffer(#[from] flatbuffers::InvalidFlatbuffer),
+}
+
+/// A graph that decodes but does not make sense.
+#[derive(Debug, thiserror::Error)]
+pub enum GraphError {
+    #[error("{what} refers to value {index}, but the graph has {count} values")]
+    BadValueIndex {
+        what: String,
+        index: i64,
+        count: usize,
+    },
+    #[error("value {index} ('{name}'): {reason}")]
+    BadValue {
+        index: usize,
+        name: String,
+        reason: String,
+    },
+    #[error("node {id} ('{name}'): {reason}")]
+    BadNode {
+        id: u32,
+        name: String,
+        reason: String,
+    },
+    #[error(
+        "node {id} ('{name}') has op kind {kind}, unknown to this runtime: update the runtime"
+    )]
+    UnknownOp { id: u32, name: String, kind: u8 },
+    #[error("graph {what}: {reason}")]
+    BadIo { what: &'static str, reason: String },
+}
+
+/// A compile spec or runtime option the delegate cannot use.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("compile spec '{key}' has {len} bytes, expected {expected}")]
+    SpecLength {
+        key: String,
+        len: usize,
+        expected: usize,
+    },
+    #[error("num_threads must be at least 1, got {0}")]
+    NumThreads(i64),
+    #[error("environment variable RUSTCONV_NUM_THREADS='{0}' is not a positive integer")]
+    EnvThreads(String),
+    #[error("cannot start a pool of {threads} threads: {source}")]
+    ThreadPool {
+        threads: usize,
+        source: rayon::ThreadPoolBuildError,
+    },
+}
+
+/// Inputs or outputs handed to `execute` that do not match the plan.
+#[derive(Debug, thiserror::Error)]
+pub enum ArgError {
+    #[error("expected {expected} arguments ({inputs} inputs + {outputs} outputs), got {got}")]
+    Count {
+        expected: usize,
+        inputs: usize,
+        outputs: usize,
+        got: usize,
+    },
+    #[error("{which} {index} ('{name}') is not a tensor")]
+    NotTensor {
+        which: &'static str,
+        index: usize,
+        name: String,
+    },
+    #[error("{which} {index} ('{name}') has dtype {got}, expected {expected}")]
+    DType {
+        which: &'static str,
+        index: usize,
+        name: String,
+        got: &'static str,
+        expected: &'static str,
+    },
+    #[error("{which} {index} ('{name}') has shape {got:?}, expected {expected}")]
+    Shape {
+        which: &'static str,
+        index: usize,
+        name: String,
+        got: Vec<i64>,
+        expected: String,
+    },
+    #[error("{which} {index} ('{name}') is not contiguous (non-default dim order)")]
+    Layout {
+        which: &'static str,
+        index: usize,
+        name: String,
+    },
+    #[error("{which} {index} ('{name}') has {got} bytes of data, expected {expected}")]
+    Bytes {
+        which: &'static str,
+        index: usize,
+        name: String,
+        got: usize,
+        expected: usize,
+    },
+    #[error("{which} {index} ('{name}') data pointer is null or not aligned for its dtype")]
+    Pointer {
+        which: &'static str,
+        index: usize,
+        name: String,
+    },
+    #[error("output {index} ('{name}') cannot be resized to {shape:?}")]
+    Resize {
+        index: usize,
+        name: String,
+        shape: Vec<i64>,
+    },
+    #[error("node {id} ('{name}'): {reason}")]
+    Node {
+        id: u32,
+        name: String,
+        reason: String,
+    },
+    #[error("node {id} ('{name}'): {source}")]
+    Kernel {
+        id: u32,
+        name: String,
+        source: KernelError,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DelegateError {
+    #[error(transparent)]
+    Blob(#[from] BlobError),
+    #[error(transparent)]
+    Graph(#[from] GraphError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Arg(#[from] ArgError),
+    #[error("{0} is not supported by this runtime yet")]
+    Unsupported(String),
+    #[error("execute called before a successful init")]
+    NotInitialized,
+    #[error("execute called while another execute of the same method is running")]
+    Busy,
+    #[error("internal error (panic): {0}")]
+    Panic(String),
+}
+
+impl DelegateError {
+    /// The ExecuTorch error code this error is reported as.
+    pub fn status(&self) -> Status {
+        match self {
+            DelegateError::Blob(BlobError::NewerVersion { .. }) => {
+                Status::DelegateInvalidCompatibility
+            }
+            DelegateError::Graph(GraphError::UnknownOp { .. }) => {
+                Status::DelegateInvalidCompatibility
+            }
+            DelegateError::Blob(_) | DelegateError::Graph(_) => Status::InvalidProgram,
+            DelegateError::Config(ConfigError::ThreadPool { .. }) => Status::Internal,
+            DelegateError::Config(_) | DelegateError::Arg(_) => Status::InvalidArgument,
+            DelegateError::Unsupported(_) => Status::NotSupported,
+            DelegateError::NotInitialized | DelegateError::Busy => Status::InvalidState,
+            DelegateError::Panic(_) => Status::Internal,
+        }
+    }
+}

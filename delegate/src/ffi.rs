@@ -1,0 +1,156 @@
+//! The cxx bridge between ExecuTorch's C++ `BackendInterface`
+//! (delegate/cpp/backend.cpp) and the Rust delegate.
+//!
+//! Every Rust function called from C++ catches panics and converts errors to
+//! a [`ffi::Status`] after logging them through ExecuTorch's log: nothing
+//! unwinds across the boundary and no exception is thrown.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::pin::Pin;
+
+use crate::delegate::Delegate;
+use crate::error::DelegateError;
+use crate::executor::{ArgTensor, CallArgs};
+use crate::graph::DType;
+
+#[cxx::bridge(namespace = "rustconv::ffi")]
+pub(crate) mod ffi {
+    /// The ExecuTorch error a call ends with (mapped in backend.cpp).
+    #[derive(Debug)]
+    #[repr(u8)]
+    enum Status {
+        Ok,
+        Internal,
+        InvalidArgument,
+        InvalidProgram,
+        InvalidState,
+        NotSupported,
+        DelegateInvalidCompatibility,
+        MemoryAllocationFailed,
+    }
+
+    #[repr(u8)]
+    enum DType {
+        Float32,
+        Float16,
+        Unsupported,
+    }
+
+    #[repr(u8)]
+    enum LogLevel {
+        Debug,
+        Info,
+        Error,
+    }
+
+    extern "Rust" {
+        type Delegate;
+        fn delegate_new() -> Box<Delegate>;
+        fn add_compile_spec(self: &mut Delegate, key: &str, value: &[u8]);
+        #[cxx_name = "init"]
+        fn ffi_init(self: &mut Delegate, blob: &[u8]) -> Status;
+        #[cxx_name = "execute"]
+        fn ffi_execute(self: &Delegate, args: Pin<&mut ExecuteArgs>) -> Status;
+        fn set_num_threads(num_threads: i32) -> Status;
+    }
+
+    unsafe extern "C++" {
+        include!("delegate/cpp/backend.h");
+
+        type ExecuteArgs;
+        fn len(self: &ExecuteArgs) -> usize;
+        fn is_tensor(self: &ExecuteArgs, i: usize) -> bool;
+        fn dtype(self: &ExecuteArgs, i: usize) -> DType;
+        fn sizes(self: &ExecuteArgs, i: usize) -> &[i32];
+        fn is_contiguous(self: &ExecuteArgs, i: usize) -> bool;
+        fn nbytes(self: &ExecuteArgs, i: usize) -> usize;
+        fn data_ptr(self: &ExecuteArgs, i: usize) -> *mut u8;
+        fn resize(self: Pin<&mut ExecuteArgs>, i: usize, sizes: &[i32]) -> bool;
+
+        fn log(level: LogLevel, message: &str);
+        fn register_backend() -> bool;
+    }
+}
+
+pub(crate) use ffi::{log, LogLevel, Status};
+
+fn delegate_new() -> Box<Delegate> {
+    Box::new(Delegate::default())
+}
+
+/// Runs `f`, turning an error or a panic into a logged [`Status`].
+fn guarded(what: &str, f: impl FnOnce() -> Result<(), DelegateError>) -> Status {
+    let error = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => return Status::Ok,
+        Ok(Err(error)) => error,
+        Err(payload) => DelegateError::Panic(panic_message(payload.as_ref())),
+    };
+    log(LogLevel::Error, &format!("{what} failed: {error}"));
+    error.status()
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "unknown panic".to_owned()
+    }
+}
+
+impl Delegate {
+    fn ffi_init(&mut self, blob: &[u8]) -> Status {
+        // SAFETY: backend.cpp moves the FreeableBuffer holding `blob` into the
+        // handle that owns this Delegate, declared before it, so the bytes stay
+        // valid and unmodified until after the Delegate is dropped.
+        let blob = unsafe { crate::blob::BlobBytes::new(blob.as_ptr(), blob.len()) };
+        guarded("init", || self.init(blob))
+    }
+
+    fn ffi_execute(&self, args: Pin<&mut ffi::ExecuteArgs>) -> Status {
+        guarded("execute", || self.execute(&mut CxxArgs(args)))
+    }
+}
+
+fn set_num_threads(num_threads: i32) -> Status {
+    guarded("set_option(num_threads)", || {
+        crate::threads::set_runtime_threads(num_threads).map_err(DelegateError::from)
+    })
+}
+
+/// The delegate call's arguments, read through the C++ `ExecuteArgs`.
+struct CxxArgs<'a>(Pin<&'a mut ffi::ExecuteArgs>);
+
+impl CallArgs for CxxArgs<'_> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn tensor(&self, i: usize) -> Option<ArgTensor<'_>> {
+        if i >= self.0.len() || !self.0.is_tensor(i) {
+            return None;
+        }
+        Some(ArgTensor {
+            dtype: match self.0.dtype(i) {
+                ffi::DType::Float32 => Some(DType::F32),
+                ffi::DType::Float16 => Some(DType::F16),
+                _ => None,
+            },
+            sizes: self.0.sizes(i),
+            contiguous: self.0.is_contiguous(i),
+            nbytes: self.0.nbytes(i),
+            data: self.0.data_ptr(i),
+        })
+    }
+
+    fn resize(&mut self, i: usize, sizes: &[i32]) -> bool {
+        self.0.as_mut().resize(i, sizes)
+    }
+}
+
+/// Registers the backend with ExecuTorch. Called when the shared library
+/// loads (see lib.rs) and by pte_runner, which links the rlib.
+pub fn register() -> bool {
+    ffi::register_backend()
+}

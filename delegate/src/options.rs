@@ -1,0 +1,35 @@
+//! Compile specs: the export-time options stored in the .pte next to the blob
+//! (keys defined in partitioner_py/rustconv/compile_specs.py).
+
+use crate::error::ConfigError;
+use crate::ffi::{log, LogLevel};
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompileOptions {
+    pub num_threads: Option<usize>,
+}
+
+impl CompileOptions {
+    pub fn apply(&mut self, key: &str, value: &[u8]) -> Result<(), ConfigError> {
+        match key {
+            "num_threads" => {
+                let bytes: [u8; 4] = value.try_into().map_err(|_| ConfigError::SpecLength {
+                    key: key.to_owned(),
+                    len: value.len(),
+                    expected: 4,
+                })?;
+                let n = u32::from_le_bytes(bytes);
+                if n == 0 {
+                    return Err(ConfigError::NumThreads(0));
+                }
+                self.num_threads = Some(n as usize);
+            }
+            // Newer exporters may add keys; an older runtime keeps working.
+            other => log(
+                LogLevel::Info,
+                &format!("ignoring unknown compile spec '{other}'"),
+            ),
+        }
+        Ok(())
+    }
+}

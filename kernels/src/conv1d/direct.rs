@@ -1,0 +1,247 @@
+//! Direct conv1d: follows the definition, one output row at a time.
+//!
+//! For each output row `(b, o)` the row is set to the bias, then every
+//! `(input channel, tap)` pair adds `w * x` over the output positions whose
+//! input sample lies inside `[0, in_len)`. Taps that would read padding are
+//! simply skipped, so padding is never materialised and the hot loop has no
+//! per-element branch: the valid output range is computed once per tap
+//! (see [`TapSpan`]).
+//!
+//! The innermost loop walks the time axis of one input row and one output
+//! row, so both are streamed through cache linearly.
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use super::params::Conv1dGeometry;
+
+/// Computes `y` from `x`, `w` and `bias`, in parallel over output rows on the
+/// current rayon pool.
+///
+/// The caller has checked every slice length against `geom`. Performs no heap
+/// allocation of its own.
+pub(super) fn conv1d(
+    geom: &Conv1dGeometry,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    y: &mut [f32],
+) {
+    let p = &geom.params;
+    debug_assert_eq!(x.len(), geom.input_elems);
+    debug_assert_eq!(w.len(), geom.weight_elems);
+    debug_assert_eq!(y.len(), geom.output_elems);
+    debug_assert!(bias.is_none_or(|b| b.len() == p.out_channels));
+
+    let x_batch_stride = p.in_channels * p.in_len;
+    let x_group_len = geom.in_per_group * p.in_len;
+    let filter_len = geom.in_per_group * p.kernel_size;
+
+    // `out_len >= 1` is guaranteed by validation, as `par_chunks_mut` requires.
+    y.par_chunks_mut(geom.out_len)
+        .enumerate()
+        .for_each(|(row, y_row)| {
+            let (b, o) = (row / p.out_channels, row % p.out_channels);
+            let group = o / geom.out_per_group;
+            let x_group = &x[b * x_batch_stride + group * x_group_len..][..x_group_len];
+            let filter = &w[o * filter_len..][..filter_len];
+            let bias_o = bias.map_or(0.0, |bias| bias[o]);
+            conv_row(geom, x_group, filter, bias_o, y_row);
+        });
+}
+
+/// One output row: `y_row[l] = bias + sum_c sum_k filter[c, k] * x_group[c, l*stride + k*dilation - pad_left]`.
+///
+/// `x_group` is `[in_per_group, in_len]` (this row's group of input
+/// channels for one batch item), `filter` is `[in_per_group, kernel_size]`.
+fn conv_row(geom: &Conv1dGeometry, x_group: &[f32], filter: &[f32], bias: f32, y_row: &mut [f32]) {
+    let p = &geom.params;
+    y_row.fill(bias);
+    for (channel, taps) in filter.chunks_exact(p.kernel_size).enumerate() {
+        // Indexed rather than `chunks_exact(in_len)`, which panics when `in_len == 0`.
+        let x_row = &x_group[channel * p.in_len..][..p.in_len];
+        for (tap, &weight) in taps.iter().enumerate() {
+            if let Some(span) = TapSpan::new(geom, tap * p.dilation) {
+                accumulate(
+                    &mut y_row[span.out],
+                    weight,
+                    &x_row[span.first_in..],
+                    p.stride,
+                );
+            }
+        }
+    }
+}
+
+/// The output positions at which one tap reads a real input sample (not
+/// padding), and the first sample it reads.
+///
+/// Output `l` reads input index `j = l * stride + tap_offset - pad_left`,
+/// where `tap_offset = k * dilation`; `out` holds exactly the `l` with
+/// `0 <= j < in_len`, and `first_in` is `j` at `out.start`.
+#[derive(Debug, PartialEq, Eq)]
+struct TapSpan {
+    out: Range<usize>,
+    first_in: usize,
+}
+
+impl TapSpan {
+    /// `None` when the tap reads only padding.
+    fn new(geom: &Conv1dGeometry, tap_offset: usize) -> Option<Self> {
+        let p = &geom.params;
+        // Lower bound, j >= 0: l * stride >= pad_left - tap_offset.
+        let start = p.pad_left.saturating_sub(tap_offset).div_ceil(p.stride);
+        // Upper bound, j <= in_len - 1: l * stride <= pad_left + in_len - 1 - tap_offset.
+        // No addition here can overflow: validation bounds tap_offset + 1 and
+        // pad_left + in_len by the padded length.
+        let last_reach = (p.pad_left + p.in_len).checked_sub(tap_offset + 1)?;
+        let end = (last_reach / p.stride + 1).min(geom.out_len);
+        if start >= end {
+            return None;
+        }
+        // start < out_len, so start * stride + tap_offset is a position
+        // inside the padded input, which validation showed fits in usize;
+        // it is >= pad_left by the choice of start.
+        let first_in = start * p.stride + tap_offset - p.pad_left;
+        Some(Self {
+            out: start..end,
+            first_in,
+        })
+    }
+}
+
+/// `y[l] += weight * x[l * stride]` for every `l < y.len()`.
+///
+/// `x` must hold at least `(y.len() - 1) * stride + 1` samples.
+fn accumulate(y: &mut [f32], weight: f32, x: &[f32], stride: usize) {
+    debug_assert!(y.is_empty() || (y.len() - 1) * stride < x.len());
+    if stride == 1 {
+        // Two equal-length contiguous slices: LLVM drops the bounds checks and
+        // vectorises. `step_by(1)` would hide the contiguity from it.
+        let x = &x[..y.len()];
+        for (yv, &xv) in y.iter_mut().zip(x) {
+            *yv += weight * xv;
+        }
+    } else {
+        for (yv, &xv) in y.iter_mut().zip(x.iter().step_by(stride)) {
+            *yv += weight * xv;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Conv1dParams;
+
+    /// Single-channel params: the tap arithmetic does not depend on channels.
+    fn params(
+        in_len: usize,
+        kernel_size: usize,
+        stride: usize,
+        pads: (usize, usize),
+        dilation: usize,
+    ) -> Conv1dParams {
+        Conv1dParams {
+            batch: 1,
+            in_channels: 1,
+            out_channels: 1,
+            in_len,
+            kernel_size,
+            stride,
+            pad_left: pads.0,
+            pad_right: pads.1,
+            dilation,
+            groups: 1,
+        }
+    }
+
+    /// The span a tap covers, found by brute force over every output position.
+    fn brute_force_span(geom: &Conv1dGeometry, tap_offset: usize) -> Option<TapSpan> {
+        let p = &geom.params;
+        let reads_input = |l: usize| {
+            let pos = l * p.stride + tap_offset;
+            pos >= p.pad_left && pos - p.pad_left < p.in_len
+        };
+        let valid: Vec<usize> = (0..geom.out_len).filter(|&l| reads_input(l)).collect();
+        let (&first, &last) = (valid.first()?, valid.last()?);
+        // The valid positions of one tap are always contiguous.
+        assert_eq!(valid.len(), last - first + 1);
+        Some(TapSpan {
+            out: first..last + 1,
+            first_in: first * p.stride + tap_offset - p.pad_left,
+        })
+    }
+
+    #[test]
+    fn tap_span_matches_brute_force() {
+        for in_len in 0..7 {
+            for kernel_size in 1..6 {
+                for stride in 1..5 {
+                    for dilation in 1..4 {
+                        for pads in [(0, 0), (1, 1), (3, 0), (0, 2), (5, 4), (9, 1)] {
+                            let p = params(in_len, kernel_size, stride, pads, dilation);
+                            // Invalid combinations (kernel too large) have no spans.
+                            let Ok(geom) = p.geometry() else { continue };
+                            for k in 0..kernel_size {
+                                assert_eq!(
+                                    TapSpan::new(&geom, k * dilation),
+                                    brute_force_span(&geom, k * dilation),
+                                    "{p:?}, tap {k}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn tap_span_hand_cases() {
+        // N=4, K=3, pad 1/1: tap 0 misses output 0, tap 2 misses output 3.
+        let geom = params(4, 3, 1, (1, 1), 1).geometry().unwrap();
+        assert_eq!(
+            TapSpan::new(&geom, 0),
+            Some(TapSpan {
+                out: 1..4,
+                first_in: 0
+            })
+        );
+        assert_eq!(
+            TapSpan::new(&geom, 1),
+            Some(TapSpan {
+                out: 0..4,
+                first_in: 0
+            })
+        );
+        assert_eq!(
+            TapSpan::new(&geom, 2),
+            Some(TapSpan {
+                out: 0..3,
+                first_in: 1
+            })
+        );
+        // All-padding tap: N=1, K=2, pad 3/0 -> out_len 3, tap 0 reads positions 0, 1, 2 (all padding).
+        let geom = params(1, 2, 1, (3, 0), 1).geometry().unwrap();
+        assert_eq!(TapSpan::new(&geom, 0), None);
+        assert_eq!(
+            TapSpan::new(&geom, 1),
+            Some(TapSpan {
+                out: 2..3,
+                first_in: 0
+            })
+        );
+    }
+
+    #[test]
+    fn accumulate_strided() {
+        let mut y = [1.0, 1.0, 1.0];
+        accumulate(&mut y, 2.0, &[1.0, 9.0, 2.0, 9.0, 3.0], 2);
+        assert_eq!(y, [3.0, 5.0, 7.0]);
+        let mut y = [0.0; 2];
+        accumulate(&mut y, -1.0, &[4.0, 5.0, 6.0], 1);
+        assert_eq!(y, [-4.0, -5.0]);
+    }
+}

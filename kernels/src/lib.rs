@@ -1,0 +1,53 @@
+//! Pure-Rust compute kernels for RustConv, the ExecuTorch backend for 1-D
+//! convolutions and linear scans.
+//!
+//! This crate knows nothing of ExecuTorch: kernels take shape parameters and
+//! flat, row-major `f32` slices, and report problems as [`KernelError`]
+//! values, never panics.
+//!
+//! * [`conv1d_f32`] with [`Conv1dParams`]: PyTorch `aten.convolution`
+//!   restricted to one spatial dimension, non-transposed.
+//! * [`linear_scan_f32`] with [`ScanParams`]: `y[t] = a[t] * y[t-1] + u[t]`.
+//! * [`reference`](mod@reference): slow, obviously-correct versions for tests.
+//!
+//! Kernels run on the *current* rayon pool (pick one with
+//! `ThreadPool::install`), write only into the caller's output slice, and
+//! perform no heap allocation of their own, so they can run inside an
+//! executor's memory plan.
+//!
+//! ```
+//! use rustconv_kernels::{conv1d_f32, Conv1dParams};
+//!
+//! // One channel, a 3-tap difference filter, PyTorch `padding=1`.
+//! let p = Conv1dParams {
+//!     batch: 1,
+//!     in_channels: 1,
+//!     out_channels: 1,
+//!     in_len: 4,
+//!     kernel_size: 3,
+//!     stride: 1,
+//!     pad_left: 1,
+//!     pad_right: 1,
+//!     dilation: 1,
+//!     groups: 1,
+//! };
+//! let mut y = vec![0.0; p.output_elems()?];
+//! conv1d_f32(&p, &[1.0, 2.0, 3.0, 4.0], &[1.0, 0.0, -1.0], None, &mut y)?;
+//! assert_eq!(y, [-2.0, -2.0, -2.0, 3.0]);
+//! # Ok::<(), rustconv_kernels::KernelError>(())
+//! ```
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+mod conv1d;
+mod error;
+pub mod reference;
+mod scan;
+
+#[cfg(test)]
+mod test_support;
+
+pub use conv1d::{conv1d_f32, Conv1dParams};
+pub use error::KernelError;
+pub use scan::{linear_scan_f32, ScanParams};

@@ -1,0 +1,44 @@
+# Shared set-up, sourced by the other scripts: finds or creates the pinned
+# Python environment and builds the Rust workspace.
+#
+# The virtualenv (torch pulls ~6 GB of CUDA wheels) lives outside the worktree,
+# in $RUSTCONV_CACHE (default ~/.cache/rustconv), keyed by a hash of
+# requirements.txt, so fresh clones reuse it and a change of pins makes a new one.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CACHE=${RUSTCONV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rustconv}
+VENV="$CACHE/venv-$(sha256sum "$ROOT/requirements.txt" | cut -c1-16)"
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+ensure_venv() {
+    mkdir -p "$CACHE"
+    # One creator at a time; a half-made environment (no marker) is rebuilt.
+    exec 9>"$CACHE/.lock"
+    flock 9
+    if [ ! -f "$VENV/.rustconv-complete" ]; then
+        log "creating Python environment in $VENV (first run downloads torch, ~6 GB)"
+        rm -rf "$VENV"
+        python3 -m venv "$VENV"
+        "$VENV/bin/pip" install --quiet --upgrade pip
+        "$VENV/bin/pip" install --quiet -r "$ROOT/requirements.txt"
+        touch "$VENV/.rustconv-complete"
+    fi
+    flock -u 9
+    ln -sfn "$VENV" "$ROOT/.venv"
+    export RUSTCONV_PYTHON="$VENV/bin/python"
+    export PYTHONPATH="$ROOT/partitioner_py${PYTHONPATH:+:$PYTHONPATH}"
+    PATH="$VENV/bin:$PATH"
+}
+
+flatc_path() {
+    "$RUSTCONV_PYTHON" -c 'import executorch, os; print(os.path.join(executorch.__path__[0], "data", "bin", "flatc"))'
+}
+
+build_all() {
+    log "building the Rust workspace (release)"
+    (cd "$ROOT" && cargo build --release --workspace --all-targets --quiet)
+    export RUSTCONV_BACKEND_LIB="$ROOT/target/release/librustconv_backend.so"
+    export PTE_RUNNER="$ROOT/target/release/pte_runner"
+}
