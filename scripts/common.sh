@@ -42,3 +42,16 @@ build_all() {
     export RUSTCONV_BACKEND_LIB="$ROOT/target/release/librustconv_backend.so"
     export PTE_RUNNER="$ROOT/target/release/pte_runner"
 }
+
+# ruff (Python formatter and linter) lives beside the environment, pinned, so
+# the big environment's hash stays that of the runtime requirements.
+RUFF_VERSION=0.17.5
+ensure_ruff() {
+    RUFF_DIR="$CACHE/ruff-$RUFF_VERSION"
+    if [ ! -x "$RUFF_DIR/bin/ruff" ]; then
+        log "installing ruff $RUFF_VERSION into $RUFF_DIR"
+        rm -rf "$RUFF_DIR"
+        python3 -m pip install --quiet --target "$RUFF_DIR" "ruff==$RUFF_VERSION"
+    fi
+    RUFF="$RUFF_DIR/bin/ruff"
+}
