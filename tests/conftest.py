@@ -1,0 +1,86 @@
+"""Shared helpers for the end-to-end tests: lower a model, check that
+RustConvBackend really took its ops, run the .pte through executorch.runtime
+and through pte_runner."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "partitioner_py"))
+
+import rustconv  # noqa: E402,F401  (registers torch.ops.rustconv.linear_scan)
+import rustconv.runtime  # noqa: E402,F401  (loads the Rust backend)
+from executorch.runtime import Runtime  # noqa: E402
+
+ATOL = 1e-4
+
+
+def pte_runner_path() -> Path:
+    path = Path(os.environ.get("PTE_RUNNER", ROOT / "target" / "release" / "pte_runner"))
+    if not path.is_file():
+        pytest.fail(f"pte_runner not built at {path}: run scripts/setup.sh")
+    return path
+
+
+def delegate_backends(program) -> list[str]:
+    """backend_id of every delegate call in the lowered program, in order."""
+    return [d.id for d in program.executorch_program.execution_plan[0].delegates]
+
+
+def assert_delegated(program, backend="RustConvBackend", ops=("convolution", "linear_scan")):
+    """The program calls `backend` and runs none of `ops` outside a delegate:
+    no silent fallback to portable kernels."""
+    backends = delegate_backends(program)
+    assert backend in backends, f"no {backend} delegate call; delegates: {backends}"
+    plan = program.executorch_program.execution_plan[0]
+    leftover = [op.name for op in plan.operators if any(o in op.name for o in ops)]
+    assert not leftover, f"ran outside the delegate: {leftover}"
+
+
+def save(program, tmp_path: Path, name="model.pte") -> Path:
+    path = tmp_path / name
+    path.write_bytes(program.buffer)
+    return path
+
+
+def run_runtime(pte: Path, inputs) -> list[torch.Tensor]:
+    method = Runtime.get().load_program(str(pte)).load_method("forward")
+    return list(method.execute(list(inputs)))
+
+
+def run_pte_runner(pte: Path, inputs, tmp_path: Path, *extra: str) -> list[np.ndarray]:
+    in_npz, out_npz = tmp_path / "in.npz", tmp_path / "out.npz"
+    np.savez(in_npz, **{str(i): t.numpy() for i, t in enumerate(inputs)})
+    run = subprocess.run(
+        [str(pte_runner_path()), "-model_path", str(pte), "-inputs_npz_path", str(in_npz),
+         "-output_npz_path", str(out_npz), *extra],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, f"pte_runner failed: {run.stderr[-2000:]}"
+    with np.load(out_npz) as outputs:
+        return [outputs[str(i)] for i in range(len(outputs.files))]
+
+
+def assert_close(got, want, what="", atol=ATOL):
+    got = torch.as_tensor(np.asarray(got))
+    want = torch.as_tensor(np.asarray(want.detach() if torch.is_tensor(want) else want))
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    err = (got - want).abs().max().item() if got.numel() else 0.0
+    assert err <= atol, f"{what}: max abs error {err:.3e} > {atol:.0e}"
+
+
+def input_sets(*shapes, seed=0):
+    """Random, all-ones and ramp inputs of the given shapes (ramps span
+    [-1, 1] so results stay O(1) and fp32 rounding stays far below ATOL)."""
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        "random": tuple(torch.randn(s, generator=gen) for s in shapes),
+        "ones": tuple(torch.ones(s) for s in shapes),
+        "ramp": tuple(torch.linspace(-1, 1, int(np.prod(s))).reshape(s) for s in shapes),
+    }

@@ -1,0 +1,134 @@
+"""pte_runner's command line, its ETDump, and how bad input is reported:
+corrupt delegate blobs, wrong inputs, missing files, bad npz files."""
+
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+from conftest import pte_runner_path, run_runtime, save
+from executorch.exir import to_edge
+from torch.export import export
+
+from rustconv import RustConvPartitioner
+
+
+class Conv(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+@pytest.fixture(scope="module")
+def pte_bytes() -> bytes:
+    torch.manual_seed(0)
+    ep = export(Conv().eval(), (torch.randn(1, 4, 32),))
+    return to_edge(ep).to_backend(RustConvPartitioner()).to_executorch().buffer
+
+
+def runner(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(pte_runner_path()), *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def error_line(run: subprocess.CompletedProcess) -> str:
+    """The one line pte_runner ends a failure with."""
+    assert run.returncode != 0
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("pte_runner: error: "), run.stderr
+    return last
+
+
+def test_random_inputs_latency_summary_and_etdump(pte_bytes, tmp_path):
+    from executorch.devtools import Inspector
+
+    pte = tmp_path / "m.pte"
+    pte.write_bytes(pte_bytes)
+    etdump = tmp_path / "trace.etdump"
+    run = runner("--model_path", str(pte), "-iter", "5", "-etdump_path", str(etdump),
+                 "-num_threads=1")  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "5 iteration(s), 1 thread(s)" in run.stdout
+    for stat in ("p10", "p50", "p90", "min", "avg", "max"):
+        assert f"{stat} " in run.stdout and " ms" in run.stdout
+    inspector = Inspector(etdump_path=str(etdump))
+    executes = [
+        e for block in inspector.event_blocks for e in block.events if e.name == "Method::execute"
+    ]
+    assert len(executes) == 1 and len(executes[0].perf_data.raw) == 5
+    delegate_calls = [
+        e for block in inspector.event_blocks for e in block.events if e.name == "DELEGATE_CALL"
+    ]
+    assert delegate_calls and len(delegate_calls[0].perf_data.raw) == 5
+
+
+def _corrupt(pte_bytes: bytes, offset: int, value: bytes) -> bytes:
+    at = pte_bytes.index(b"RCNV")
+    data = bytearray(pte_bytes)
+    data[at + offset : at + offset + len(value)] = value
+    return bytes(data)
+
+
+@pytest.mark.parametrize(
+    "offset,value,message",
+    [
+        (4, (2).to_bytes(4, "little"), "blob layout version 2 is newer than this runtime"),
+        (0, b"XXXX", "not a RustConv delegate blob"),
+        (24, (10**9).to_bytes(8, "little"), "flatbuffer graph spans bytes"),
+        (52, b"\xff\xff\xff\xff", "flatbuffer graph"),  # the flatbuffer's identifier
+    ],
+    ids=["newer-version", "bad-magic", "truncated-graph", "corrupt-graph"],
+)
+def test_corrupt_blob_fails_init_with_a_clear_log_line(pte_bytes, tmp_path, offset, value, message):
+    pte = tmp_path / "bad.pte"
+    pte.write_bytes(_corrupt(pte_bytes, offset, value))
+    run = runner("-model_path", str(pte))
+    assert "loading method 'forward' failed" in error_line(run)
+    assert "RustConvBackend: init failed" in run.stderr and message in run.stderr, run.stderr
+    with pytest.raises(RuntimeError):
+        run_runtime(pte, (torch.randn(1, 4, 32),))
+
+
+def test_wrong_input_shape_and_dtype_are_refused(pte_bytes, tmp_path):
+    pte = tmp_path / "m.pte"
+    pte.write_bytes(pte_bytes)
+    with pytest.raises(RuntimeError):
+        run_runtime(pte, (torch.randn(1, 4, 33),))
+    with pytest.raises(RuntimeError):
+        run_runtime(pte, (torch.randn(1, 4, 32, dtype=torch.float64),))
+    bad = tmp_path / "in.npz"
+    np.savez(bad, **{"0": np.zeros((1, 4, 32), np.float64)})
+    assert "input 0 is F64" in error_line(runner("-model_path", str(pte), "-inputs_npz_path", str(bad)))
+    np.savez(bad, **{"0": np.zeros((1, 5, 32), np.float32)})
+    assert "input 0 with shape [1, 5, 32]" in error_line(
+        runner("-model_path", str(pte), "-inputs_npz_path", str(bad))
+    )
+
+
+def test_missing_files_bad_npz_and_bad_flags(pte_bytes, tmp_path):
+    pte = tmp_path / "m.pte"
+    pte.write_bytes(pte_bytes)
+    assert "does not exist" in error_line(runner("-model_path", str(tmp_path / "nope.pte")))
+    not_npz = tmp_path / "x.npz"
+    not_npz.write_bytes(b"definitely not a zip")
+    assert "is not an npz file" in error_line(
+        runner("-model_path", str(pte), "-inputs_npz_path", str(not_npz))
+    )
+    empty = tmp_path / "empty.npz"
+    np.savez(empty, **{"1": np.zeros(3, np.float32)})
+    assert 'no array named "0"' in error_line(
+        runner("-model_path", str(pte), "-inputs_npz_path", str(empty))
+    )
+    assert "cannot open" in error_line(
+        runner("-model_path", str(pte), "-inputs_npz_path", str(tmp_path / "missing.npz"))
+    )
+    assert "unknown flag" in error_line(runner("-model_path", str(pte), "-frobnicate", "1"))
+    assert "-model_path is required" in error_line(runner("-iter", "2"))
+    garbage = tmp_path / "garbage.pte"
+    garbage.write_bytes(b"\x00" * 64)
+    assert "loading program" in error_line(runner("-model_path", str(garbage)))
+    assert runner("-help").returncode == 0
