@@ -11,9 +11,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from executorch.exir import to_edge
-from torch.export import export
-
 from rustconv import RustConvPartitioner
+from torch.export import export
 
 TOLERANCE = 1e-4
 

@@ -16,9 +16,8 @@ from conftest import (
     save,
 )
 from executorch.exir import to_edge
-from torch.export import export
-
 from rustconv import RustConvPartitioner
+from torch.export import export
 
 
 @dataclass(frozen=True)

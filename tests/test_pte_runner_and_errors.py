@@ -6,11 +6,10 @@ import subprocess
 import numpy as np
 import pytest
 import torch
-from conftest import pte_runner_path, run_runtime, save
+from conftest import pte_runner_path, run_runtime
 from executorch.exir import to_edge
-from torch.export import export
-
 from rustconv import RustConvPartitioner
+from torch.export import export
 
 
 class Conv(torch.nn.Module):
@@ -102,7 +101,9 @@ def test_wrong_input_shape_and_dtype_are_refused(pte_bytes, tmp_path):
         run_runtime(pte, (torch.randn(1, 4, 32, dtype=torch.float64),))
     bad = tmp_path / "in.npz"
     np.savez(bad, **{"0": np.zeros((1, 4, 32), np.float64)})
-    assert "input 0 is F64" in error_line(runner("-model_path", str(pte), "-inputs_npz_path", str(bad)))
+    assert "input 0 is F64" in error_line(
+        runner("-model_path", str(pte), "-inputs_npz_path", str(bad))
+    )
     np.savez(bad, **{"0": np.zeros((1, 5, 32), np.float32)})
     assert "input 0 with shape [1, 5, 32]" in error_line(
         runner("-model_path", str(pte), "-inputs_npz_path", str(bad))

@@ -15,9 +15,8 @@ from conftest import (
 )
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge, to_edge_transform_and_lower
-from torch.export import Dim, export
-
 from rustconv import RustConvPartitioner
+from torch.export import Dim, export
 
 
 class Scan(torch.nn.Module):
@@ -78,7 +77,7 @@ def test_dynamic_length_beyond_the_bound_is_refused(tmp_path):
     example = (torch.randn(1, 8, 16), torch.rand(1, 8, 16), torch.randn(1, 8))
     ep = export(model, example, dynamic_shapes=({2: seq}, {2: seq}, None))
     pte = save(to_edge(ep).to_backend(RustConvPartitioner()).to_executorch(), tmp_path)
-    with pytest.raises(Exception):
+    with pytest.raises(RuntimeError, match="set_inputs"):
         run_runtime(pte, (torch.randn(1, 8, 33), torch.rand(1, 8, 33), torch.randn(1, 8)))
 
 

@@ -246,7 +246,7 @@ pub(crate) mod tests {
 
     #[test]
     fn blob_bytes_views_borrowed_memory() {
-        let owner = vec![1u8, 2, 3];
+        let owner = [1u8, 2, 3];
         // SAFETY: `owner` outlives `bytes` and is not modified meanwhile.
         let bytes = unsafe { BlobBytes::new(owner.as_ptr(), owner.len()) };
         assert_eq!(bytes.as_slice(), &[1, 2, 3]);

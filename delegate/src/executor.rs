@@ -28,7 +28,7 @@ pub struct ArgTensor<'a> {
 /// The delegate call's arguments: inputs then outputs. Implemented over
 /// ExecuTorch's EValues in ffi.rs and over plain buffers in tests.
 pub trait CallArgs {
-    fn len(&self) -> usize;
+    fn count(&self) -> usize;
     fn tensor(&self, i: usize) -> Option<ArgTensor<'_>>;
     /// Resizes output argument `i`; false if the host refuses.
     fn resize(&mut self, i: usize, sizes: &[i32]) -> bool;
@@ -97,12 +97,12 @@ impl Executable<'_> {
         let plan = self.plan;
         let n_in = plan.inputs.len();
         let expected = n_in + plan.outputs.len();
-        if args.len() != expected {
+        if args.count() != expected {
             return Err(ArgError::Count {
                 expected,
                 inputs: n_in,
                 outputs: plan.outputs.len(),
-                got: args.len(),
+                got: args.count(),
             }
             .into());
         }

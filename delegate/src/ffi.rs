@@ -2,7 +2,7 @@
 //! (delegate/cpp/backend.cpp) and the Rust delegate.
 //!
 //! Every Rust function called from C++ catches panics and converts errors to
-//! a [`ffi::Status`] after logging them through ExecuTorch's log: nothing
+//! a [`Status`] after logging them through ExecuTorch's log: nothing
 //! unwinds across the boundary and no exception is thrown.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -14,7 +14,7 @@ use crate::executor::{ArgTensor, CallArgs};
 use crate::graph::DType;
 
 #[cxx::bridge(namespace = "rustconv::ffi")]
-pub(crate) mod ffi {
+pub(crate) mod bridge {
     /// The ExecuTorch error a call ends with (mapped in backend.cpp).
     #[derive(Debug)]
     #[repr(u8)]
@@ -72,7 +72,7 @@ pub(crate) mod ffi {
     }
 }
 
-pub(crate) use ffi::{log, LogLevel, Status};
+pub(crate) use bridge::{log, LogLevel, Status};
 
 fn delegate_new() -> Box<Delegate> {
     Box::new(Delegate::default())
@@ -108,7 +108,7 @@ impl Delegate {
         guarded("init", || self.init(blob))
     }
 
-    fn ffi_execute(&self, args: Pin<&mut ffi::ExecuteArgs>) -> Status {
+    fn ffi_execute(&self, args: Pin<&mut bridge::ExecuteArgs>) -> Status {
         guarded("execute", || self.execute(&mut CxxArgs(args)))
     }
 }
@@ -120,10 +120,10 @@ fn set_num_threads(num_threads: i32) -> Status {
 }
 
 /// The delegate call's arguments, read through the C++ `ExecuteArgs`.
-struct CxxArgs<'a>(Pin<&'a mut ffi::ExecuteArgs>);
+struct CxxArgs<'a>(Pin<&'a mut bridge::ExecuteArgs>);
 
 impl CallArgs for CxxArgs<'_> {
-    fn len(&self) -> usize {
+    fn count(&self) -> usize {
         self.0.len()
     }
 
@@ -133,8 +133,8 @@ impl CallArgs for CxxArgs<'_> {
         }
         Some(ArgTensor {
             dtype: match self.0.dtype(i) {
-                ffi::DType::Float32 => Some(DType::F32),
-                ffi::DType::Float16 => Some(DType::F16),
+                bridge::DType::Float32 => Some(DType::F32),
+                bridge::DType::Float16 => Some(DType::F16),
                 _ => None,
             },
             sizes: self.0.sizes(i),
@@ -152,5 +152,5 @@ impl CallArgs for CxxArgs<'_> {
 /// Registers the backend with ExecuTorch. Called when the shared library
 /// loads (see lib.rs) and by pte_runner, which links the rlib.
 pub fn register() -> bool {
-    ffi::register_backend()
+    bridge::register_backend()
 }

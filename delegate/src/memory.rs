@@ -69,10 +69,6 @@ impl AlignedBuf {
         buf
     }
 
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
         self.lines.as_mut_ptr().cast()
     }
@@ -137,7 +133,6 @@ mod tests {
     fn aligned_buf_is_aligned_zeroed_and_writable() {
         let mut buf = AlignedBuf::zeroed(100);
         assert_eq!(buf.as_ptr() as usize % ARENA_ALIGNMENT, 0);
-        assert_eq!(buf.len(), 100);
         assert!(buf.as_mut_slice().iter().all(|&b| b == 0));
         buf.as_mut_slice()[99] = 5;
         let copy = AlignedBuf::from_bytes(&[1, 2, 3]);

@@ -244,7 +244,7 @@ fn out_tensor(max_sizes: &[i32]) -> T {
 struct Args(Vec<T>);
 
 impl CallArgs for Args {
-    fn len(&self) -> usize {
+    fn count(&self) -> usize {
         self.0.len()
     }
     fn tensor(&self, i: usize) -> Option<ArgTensor<'_>> {
@@ -660,7 +660,7 @@ fn arg_error(mutate: impl FnOnce(&mut Args)) -> DelegateError {
     let d = init(&blob).unwrap();
     let mut args = conv_scan_args(8);
     mutate(&mut args);
-    let err = d.execute(&mut args).err().expect("bad arguments accepted");
+    let err = d.execute(&mut args).expect_err("bad arguments accepted");
     assert_eq!(err.status(), Status::InvalidArgument, "{err}");
     err
 }
@@ -695,8 +695,8 @@ fn aliased_output_is_refused() {
     // Make the output tensor point into input `a`'s memory.
     struct Aliased(Args);
     impl CallArgs for Aliased {
-        fn len(&self) -> usize {
-            self.0.len()
+        fn count(&self) -> usize {
+            self.0.count()
         }
         fn tensor(&self, i: usize) -> Option<ArgTensor<'_>> {
             let mut t = self.0.tensor(i)?;

@@ -2,7 +2,7 @@
 //! ExecuTorch's C++ Program/Method API.
 
 #[cxx::bridge(namespace = "rustconv::runner")]
-pub mod ffi {
+pub mod bridge {
     /// A tensor's ExecuTorch ScalarType code and sizes.
     struct TensorInfo {
         dtype: i8,

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 
 use args::Args;
-use ffi::ffi as et;
+use ffi::bridge as et;
 use npz::{Array, ElemType};
 
 fn main() -> ExitCode {

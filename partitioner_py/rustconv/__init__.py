@@ -1,0 +1,33 @@
+"""RustConv: an ExecuTorch delegate for 1-D convolutions and linear scans.
+
+Export side::
+
+    import rustconv
+    from executorch.exir import to_edge_transform_and_lower
+
+    ep = torch.export.export(model, example_inputs)
+    program = to_edge_transform_and_lower(
+        ep, partitioner=[rustconv.RustConvPartitioner()]
+    ).to_executorch()
+
+Importing the package registers ``torch.ops.rustconv.linear_scan``. It does
+*not* load the Rust runtime; ``import rustconv.runtime`` does that explicitly,
+so exporting works on machines without the compiled library.
+"""
+
+from rustconv import ops  # noqa: F401  (registers torch.ops.rustconv.linear_scan)
+from rustconv.backend import RustConvBackend
+from rustconv.compile_specs import num_threads
+from rustconv.errors import DynamicShapeError, RustConvError, UnsupportedGraphError
+from rustconv.ops import linear_scan
+from rustconv.partitioner import RustConvPartitioner
+
+__all__ = [
+    "RustConvPartitioner",
+    "RustConvBackend",
+    "linear_scan",
+    "num_threads",
+    "RustConvError",
+    "UnsupportedGraphError",
+    "DynamicShapeError",
+]

@@ -1,0 +1,92 @@
+"""Compile-spec keys understood by the RustConv runtime, and their encodings.
+
+ExecuTorch stores each ``CompileSpec`` (a key and raw bytes) in the ``.pte``
+next to the delegate blob and hands them to the backend's ``init`` at load time.
+This module is the single place that names the keys and fixes their byte
+encodings; the Rust runtime decodes the same keys.
+
+Keys:
+
+``num_threads``
+    Worker threads for the delegate, a little-endian ``u32``, at least 1 (the
+    runtime refuses 0). Without the spec the runtime picks its own default;
+    a runtime option or the ``RUSTCONV_NUM_THREADS`` environment variable
+    overrides it at load time.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+
+__all__ = [
+    "NUM_THREADS",
+    "KNOWN_KEYS",
+    "CompileSpecError",
+    "num_threads",
+    "decode_num_threads",
+    "validate_compile_specs",
+]
+
+NUM_THREADS = "num_threads"
+
+#: Every key this version of the export side knows how to produce.
+KNOWN_KEYS = frozenset({NUM_THREADS})
+
+_U32_MAX = 2**32 - 1
+
+
+class CompileSpecError(ValueError):
+    """A compile spec has an unknown key or a malformed value."""
+
+
+def num_threads(n: int) -> CompileSpec:
+    """Compile spec asking the runtime for ``n`` worker threads (``n >= 1``)."""
+    if isinstance(n, bool) or not isinstance(n, int):
+        raise CompileSpecError(f"num_threads must be an int, got {type(n).__name__}")
+    if not 1 <= n <= _U32_MAX:
+        raise CompileSpecError(f"num_threads must be in [1, {_U32_MAX}], got {n}")
+    return CompileSpec(NUM_THREADS, struct.pack("<I", n))
+
+
+def decode_num_threads(spec: CompileSpec) -> int:
+    """Inverse of :func:`num_threads`, for tests and tooling."""
+    if spec.key != NUM_THREADS:
+        raise CompileSpecError(f"expected key {NUM_THREADS!r}, got {spec.key!r}")
+    if len(spec.value) != 4:
+        raise CompileSpecError(
+            f"{NUM_THREADS} must be 4 bytes (little-endian u32), got {len(spec.value)}"
+        )
+    n = struct.unpack("<I", spec.value)[0]
+    if n == 0:
+        raise CompileSpecError(f"{NUM_THREADS} must be at least 1, got 0")
+    return n
+
+
+_DECODERS = {NUM_THREADS: decode_num_threads}
+
+
+def validate_compile_specs(specs: Iterable[CompileSpec]) -> list[CompileSpec]:
+    """Checks keys and encodings, so a typo fails at export rather than at load.
+
+    Returns the specs as a list. Duplicate keys are refused because the runtime
+    would have to pick one silently.
+    """
+    result = []
+    seen = set()
+    for spec in specs:
+        if not isinstance(spec, CompileSpec):
+            raise CompileSpecError(f"expected executorch CompileSpec, got {type(spec).__name__}")
+        if spec.key not in KNOWN_KEYS:
+            raise CompileSpecError(
+                f"unknown RustConv compile spec {spec.key!r}; known keys: "
+                f"{', '.join(sorted(KNOWN_KEYS))}"
+            )
+        if spec.key in seen:
+            raise CompileSpecError(f"compile spec {spec.key!r} given more than once")
+        seen.add(spec.key)
+        _DECODERS[spec.key](spec)
+        result.append(spec)
+    return result

@@ -1,0 +1,99 @@
+"""Loads the RustConv runtime into ExecuTorch's Python runtime.
+
+``import rustconv.runtime`` makes ``executorch.runtime`` able to run programs
+containing ``RustConvBackend`` delegates. The Rust backend is a shared library
+whose static initialiser registers the backend with the ExecuTorch runtime that
+is already in the process, so the order matters:
+
+1. ``import executorch.runtime`` first, so ExecuTorch's shared library (and its
+   backend registry) is loaded;
+2. ``ctypes.CDLL(path, RTLD_GLOBAL)`` the backend library, which resolves its
+   ExecuTorch symbols against that library and registers itself;
+3. check that ``"RustConvBackend"`` is now a registered backend.
+
+The library is looked up, in order, at:
+
+* ``$RUSTCONV_BACKEND_LIB``, if set (then it must exist);
+* ``<repo>/target/release/librustconv_backend.so`` (a source checkout, built
+  with ``cargo build --release``);
+* ``librustconv_backend.so`` inside this package (an installed wheel).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+import executorch.runtime  # noqa: F401  (must precede loading the backend)
+
+__all__ = ["BACKEND_NAME", "ENV_VAR", "library_path", "is_loaded", "candidate_paths"]
+
+BACKEND_NAME = "RustConvBackend"
+ENV_VAR = "RUSTCONV_BACKEND_LIB"
+_LIB_NAME = "librustconv_backend.so"
+_BUILD_COMMAND = "cargo build --release  (in the repository root)"
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_library: ctypes.CDLL | None = None
+_library_path: Path | None = None
+
+
+def candidate_paths() -> list[Path]:
+    """Where the backend library is looked for, in order."""
+    env = os.environ.get(ENV_VAR)
+    if env:
+        # An explicit choice is not silently replaced by another build.
+        return [Path(env)]
+    return [
+        _PACKAGE_DIR.parent.parent / "target" / "release" / _LIB_NAME,
+        _PACKAGE_DIR / _LIB_NAME,
+    ]
+
+
+def _registered_backends() -> list[str]:
+    from executorch.runtime import Runtime
+
+    return list(Runtime.get().backend_registry.registered_backend_names)
+
+
+def _load() -> None:
+    global _library, _library_path
+    if BACKEND_NAME in _registered_backends():
+        # Linked in some other way (e.g. a custom ExecuTorch build); nothing to do.
+        return
+    tried = candidate_paths()
+    path = next((p for p in tried if p.is_file()), None)
+    if path is None:
+        source = f"${ENV_VAR}" if os.environ.get(ENV_VAR) else "the default locations"
+        raise ImportError(
+            f"RustConv backend library not found ({source}); tried:\n"
+            + "".join(f"  {p}\n" for p in tried)
+            + f"Build it with: {_BUILD_COMMAND}, or set {ENV_VAR} to its path."
+        )
+    try:
+        library = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    except OSError as e:
+        raise ImportError(f"could not load the RustConv backend from {path}: {e}") from e
+    registered = _registered_backends()
+    if BACKEND_NAME not in registered:
+        raise ImportError(
+            f"loaded {path}, but {BACKEND_NAME!r} is not registered with the "
+            f"ExecuTorch runtime (registered: {registered}). The library may have "
+            "been built against a different ExecuTorch than the one installed; "
+            f"rebuild it with: {_BUILD_COMMAND}"
+        )
+    _library, _library_path = library, path
+
+
+def library_path() -> Path | None:
+    """The backend library this module loaded, or None if it was already registered."""
+    return _library_path
+
+
+def is_loaded() -> bool:
+    """Whether ``RustConvBackend`` is registered with the ExecuTorch runtime."""
+    return BACKEND_NAME in _registered_backends()
+
+
+_load()

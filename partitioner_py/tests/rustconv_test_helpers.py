@@ -1,0 +1,121 @@
+"""Shared helpers for the rustconv export-side tests.
+
+Named uniquely (not ``conftest``) because ``pytest partitioner_py/tests tests``
+collects a second, repository-level ``conftest.py`` whose module would shadow
+a plain ``from conftest import ...``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import rustconv
+import torch
+from executorch.exir import (
+    EdgeProgramManager,
+    to_edge,
+    to_edge_transform_and_lower,
+)
+from executorch.exir.lowered_backend_module import (
+    LoweredBackendModule,
+    get_lowered_submodules,
+)
+from rustconv.backend import RustConvBackend
+from rustconv.reference import run_blob
+
+BACKEND_ID = RustConvBackend.__name__
+
+
+def export(model: torch.nn.Module, inputs: tuple, dynamic_shapes=None):
+    return torch.export.export(model.eval(), inputs, dynamic_shapes=dynamic_shapes)
+
+
+def lower(
+    model: torch.nn.Module,
+    inputs: tuple,
+    flow: str,
+    dynamic_shapes=None,
+    partitioners: list | None = None,
+) -> EdgeProgramManager:
+    """Exports and lowers with RustConv through ``flow`` ("to_edge" or "transform")."""
+    ep = export(model, inputs, dynamic_shapes)
+    partitioners = partitioners or [rustconv.RustConvPartitioner()]
+    if flow == "to_edge":
+        edge = to_edge(ep)
+        for partitioner in partitioners:
+            edge = edge.to_backend(partitioner)
+        return edge
+    if flow == "transform":
+        return to_edge_transform_and_lower(ep, partitioner=partitioners)
+    raise ValueError(flow)
+
+
+def lowered_modules(
+    edge: EdgeProgramManager, backend_id: str | None = BACKEND_ID
+) -> list[LoweredBackendModule]:
+    gm = edge.exported_program().graph_module
+    return [
+        lm
+        for _, lm, _ in get_lowered_submodules(gm)
+        if backend_id is None or lm.backend_id == backend_id
+    ]
+
+
+def top_level_targets(edge: EdgeProgramManager) -> list[str]:
+    """Names of the ops left outside any delegate."""
+    return [
+        str(getattr(n.target, "__name__", n.target))
+        for n in edge.exported_program().graph.nodes
+        if n.op == "call_function"
+    ]
+
+
+def _concrete(size) -> int:
+    if isinstance(size, int):
+        return size
+    hint = size.node.hint
+    if hint is None:
+        env = size.node.shape_env.var_to_val
+        hint = size.node.expr.xreplace(env)
+    return int(hint)
+
+
+def delegate_example_inputs(lm: LoweredBackendModule) -> list[torch.Tensor]:
+    """Random inputs for a delegate, in delegate-input order, at the example sizes."""
+    ep = lm.original_module
+    sig = ep.graph_signature
+    constants = (
+        set(sig.inputs_to_parameters)
+        | set(sig.inputs_to_buffers)
+        | set(sig.inputs_to_lifted_tensor_constants)
+    )
+    gen = torch.Generator().manual_seed(0)
+    inputs = []
+    for node in ep.graph.nodes:
+        if node.op == "placeholder" and node.name not in constants:
+            val = node.meta["val"]
+            shape = [_concrete(s) for s in val.shape]
+            # Values in (0.5, 1) keep linear scans bounded.
+            inputs.append(0.5 + 0.5 * torch.rand(shape, generator=gen, dtype=val.dtype))
+    return inputs
+
+
+def assert_blob_matches_subgraph(lm: LoweredBackendModule, atol: float = 1e-5) -> None:
+    """The blob, interpreted, computes what the delegated subgraph computes."""
+    inputs = delegate_example_inputs(lm)
+    expected = lm.original_module.module()(*inputs)
+    if isinstance(expected, torch.Tensor):
+        expected = [expected]
+    actual = run_blob(lm.processed_bytes, inputs)
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected, strict=True):
+        assert a.shape == e.shape
+        torch.testing.assert_close(a, e, atol=atol, rtol=1e-5)
+
+
+def count(items: Iterable, predicate) -> int:
+    return sum(1 for item in items if predicate(item))
+
+
+def ops_named(names: Sequence[str], needle: str) -> int:
+    return count(names, lambda n: needle in n)
