@@ -50,6 +50,19 @@ pub enum KernelError {
         padded_len: usize,
     },
 
+    /// A forced algorithm cannot compute this convolution.
+    #[error("algorithm {algorithm} does not apply to this convolution")]
+    NotApplicable {
+        /// The algorithm's name.
+        algorithm: &'static str,
+    },
+
+    /// A prepared convolution was called with parameters it was not
+    /// prepared for (different static parameters, or a larger batch or
+    /// input length).
+    #[error("called with parameters other than those it was prepared for")]
+    NotPrepared,
+
     /// A buffer's length does not match what the parameters imply.
     #[error("buffer `{which}` has {actual} elements, expected {expected}")]
     BufferLen {

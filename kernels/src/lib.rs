@@ -37,17 +37,23 @@
 //! # Ok::<(), rustconv_kernels::KernelError>(())
 //! ```
 
-#![forbid(unsafe_code)]
+// Unsafe code is confined to the modules that allow it (SIMD intrinsics,
+// per-thread scratch), each block with its invariant stated.
+#![deny(unsafe_code)]
 #![warn(missing_docs)]
 
 mod conv1d;
 mod error;
 pub mod reference;
 mod scan;
+mod scratch;
 
 #[cfg(test)]
 mod test_support;
 
-pub use conv1d::{conv1d_f32, Conv1dParams};
+pub use conv1d::{
+    applicable, conv1d_f32, estimate_cost, Algorithm, Choice, Conv1dParams, PreparedConv1d,
+};
 pub use error::KernelError;
 pub use scan::{linear_scan_f32, ScanParams};
+pub use scratch::Scratch;

@@ -130,6 +130,12 @@ fn accumulate(y: &mut [f32], weight: f32, x: &[f32], stride: usize) {
     }
 }
 
+/// Estimated single-thread seconds (see `cost.rs`).
+pub(super) fn cost(g: &Conv1dGeometry) -> f64 {
+    use super::cost::{compulsory_bytes, direct_macs, roofline, DIRECT_MACS_PER_SEC};
+    roofline(direct_macs(g), DIRECT_MACS_PER_SEC, compulsory_bytes(g))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,10 +10,16 @@
 //! the no-allocation promise; that will be an addition (a scratch-size query
 //! and an entry point taking a workspace slice), not a change to this one.
 
+mod cost;
+mod depthwise;
 mod direct;
+mod fft;
+mod gemm;
 mod params;
+mod prepared;
 
 pub use params::Conv1dParams;
+pub use prepared::{applicable, estimate_cost, Algorithm, Choice, PreparedConv1d};
 
 use crate::error::{check_len, KernelError};
 

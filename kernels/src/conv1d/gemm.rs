@@ -1,0 +1,37 @@
+//! Dense and grouped conv1d as GEMM with weights packed at prepare.
+//! (To be implemented: currently applies to nothing.)
+
+use super::params::Conv1dGeometry;
+use crate::scratch::Scratch;
+
+pub(crate) fn applies(_g: &Conv1dGeometry) -> bool {
+    false
+}
+
+pub(crate) fn cost(_g: &Conv1dGeometry) -> f64 {
+    f64::INFINITY
+}
+
+pub(crate) struct GemmConv;
+
+impl GemmConv {
+    pub(crate) fn prepare(_g: &Conv1dGeometry, _w: &[f32]) -> Self {
+        GemmConv
+    }
+    pub(crate) fn scratch_per_thread(&self) -> usize {
+        0
+    }
+    pub(crate) fn prepared_bytes(&self) -> usize {
+        0
+    }
+    pub(crate) fn run(
+        &self,
+        _g: &Conv1dGeometry,
+        _x: &[f32],
+        _bias: Option<&[f32]>,
+        _y: &mut [f32],
+        _scratch: &Scratch,
+    ) {
+        unreachable!("gemm::applies is false")
+    }
+}

@@ -1,0 +1,255 @@
+//! A conv1d prepared once for its static parameters: the algorithm chosen
+//! (by the cost model, by measurement, or forced), weight-derived data built
+//! (filter spectra, packed panels) and its scratch need known, so that each
+//! call only computes.
+
+use std::time::Instant;
+
+use super::params::{Conv1dGeometry, Conv1dParams};
+use super::{depthwise, direct, fft, gemm};
+use crate::error::{check_len, KernelError};
+use crate::scratch::Scratch;
+
+/// The conv1d algorithms, in the order [`Choice::Measure`] tries them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Any parameters: the scalar direct loop ([`super::conv1d_f32`]).
+    Direct,
+    /// Depthwise, short filters: SIMD along time with the taps in registers.
+    DepthwiseSimd,
+    /// Depthwise, long filters: FFT with filter spectra computed at prepare.
+    Fft,
+    /// Dense and grouped: GEMM with weights packed at prepare.
+    Gemm,
+}
+
+impl Algorithm {
+    /// Every algorithm, in the order measurement tries them.
+    pub const ALL: [Algorithm; 4] = [
+        Algorithm::Direct,
+        Algorithm::DepthwiseSimd,
+        Algorithm::Fft,
+        Algorithm::Gemm,
+    ];
+
+    /// The name used in compile specs, logs and the benchmark.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::Direct => "direct",
+            Algorithm::DepthwiseSimd => "depthwise_simd",
+            Algorithm::Fft => "fft",
+            Algorithm::Gemm => "gemm",
+        }
+    }
+
+    /// The algorithm called `name` (see [`Algorithm::name`]).
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    /// Whether the algorithm can compute convolutions of this shape.
+    fn applies(self, g: &Conv1dGeometry) -> bool {
+        match self {
+            Algorithm::Direct => true,
+            Algorithm::DepthwiseSimd => depthwise::applies(g),
+            Algorithm::Fft => fft::applies(g),
+            Algorithm::Gemm => gemm::applies(g),
+        }
+    }
+
+    /// The cost model: estimated single-thread seconds for one call at the
+    /// shape `g`, or None where the algorithm does not apply. See
+    /// [`cost_model`] for the constants and how they were calibrated.
+    pub(crate) fn estimate(self, g: &Conv1dGeometry) -> Option<f64> {
+        if !self.applies(g) {
+            return None;
+        }
+        Some(match self {
+            Algorithm::Direct => direct::cost(g),
+            Algorithm::DepthwiseSimd => depthwise::cost(g),
+            Algorithm::Fft => fft::cost(g),
+            Algorithm::Gemm => gemm::cost(g),
+        })
+    }
+}
+
+/// How [`PreparedConv1d::new`] picks the algorithm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Choice {
+    /// The cheapest applicable algorithm by the cost model.
+    Auto,
+    /// Prepare every applicable algorithm, time one call of each at the
+    /// prepared (maximum) shape on the current rayon pool, keep the fastest.
+    Measure,
+    /// This algorithm; an error if it does not apply.
+    Force(Algorithm),
+}
+
+/// Estimated single-thread seconds of `algorithm` for `p`, or None where it
+/// does not apply (or `p` is invalid). The benchmark prints this beside each
+/// candidate's measured time so the model can be checked.
+pub fn estimate_cost(algorithm: Algorithm, p: &Conv1dParams) -> Option<f64> {
+    algorithm.estimate(&p.geometry().ok()?)
+}
+
+/// The algorithms that can compute `p`.
+pub fn applicable(p: &Conv1dParams) -> Vec<Algorithm> {
+    match p.geometry() {
+        Ok(g) => Algorithm::ALL
+            .into_iter()
+            .filter(|a| a.applies(&g))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+enum Imp {
+    Direct,
+    Depthwise(depthwise::DepthwiseConv),
+    Fft(fft::FftConv),
+    Gemm(gemm::GemmConv),
+}
+
+/// A conv1d ready to run on inputs up to the shape it was prepared for.
+pub struct PreparedConv1d {
+    max: Conv1dGeometry,
+    imp: Imp,
+}
+
+impl PreparedConv1d {
+    /// Prepares for `max`: the largest batch and input length calls will use
+    /// (a dynamic sequence length's upper bound), with the other parameters
+    /// fixed. `w` is `[out_channels, in_channels / groups, kernel_size]`.
+    pub fn new(max: &Conv1dParams, w: &[f32], choice: Choice) -> Result<Self, KernelError> {
+        let g = max.geometry()?;
+        check_len("w", g.weight_elems, w.len())?;
+        match choice {
+            Choice::Force(a) => {
+                if !a.applies(&g) {
+                    return Err(KernelError::NotApplicable {
+                        algorithm: a.name(),
+                    });
+                }
+                Self::with(a, g, w)
+            }
+            Choice::Auto => {
+                let best = Algorithm::ALL
+                    .into_iter()
+                    .filter_map(|a| a.estimate(&g).map(|c| (a, c)))
+                    .min_by(|x, y| x.1.total_cmp(&y.1))
+                    .map_or(Algorithm::Direct, |(a, _)| a);
+                Self::with(best, g, w)
+            }
+            Choice::Measure => Self::measure(g, w),
+        }
+    }
+
+    fn with(a: Algorithm, g: Conv1dGeometry, w: &[f32]) -> Result<Self, KernelError> {
+        let imp = match a {
+            Algorithm::Direct => Imp::Direct,
+            Algorithm::DepthwiseSimd => Imp::Depthwise(depthwise::DepthwiseConv::prepare(&g, w)),
+            Algorithm::Fft => Imp::Fft(fft::FftConv::prepare(&g, w)),
+            Algorithm::Gemm => Imp::Gemm(gemm::GemmConv::prepare(&g, w)),
+        };
+        Ok(PreparedConv1d { max: g, imp })
+    }
+
+    fn measure(g: Conv1dGeometry, w: &[f32]) -> Result<Self, KernelError> {
+        let threads = rayon::current_num_threads();
+        let x: Vec<f32> = (0..g.input_elems)
+            .map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5)
+            .collect();
+        let mut y = vec![0.0; g.output_elems];
+        let mut best: Option<(f64, PreparedConv1d)> = None;
+        for a in Algorithm::ALL.into_iter().filter(|a| a.applies(&g)) {
+            let candidate = Self::with(a, g, w)?;
+            let scratch = Scratch::new(threads, candidate.scratch_per_thread());
+            let start = Instant::now();
+            candidate.run(&g.params, &x, w, None, &mut y, &scratch)?;
+            let seconds = start.elapsed().as_secs_f64();
+            if best.as_ref().is_none_or(|(t, _)| seconds < *t) {
+                best = Some((seconds, candidate));
+            }
+        }
+        Ok(best.expect("direct always applies").1)
+    }
+
+    /// The algorithm this preparation runs.
+    pub fn algorithm(&self) -> Algorithm {
+        match self.imp {
+            Imp::Direct => Algorithm::Direct,
+            Imp::Depthwise(_) => Algorithm::DepthwiseSimd,
+            Imp::Fft(_) => Algorithm::Fft,
+            Imp::Gemm(_) => Algorithm::Gemm,
+        }
+    }
+
+    /// `f32` elements of scratch each thread needs for any call up to the
+    /// prepared shape.
+    pub fn scratch_per_thread(&self) -> usize {
+        match &self.imp {
+            Imp::Direct => 0,
+            Imp::Depthwise(k) => k.scratch_per_thread(),
+            Imp::Fft(k) => k.scratch_per_thread(),
+            Imp::Gemm(k) => k.scratch_per_thread(),
+        }
+    }
+
+    /// Bytes of weight-derived data this preparation holds (spectra, packed
+    /// panels), for memory reporting.
+    pub fn prepared_bytes(&self) -> usize {
+        match &self.imp {
+            Imp::Direct => 0,
+            Imp::Depthwise(k) => k.prepared_bytes(),
+            Imp::Fft(k) => k.prepared_bytes(),
+            Imp::Gemm(k) => k.prepared_bytes(),
+        }
+    }
+
+    /// Whether `run` still reads the original weights `w` (otherwise the
+    /// caller may release them after `new`).
+    pub fn reads_weights(&self) -> bool {
+        matches!(self.imp, Imp::Direct | Imp::Depthwise(_))
+    }
+
+    /// Computes `y = conv1d(x, w) + bias` for `p`, which must equal the
+    /// prepared parameters except for a batch and input length no larger
+    /// than prepared. `scratch` must have at least
+    /// [`Self::scratch_per_thread`] elements per thread of the current pool.
+    pub fn run(
+        &self,
+        p: &Conv1dParams,
+        x: &[f32],
+        w: &[f32],
+        bias: Option<&[f32]>,
+        y: &mut [f32],
+        scratch: &Scratch,
+    ) -> Result<(), KernelError> {
+        let g = p.geometry()?;
+        let m = &self.max.params;
+        let same_static = Conv1dParams {
+            batch: m.batch,
+            in_len: m.in_len,
+            ..*p
+        } == *m;
+        if !same_static || p.batch > m.batch || p.in_len > m.in_len {
+            return Err(KernelError::NotPrepared);
+        }
+        g.check_inputs(x, w, bias)?;
+        check_len("y", g.output_elems, y.len())?;
+        if scratch.per_thread() < self.scratch_per_thread() {
+            return Err(KernelError::BufferLen {
+                which: "scratch",
+                expected: self.scratch_per_thread(),
+                actual: scratch.per_thread(),
+            });
+        }
+        match &self.imp {
+            Imp::Direct => direct::conv1d(&g, x, w, bias, y),
+            Imp::Depthwise(k) => k.run(&g, x, w, bias, y, scratch),
+            Imp::Fft(k) => k.run(&g, x, bias, y, scratch),
+            Imp::Gemm(k) => k.run(&g, x, bias, y, scratch),
+        }
+        Ok(())
+    }
+}
