@@ -137,11 +137,8 @@ mod tests {
             .build()
             .unwrap();
         let scratch = Scratch::new(1, 4);
-        pool.install(|| {
-            (0..64)
-                .into_par_iter()
-                .for_each(|_| scratch.with_slot(|_| ()))
-        });
+        // broadcast runs on every thread, including those past the slots.
+        pool.broadcast(|_| scratch.with_slot(|_| ()));
     }
 
     #[test]
