@@ -24,6 +24,8 @@ ensure_venv() {
         "$VENV/bin/pip" install --quiet --upgrade pip
         "$VENV/bin/pip" install --quiet -r "$ROOT/requirements.txt"
         touch "$VENV/.rustconv-complete"
+        # Environments for older pins are 6 GB each: keep only this one.
+        find "$CACHE" -maxdepth 1 -name 'venv-*' ! -path "$VENV" -exec rm -rf {} +
     fi
     flock -u 9
     ln -sfn "$VENV" "$ROOT/.venv"

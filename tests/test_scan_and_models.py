@@ -107,3 +107,29 @@ def test_mixed_model_runs_with_both_delegates(tmp_path):
     want = model(*inputs)
     assert_close(run_pte_runner(pte, inputs, tmp_path, "-num_threads", "2")[0], want, "pte_runner")
     assert_close(run_runtime(pte, inputs)[0], want, "runtime")
+
+
+def test_float16_model_stays_float16_and_matches(tmp_path):
+    """model.half(): tensors stay float16, the delegate computes in float32.
+    The reference is the float32 computation on the same float16 values,
+    rounded to float16 once at the end (what the delegate does)."""
+    torch.manual_seed(3)
+    model = ConvScan(channels=8, k=4).eval()
+    inputs32 = (torch.randn(1, 8, 96), torch.rand(1, 8, 96), torch.randn(1, 8))
+    half_model = ConvScan(channels=8, k=4).eval().half()
+    half_model.load_state_dict(model.half().state_dict())
+    inputs = tuple(t.half() for t in inputs32)
+    program = to_edge(export(half_model, inputs)).to_backend(RustConvPartitioner()).to_executorch()
+    assert_delegated(program)
+    pte = save(program, tmp_path)
+    want = ConvScan(channels=8, k=4).eval()
+    want.load_state_dict({k: v.float() for k, v in half_model.state_dict().items()})
+    want = want(*(t.float() for t in inputs)).half()
+    got = run_runtime(pte, inputs)[0]
+    assert got.dtype == torch.float16
+    # One float16 rounding of the result: half an ulp, about 5e-4 relative.
+    atol = 1e-3 * max(1.0, want.abs().max().item())
+    assert_close(got.float(), want.float(), "runtime", atol)
+    assert_close(
+        run_pte_runner(pte, inputs, tmp_path)[0].astype("float32"), want.float(), "pte_runner", atol
+    )

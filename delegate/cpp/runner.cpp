@@ -124,17 +124,15 @@ class SessionImpl {
     if (i >= inputs_.size()) {
       throw std::runtime_error("input index out of range");
     }
-    // The Session keeps the bytes: a method whose inputs are not memory
-    // planned reads them in place at every execute.
-    auto bytes = std::make_shared<std::vector<std::uint8_t>>(
-        data.begin(), data.end());
+    // No copy: the caller keeps `data` alive and unchanged for the session's
+    // life (see set_input in ffi.rs), and ExecuTorch only reads it.
     inputs_[i] = executorch::extension::make_tensor_ptr(
         std::vector<executorch::aten::SizesType>(sizes.begin(), sizes.end()),
-        bytes->data(),
+        const_cast<std::uint8_t*>(data.data()),
         static_cast<ScalarType>(dtype),
         executorch::aten::Device(executorch::aten::DeviceType::CPU),
         executorch::aten::TensorShapeDynamism::DYNAMIC_BOUND,
-        [bytes](void*) {});
+        [](void*) {});
     const Error err = method_->set_input(EValue(*inputs_[i]), i);
     if (err != Error::Ok) {
       fail("setting input " + std::to_string(i), err);

@@ -11,6 +11,8 @@ use crate::graph::GraphDesc;
 use crate::memory::AlignedBuf;
 use crate::options::CompileOptions;
 use crate::plan::Plan;
+use crate::ffi::{log, LogLevel};
+use crate::threads;
 
 #[derive(Default)]
 pub struct Delegate {
@@ -45,16 +47,23 @@ impl Delegate {
         let bytes = blob.as_slice();
         let layout = BlobLayout::parse(bytes)?;
         let graph = GraphDesc::decode(bytes, &layout)?;
-        let plan = Plan::build(graph)?;
 
         let segment = &bytes[layout.constants.clone()];
-        let (constants, copy) =
-            if (segment.as_ptr() as usize) % crate::blob::CONSTANT_ALIGNMENT == 0 {
-                (segment.as_ptr(), None)
-            } else {
-                let copy = AlignedBuf::from_bytes(segment);
-                (copy.as_ptr(), Some(copy))
-            };
+        let copy = (segment.as_ptr() as usize % crate::blob::CONSTANT_ALIGNMENT != 0)
+            .then(|| AlignedBuf::from_bytes(segment));
+        let constants: &[u8] = match &copy {
+            // SAFETY: `from_bytes` filled `segment.len()` bytes of the buffer.
+            Some(copy) => unsafe { std::slice::from_raw_parts(copy.as_ptr(), segment.len()) },
+            None => segment,
+        };
+        // Kernel preparation may time candidates (`conv1d_algorithm=measure`):
+        // do it on the pool execute will use.
+        let pool = threads::pool(threads::resolve(self.options.num_threads)?)?;
+        let plan = pool.install(|| Plan::build(graph, constants, &self.options))?;
+        for line in &plan.report {
+            log(LogLevel::Info, line);
+        }
+        let constants = constants.as_ptr();
         let state = ExecState::new(&plan, constants);
         self.loaded = Some(Loaded {
             plan,

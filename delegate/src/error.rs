@@ -76,6 +76,11 @@ pub enum ConfigError {
     },
     #[error("num_threads must be at least 1, got {0}")]
     NumThreads(i64),
+    #[error(
+        "compile spec conv1d_algorithm='{0}' is not one of auto, measure, direct, \
+         depthwise_simd, fft, gemm"
+    )]
+    Algorithm(String),
     #[error("environment variable RUSTCONV_NUM_THREADS='{0}' is not a positive integer")]
     EnvThreads(String),
     #[error("cannot start a pool of {threads} threads: {source}")]
@@ -173,6 +178,12 @@ pub enum DelegateError {
     NotInitialized,
     #[error("execute called while another execute of the same method is running")]
     Busy,
+    #[error("node {id} ('{name}'): {source}")]
+    Prepare {
+        id: u32,
+        name: String,
+        source: KernelError,
+    },
     #[error("internal error (panic): {0}")]
     Panic(String),
 }
@@ -191,6 +202,7 @@ impl DelegateError {
             DelegateError::Config(ConfigError::ThreadPool { .. }) => Status::Internal,
             DelegateError::Config(_) | DelegateError::Arg(_) => Status::InvalidArgument,
             DelegateError::Unsupported(_) => Status::NotSupported,
+            DelegateError::Prepare { .. } => Status::InvalidProgram,
             DelegateError::NotInitialized | DelegateError::Busy => Status::InvalidState,
             DelegateError::Panic(_) => Status::Internal,
         }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use rayon::ThreadPool;
-use rustconv_kernels as kernels;
+use rustconv_kernels::{self as kernels, Scratch};
 
 use crate::error::{ArgError, DelegateError};
 use crate::graph::{DType, OpDesc, Role, ValueDesc, MAX_RANK};
@@ -37,10 +37,16 @@ pub trait CallArgs {
 /// Per-call scratch, allocated once at init and reused by every call.
 pub struct ExecState {
     shapes: Vec<Shape>,
-    /// Base address of each value for the current call.
+    /// Where kernels read and write each value as f32 this call.
     data: Vec<*mut u8>,
+    /// The call's own tensor for each input and output value (for float16
+    /// values, distinct from its f32 shadow in `data`).
+    args: Vec<*mut u8>,
     /// Owns the memory that intermediates' entries of `data` point into.
     _arena: AlignedBuf,
+    /// Per-thread kernel scratch (FFT buffers and the like), sized for the
+    /// plan and the pool.
+    scratch: Scratch,
     pool: Option<(usize, Arc<ThreadPool>)>,
 }
 
@@ -60,10 +66,11 @@ impl ExecState {
     /// `constants` is the start of the constant segment; every Constant
     /// location lies within it (checked when the graph was decoded).
     pub fn new(plan: &Plan, constants: *const u8) -> Self {
+        let converted = plan.converted.as_ptr();
         let mut arena = AlignedBuf::zeroed(plan.arena_bytes);
         let arena_base = arena.as_mut_ptr();
         let mut shapes = vec![Shape::default(); plan.values.len()];
-        let data = plan
+        let data: Vec<*mut u8> = plan
             .locations
             .iter()
             .enumerate()
@@ -73,14 +80,20 @@ impl ExecState {
                     // wrapping_add: computing the address touches no memory.
                     constants.wrapping_add(offset).cast_mut()
                 }
+                Location::Converted(offset) => {
+                    shapes[v] = bound_shape(plan, v);
+                    converted.wrapping_add(offset).cast::<u8>().cast_mut()
+                }
                 Location::Arena(offset) => arena_base.wrapping_add(offset),
                 Location::Arg(_) => std::ptr::null_mut(),
             })
             .collect();
         ExecState {
             shapes,
+            args: vec![std::ptr::null_mut(); data.len()],
             data,
             _arena: arena,
+            scratch: Scratch::default(),
             pool: None,
         }
     }
@@ -140,7 +153,10 @@ impl Executable<'_> {
         let pool = match &state.pool {
             Some((n, pool)) if *n == threads => pool.clone(),
             _ => {
+                // Only when the thread count changes (first call, or a new
+                // runtime option): the one time execute may allocate.
                 let pool = threads::pool(threads)?;
+                state.scratch.reserve(threads, plan.scratch_per_thread);
                 state.pool = Some((threads, pool.clone()));
                 pool
             }
@@ -226,7 +242,10 @@ impl Executable<'_> {
                 name: name(),
             });
         }
-        state.data[v] = t.data;
+        state.args[v] = t.data;
+        if value.dtype == DType::F32 {
+            state.data[v] = t.data;
+        }
         Ok(shape)
     }
 
@@ -236,7 +255,7 @@ impl Executable<'_> {
     fn check_outputs_disjoint(&self, state: &ExecState) -> Result<(), ArgError> {
         let plan = self.plan;
         let range = |v: usize| {
-            let start = state.data[v] as usize;
+            let start = state.args[v] as usize;
             (
                 start,
                 start + state.shapes[v].numel() * plan.values[v].dtype.size(),
@@ -259,6 +278,14 @@ impl Executable<'_> {
     }
 
     fn run_steps(&self, state: &ExecState) -> Result<(), DelegateError> {
+        for &v in &self.plan.inputs {
+            if self.plan.values[v].dtype == DType::F16 {
+                // SAFETY: `args[v]` holds `numel` f16s (checked in bind_arg)
+                // and `data[v]` is its f32 shadow, planned for the bound
+                // shape in the arena; they do not overlap.
+                unsafe { f16_to_f32(state.args[v], state.data[v], state.shapes[v].numel()) };
+            }
+        }
         for step in &self.plan.steps {
             let node = &step.node;
             let kernel_error = |source| ArgError::Kernel {
@@ -286,31 +313,53 @@ impl Executable<'_> {
                     state.shapes[out].numel(),
                 )
             };
-            match (step.kernel, &node.op) {
-                (
-                    Kernel::Conv1dDirect,
-                    &OpDesc::Conv1d {
-                        input,
-                        weight,
-                        bias,
-                        ..
-                    },
-                ) => {
-                    let params =
-                        ops::conv1d_params(&node.op, state.shapes[input], state.shapes[weight]);
-                    kernels::conv1d_f32(&params, view(input), view(weight), bias.map(view), y)
+            match (&step.kernel, &node.op) {
+                (Kernel::Conv1d(prepared), &OpDesc::Conv1d { input, weight, bias, .. }) => {
+                    let params = ops::conv1d_params(&node.op, state.shapes[input], state.shapes[weight]);
+                    prepared
+                        .run(&params, view(input), view(weight), bias.map(view), y, &state.scratch)
                         .map_err(kernel_error)?;
                 }
-                (Kernel::LinearScanSequential, &OpDesc::LinearScan { x0, a, u, .. }) => {
+                (Kernel::LinearScan, &OpDesc::LinearScan { x0, a, u, .. }) => {
                     let params = ops::scan_params(state.shapes[a]);
-                    kernels::linear_scan_f32(&params, view(x0), view(a), view(u), y)
-                        .map_err(kernel_error)?;
+                    kernels::linear_scan_f32(&params, view(x0), view(a), view(u), y).map_err(kernel_error)?;
                 }
                 (kernel, op) => unreachable!("plan paired {kernel:?} with {op:?}"),
+            }
+            if let (Role::Output(_), DType::F16) = (&self.plan.values[out].role, self.plan.values[out].dtype) {
+                // SAFETY: as for the inputs above, in the other direction.
+                unsafe { f32_to_f16(state.data[out], state.args[out], state.shapes[out].numel()) };
             }
         }
         Ok(())
     }
+}
+
+/// Chunk of a float16 conversion each task handles.
+const CONVERT_CHUNK: usize = 1 << 14;
+
+/// # Safety
+/// `src` holds `n` f16s, `dst` room for `n` f32s, and they do not overlap.
+unsafe fn f16_to_f32(src: *const u8, dst: *mut u8, n: usize) {
+    use half::slice::HalfFloatSliceExt;
+    use rayon::prelude::*;
+    let src = std::slice::from_raw_parts(src.cast::<half::f16>(), n);
+    let dst = std::slice::from_raw_parts_mut(dst.cast::<f32>(), n);
+    src.par_chunks(CONVERT_CHUNK)
+        .zip(dst.par_chunks_mut(CONVERT_CHUNK))
+        .for_each(|(s, d)| s.convert_to_f32_slice(d));
+}
+
+/// # Safety
+/// `src` holds `n` f32s, `dst` room for `n` f16s, and they do not overlap.
+unsafe fn f32_to_f16(src: *const u8, dst: *mut u8, n: usize) {
+    use half::slice::HalfFloatSliceExt;
+    use rayon::prelude::*;
+    let src = std::slice::from_raw_parts(src.cast::<f32>(), n);
+    let dst = std::slice::from_raw_parts_mut(dst.cast::<half::f16>(), n);
+    dst.par_chunks_mut(CONVERT_CHUNK)
+        .zip(src.par_chunks(CONVERT_CHUNK))
+        .for_each(|(d, s)| d.convert_from_f32_slice(s));
 }
 
 fn bound_shape(plan: &Plan, v: usize) -> Shape {

@@ -72,7 +72,22 @@ pub(crate) mod bridge {
     }
 }
 
-pub(crate) use bridge::{log, LogLevel, Status};
+pub(crate) use bridge::{LogLevel, Status};
+
+/// Writes one line to ExecuTorch's log.
+///
+/// Only from the thread that called into the delegate: inside Python,
+/// ExecuTorch forwards log lines to Python's logging, which takes the GIL that
+/// the calling thread holds while it waits for the pool, so a log line from a
+/// pool thread deadlocks. That is a bug, reported as a panic (caught at the
+/// boundary) rather than a hang.
+pub(crate) fn log(level: LogLevel, message: &str) {
+    assert!(
+        rayon::current_thread_index().is_none(),
+        "log from a kernel thread (would deadlock under Python): {message}"
+    );
+    bridge::log(level, message);
+}
 
 fn delegate_new() -> Box<Delegate> {
     Box::new(Delegate::default())

@@ -4,19 +4,22 @@
 
 use rustconv_kernels::{Conv1dParams, ScanParams};
 
-use crate::graph::{DType, OpDesc, ValueDesc};
+use crate::graph::{OpDesc, ValueDesc};
 use crate::shape::Shape;
 
 /// Checks what does not depend on runtime shapes: ranks, dtypes, which
 /// operands must be constant-shaped. Errors are reasons, worded for a node.
 pub fn check_static(op: &OpDesc, values: &[ValueDesc]) -> Result<(), String> {
-    for v in op.inputs().into_iter().chain([op.output()]) {
-        let value = &values[v];
-        if value.dtype != DType::F32 {
+    // Kernels compute in f32; float16 tensors are converted around them, so
+    // one node's tensors must share a dtype.
+    let dtype = values[op.output()].dtype;
+    for v in op.inputs() {
+        if values[v].dtype != dtype {
             return Err(format!(
-                "'{}' is {}; only float32 is supported by this runtime",
-                value.name,
-                value.dtype.name()
+                "'{}' is {} but the node's output is {}",
+                values[v].name,
+                values[v].dtype.name(),
+                dtype.name()
             ));
         }
     }

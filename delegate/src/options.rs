@@ -1,12 +1,25 @@
 //! Compile specs: the export-time options stored in the .pte next to the blob
 //! (keys defined in partitioner_py/rustconv/compile_specs.py).
 
+use rustconv_kernels::{Algorithm, Choice};
+
 use crate::error::ConfigError;
 use crate::ffi::{log, LogLevel};
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CompileOptions {
     pub num_threads: Option<usize>,
+    /// How each conv1d's algorithm is chosen at init.
+    pub conv1d_algorithm: Choice,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions {
+            num_threads: None,
+            conv1d_algorithm: Choice::Auto,
+        }
+    }
 }
 
 impl CompileOptions {
@@ -23,6 +36,17 @@ impl CompileOptions {
                     return Err(ConfigError::NumThreads(0));
                 }
                 self.num_threads = Some(n as usize);
+            }
+            "conv1d_algorithm" => {
+                let name = std::str::from_utf8(value).unwrap_or("");
+                self.conv1d_algorithm = match name {
+                    "auto" => Choice::Auto,
+                    "measure" => Choice::Measure,
+                    other => Choice::Force(
+                        Algorithm::from_name(other)
+                            .ok_or_else(|| ConfigError::Algorithm(other.to_owned()))?,
+                    ),
+                };
             }
             // Newer exporters may add keys; an older runtime keeps working.
             other => log(

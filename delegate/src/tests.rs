@@ -11,7 +11,7 @@ use rustconv_schema as fb;
 use crate::blob::{BlobBytes, CONSTANT_ALIGNMENT, HEADER_LEN, LAYOUT_VERSION, MAGIC};
 use crate::error::DelegateError;
 use crate::executor::{ArgTensor, CallArgs};
-use crate::ffi::Status;
+use crate::ffi::{LogLevel, Status};
 use crate::graph::DType;
 use crate::plan::Location;
 use crate::Delegate;
@@ -740,4 +740,17 @@ fn bad_compile_specs_fail_init() {
     d.init(unsafe { BlobBytes::new(blob.as_ptr(), blob.len()) })
         .unwrap();
     d.execute(&mut conv_scan_args(4)).unwrap();
+}
+
+#[test]
+fn plan_report_is_returned_not_logged_from_pool_threads() {
+    // Regression: planning runs on the kernel pool, and a log line from a
+    // pool thread deadlocked the Python runtime (ET_LOG takes the GIL).
+    let blob = conv_scan_blob();
+    let d = init(&blob).unwrap();
+    let report = &d.plan().unwrap().report;
+    assert!(report.iter().any(|l| l.contains("conv1d -> ")), "{report:?}");
+    let pool = crate::threads::pool(2).unwrap();
+    let outcome = pool.install(|| std::panic::catch_unwind(|| crate::ffi::log(LogLevel::Info, "x")));
+    assert!(outcome.is_err(), "logging from a pool thread must be refused");
 }

@@ -17,7 +17,7 @@ so exporting works on machines without the compiled library.
 
 from rustconv import ops  # noqa: F401  (registers torch.ops.rustconv.linear_scan)
 from rustconv.backend import RustConvBackend
-from rustconv.compile_specs import num_threads
+from rustconv.compile_specs import algorithm, num_threads
 from rustconv.errors import DynamicShapeError, RustConvError, UnsupportedGraphError
 from rustconv.ops import linear_scan
 from rustconv.partitioner import RustConvPartitioner
@@ -27,6 +27,7 @@ __all__ = [
     "RustConvBackend",
     "linear_scan",
     "num_threads",
+    "algorithm",
     "RustConvError",
     "UnsupportedGraphError",
     "DynamicShapeError",

@@ -12,6 +12,13 @@ Keys:
     runtime refuses 0). Without the spec the runtime picks its own default;
     a runtime option or the ``RUSTCONV_NUM_THREADS`` environment variable
     overrides it at load time.
+
+``conv1d_algorithm``
+    How the runtime picks each conv1d's algorithm at load time, UTF-8: ``auto``
+    (its cost model, the default), ``measure`` (time every applicable algorithm
+    once at load and keep the fastest), or one algorithm by name (``direct``,
+    ``depthwise_simd``, ``fft``, ``gemm``), used wherever it applies; other
+    convolutions fall back to ``auto``.
 """
 
 from __future__ import annotations
@@ -27,13 +34,22 @@ __all__ = [
     "CompileSpecError",
     "num_threads",
     "decode_num_threads",
+    "CONV1D_ALGORITHM",
+    "CONV1D_ALGORITHMS",
+    "algorithm",
+    "decode_algorithm",
     "validate_compile_specs",
 ]
 
 NUM_THREADS = "num_threads"
+CONV1D_ALGORITHM = "conv1d_algorithm"
+
+#: Values of ``conv1d_algorithm`` (the runtime's ``Algorithm::name``s plus the
+#: two policies).
+CONV1D_ALGORITHMS = ("auto", "measure", "direct", "depthwise_simd", "fft", "gemm")
 
 #: Every key this version of the export side knows how to produce.
-KNOWN_KEYS = frozenset({NUM_THREADS})
+KNOWN_KEYS = frozenset({NUM_THREADS, CONV1D_ALGORITHM})
 
 _U32_MAX = 2**32 - 1
 
@@ -65,7 +81,26 @@ def decode_num_threads(spec: CompileSpec) -> int:
     return n
 
 
-_DECODERS = {NUM_THREADS: decode_num_threads}
+def algorithm(name: str) -> CompileSpec:
+    """Compile spec choosing how conv1d algorithms are picked (see the module docs)."""
+    if name not in CONV1D_ALGORITHMS:
+        raise CompileSpecError(
+            f"{CONV1D_ALGORITHM} must be one of {', '.join(CONV1D_ALGORITHMS)}; got {name!r}"
+        )
+    return CompileSpec(CONV1D_ALGORITHM, name.encode())
+
+
+def decode_algorithm(spec: CompileSpec) -> str:
+    """Inverse of :func:`algorithm`, for tests and tooling."""
+    if spec.key != CONV1D_ALGORITHM:
+        raise CompileSpecError(f"expected key {CONV1D_ALGORITHM!r}, got {spec.key!r}")
+    name = bytes(spec.value).decode("utf-8", errors="replace")
+    if name not in CONV1D_ALGORITHMS:
+        raise CompileSpecError(f"unknown {CONV1D_ALGORITHM} {name!r}")
+    return name
+
+
+_DECODERS = {NUM_THREADS: decode_num_threads, CONV1D_ALGORITHM: decode_algorithm}
 
 
 def validate_compile_specs(specs: Iterable[CompileSpec]) -> list[CompileSpec]:

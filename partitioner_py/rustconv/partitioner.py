@@ -10,7 +10,7 @@ It delegates
   convolution (it becomes the convolution's ``pad_left``/``pad_right``);
 
 when all their tensors have a dtype in :data:`rustconv.support.SUPPORTED_DTYPES`
-(float32 today). Connected supported nodes are grouped by torch.fx's
+(float32 and float16). Connected supported nodes are grouped by torch.fx's
 ``CapabilityBasedPartitioner``; each group gets its own delegation tag and
 becomes one ``RustConvBackend`` delegate call.
 
@@ -146,7 +146,7 @@ class RustConvPartitioner(Partitioner):
         decomposed to ``aten.convolution``, and ``padding="same"`` with an even
         kernel extent additionally to a ``constant_pad_nd``. The filter keeps
         only nodes this partitioner will tag: ExecuTorch raises after lowering
-        if a preserved node is left undelegated, so unsupported ones (fp16, 2-D
+        if a preserved node is left undelegated, so unsupported ones (fp64, 2-D
         inputs) must decompose as usual for other backends or the portable
         kernels.
 

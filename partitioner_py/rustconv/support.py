@@ -55,9 +55,9 @@ __all__ = [
 ]
 
 #: Dtypes the runtime implements. Every tensor of a delegated node must have one
-#: of these, and all tensors of one node the same. To enable half precision add
-#: ``torch.float16`` here (the blob schema and ``backend.py`` already map it).
-SUPPORTED_DTYPES: frozenset = frozenset({torch.float32})
+#: of these, and all tensors of one node the same. float16 tensors stay float16
+#: in memory; the runtime computes in float32.
+SUPPORTED_DTYPES: frozenset = frozenset({torch.float32, torch.float16})
 
 _aten = torch.ops.aten
 CONV_OPS = frozenset({_aten.convolution.default, _aten.conv1d.default, _aten.conv1d.padding})

@@ -45,3 +45,13 @@ def test_partitioner_carries_compile_specs():
     assert partitioner.delegation_spec.compile_specs == [num_threads(3)]
     with pytest.raises(CompileSpecError):
         RustConvPartitioner(compile_specs=[CompileSpec("bogus", b"")])
+
+
+def test_algorithm_spec_round_trips_and_rejects_unknown_names():
+    from rustconv.compile_specs import CONV1D_ALGORITHMS, algorithm, decode_algorithm
+
+    for name in CONV1D_ALGORITHMS:
+        assert decode_algorithm(algorithm(name)) == name
+    with pytest.raises(CompileSpecError, match="must be one of"):
+        algorithm("winograd")
+    assert validate_compile_specs([algorithm("fft"), num_threads(2)])

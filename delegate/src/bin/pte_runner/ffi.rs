@@ -20,7 +20,11 @@ pub mod bridge {
         ) -> Result<UniquePtr<Session>>;
         fn num_inputs(self: &Session) -> usize;
         fn input_info(self: &Session, i: usize) -> Result<TensorInfo>;
-        fn set_input(
+        /// # Safety
+        /// The session reads `data` in place at every later `reload_inputs`
+        /// and `execute`: it must stay alive and unchanged until the session
+        /// is dropped.
+        unsafe fn set_input(
             self: Pin<&mut Session>,
             i: usize,
             dtype: i8,

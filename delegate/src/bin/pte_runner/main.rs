@@ -56,11 +56,21 @@ fn run(argv: impl IntoIterator<Item = String>) -> Result<(), String> {
         .model_path
         .to_str()
         .ok_or("model path is not valid UTF-8")?;
+    // Inputs are read before the high-water mark is reset, so the peak memory
+    // reported is what running the model adds to the caller's inputs: the
+    // program, its planned memory, delegate state and scratch.
+    let npz_arrays = match &args.inputs_npz_path {
+        Some(path) => Some((path, npz::read_all(path)?)),
+        None => None,
+    };
+    let baseline = stats::reset_peak_rss();
+    // Declared before `session`, so dropped after it: the session reads these
+    // bytes in place (see `set_input`).
+    let inputs: Vec<Array>;
     let mut session = et::open_session(model, &args.method, args.etdump_path.is_some())
         .map_err(|e| e.what().to_owned())?;
-
-    let inputs = match &args.inputs_npz_path {
-        Some(path) => npz::read_inputs(path, session.num_inputs())?,
+    inputs = match npz_arrays {
+        Some((path, arrays)) => npz::select_inputs(arrays, path, session.num_inputs())?,
         None => random_inputs(&session, args.seed)?,
     };
     for (i, array) in inputs.iter().enumerate() {
@@ -73,10 +83,14 @@ fn run(argv: impl IntoIterator<Item = String>) -> Result<(), String> {
             ));
         }
         let sizes: Vec<i32> = array.shape.iter().map(|&d| d as i32).collect();
-        session
-            .pin_mut()
-            .set_input(i, array.dtype.scalar_type(), &sizes, &array.data)
-            .map_err(|e| format!("input {i} with shape {:?}: {}", array.shape, e.what()))?;
+        // SAFETY: `inputs` is never modified after this loop and is dropped
+        // after `session` (declared before it).
+        unsafe {
+            session
+                .pin_mut()
+                .set_input(i, array.dtype.scalar_type(), &sizes, &array.data)
+        }
+        .map_err(|e| format!("input {i} with shape {:?}: {}", array.shape, e.what()))?;
     }
 
     let times = time_iterations(&mut session, &args)?;
@@ -89,6 +103,12 @@ fn run(argv: impl IntoIterator<Item = String>) -> Result<(), String> {
             .map_or("default".to_owned(), |n| n.to_string())
     );
     println!("latency: {}", stats::summarize(&times));
+    if let Some(kib) = stats::peak_rss_kib() {
+        println!(
+            "peak memory: {:.1} MiB above the inputs",
+            kib.saturating_sub(baseline.unwrap_or(0)) as f64 / 1024.0
+        );
+    }
 
     let outputs = read_outputs(&session)?;
     for (i, out) in outputs.iter().enumerate() {

@@ -1,6 +1,7 @@
 //! Tensors in and out of `.npz` files (numpy.savez): a zip of `.npy` arrays.
 //! zip does the container, npyz the array format.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::Path;
@@ -158,21 +159,45 @@ impl LeBytes for bool {
     }
 }
 
-/// Reads arrays "0", "1", ... up to `count` from `path`.
-pub fn read_inputs(path: &Path, count: usize) -> Result<Vec<Array>, String> {
+/// Reads every array of `path` named by a number ("0.npy", "1.npy", ...).
+pub fn read_all(path: &Path) -> Result<HashMap<usize, Array>, String> {
     let file = File::open(path).map_err(|e| format!("cannot open {}: {e}", path.display()))?;
     let mut zip = zip::ZipArchive::new(file)
         .map_err(|e| format!("{} is not an npz file: {e}", path.display()))?;
+    let mut arrays = HashMap::new();
+    for i in 0..zip.len() {
+        let mut entry = zip
+            .by_index(i)
+            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let Some(index) = entry
+            .name()
+            .strip_suffix(".npy")
+            .and_then(|n| n.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        let mut bytes = Vec::new();
+        entry
+            .read_to_end(&mut bytes)
+            .map_err(|e| format!("cannot read array \"{index}\" of {}: {e}", path.display()))?;
+        let array = parse_npy(&bytes)
+            .map_err(|e| format!("array \"{index}\" of {}: {e}", path.display()))?;
+        arrays.insert(index, array);
+    }
+    Ok(arrays)
+}
+
+/// Arrays "0" to `count - 1` of `arrays`, read from `path`, in input order.
+pub fn select_inputs(
+    mut arrays: HashMap<usize, Array>,
+    path: &Path,
+    count: usize,
+) -> Result<Vec<Array>, String> {
     (0..count)
         .map(|i| {
-            let mut entry = zip.by_name(&format!("{i}.npy")).map_err(|_| {
-                format!("{} has no array named \"{i}\" (input {i})", path.display())
-            })?;
-            let mut bytes = Vec::new();
-            entry
-                .read_to_end(&mut bytes)
-                .map_err(|e| format!("cannot read array \"{i}\" of {}: {e}", path.display()))?;
-            parse_npy(&bytes).map_err(|e| format!("array \"{i}\" of {}: {e}", path.display()))
+            arrays
+                .remove(&i)
+                .ok_or_else(|| format!("{} has no array named \"{i}\" (input {i})", path.display()))
         })
         .collect()
 }

@@ -37,6 +37,26 @@ impl std::fmt::Display for Summary {
     }
 }
 
+/// The process's peak resident memory in KiB (Linux `VmHWM`), if the
+/// platform reports it.
+pub fn peak_rss_kib() -> Option<u64> {
+    status_kib("VmHWM:")
+}
+
+/// Resets the peak to the current resident memory (Linux `clear_refs`) and
+/// returns that, the baseline later peaks are measured from. None where the
+/// platform cannot, in which case peaks are absolute.
+pub fn reset_peak_rss() -> Option<u64> {
+    std::fs::write("/proc/self/clear_refs", "5").ok()?;
+    status_kib("VmRSS:")
+}
+
+fn status_kib(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -50,5 +70,14 @@ mod tests {
         assert!((s.avg - 5.5).abs() < 1e-12);
         let one = summarize(&[Duration::from_micros(1500)]);
         assert_eq!((one.p10, one.p90), (1.5, 1.5));
+    }
+
+    #[test]
+    fn peak_memory_grows_with_a_large_allocation() {
+        let before = reset_peak_rss().expect("clear_refs on Linux");
+        assert!(peak_rss_kib().unwrap() <= before + 1024);
+        let big = vec![1u8; 64 << 20];
+        std::hint::black_box(&big);
+        assert!(peak_rss_kib().unwrap() >= before + 60 * 1024);
     }
 }

@@ -1,0 +1,224 @@
+//! Depthwise conv1d with short filters (the short convolution of gated-conv
+//! language models, `K = 3, 4`, and up to a few tens of taps): SIMD along
+//! time with the taps in registers.
+//!
+//! Applies to depthwise convolutions with multiplier 1 (`groups ==
+//! in_channels == out_channels`) and stride 1, with any dilation, padding
+//! and bias. Each output row `(b, c)` is
+//! `y[l] = bias[c] + sum_k w[c, k] * x[b, c, l + k * dilation - pad_left]`;
+//! the row kernels ([`simd`]) split it into an unpadded interior
+//! (vectorised along time, register-blocked, no branches) and the padded
+//! edges (scalar for short filters, vectorised through a small zero-padded
+//! stack window for longer ones). The instruction set (AVX2 + FMA, NEON or
+//! portable auto-vectorised Rust) is detected once, at prepare.
+//!
+//! Rows run in parallel on the current rayon pool, several short rows per
+//! task; when there are too few rows to keep every thread busy, rows are
+//! also split into time chunks. The weights are read in place: prepare
+//! keeps only the chosen row kernel (backend and tap count), no copy of
+//! `w`, and no scratch is needed.
+
+mod simd;
+
+use rayon::prelude::*;
+
+use super::cost::{compulsory_bytes, direct_macs};
+use super::params::Conv1dGeometry;
+use crate::scratch::Scratch;
+use simd::{Backend, RowGeom, RowKernel};
+
+/// Depthwise with multiplier 1 and stride 1.
+pub(crate) fn applies(g: &Conv1dGeometry) -> bool {
+    let p = &g.params;
+    p.groups == p.in_channels && p.out_channels == p.in_channels && p.stride == 1
+}
+
+// Cost model constants: single-thread rates of this kernel, calibrated
+// with `calibrate` in the tests (`cargo test --release -p rustconv-kernels
+// calibrate -- --ignored --nocapture`) on a 2-core AMD EPYC (Zen 5) VM
+// shared with other builds, so only roughly. NEON's are unmeasured guesses
+// scaled from AVX2 by vector width.
+
+/// AVX2 + FMA interior multiply-adds per second (taps in registers for
+/// K <= 8, broadcast per block above; both measured near 33e9, about 80% of
+/// two 8-lane FMAs per cycle).
+#[cfg(target_arch = "x86_64")]
+const AVX2_MACS_PER_SEC: f64 = 3.2e10;
+/// Portable interior multiply-adds per second (SSE2 on x86_64).
+const PORTABLE_MACS_PER_SEC: f64 = 2.0e10;
+/// NEON interior multiply-adds per second (guess: half of AVX2's lanes).
+#[cfg(target_arch = "aarch64")]
+const NEON_MACS_PER_SEC: f64 = 1.6e10;
+/// Bytes per second this kernel streams x in and y out at: it moves
+/// exactly the compulsory bytes, like a copy, and reaches a single-thread
+/// copy's bandwidth from DRAM (measured about 4e10 here; more in cache).
+/// The crate-wide [`super::cost::BYTES_PER_SEC`] (1e10) is well below what
+/// this machine streams, and would make every short filter look as slow as
+/// the direct loop.
+const STREAM_BYTES_PER_SEC: f64 = 4.0e10;
+/// Scalar edge multiply-adds per second, for spans too long for the edge
+/// window ([`simd`]'s `EDGE_BUF`): one FMA dependency chain per output,
+/// consecutive outputs overlapping.
+const SCALAR_EDGE_MACS_PER_SEC: f64 = 2.0e9;
+/// Fixed cost per output row: task share, row set-up, edges of short spans.
+const SECONDS_PER_ROW: f64 = 1.0e-8;
+/// Cost per output row and tap: the row's short pieces (edges, last
+/// partial block) are chains of K dependent multiply-adds with little
+/// parallelism, which dominates rows of a few hundred outputs at K = 32.
+const SECONDS_PER_ROW_TAP: f64 = 2.0e-9;
+
+/// Estimated single-thread seconds: a roofline of the multiply-adds at the
+/// backend's interior rate against the compulsory bytes at this kernel's
+/// streaming bandwidth, plus a per-row overhead (and scalar edges where the
+/// span is too long for the vector edge window).
+pub(crate) fn cost(g: &Conv1dGeometry) -> f64 {
+    let p = &g.params;
+    let k = p.kernel_size;
+    let rate = match Backend::detect() {
+        Backend::Portable => PORTABLE_MACS_PER_SEC,
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2 => AVX2_MACS_PER_SEC,
+        #[cfg(target_arch = "aarch64")]
+        Backend::Neon => NEON_MACS_PER_SEC,
+    };
+    let rows = (p.batch * p.out_channels) as f64;
+    let span = (k - 1) * p.dilation;
+    let scalar_edges = if simd::edge_window_too_small(span) {
+        // Outputs per row where some tap reads padding; about half their
+        // taps read real samples.
+        let interior = (p.in_len + p.pad_left)
+            .saturating_sub(span)
+            .saturating_sub(p.pad_left);
+        let edge_macs = rows * (g.out_len - interior) as f64 * k as f64 / 2.0;
+        edge_macs / SCALAR_EDGE_MACS_PER_SEC
+    } else {
+        0.0
+    };
+    roofline(
+        direct_macs(g),
+        rate,
+        compulsory_bytes(g),
+        STREAM_BYTES_PER_SEC,
+    ) + scalar_edges
+        + rows * (SECONDS_PER_ROW + k as f64 * SECONDS_PER_ROW_TAP)
+}
+
+/// Roofline time: `macs` at `rate`, or `bytes` at `bytes_per_sec`.
+fn roofline(macs: f64, rate: f64, bytes: f64, bytes_per_sec: f64) -> f64 {
+    (macs / rate).max(bytes / bytes_per_sec)
+}
+
+/// Smallest time chunk a task gets when rows are split, in outputs.
+const MIN_CHUNK_OUTPUTS: usize = 2048;
+/// Work (multiply-adds) below which a task is not worth its scheduling.
+const MIN_TASK_MACS: usize = 1 << 15;
+
+/// The prepared kernel: the row kernel for this tap count on the backend
+/// detected at prepare. Holds no weight data.
+pub(crate) struct DepthwiseConv {
+    kernel: RowKernel,
+}
+
+impl DepthwiseConv {
+    pub(crate) fn prepare(g: &Conv1dGeometry, _w: &[f32]) -> Self {
+        Self::with_backend(g, Backend::detect()).expect("detected backend is available")
+    }
+
+    /// The kernel on a given backend, or `None` where this CPU lacks it.
+    pub(crate) fn with_backend(g: &Conv1dGeometry, backend: Backend) -> Option<Self> {
+        Some(DepthwiseConv {
+            kernel: RowKernel::new(backend, g.params.kernel_size)?,
+        })
+    }
+
+    pub(crate) fn scratch_per_thread(&self) -> usize {
+        0
+    }
+
+    pub(crate) fn prepared_bytes(&self) -> usize {
+        0
+    }
+
+    /// Computes `y` for the call's geometry `g` (at most the prepared
+    /// batch and length; same kernel size). Allocates nothing.
+    pub(crate) fn run(
+        &self,
+        g: &Conv1dGeometry,
+        x: &[f32],
+        w: &[f32],
+        bias: Option<&[f32]>,
+        y: &mut [f32],
+        _scratch: &Scratch,
+    ) {
+        let p = &g.params;
+        debug_assert!(applies(g));
+        debug_assert_eq!(x.len(), g.input_elems);
+        debug_assert_eq!(w.len(), g.weight_elems);
+        debug_assert_eq!(y.len(), g.output_elems);
+        if y.is_empty() {
+            return;
+        }
+        let (channels, in_len, out_len, k) = (p.in_channels, p.in_len, g.out_len, p.kernel_size);
+        let geom = RowGeom {
+            in_len,
+            pad_left: p.pad_left,
+            dilation: p.dilation,
+        };
+        let rows = p.batch * channels;
+        let kernel = &self.kernel;
+        let row_part = |row: usize, l0: usize, y_part: &mut [f32]| {
+            let c = row % channels;
+            kernel.row(
+                &geom,
+                &x[row * in_len..][..in_len],
+                &w[c * k..][..k],
+                bias.map_or(0.0, |b| b[c]),
+                l0,
+                y_part,
+            );
+        };
+
+        let min_outputs = (MIN_TASK_MACS / k).max(1);
+        let chunk = time_chunk(
+            rows,
+            out_len,
+            rayon::current_num_threads(),
+            kernel.backend().block_outputs(k),
+        );
+        if chunk >= out_len {
+            // Whole rows, grouped so each task has enough work.
+            y.par_chunks_mut(out_len)
+                .enumerate()
+                .with_min_len(min_outputs.div_ceil(out_len))
+                .for_each(|(row, y_row)| row_part(row, 0, y_row));
+        } else {
+            y.par_chunks_mut(out_len)
+                .enumerate()
+                .for_each(|(row, y_row)| {
+                    y_row
+                        .par_chunks_mut(chunk)
+                        .enumerate()
+                        .for_each(|(i, y_part)| row_part(row, i * chunk, y_part));
+                });
+        }
+    }
+}
+
+/// Length of the time chunks rows are split into (`>= out_len`: not split).
+/// Rows are split only when there are fewer than four per thread, into
+/// about four tasks per thread, each at least [`MIN_CHUNK_OUTPUTS`] long
+/// and a multiple of the register block.
+fn time_chunk(rows: usize, out_len: usize, threads: usize, block: usize) -> usize {
+    let want_tasks = 4 * threads;
+    if threads <= 1 || rows >= want_tasks {
+        return out_len;
+    }
+    let parts = want_tasks.div_ceil(rows);
+    out_len
+        .div_ceil(parts)
+        .max(MIN_CHUNK_OUTPUTS)
+        .next_multiple_of(block)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,773 @@
+//! The depthwise row kernels and the one dispatch layer that picks their
+//! instruction set.
+//!
+//! A row kernel computes a contiguous range of one output row,
+//! `y[l] = bias + sum_k taps[k] * x[l + k * dilation - pad_left]` with
+//! out-of-range `x` reading as zero, in three parts:
+//!
+//! * the **interior**, where every tap reads a real sample: vectorised along
+//!   time, `R` vectors of outputs per iteration (register blocking), taps
+//!   broadcast into registers once per call when the tap count `K` is a
+//!   compile-time constant (1..=8 on AVX2 and NEON), or once per block
+//!   otherwise. A partial last block is recomputed as the full block
+//!   ending at the last output (same values, written twice); interiors
+//!   shorter than one block run halving blocks and single vectors, the same
+//!   way, and only those shorter than one vector run scalar. No branch on
+//!   padding anywhere.
+//! * left and right **edges**, the outputs where some tap reads padding (at
+//!   most `span = (K - 1) * dilation` on each side, or the whole row when
+//!   it is shorter than the filter): for short spans, scalar over exactly
+//!   each output's valid taps; for longer ones, the interior kernel run on
+//!   a zero-padded copy of the input window in a small stack buffer.
+//!
+//! Every output is `bias`, then one multiply-add per tap in ascending tap
+//! order (in the scalar edges, per valid tap only), with the same rounding
+//! in every part of a backend: fused on AVX2 and NEON, unfused in the
+//! portable backend. Which part computes an output depends only on its
+//! position and the shape, so splitting rows into time chunks (which
+//! depends on the thread count) cannot change any result.
+//!
+//! Backends implement [`Simd`]; the algorithm is written once, generic over
+//! it, and each backend instantiates it inside a function compiled with its
+//! target features (`row_avx2`, `row_neon`, `row_portable`), whose pointer
+//! [`RowKernel`] stores once the features were detected.
+//! `#[inline(always)]` on the generic code and the trait methods makes the
+//! intrinsics inline into those functions.
+
+#![allow(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
+
+/// The instruction set a [`RowKernel`] runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Backend {
+    /// Plain Rust on `[f32; 8]` chunks that LLVM auto-vectorises for the
+    /// compile target's baseline (SSE2 on x86_64). Always available.
+    Portable,
+    /// x86_64 AVX2 + FMA intrinsics, 8 lanes.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// aarch64 NEON intrinsics, 4 lanes.
+    #[cfg(target_arch = "aarch64")]
+    Neon,
+}
+
+impl Backend {
+    /// The fastest backend this CPU supports.
+    pub(crate) fn detect() -> Backend {
+        #[cfg(target_arch = "x86_64")]
+        if Backend::Avx2.is_available() {
+            return Backend::Avx2;
+        }
+        #[cfg(target_arch = "aarch64")]
+        if Backend::Neon.is_available() {
+            return Backend::Neon;
+        }
+        Backend::Portable
+    }
+
+    /// Whether this CPU can run the backend.
+    pub(crate) fn is_available(self) -> bool {
+        match self {
+            Backend::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
+            #[cfg(target_arch = "aarch64")]
+            Backend::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+        }
+    }
+
+    /// Every backend this CPU can run (tests force each in turn).
+    #[cfg(test)]
+    pub(crate) fn all_available() -> Vec<Backend> {
+        let all = [
+            Backend::Portable,
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx2,
+            #[cfg(target_arch = "aarch64")]
+            Backend::Neon,
+        ];
+        all.into_iter().filter(|b| b.is_available()).collect()
+    }
+
+    /// Outputs per register block of the interior loop for `kernel_size`
+    /// taps; time chunks are made multiples of it.
+    pub(crate) fn block_outputs(self, kernel_size: usize) -> usize {
+        let k = if kernel_size <= MAX_CONST_TAPS {
+            kernel_size
+        } else {
+            0
+        };
+        match self {
+            Backend::Portable => PORTABLE_R * 8,
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx2 => avx2_r(k) * 8,
+            #[cfg(target_arch = "aarch64")]
+            Backend::Neon => neon_r(k) * 4,
+        }
+    }
+}
+
+/// Tap counts up to this are compile-time constants with taps in registers.
+const MAX_CONST_TAPS: usize = 8;
+
+/// Register blocks (vectors of outputs per interior iteration) for `K`
+/// taps held in registers (`K == 0`: taps read per block), per backend.
+/// AVX2 has 16 vector registers: `K` taps plus `R` accumulators plus the
+/// bias must fit, or taps spill and reload (measured: `R = 8` up to `K =
+/// 5`, 6 above). NEON has 32 registers.
+///
+/// The portable backend always reads its taps per block (`K == 0`):
+/// with a compile-time `K` the block loop body becomes straight-line
+/// scalar code, and LLVM's loop vectorizer re-vectorises it across
+/// iterations with shuffles and spills (measured 4 to 6 times slower for
+/// some `K`). Its `[f32; 8]` is two SSE2 registers, hence the smaller block.
+const PORTABLE_R: usize = 4;
+#[cfg(target_arch = "x86_64")]
+const fn avx2_r(k: usize) -> usize {
+    match k {
+        0 => 8,
+        1..=5 => 8,
+        _ => 6,
+    }
+}
+#[cfg(target_arch = "aarch64")]
+const fn neon_r(_k: usize) -> usize {
+    8
+}
+
+/// What a row kernel needs to know of the convolution, besides its taps.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RowGeom {
+    pub in_len: usize,
+    pub pad_left: usize,
+    pub dilation: usize,
+}
+
+/// `f(geom, x_row, taps, bias, l0, y)`: outputs `l0 .. l0 + y.len()` of one
+/// row into `y`. Unsafe only because it may be compiled for CPU features
+/// that must be present; [`RowKernel`] guarantees they are.
+type RowFn = unsafe fn(&RowGeom, &[f32], &[f32], f32, usize, &mut [f32]);
+
+/// A row kernel for one backend and tap count, chosen once at prepare.
+#[derive(Clone, Copy)]
+pub(crate) struct RowKernel {
+    backend: Backend,
+    kernel_size: usize,
+    f: RowFn,
+}
+
+impl std::fmt::Debug for RowKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RowKernel")
+            .field("backend", &self.backend)
+            .field("kernel_size", &self.kernel_size)
+            .finish()
+    }
+}
+
+/// `$f::<K, $r>` for the compile-time tap counts, `$f::<0, $r>` (tap count
+/// read at run time) otherwise.
+macro_rules! by_taps {
+    ($f:ident, $r:ident, $k:expr) => {
+        match $k {
+            1 => $f::<1, { $r(1) }> as RowFn,
+            2 => $f::<2, { $r(2) }> as RowFn,
+            3 => $f::<3, { $r(3) }> as RowFn,
+            4 => $f::<4, { $r(4) }> as RowFn,
+            5 => $f::<5, { $r(5) }> as RowFn,
+            6 => $f::<6, { $r(6) }> as RowFn,
+            7 => $f::<7, { $r(7) }> as RowFn,
+            8 => $f::<8, { $r(8) }> as RowFn,
+            _ => $f::<0, { $r(0) }> as RowFn,
+        }
+    };
+}
+
+impl RowKernel {
+    /// The kernel for `kernel_size` taps on `backend`, or `None` where this
+    /// CPU lacks the backend's features.
+    pub(crate) fn new(backend: Backend, kernel_size: usize) -> Option<Self> {
+        if !backend.is_available() || kernel_size == 0 {
+            return None;
+        }
+        let f = match backend {
+            Backend::Portable => row_portable::<0, PORTABLE_R> as RowFn,
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx2 => by_taps!(row_avx2, avx2_r, kernel_size),
+            #[cfg(target_arch = "aarch64")]
+            Backend::Neon => by_taps!(row_neon, neon_r, kernel_size),
+        };
+        Some(RowKernel {
+            backend,
+            kernel_size,
+            f,
+        })
+    }
+
+    pub(crate) fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// Outputs `l0 .. l0 + y.len()` of the row whose input is `x_row`
+    /// (`geom.in_len` samples) and filter `taps` (`kernel_size` of them).
+    ///
+    /// The caller keeps `l0 + y.len()` within the row's output length
+    /// (outputs past it would be computed as if the padding went on).
+    ///
+    /// # Panics
+    /// If `x_row` or `taps` have the wrong length.
+    #[inline]
+    pub(crate) fn row(
+        &self,
+        geom: &RowGeom,
+        x_row: &[f32],
+        taps: &[f32],
+        bias: f32,
+        l0: usize,
+        y: &mut [f32],
+    ) {
+        assert_eq!(taps.len(), self.kernel_size, "taps");
+        // SAFETY: `new` built `f` for `backend` only after checking this CPU
+        // has the backend's features. Everything else `f` relies on it
+        // checks itself (`row_generic`).
+        unsafe { (self.f)(geom, x_row, taps, bias, l0, y) }
+    }
+}
+
+/// One vector of `LANES` `f32`s and the operations the kernels use.
+///
+/// # Safety
+/// Every method may require the backend's CPU features; callers must only
+/// use an implementation whose features are present. Pointer arguments must
+/// be valid for `LANES` reads (`load`) or writes (`store`).
+trait Simd {
+    const LANES: usize;
+    type V: Copy;
+    /// Every lane `v`.
+    unsafe fn splat(v: f32) -> Self::V;
+    /// Unaligned load of `LANES` values from `p`.
+    unsafe fn load(p: *const f32) -> Self::V;
+    /// Unaligned store of `LANES` values to `p`.
+    unsafe fn store(p: *mut f32, v: Self::V);
+    /// `acc + w * x`, lane-wise, rounded as the backend's scalar version.
+    unsafe fn mul_add(acc: Self::V, w: Self::V, x: Self::V) -> Self::V;
+    /// `acc + w * x` for one value, rounded as [`Simd::mul_add`].
+    unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32;
+}
+
+/// Outputs `l0 .. l0 + y.len()` of one row (see [`RowKernel::row`]).
+/// `K == 0` reads the tap count from `taps`; otherwise `taps.len() == K`.
+///
+/// # Safety
+/// `S`'s CPU features must be present. Slice lengths are checked here.
+#[inline(always)]
+unsafe fn row_generic<S: Simd, const K: usize, const R: usize>(
+    geom: &RowGeom,
+    x: &[f32],
+    taps: &[f32],
+    bias: f32,
+    l0: usize,
+    y: &mut [f32],
+) {
+    let RowGeom {
+        in_len,
+        pad_left,
+        dilation,
+    } = *geom;
+    assert!(K == 0 || taps.len() == K, "taps");
+    assert_eq!(x.len(), in_len, "x row");
+    let span = (taps.len() - 1) * dilation;
+    // Outputs whose taps all read real samples: l >= pad_left and
+    // l + span - pad_left < in_len. Never past the row's end: out_len =
+    // in_len + pad_left + pad_right - span.
+    let (interior_lo, interior_hi) = (pad_left, (in_len + pad_left).saturating_sub(span));
+    let (c0, c1) = (l0, l0 + y.len());
+    let a = interior_lo.clamp(c0, c1);
+    let b = interior_hi.clamp(a, c1);
+
+    let (y_left, rest) = y.split_at_mut(a - c0);
+    let (y_mid, y_right) = rest.split_at_mut(b - a);
+    // SAFETY: S's features are present (our caller's contract).
+    unsafe { edges::<S, K, R>(geom, x, taps, bias, c0, y_left) };
+    if !y_mid.is_empty() {
+        // a >= pad_left, and the samples read, a - pad_left .. b - pad_left
+        // + span, end at or before in_len because b <= interior_hi.
+        let xs = &x[a - pad_left..];
+        assert!(xs.len() >= y_mid.len() + span);
+        // SAFETY: xs holds the y_mid.len() + span samples the interior
+        // reads; y_mid is writable for its length; features as above.
+        unsafe {
+            interior::<S, K, R>(
+                xs.as_ptr(),
+                taps,
+                dilation,
+                bias,
+                y_mid.as_mut_ptr(),
+                y_mid.len(),
+            );
+        }
+    }
+    // SAFETY: as for the left edge.
+    unsafe { edges::<S, K, R>(geom, x, taps, bias, b, y_right) };
+}
+
+/// Floats of the on-stack window that edges are computed in.
+const EDGE_BUF: usize = 512;
+/// Tap spans up to this compute edges scalar (few, short outputs).
+const SCALAR_EDGE_SPAN: usize = 8;
+
+/// Whether a filter spanning `span` samples beyond its first has its edges
+/// computed scalar because the span is too long for the edge window (short
+/// spans are scalar too, but cheaply).
+pub(crate) fn edge_window_too_small(span: usize) -> bool {
+    span + MAX_LANES > EDGE_BUF
+}
+
+/// The widest vector of any backend.
+const MAX_LANES: usize = 8;
+
+/// Outputs `e0 .. e0 + y.len()` where some tap may read padding.
+///
+/// Short spans run [`edge`] per output. Longer ones (up to what
+/// [`EDGE_BUF`] holds) copy the padded input window into a zero-filled
+/// buffer on the stack and run the vector [`interior`] on it, so that long
+/// filters' edges (`span` outputs of up to `K` taps each) stay fast; there
+/// the padding taps add `w * 0`, as an explicitly padded convolution does,
+/// instead of being skipped (the same for finite weights).
+///
+/// # Safety
+/// `S`'s CPU features must be present.
+#[inline(always)]
+unsafe fn edges<S: Simd, const K: usize, const R: usize>(
+    geom: &RowGeom,
+    x: &[f32],
+    taps: &[f32],
+    bias: f32,
+    e0: usize,
+    y: &mut [f32],
+) {
+    if y.is_empty() {
+        return;
+    }
+    let RowGeom {
+        in_len,
+        pad_left,
+        dilation,
+    } = *geom;
+    let span = (taps.len() - 1) * dilation;
+    if span <= SCALAR_EDGE_SPAN || edge_window_too_small(span) {
+        for (l, out) in (e0..).zip(y) {
+            // SAFETY: S's features are present (our caller's contract).
+            *out = unsafe { edge::<S>(geom, x, taps, bias, l) };
+        }
+        return;
+    }
+    let mut buf = [0.0f32; EDGE_BUF];
+    let window = EDGE_BUF - span;
+    for (l, y_win) in (e0..).step_by(window).zip(y.chunks_mut(window)) {
+        // Padded positions l .. l + len; the real samples are at padded
+        // positions pad_left .. pad_left + in_len.
+        let len = y_win.len() + span;
+        let buf = &mut buf[..len];
+        let lo = pad_left.clamp(l, l + len);
+        let hi = (pad_left + in_len).clamp(lo, l + len);
+        buf[..lo - l].fill(0.0);
+        buf[lo - l..hi - l].copy_from_slice(&x[lo - pad_left..hi - pad_left]);
+        buf[hi - l..].fill(0.0);
+        // SAFETY: buf holds y_win.len() + span values, y_win is writable
+        // for its length, and the features are present.
+        unsafe {
+            interior::<S, K, R>(
+                buf.as_ptr(),
+                taps,
+                dilation,
+                bias,
+                y_win.as_mut_ptr(),
+                y_win.len(),
+            );
+        }
+    }
+}
+
+/// Output `l` summed over exactly the taps that read real samples
+/// (bounds-checked indexing: edges are short).
+///
+/// # Safety
+/// `S`'s CPU features must be present.
+#[inline(always)]
+unsafe fn edge<S: Simd>(geom: &RowGeom, x: &[f32], taps: &[f32], bias: f32, l: usize) -> f32 {
+    let RowGeom {
+        in_len,
+        pad_left,
+        dilation,
+    } = *geom;
+    // Tap k reads x[l + k * dilation - pad_left]; valid for k >= first and
+    // k * dilation <= in_len - 1 + pad_left - l. Dilation 1 skips the
+    // divisions, which would dominate short rows.
+    let Some(reach) = (in_len + pad_left).checked_sub(l + 1) else {
+        return bias;
+    };
+    let before = pad_left.saturating_sub(l);
+    let (first, last) = if dilation == 1 {
+        (before, reach)
+    } else {
+        (before.div_ceil(dilation), reach / dilation)
+    };
+    let end = (last + 1).min(taps.len());
+    let mut acc = bias;
+    for k in first..end {
+        // SAFETY: S's features are present (our caller's contract).
+        acc = unsafe { S::mul_add_scalar(acc, taps[k], x[l + k * dilation - pad_left]) };
+    }
+    acc
+}
+
+/// `y[i] = bias + sum_k taps[k] * x[i + k * dilation]` for `i < n`.
+///
+/// # Safety
+/// `S`'s CPU features must be present; `x` must be valid for reading
+/// `n + (taps.len() - 1) * dilation` values and `y` for writing `n`; if
+/// `K != 0`, `taps.len() == K`.
+#[inline(always)]
+unsafe fn interior<S: Simd, const K: usize, const R: usize>(
+    x: *const f32,
+    taps: &[f32],
+    dilation: usize,
+    bias: f32,
+    y: *mut f32,
+    n: usize,
+) {
+    let lanes = S::LANES;
+    // SAFETY: the features are present, and every access is in bounds: a
+    // block of r vectors at i reads r * lanes values from each x + i + k *
+    // dilation (k < taps.len()) and writes r * lanes values at y + i, and
+    // is only taken with i + r * lanes <= n, so it stays within the n + span
+    // readable and n writable values; scalar steps have i < n.
+    unsafe {
+        let b = S::splat(bias);
+        let mut i = 0;
+        let full = R * lanes;
+        // Schedule, the same for both tap modes: full blocks; then, if a
+        // full block fits in the row, one more ending at n (overlapping the
+        // last, same values); otherwise halving blocks and single vectors,
+        // the last one ending at n. Each vector keeps independent FMA chains.
+        if K != 0 {
+            // Taps broadcast once, held in registers for the whole interior.
+            let mut w = [b; K];
+            for (wk, &t) in w.iter_mut().zip(taps) {
+                *wk = S::splat(t);
+            }
+            while i + full <= n {
+                block::<S, K, R>(x.add(i), &w, dilation, b, y.add(i));
+                i += full;
+            }
+            if i < n && n >= full {
+                let i = n - full;
+                block::<S, K, R>(x.add(i), &w, dilation, b, y.add(i));
+            } else if i < n && n >= lanes {
+                if R > 4 && i + 4 * lanes <= n {
+                    block::<S, K, 4>(x.add(i), &w, dilation, b, y.add(i));
+                    i += 4 * lanes;
+                }
+                if R > 2 && i + 2 * lanes <= n {
+                    block::<S, K, 2>(x.add(i), &w, dilation, b, y.add(i));
+                    i += 2 * lanes;
+                }
+                while i + lanes <= n {
+                    block::<S, K, 1>(x.add(i), &w, dilation, b, y.add(i));
+                    i += lanes;
+                }
+                if i < n {
+                    let i = n - lanes;
+                    block::<S, K, 1>(x.add(i), &w, dilation, b, y.add(i));
+                }
+            }
+        } else {
+            // Taps broadcast from memory once per block.
+            while i + full <= n {
+                block_dyn::<S, R>(x.add(i), taps, dilation, b, y.add(i));
+                i += full;
+            }
+            if i < n && n >= full {
+                let i = n - full;
+                block_dyn::<S, R>(x.add(i), taps, dilation, b, y.add(i));
+            } else if i < n && n >= lanes {
+                if R > 4 && i + 4 * lanes <= n {
+                    block_dyn::<S, 4>(x.add(i), taps, dilation, b, y.add(i));
+                    i += 4 * lanes;
+                }
+                if R > 2 && i + 2 * lanes <= n {
+                    block_dyn::<S, 2>(x.add(i), taps, dilation, b, y.add(i));
+                    i += 2 * lanes;
+                }
+                while i + lanes <= n {
+                    block_dyn::<S, 1>(x.add(i), taps, dilation, b, y.add(i));
+                    i += lanes;
+                }
+                if i < n {
+                    let i = n - lanes;
+                    block_dyn::<S, 1>(x.add(i), taps, dilation, b, y.add(i));
+                }
+            }
+        }
+        // Fewer outputs than one vector: scalar.
+        if n < lanes {
+            for i in 0..n {
+                let mut acc = bias;
+                for (k, &t) in taps.iter().enumerate() {
+                    acc = S::mul_add_scalar(acc, t, *x.add(i + k * dilation));
+                }
+                *y.add(i) = acc;
+            }
+        }
+    }
+}
+
+/// `R` vectors of outputs at `y` from the taps `w` held in registers:
+/// `y[j] = b + sum_k w[k] * x[j + k * dilation]`, `j < R * LANES`, taps in
+/// ascending order.
+///
+/// # Safety
+/// `S`'s features are present; `x` is readable for `R * LANES + (K - 1) *
+/// dilation` values and `y` writable for `R * LANES`.
+#[inline(always)]
+unsafe fn block<S: Simd, const K: usize, const R: usize>(
+    x: *const f32,
+    w: &[S::V; K],
+    dilation: usize,
+    b: S::V,
+    y: *mut f32,
+) {
+    // SAFETY: in bounds and with the features present, by the contract.
+    unsafe {
+        let mut acc = [b; R];
+        for (k, &wk) in w.iter().enumerate() {
+            let xk = x.add(k * dilation);
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = S::mul_add(*a, wk, S::load(xk.add(r * S::LANES)));
+            }
+        }
+        for (r, &a) in acc.iter().enumerate() {
+            S::store(y.add(r * S::LANES), a);
+        }
+    }
+}
+
+/// As [`block`], with the taps read (and broadcast) from `taps`.
+///
+/// # Safety
+/// As [`block`], with `K = taps.len()`.
+#[inline(always)]
+unsafe fn block_dyn<S: Simd, const R: usize>(
+    x: *const f32,
+    taps: &[f32],
+    dilation: usize,
+    b: S::V,
+    y: *mut f32,
+) {
+    // SAFETY: in bounds and with the features present, by the contract.
+    unsafe {
+        let mut acc = [b; R];
+        for (k, &t) in taps.iter().enumerate() {
+            let wk = S::splat(t);
+            let xk = x.add(k * dilation);
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = S::mul_add(*a, wk, S::load(xk.add(r * S::LANES)));
+            }
+        }
+        for (r, &a) in acc.iter().enumerate() {
+            S::store(y.add(r * S::LANES), a);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Portable backend.
+
+struct Portable;
+
+/// `[f32; 8]`: lane-wise loops over it auto-vectorise.
+type F32x8 = [f32; 8];
+
+impl Simd for Portable {
+    const LANES: usize = 8;
+    type V = F32x8;
+
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> F32x8 {
+        [v; 8]
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> F32x8 {
+        // SAFETY: the caller guarantees 8 readable values at p; unaligned read.
+        unsafe { p.cast::<F32x8>().read_unaligned() }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: F32x8) {
+        // SAFETY: the caller guarantees 8 writable values at p; unaligned write.
+        unsafe { p.cast::<F32x8>().write_unaligned(v) }
+    }
+    #[inline(always)]
+    unsafe fn mul_add(acc: F32x8, w: F32x8, x: F32x8) -> F32x8 {
+        let mut out = acc;
+        for j in 0..8 {
+            out[j] += w[j] * x[j];
+        }
+        out
+    }
+    #[inline(always)]
+    unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32 {
+        // Unfused, like `mul_add` (Rust never contracts into an FMA).
+        acc + w * x
+    }
+}
+
+/// # Safety
+/// None beyond [`RowFn`]'s: the portable backend needs no CPU feature.
+unsafe fn row_portable<const K: usize, const R: usize>(
+    geom: &RowGeom,
+    x: &[f32],
+    taps: &[f32],
+    bias: f32,
+    l0: usize,
+    y: &mut [f32],
+) {
+    // SAFETY: Portable requires no CPU feature.
+    unsafe { row_generic::<Portable, K, R>(geom, x, taps, bias, l0, y) }
+}
+
+// ---------------------------------------------------------------------------
+// AVX2 + FMA backend.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::Simd;
+
+    pub(super) struct Avx2;
+
+    // Each method is only reached from `row_avx2`, which is compiled with
+    // avx2 and fma and only called once both were detected (RowKernel::new).
+    impl Simd for Avx2 {
+        const LANES: usize = 8;
+        type V = __m256;
+
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> __m256 {
+            // SAFETY: AVX is present (see the impl's comment).
+            unsafe { _mm256_set1_ps(v) }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m256 {
+            // SAFETY: AVX is present; the caller guarantees 8 readable
+            // values at p, and loadu has no alignment requirement.
+            unsafe { _mm256_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m256) {
+            // SAFETY: AVX is present; the caller guarantees 8 writable
+            // values at p, and storeu has no alignment requirement.
+            unsafe { _mm256_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        unsafe fn mul_add(acc: __m256, w: __m256, x: __m256) -> __m256 {
+            // SAFETY: FMA is present.
+            unsafe { _mm256_fmadd_ps(w, x, acc) }
+        }
+        #[inline(always)]
+        unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32 {
+            // SAFETY: FMA is present. Fused like `mul_add`.
+            unsafe { _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(w), _mm_set_ss(x), _mm_set_ss(acc))) }
+        }
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn row_avx2<const K: usize, const R: usize>(
+    geom: &RowGeom,
+    x: &[f32],
+    taps: &[f32],
+    bias: f32,
+    l0: usize,
+    y: &mut [f32],
+) {
+    // SAFETY: our caller guarantees AVX2 and FMA.
+    unsafe { row_generic::<avx2::Avx2, K, R>(geom, x, taps, bias, l0, y) }
+}
+
+// ---------------------------------------------------------------------------
+// NEON backend.
+
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use std::arch::aarch64::*;
+
+    use super::Simd;
+
+    pub(super) struct Neon;
+
+    // Each method is only reached from `row_neon`, which is compiled with
+    // neon and only called once it was detected (RowKernel::new).
+    impl Simd for Neon {
+        const LANES: usize = 4;
+        type V = float32x4_t;
+
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> float32x4_t {
+            // SAFETY: NEON is present (see the impl's comment).
+            #[allow(unused_unsafe)]
+            unsafe {
+                vdupq_n_f32(v)
+            }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> float32x4_t {
+            // SAFETY: NEON is present; the caller guarantees 4 readable
+            // values at p, and vld1q needs only f32 alignment, which any
+            // *const f32 into a slice has.
+            unsafe { vld1q_f32(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: float32x4_t) {
+            // SAFETY: NEON is present; the caller guarantees 4 writable
+            // values at p, aligned as f32.
+            unsafe { vst1q_f32(p, v) }
+        }
+        #[inline(always)]
+        unsafe fn mul_add(acc: float32x4_t, w: float32x4_t, x: float32x4_t) -> float32x4_t {
+            // SAFETY: NEON is present.
+            #[allow(unused_unsafe)]
+            unsafe {
+                vfmaq_f32(acc, w, x)
+            }
+        }
+        #[inline(always)]
+        unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32 {
+            // Fused like `vfmaq_f32`; a single fmadd on aarch64.
+            w.mul_add(x, acc)
+        }
+    }
+}
+
+/// # Safety
+/// The CPU must support NEON.
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon")]
+unsafe fn row_neon<const K: usize, const R: usize>(
+    geom: &RowGeom,
+    x: &[f32],
+    taps: &[f32],
+    bias: f32,
+    l0: usize,
+    y: &mut [f32],
+) {
+    // SAFETY: our caller guarantees NEON.
+    unsafe { row_generic::<neon::Neon, K, R>(geom, x, taps, bias, l0, y) }
+}
