@@ -11,7 +11,10 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use rustconv_kernels::{conv1d_f32, linear_scan_f32, Conv1dParams, ScanParams};
+use rustconv_kernels::{
+    conv1d_f32, linear_scan_f32, Algorithm, Choice, Conv1dParams, PreparedConv1d, ScanParams,
+    Scratch,
+};
 
 /// Forwards to the system allocator, counting allocations.
 struct CountingAlloc;
@@ -78,6 +81,53 @@ fn main() {
     let a = vec![0.9; scan.seq_elems()];
     let u = vec![0.1; scan.seq_elems()];
     let mut h = vec![0.0; scan.seq_elems()];
+    // The scan's other paths: rows scanned one by one (fewer than four),
+    // and one long row cut into pieces scanned in parallel (fewer rows than
+    // threads).
+    let few = ScanParams {
+        batch: 1,
+        channels: 3,
+        len: 5000,
+    };
+    let (few_x0, few_a, few_u) = (vec![1.0; 3], vec![0.9; 15_000], vec![0.1; 15_000]);
+    let mut few_h = vec![0.0; 15_000];
+    let long = ScanParams {
+        batch: 1,
+        channels: 1,
+        len: 1 << 16,
+    };
+    let (long_a, long_u) = (vec![0.9; 1 << 16], vec![0.1; 1 << 16]);
+    let mut long_h = vec![0.0; 1 << 16];
+
+    // Depthwise causal convs through the prepared SIMD and FFT paths (GEMM
+    // is absent on purpose: the gemm crate allocates inside each call).
+    let depthwise = Conv1dParams {
+        batch: 1,
+        in_channels: 8,
+        out_channels: 8,
+        in_len: 4096,
+        kernel_size: 64,
+        stride: 1,
+        pad_left: 63,
+        pad_right: 0,
+        dilation: 1,
+        groups: 8,
+    };
+    let dx = vec![0.5; depthwise.input_elems()];
+    let dw = vec![0.25; depthwise.weight_elems()];
+    let mut dy = vec![0.0; depthwise.output_elems().unwrap()];
+    let prepared: Vec<PreparedConv1d> = [Algorithm::DepthwiseSimd, Algorithm::Fft]
+        .into_iter()
+        .map(|a| PreparedConv1d::new(&depthwise, &dw, Choice::Force(a)).unwrap())
+        .collect();
+    let scratch = Scratch::new(
+        2,
+        prepared
+            .iter()
+            .map(|p| p.scratch_per_thread())
+            .max()
+            .unwrap(),
+    );
 
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(2)
@@ -87,6 +137,12 @@ fn main() {
         pool.install(|| {
             conv1d_f32(&conv, &x, &w, Some(&bias), &mut y).unwrap();
             linear_scan_f32(&scan, &x0, &a, &u, &mut h).unwrap();
+            linear_scan_f32(&few, &few_x0, &few_a, &few_u, &mut few_h).unwrap();
+            linear_scan_f32(&long, &[1.0], &long_a, &long_u, &mut long_h).unwrap();
+            for p in &prepared {
+                p.run(&depthwise, &dx, &dw, Some(&bias), &mut dy, &scratch)
+                    .unwrap();
+            }
         })
     };
 
@@ -104,6 +160,9 @@ fn main() {
     assert_eq!(allocations, 0, "kernels allocated {allocations} times");
     // Make sure the work was real, not optimised away or skipped.
     assert!(y.iter().all(|v| v.is_finite() && *v > 1.0));
-    assert!(h.iter().all(|v| v.is_finite() && *v > 0.0));
+    for h in [&h, &few_h, &long_h] {
+        assert!(h.iter().all(|v| v.is_finite() && *v > 0.0));
+    }
+    assert!(dy.iter().all(|v| v.is_finite() && *v > 1.0));
     println!("no_alloc: kernels made no heap allocation");
 }

@@ -1,0 +1,318 @@
+//! First-order linear recurrence (diagonal linear scan):
+//! `y[t] = a[t] * y[t - 1] + u[t]`, with `y[-1] = x0`, independently for
+//! every `(batch, channel)` row.
+//!
+//! The scan is memory-bound once its work is spread over independent
+//! recurrences: it must read `a` and `u` and write `y` once, 12 bytes per
+//! element. A lone recurrence is not: each step waits for the previous
+//! multiply-add. [`linear_scan_f32`] therefore picks one of two
+//! [`Strategy`]s from the number of rows and the pool size:
+//!
+//! * [`Strategy::Rows`] (rows >= threads): rows in parallel, in tasks of
+//!   whole rows; inside a task, groups of [`ROWS_JOINT`] rows step through
+//!   time together, so their dependency chains overlap (each row exactly as
+//!   the sequential loop computes it); leftover rows use the single-row
+//!   scan of [`kernel::scan_row`], which overlaps chains within the row.
+//! * [`Strategy::Chunked`] (fewer rows than threads, long rows): each row is
+//!   also cut into pieces along time, scanned in parallel in two passes
+//!   (reduce, then scan) with the pieces' carries kept on the stack.
+//!
+//! See `kernel.rs` for the single-threaded building blocks.
+
+mod kernel;
+#[cfg(test)]
+mod tests;
+
+use rayon::prelude::*;
+
+use crate::error::{check_len, checked_product, KernelError};
+use kernel::{Affine, ROWS_JOINT};
+
+/// Shape of a linear scan: `x0` is `[batch, channels]`; `a`, `u` and `y` are
+/// `[batch, channels, len]`, row-major and contiguous.
+///
+/// Any dimension may be zero; the scan is then a no-op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScanParams {
+    /// Batch size.
+    pub batch: usize,
+    /// Independent recurrences per batch item.
+    pub channels: usize,
+    /// Steps per recurrence (the time axis).
+    pub len: usize,
+}
+
+impl ScanParams {
+    /// Checks that every element count fits in `usize`.
+    ///
+    /// # Errors
+    ///
+    /// [`KernelError::Overflow`] if `batch * channels` or
+    /// `batch * channels * len` does not fit in `usize`.
+    pub fn validate(&self) -> Result<(), KernelError> {
+        checked_product(&[self.batch, self.channels], "scan state element count")?;
+        checked_product(
+            &[self.batch, self.channels, self.len],
+            "scan sequence element count",
+        )?;
+        Ok(())
+    }
+
+    /// Elements in `x0`: `batch * channels`.
+    ///
+    /// Saturates at `usize::MAX` on overflow, which no `f32` slice can match;
+    /// `validate` reports the overflow itself.
+    #[must_use]
+    pub fn state_elems(&self) -> usize {
+        self.batch.saturating_mul(self.channels)
+    }
+
+    /// Elements in `a`, `u` and `y`: `batch * channels * len`. Saturates like
+    /// [`state_elems`](Self::state_elems); exact whenever the true product
+    /// fits (a saturated partial product times a zero `len` is still 0).
+    #[must_use]
+    pub fn seq_elems(&self) -> usize {
+        self.state_elems().saturating_mul(self.len)
+    }
+}
+
+/// Runs the scan: `y[b,c,0] = a[b,c,0] * x0[b,c] + u[b,c,0]` and
+/// `y[b,c,t] = a[b,c,t] * y[b,c,t-1] + u[b,c,t]`.
+///
+/// Checks the slice lengths against `p` (an error, never a panic) before
+/// touching `y`. Runs on the *current* rayon pool (the caller picks it with
+/// `ThreadPool::install`): rows in parallel when there are at least as many
+/// rows as threads, otherwise each long row is also cut into pieces along
+/// time that are scanned in parallel (see the module docs).
+///
+/// The result equals the sequential `f32` recurrence (`y = a * y + u`, two
+/// roundings per step, no FMA) up to rounding: rows stepped four at a time
+/// are bit-identical to it, while a row scanned on its own (the `rows % 4`
+/// left over in a task, or every row when there are fewer rows than
+/// threads) composes partial results, which rounds differently, within a
+/// few `f32` epsilons per step of the sum of the terms' magnitudes. With at
+/// least `4 * threads` rows the result does not depend on the pool size.
+/// Performs no heap allocation of its own; rayon's scheduling makes none
+/// either once the pool is warm (`tests/no_alloc.rs`).
+///
+/// # Errors
+///
+/// Any error of [`ScanParams::validate`], or [`KernelError::BufferLen`] if
+/// a slice's length differs from the shape's (`x0`, `a`, `u`, `y` checked in
+/// that order).
+pub fn linear_scan_f32(
+    p: &ScanParams,
+    x0: &[f32],
+    a: &[f32],
+    u: &[f32],
+    y: &mut [f32],
+) -> Result<(), KernelError> {
+    check(p, x0, a, u, y)?;
+    let threads = rayon::current_num_threads();
+    run(Strategy::choose(p, threads), p, x0, a, u, y, threads);
+    Ok(())
+}
+
+/// [`linear_scan_f32`] with the strategy forced, so that tests can run
+/// every path on the same inputs.
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) fn linear_scan_with(
+    strategy: Strategy,
+    p: &ScanParams,
+    x0: &[f32],
+    a: &[f32],
+    u: &[f32],
+    y: &mut [f32],
+) -> Result<(), KernelError> {
+    check(p, x0, a, u, y)?;
+    run(strategy, p, x0, a, u, y, rayon::current_num_threads());
+    Ok(())
+}
+
+/// How [`linear_scan_f32`] spreads the work over the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Strategy {
+    /// Rows in parallel, each row sequential in time.
+    Rows,
+    /// Each row cut into `parts + 1` pieces along time: pass 1 scans the
+    /// first piece and reduces the next `parts - 1` to their affine maps
+    /// (`parts` tasks per row), a sequential pass chains the maps into the
+    /// pieces' start states, pass 2 scans the last `parts` pieces (`parts`
+    /// tasks per row). The first piece is 2/3 the size of the others, which
+    /// roughly balances pass 1 (a scan moves 12 bytes per element and does
+    /// more arithmetic, a reduction moves 8). `parts` is clamped to what
+    /// the stack carries hold and to one element per piece; at 0 it runs as
+    /// [`Strategy::Rows`]. The last piece is never reduced, so memory
+    /// traffic is `12 + 8 * (parts - 1) / (parts + 2/3)` bytes per element.
+    Chunked {
+        /// Tasks per row in each pass.
+        parts: usize,
+    },
+}
+
+/// Shortest piece the chunked scan makes when it chooses itself: smaller
+/// ones cost more in task overhead and the extra pass than they save.
+const MIN_PIECE: usize = 16 * 1024;
+
+/// Stack slots for the chunked scan's carries: `rows * parts` is at most
+/// this (4 KiB of maps, 1 KiB of start states).
+const MAX_PIECES: usize = 256;
+
+/// Fewest elements in a task of the rows strategy.
+const MIN_TASK_ELEMS: usize = 16 * 1024;
+
+/// Tasks per thread that the rows strategy aims at, for load balance.
+const TASKS_PER_THREAD: usize = 4;
+
+impl Strategy {
+    /// The strategy for `p` on a pool of `threads` threads.
+    pub(crate) fn choose(p: &ScanParams, threads: usize) -> Strategy {
+        let rows = p.state_elems();
+        if rows == 0 || rows >= threads {
+            return Strategy::Rows;
+        }
+        let parts = (threads / rows).min(p.len / MIN_PIECE);
+        if parts >= 2 {
+            Strategy::Chunked { parts }
+        } else {
+            Strategy::Rows
+        }
+    }
+}
+
+/// The argument checks of [`linear_scan_f32`].
+fn check(p: &ScanParams, x0: &[f32], a: &[f32], u: &[f32], y: &[f32]) -> Result<(), KernelError> {
+    p.validate()?;
+    check_len("x0", p.state_elems(), x0.len())?;
+    check_len("a", p.seq_elems(), a.len())?;
+    check_len("u", p.seq_elems(), u.len())?;
+    check_len("y", p.seq_elems(), y.len())
+}
+
+/// Runs a checked scan.
+fn run(
+    strategy: Strategy,
+    p: &ScanParams,
+    x0: &[f32],
+    a: &[f32],
+    u: &[f32],
+    y: &mut [f32],
+    threads: usize,
+) {
+    if p.len == 0 || x0.is_empty() {
+        // Nothing to compute, and `par_chunks(0)` would panic.
+        return;
+    }
+    match strategy {
+        Strategy::Rows => scan_rows(x0, a, u, y, p.len, threads),
+        Strategy::Chunked { parts } => scan_chunked(x0, a, u, y, p.len, parts),
+    }
+}
+
+/// [`Strategy::Rows`].
+fn scan_rows(x0: &[f32], a: &[f32], u: &[f32], y: &mut [f32], len: usize, threads: usize) {
+    let rows = x0.len();
+    let mut per_task = rows
+        .div_ceil(TASKS_PER_THREAD * threads.max(1))
+        .max(MIN_TASK_ELEMS.div_ceil(len));
+    if rows >= ROWS_JOINT * threads {
+        // Whole groups of rows: every row then lands in the same kind of
+        // group whatever the pool size, so the result does not depend on it.
+        per_task = per_task.next_multiple_of(ROWS_JOINT);
+    }
+    let per_task = per_task.min(rows);
+    let chunk = per_task * len;
+    y.par_chunks_mut(chunk)
+        .zip(a.par_chunks(chunk))
+        .zip(u.par_chunks(chunk))
+        .zip(x0.par_chunks(per_task))
+        .for_each(|(((y, a), u), x0)| kernel::scan_rows(x0, a, u, y));
+}
+
+/// [`Strategy::Chunked`].
+fn scan_chunked(x0: &[f32], a: &[f32], u: &[f32], y: &mut [f32], len: usize, parts: usize) {
+    let rows = x0.len();
+    // Every piece keeps at least one element: `len * 3 / (3 * parts + 2)`
+    // is at least 1 for `parts <= len - 1`.
+    let parts = parts.min(MAX_PIECES / rows).min(len - 1);
+    if parts == 0 {
+        return scan_rows(x0, a, u, y, len, rayon::current_num_threads());
+    }
+    // Piece 0 is [0, first); piece j >= 1 is [first + (j-1) * size, first + j * size).
+    let size = len * 3 / (3 * parts + 2);
+    let first = len - parts * size;
+
+    // Pass 1. Per row, `maps[0]` gets piece 0's final state (as a constant
+    // map) and `maps[j]` piece j's map, for j in 1..parts.
+    let mut maps = [Affine::IDENTITY; MAX_PIECES];
+    let maps = &mut maps[..rows * parts];
+    y.par_chunks_mut(len)
+        .zip(a.par_chunks(len))
+        .zip(u.par_chunks(len))
+        .zip(x0.par_iter())
+        .zip(maps.par_chunks_mut(parts))
+        .for_each(|((((y, a), u), &init), maps)| {
+            let (head, rest) = maps.split_first_mut().expect("parts >= 1");
+            rayon::join(
+                || {
+                    let end = kernel::scan_row(init, &a[..first], &u[..first], &mut y[..first]);
+                    *head = Affine {
+                        mul: 0.0,
+                        add: f64::from(end),
+                    };
+                },
+                || {
+                    rest.par_iter_mut().enumerate().for_each(|(j, map)| {
+                        let lo = first + j * size;
+                        *map = kernel::aggregate(&a[lo..lo + size], &u[lo..lo + size]);
+                    });
+                },
+            );
+        });
+
+    // Chain the maps into the start states of pieces 1..=parts, in f64.
+    // A map that overflowed is stepped through instead (slow, but only for
+    // inputs whose products of `a` overflow even f64).
+    let mut starts = [0.0f32; MAX_PIECES];
+    let starts = &mut starts[..rows * parts];
+    for (((starts, maps), a), u) in starts
+        .chunks_exact_mut(parts)
+        .zip(maps.chunks_exact(parts))
+        .zip(a.chunks_exact(len))
+        .zip(u.chunks_exact(len))
+    {
+        let mut s = maps[0].add;
+        starts[0] = s as f32;
+        for j in 1..parts {
+            let map = maps[j];
+            s = if map.is_finite() {
+                map.apply(s)
+            } else {
+                let lo = first + (j - 1) * size;
+                f64::from(kernel::state_plain(
+                    s as f32,
+                    &a[lo..lo + size],
+                    &u[lo..lo + size],
+                ))
+            };
+            starts[j] = s as f32;
+        }
+    }
+
+    // Pass 2.
+    let starts = &*starts;
+    y.par_chunks_mut(len)
+        .zip(a.par_chunks(len))
+        .zip(u.par_chunks(len))
+        .zip(starts.par_chunks(parts))
+        .for_each(|(((y, a), u), starts)| {
+            y[first..]
+                .par_chunks_mut(size)
+                .zip(a[first..].par_chunks(size))
+                .zip(u[first..].par_chunks(size))
+                .zip(starts.par_iter())
+                .for_each(|(((y, a), u), &s)| {
+                    kernel::scan_row(s, a, u, y);
+                });
+        });
+}
