@@ -7,11 +7,11 @@ use std::sync::Mutex;
 use crate::blob::{BlobBytes, BlobLayout};
 use crate::error::DelegateError;
 use crate::executor::{CallArgs, ExecState, Executable};
+use crate::ffi::{log, LogLevel};
 use crate::graph::GraphDesc;
 use crate::memory::AlignedBuf;
 use crate::options::CompileOptions;
 use crate::plan::Plan;
-use crate::ffi::{log, LogLevel};
 use crate::threads;
 
 #[derive(Default)]

@@ -314,19 +314,38 @@ impl Executable<'_> {
                 )
             };
             match (&step.kernel, &node.op) {
-                (Kernel::Conv1d(prepared), &OpDesc::Conv1d { input, weight, bias, .. }) => {
-                    let params = ops::conv1d_params(&node.op, state.shapes[input], state.shapes[weight]);
+                (
+                    Kernel::Conv1d(prepared),
+                    &OpDesc::Conv1d {
+                        input,
+                        weight,
+                        bias,
+                        ..
+                    },
+                ) => {
+                    let params =
+                        ops::conv1d_params(&node.op, state.shapes[input], state.shapes[weight]);
                     prepared
-                        .run(&params, view(input), view(weight), bias.map(view), y, &state.scratch)
+                        .run(
+                            &params,
+                            view(input),
+                            view(weight),
+                            bias.map(view),
+                            y,
+                            &state.scratch,
+                        )
                         .map_err(kernel_error)?;
                 }
                 (Kernel::LinearScan, &OpDesc::LinearScan { x0, a, u, .. }) => {
                     let params = ops::scan_params(state.shapes[a]);
-                    kernels::linear_scan_f32(&params, view(x0), view(a), view(u), y).map_err(kernel_error)?;
+                    kernels::linear_scan_f32(&params, view(x0), view(a), view(u), y)
+                        .map_err(kernel_error)?;
                 }
                 (kernel, op) => unreachable!("plan paired {kernel:?} with {op:?}"),
             }
-            if let (Role::Output(_), DType::F16) = (&self.plan.values[out].role, self.plan.values[out].dtype) {
+            if let (Role::Output(_), DType::F16) =
+                (&self.plan.values[out].role, self.plan.values[out].dtype)
+            {
                 // SAFETY: as for the inputs above, in the other direction.
                 unsafe { f32_to_f16(state.data[out], state.args[out], state.shapes[out].numel()) };
             }

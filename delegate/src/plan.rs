@@ -72,7 +72,11 @@ pub struct Plan {
 impl Plan {
     /// `constants` is the constant segment, 64-byte aligned; kernels prepare
     /// from the weights in it.
-    pub fn build(graph: GraphDesc, constants: &[u8], options: &CompileOptions) -> Result<Self, DelegateError> {
+    pub fn build(
+        graph: GraphDesc,
+        constants: &[u8],
+        options: &CompileOptions,
+    ) -> Result<Self, DelegateError> {
         let GraphDesc {
             values,
             inputs,
@@ -190,7 +194,11 @@ fn prepare_conv(
     let OpDesc::Conv1d { input, weight, .. } = node.op else {
         unreachable!("prepare_conv on {:?}", node.op)
     };
-    let max = ops::conv1d_params(&node.op, bound_shape(&values[input]), bound_shape(&values[weight]));
+    let max = ops::conv1d_params(
+        &node.op,
+        bound_shape(&values[input]),
+        bound_shape(&values[weight]),
+    );
     let prepare_error = |source| DelegateError::Prepare {
         id: node.id,
         name: node.name.clone(),
@@ -223,7 +231,13 @@ fn prepare_conv(
     let prepared = PreparedConv1d::new(&max, w, choice).map_err(prepare_error)?;
     let estimates: Vec<String> = candidates
         .iter()
-        .filter_map(|&a| Some(format!("{} {:.3}", a.name(), kernels::estimate_cost(a, &max)? * 1e3)))
+        .filter_map(|&a| {
+            Some(format!(
+                "{} {:.3}",
+                a.name(),
+                kernels::estimate_cost(a, &max)? * 1e3
+            ))
+        })
         .collect();
     report.push(format!(
         "plan: node {} '{}' conv1d -> {} (estimated ms: {}; prepared {:.1} MiB)",
@@ -251,7 +265,9 @@ fn bound_shape(value: &ValueDesc) -> Shape {
 }
 
 fn f16_bytes(bytes: &[u8]) -> impl Iterator<Item = half::f16> + '_ {
-    bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]))
+    bytes
+        .chunks_exact(2)
+        .map(|b| half::f16::from_le_bytes([b[0], b[1]]))
 }
 
 /// Views 4-byte aligned little-endian bytes as f32 (what the blob stores).
@@ -260,7 +276,10 @@ pub(crate) fn as_f32(bytes: &[u8]) -> &[f32] {
     // bytes is sound; align_to puts any misaligned head or tail outside the
     // middle slice, and the assert below rejects that case.
     let (head, floats, tail) = unsafe { bytes.align_to::<f32>() };
-    assert!(head.is_empty() && tail.is_empty(), "constant not 4-byte aligned");
+    assert!(
+        head.is_empty() && tail.is_empty(),
+        "constant not 4-byte aligned"
+    );
     floats
 }
 

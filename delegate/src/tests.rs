@@ -749,8 +749,15 @@ fn plan_report_is_returned_not_logged_from_pool_threads() {
     let blob = conv_scan_blob();
     let d = init(&blob).unwrap();
     let report = &d.plan().unwrap().report;
-    assert!(report.iter().any(|l| l.contains("conv1d -> ")), "{report:?}");
+    assert!(
+        report.iter().any(|l| l.contains("conv1d -> ")),
+        "{report:?}"
+    );
     let pool = crate::threads::pool(2).unwrap();
-    let outcome = pool.install(|| std::panic::catch_unwind(|| crate::ffi::log(LogLevel::Info, "x")));
-    assert!(outcome.is_err(), "logging from a pool thread must be refused");
+    let outcome =
+        pool.install(|| std::panic::catch_unwind(|| crate::ffi::log(LogLevel::Info, "x")));
+    assert!(
+        outcome.is_err(),
+        "logging from a pool thread must be refused"
+    );
 }
