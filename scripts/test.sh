@@ -11,8 +11,8 @@ log "schema bindings"
 
 log "formatting and lints"
 cargo fmt --all --check
-"$RUFF" format --check partitioner_py tests scripts
-"$RUFF" check partitioner_py tests scripts
+"$RUFF" format --check partitioner_py tests scripts bench
+"$RUFF" check partitioner_py tests scripts bench
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings
 
 build_all
@@ -21,4 +21,4 @@ log "Rust tests"
 cargo test --release --workspace --quiet
 
 log "Python tests"
-"$RUSTCONV_PYTHON" -m pytest -q partitioner_py/tests tests "$@"
+"$RUSTCONV_PYTHON" -m pytest -q partitioner_py/tests tests bench "$@"

@@ -153,7 +153,15 @@ impl Plan {
                         options,
                         &mut report,
                     )?,
-                    OpDesc::LinearScan { .. } => Kernel::LinearScan,
+                    OpDesc::LinearScan { .. } => {
+                        // The scan picks rows-in-parallel or a chunked scan
+                        // along time per call, from the rows and the pool.
+                        report.push(format!(
+                            "plan: node {} '{}' linear_scan -> parallel_scan",
+                            node.id, node.name
+                        ));
+                        Kernel::LinearScan
+                    }
                 };
                 Ok(Step { node, kernel })
             })

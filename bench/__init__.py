@@ -1,0 +1,1 @@
+"""The RustConv benchmark tool (see bench/README.md; run scripts/bench.sh)."""

@@ -1,0 +1,434 @@
+"""What is compared, and how each alternative is run on one setting.
+
+Run through pte_runner (a subprocess; same flags, warm-ups, repeats and
+thread count for all):
+
+* ``ours``: RustConvPartitioner, the runtime's cost model picks the kernel;
+* ``ours:<algorithm>``: the same with ``compile_specs.algorithm(name)``, for
+  every candidate the plan log line lists (conv only);
+* ``xnnpack``: XnnpackPartitioner;
+* ``et_cpu``: no delegate, ExecuTorch's optimized/portable CPU kernels.
+
+Run in this process (time.perf_counter around each call, at
+``torch.set_num_threads(T)``):
+
+* ``eager``: the PyTorch module (for the scan, the custom op's eager kernel,
+  a Python loop over time); its output is the accuracy reference;
+* ``torch_fft`` (conv): rfft/irfft convolution at n = next fast size >=
+  N+K-1 with the filter spectrum precomputed once outside the timed calls;
+* ``c_scan`` (scan): the plain C loop of bench/native/scan.c, OpenMP over
+  channels.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from bench import measure, projection
+from bench.lowering import inputs_npz, lowered_pte
+from bench.native import Native
+from bench.projection import MEMORY_FRACTION, Projector
+from bench.workload import Setting, SettingData
+
+ACCURACY_ATOL = 1e-3
+
+#: Display names, in report order.
+LABELS = {
+    "ours": "RustConv (ours)",
+    "xnnpack": "XNNPACK",
+    "et_cpu": "ExecuTorch CPU kernels",
+    "eager": "PyTorch eager",
+    "torch_fft": "PyTorch FFT conv",
+    "c_scan": "plain C scan",
+}
+#: The alternatives ours is compared against, per workload.
+BASELINES = {
+    "conv": ("xnnpack", "et_cpu", "eager", "torch_fft"),
+    "scan": ("xnnpack", "et_cpu", "eager", "c_scan"),
+}
+#: Run order within a setting: eager first, its output is the reference.
+ORDER = ("eager", "ours", "candidates", "xnnpack", "et_cpu", "torch_fft", "c_scan")
+RUNS_IN_RUNNER = ("ours", "xnnpack", "et_cpu")
+NOT_APPLICABLE = {
+    ("xnnpack", "scan"): "XNNPACK has no kernel for the custom op rustconv::linear_scan",
+    ("et_cpu", "scan"): "ExecuTorch has no kernel for the custom op rustconv::linear_scan",
+    ("torch_fft", "scan"): None,  # not part of the scan comparison at all
+    ("c_scan", "conv"): None,
+    ("candidates", "scan"): None,
+}
+#: Conv algorithms the runtime knows, if the plan line does not list them.
+KNOWN_ALGORITHMS = ("direct", "depthwise_simd", "fft", "gemm")
+
+
+def work_model(alt: str, kind: str) -> str:
+    if kind == "scan":
+        return "scan_loop" if alt == "eager" else "stream"
+    if alt == "ours":
+        return "auto"
+    if alt in ("torch_fft", "ours:fft"):
+        return "fft"
+    return "direct"
+
+
+def steps_for(setting: Setting, alternatives: tuple[str, ...]) -> list[str]:
+    """The alternatives run on this setting (those that make a row), in order."""
+    return [
+        a
+        for a in ORDER
+        if a in alternatives
+        and not ((a, setting.kind) in NOT_APPLICABLE and NOT_APPLICABLE[(a, setting.kind)] is None)
+    ]
+
+
+@dataclass
+class Context:
+    runner: Path
+    threads: int
+    warmup: int
+    repeats: int
+    time_limit_s: float
+    budget_s: float
+    seed: int
+    cache_dir: Path
+    work_dir: Path
+    native: Native
+    projector: Projector
+    ram_bytes: int | None
+    planned_inputs: bool = False
+
+
+def new_row(setting: Setting, alt: str) -> dict:
+    return {
+        "kind": setting.kind,
+        "C": setting.C,
+        "N": setting.N,
+        "K": setting.K,
+        "K_label": setting.K_label,
+        "setting": setting.name,
+        "alternative": alt,
+        "status": "ok",
+        "median_ms": None,
+        "p10_ms": None,
+        "p90_ms": None,
+        "warmup": None,
+        "iters": None,
+        "peak_mib": None,
+        "max_abs_err": None,
+        "reference": None,
+        "chosen_kernel": None,
+        "estimate_ms": None,
+        "prepared_mib": None,
+        "estimates": None,
+        "delegated": None,
+        "projected_s": None,
+        "projection_basis": None,
+        "lower_s": None,
+        "note": "",
+    }
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    msg = text[-1] if text else ""
+    return f"{type(exc).__name__}: {msg}"[:300]
+
+
+def max_abs_diff(got, want: np.ndarray) -> float:
+    """max |got - want| in float64, a block of channels at a time."""
+    got = np.asarray(got)
+    if got.shape != want.shape:
+        raise ValueError(f"output shape {got.shape} != reference {want.shape}")
+    worst = 0.0
+    step = max(1, (1 << 24) // max(1, want.shape[-1]))
+    for c in range(0, want.shape[1], step):
+        diff = np.abs(got[:, c : c + step].astype(np.float64) - want[:, c : c + step])
+        worst = max(worst, float(np.max(diff)) if diff.size else 0.0)
+        if np.isnan(diff).any():
+            return float("nan")
+    return worst
+
+
+class SettingBench:
+    """Runs the alternatives on one setting; keeps the reference output and
+    our plan line for the candidates."""
+
+    def __init__(self, ctx: Context, data: SettingData):
+        self.ctx = ctx
+        self.data = data
+        self.s = data.setting
+        self.npz = inputs_npz(data, ctx.seed, ctx.cache_dir)
+        self.reference: np.ndarray | None = None
+        self.reference_name: str | None = None
+        self.reference_tried = False
+        self.ours_plan: measure.PlanLine | None = None
+        self.ours_row: dict | None = None
+
+    # Entry point --------------------------------------------------------------
+    def run(self, alt: str) -> list[dict]:
+        if alt == "candidates":
+            return self.run_candidates()
+        reason = NOT_APPLICABLE.get((alt, self.s.kind))
+        if reason:
+            row = new_row(self.s, alt)
+            row.update(status="n/a", note=reason)
+            return [row]
+        if alt in RUNS_IN_RUNNER:
+            row = self.run_in_runner(alt)
+            if alt == "ours":
+                self.ours_row = row
+            return [row]
+        return [self.run_in_process(alt)]
+
+    # Guards ---------------------------------------------------------------------
+    def _guard(self, row: dict, alt: str, needs_bytes: float, estimate_s: float | None = None):
+        """Fills DNF / skipped rows; returns the projection or None if not to run."""
+        model = work_model(alt, self.s.kind)
+        proj = self.ctx.projector.project(alt, model, self.s)
+        if not proj.measured and estimate_s is not None:
+            proj = projection.Projection(estimate_s, "cost model")
+        row["projected_s"] = proj.seconds
+        row["projection_basis"] = proj.basis
+        if proj.seconds > self.ctx.time_limit_s:
+            row["status"] = "DNF"
+            row["note"] = f"projected {proj.seconds:.3g} s per call (from {proj.basis})"
+            self.ctx.projector.record(alt, model, self.s, proj.seconds, measured=False)
+            return None
+        if self.ctx.ram_bytes:
+            limit = MEMORY_FRACTION * self.ctx.ram_bytes
+            total = measure.rss_bytes() + needs_bytes
+            if total > limit:
+                row["status"] = "skipped: memory"
+                row["note"] = (
+                    f"projected {total / 2**30:.1f} GiB > {MEMORY_FRACTION:.0%} of "
+                    f"{self.ctx.ram_bytes / 2**30:.1f} GiB RAM"
+                )
+                return None
+        return proj
+
+    def _check(self, row: dict, output) -> None:
+        ref = self._reference()
+        if ref is None:
+            row["note"] = (row["note"] + "; " if row["note"] else "") + "no reference output"
+            return
+        row["max_abs_err"] = max_abs_diff(output, ref)
+        row["reference"] = self.reference_name
+
+    def _reference(self) -> np.ndarray | None:
+        """Eager's output if eager finished; else a float64 reference (numpy
+        FFT convolution, or the C scan in double) if memory allows."""
+        if self.reference is not None or self.reference_tried:
+            return self.reference
+        self.reference_tried = True
+        s = self.s
+        if self.ctx.ram_bytes and (
+            measure.rss_bytes() + projection.reference_f64_bytes(s)
+            > MEMORY_FRACTION * self.ctx.ram_bytes
+        ):
+            return None
+        if s.kind == "scan":
+            x0, a, u = self.data.inputs
+            self.reference = self.ctx.native.linear_scan_f64(x0, a, u, self.ctx.threads)
+            self.reference_name = "float64 C scan"
+        else:
+            n, y = s.fft_size, np.empty((1, s.C, s.N))
+            step = max(1, (1 << 22) // n)  # channels per block: ~100 MiB of temporaries
+            for c in range(0, s.C, step):
+                h = self.data.weight[c : c + step, 0, ::-1].astype(np.float64)
+                x = self.data.inputs[0][0, c : c + step].astype(np.float64)
+                prod = np.fft.rfft(x, n=n) * np.fft.rfft(h, n=n)
+                y[0, c : c + step] = np.fft.irfft(prod, n=n)[:, : s.N]
+            self.reference = y
+            self.reference_name = "float64 numpy FFT"
+        return self.reference
+
+    # pte_runner ----------------------------------------------------------------
+    def run_in_runner(self, alt: str, estimate_s: float | None = None) -> dict:
+        ctx, s = self.ctx, self.s
+        row = new_row(s, alt)
+        fft = alt in ("ours", "ours:fft")
+        needs = max(projection.export_bytes(s), projection.runner_bytes(s, fft))
+        proj = self._guard(row, alt, needs, estimate_s)
+        if proj is None:
+            return row
+        try:
+            lowered = lowered_pte(alt, self.data, ctx.seed, ctx.cache_dir, ctx.planned_inputs)
+        except Exception as e:  # any failure is recorded; the run goes on
+            row["status"] = f"error: lowering: {one_line(e)}"
+            return row
+        row["lower_s"] = lowered.lower_s
+        row["delegated"] = lowered.describe()
+        if alt.startswith("ours") and not lowered.delegated_to("RustConvBackend"):
+            row["status"] = f"error: not delegated to RustConvBackend ({lowered.describe()})"
+            return row
+        if alt == "xnnpack" and not lowered.delegated_to("XnnpackBackend"):
+            row["note"] = "XNNPACK did not take the conv; it ran on ExecuTorch's kernels"
+
+        out_npz = ctx.work_dir / f"out-{s.slug}-{alt.replace(':', '-')}.npz"
+        projected = proj.seconds
+        try:
+            if not proj.measured and projected > 0.5:
+                # A rough projection: time one call before planning the repeats.
+                probe = measure.run_pte(
+                    ctx.runner, lowered.pte, self.npz, out_npz, 0, 1, ctx.threads,
+                    timeout_s=2 * ctx.time_limit_s + 120,
+                )  # fmt: skip
+                projected = probe.timing.median_ms / 1e3
+                if projected > ctx.time_limit_s:
+                    self._fill_runner_row(row, alt, probe)
+                    row["note"] = f"one call only: it took {projected:.1f} s (> time limit)"
+                    return row
+            warm, reps = measure.plan_repeats(projected, ctx.warmup, ctx.repeats, ctx.budget_s)
+            timeout = 4 * (warm + reps) * max(projected, 0.05) + 120
+            result = measure.run_pte(
+                ctx.runner, lowered.pte, self.npz, out_npz, warm, reps, ctx.threads, timeout
+            )
+        except measure.RunnerTimeout as e:
+            row["status"] = "DNF"
+            row["note"] = f"pte_runner {e}"
+            self.ctx.projector.record(alt, work_model(alt, s.kind), s, e.seconds, measured=False)
+            return row
+        except Exception as e:
+            row["status"] = f"error: {one_line(e)}"
+            return row
+        row["iters"] = reps
+        self._fill_runner_row(row, alt, result)
+        return row
+
+    def _fill_runner_row(self, row: dict, alt: str, result: measure.RunnerResult) -> None:
+        s = self.s
+        row["median_ms"] = result.timing.median_ms
+        row["p10_ms"], row["p90_ms"] = result.p10_ms, result.p90_ms
+        row["warmup"] = result.timing.warmup
+        row["iters"] = row["iters"] or 1
+        row["peak_mib"] = result.peak_mib
+        self.ctx.projector.record(
+            alt, work_model(alt, s.kind), s, result.timing.median_ms / 1e3, measured=True
+        )
+        if alt.startswith("ours") and result.plans:
+            plan = result.plans[0]
+            row["chosen_kernel"] = plan.chosen
+            row["prepared_mib"] = plan.prepared_mib
+            row["estimates"] = json.dumps(plan.estimates_ms) if plan.estimates_ms else None
+            row["estimate_ms"] = plan.estimates_ms.get(plan.chosen)
+            if len(result.plans) > 1:
+                row["note"] = f"{len(result.plans)} plan lines; the first is recorded"
+            if alt == "ours":
+                self.ours_plan = plan
+            elif plan.chosen != alt.split(":", 1)[1]:
+                row["status"] = (
+                    f"error: forced {alt.split(':', 1)[1]} but the plan chose {plan.chosen}"
+                )
+        self._check(row, result.output)
+
+    # Candidates ------------------------------------------------------------------
+    def run_candidates(self) -> list[dict]:
+        """Each applicable conv algorithm, forced; the cost model's pick reuses
+        the ``ours`` measurement."""
+        from rustconv import compile_specs
+
+        if not hasattr(compile_specs, "algorithm"):
+            row = new_row(self.s, "ours:*")
+            row.update(status="n/a", note="rustconv.compile_specs.algorithm is not available")
+            return [row]
+        plan = self.ours_plan
+        if plan is not None and plan.estimates_ms:
+            names = list(plan.estimates_ms)
+        else:
+            names = [
+                a
+                for a in KNOWN_ALGORITHMS
+                if a in getattr(compile_specs, "CONV1D_ALGORITHMS", KNOWN_ALGORITHMS)
+            ]
+        rows = []
+        for name in names:
+            alt = f"ours:{name}"
+            estimate_ms = plan.estimates_ms.get(name) if plan else None
+            if plan is not None and name == plan.chosen and self.ours_row is not None:
+                row = dict(self.ours_row, alternative=alt)
+                row["note"] = "the cost model's choice: same measurement as ours"
+                rows.append(row)
+                continue
+            estimate_s = estimate_ms / 1e3 if estimate_ms is not None else None
+            row = self.run_in_runner(alt, estimate_s)
+            if row["estimate_ms"] is None:
+                row["estimate_ms"] = estimate_ms
+            rows.append(row)
+        return rows
+
+    # In process -------------------------------------------------------------------
+    def _memory_model(self, alt: str) -> float:
+        s = self.s
+        if alt == "eager":
+            return projection.eager_conv_bytes(s) if s.kind == "conv" else projection.scan_bytes(s)
+        if alt == "torch_fft":
+            return projection.torch_fft_bytes(s)
+        return projection.scan_bytes(s)
+
+    def _build(self, alt: str):
+        """Allocates the alternative's state (weights, spectra, output buffers)
+        and returns the call to time."""
+        s, data, threads = self.s, self.data, self.ctx.threads
+        if alt == "eager":
+            model = data.model()
+            inputs = data.torch_inputs()
+
+            def call():
+                with torch.inference_mode():
+                    return model(*inputs)
+
+            return call
+        if alt == "torch_fft":
+            n, length = s.fft_size, s.N
+            # Conv1d is a cross-correlation: the causal filter is the reversed weight.
+            h = torch.from_numpy(np.ascontiguousarray(data.weight[:, 0, ::-1]))
+            spectrum = torch.fft.rfft(h, n=n)
+            x = data.torch_inputs()[0]
+
+            def call():
+                with torch.inference_mode():
+                    return torch.fft.irfft(torch.fft.rfft(x, n=n) * spectrum, n=n)[..., :length]
+
+            return call
+        if alt == "c_scan":
+            x0, a, u = data.inputs
+            out = np.empty(a.shape, dtype=np.float32)
+            native = self.ctx.native
+            return lambda: native.linear_scan(x0, a, u, out, threads)
+        raise ValueError(alt)
+
+    def run_in_process(self, alt: str) -> dict:
+        ctx, s = self.ctx, self.s
+        row = new_row(s, alt)
+        if self._guard(row, alt, self._memory_model(alt)) is None:
+            return row
+        try:
+            with measure.PeakMemory() as mem:
+                call = self._build(alt)
+                timing, output = measure.time_calls(
+                    call, ctx.warmup, ctx.repeats, ctx.time_limit_s, ctx.budget_s
+                )
+                del call
+        except Exception as e:
+            row["status"] = f"error: {one_line(e)}"
+            return row
+        output = output.numpy() if torch.is_tensor(output) else np.asarray(output)
+        row.update(
+            median_ms=timing.median_ms,
+            p10_ms=timing.pct(10),
+            p90_ms=timing.pct(90),
+            warmup=timing.warmup,
+            iters=len(timing.samples_ms),
+            peak_mib=mem.mib,
+            note=timing.note,
+        )
+        ctx.projector.record(alt, work_model(alt, s.kind), s, timing.median_ms / 1e3, True)
+        if alt == "eager":
+            self.reference = np.ascontiguousarray(output)
+            self.reference_name = "eager"
+        self._check(row, output)
+        return row

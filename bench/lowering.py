@@ -1,0 +1,152 @@
+"""Lowering a setting's model to a .pte per alternative, with a cache.
+
+* ours: ``to_edge(export(m)).to_backend(RustConvPartitioner(specs))``, where
+  specs is empty (the runtime's cost model picks) or
+  ``[rustconv.compile_specs.algorithm(name)]`` to force one candidate;
+* xnnpack: ``to_edge_transform_and_lower(export(m), [XnnpackPartitioner()])``;
+* et_cpu: ``to_edge(export(m)).to_executorch()``, no delegate.
+
+All three are serialized with ``MemoryPlanningPass(alloc_graph_input=False)``
+unless ``planned_inputs`` is set: the method then reads its inputs where the
+caller put them instead of copying them into planned memory, so pte_runner's
+"peak memory above the inputs" holds no second copy of the inputs, as for the
+in-process alternatives (ExecuTorch's default plans the inputs and copies
+them; ``--planned-inputs`` measures that instead).
+
+A .pte is cached under ``<cache>/pte/<setting>/`` keyed by the alternative,
+the torch/executorch versions, the seed and, for ours, a hash of the export
+side's sources, so a changed partitioner or serializer re-exports. A JSON
+sidecar keeps the delegate ids and ops left outside them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import time
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import torch
+from executorch.exir import ExecutorchBackendConfig, to_edge, to_edge_transform_and_lower
+from executorch.exir.passes import MemoryPlanningPass
+from torch.export import export
+
+from bench.workload import SettingData
+
+PARTITIONER_DIR = Path(__file__).resolve().parents[1] / "partitioner_py" / "rustconv"
+WORKLOAD_OPS = ("convolution", "linear_scan")
+
+
+@cache
+def _export_side_hash() -> str:
+    h = hashlib.sha256()
+    for path in sorted(PARTITIONER_DIR.rglob("*.py")):
+        h.update(str(path.relative_to(PARTITIONER_DIR)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _versions() -> str:
+    try:
+        et = importlib.metadata.version("executorch")
+    except importlib.metadata.PackageNotFoundError:
+        et = "?"
+    return f"torch {torch.__version__} executorch {et}"
+
+
+@dataclass
+class Lowered:
+    pte: Path
+    delegates: list[str]
+    ops_outside: list[str]  # workload ops (conv, scan) the program runs outside any delegate
+    lower_s: float
+    cached: bool
+
+    def delegated_to(self, backend: str) -> bool:
+        return backend in self.delegates and not self.ops_outside
+
+    def describe(self) -> str:
+        if not self.delegates:
+            return "no delegate"
+        text = ",".join(sorted(set(self.delegates)))
+        if self.ops_outside:
+            text += f" (outside: {','.join(self.ops_outside)})"
+        return text
+
+
+def _lower(alt: str, data: SettingData, planned_inputs: bool):
+    model, inputs = data.model(), data.torch_inputs()
+    ep = export(model, inputs)
+    config = ExecutorchBackendConfig(
+        memory_planning_pass=MemoryPlanningPass(alloc_graph_input=planned_inputs)
+    )
+    if alt == "et_cpu":
+        return to_edge(ep).to_executorch(config)
+    if alt == "xnnpack":
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
+            XnnpackPartitioner,
+        )
+
+        lowered = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])
+        return lowered.to_executorch(config)
+    if alt == "ours" or alt.startswith("ours:"):
+        from rustconv import RustConvPartitioner
+
+        specs = []
+        if alt.startswith("ours:"):
+            from rustconv import compile_specs
+
+            if not hasattr(compile_specs, "algorithm"):
+                raise RuntimeError("rustconv.compile_specs.algorithm is not available")
+            specs = [compile_specs.algorithm(alt.split(":", 1)[1])]
+        lowered = to_edge(ep).to_backend(RustConvPartitioner(compile_specs=specs))
+        return lowered.to_executorch(config)
+    raise ValueError(f"no lowering for {alt}")
+
+
+def lowered_pte(
+    alt: str, data: SettingData, seed: int, cache_dir: Path, planned_inputs: bool = False
+) -> Lowered:
+    key = f"{alt}|{_versions()}|seed {seed}|planned inputs {planned_inputs}"
+    if alt.startswith("ours"):
+        key += f"|export side {_export_side_hash()}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    folder = cache_dir / "pte" / data.setting.key(seed)
+    pte = folder / f"{alt.replace(':', '-')}-{digest}.pte"
+    sidecar = pte.with_suffix(".json")
+    if pte.is_file() and sidecar.is_file():
+        info = json.loads(sidecar.read_text())
+        return Lowered(pte, info["delegates"], info["ops_outside"], info["lower_s"], True)
+
+    t0 = time.perf_counter()
+    program = _lower(alt, data, planned_inputs)
+    plan = program.executorch_program.execution_plan[0]
+    delegates = [d.id for d in plan.delegates]
+    outside = sorted({op.name for op in plan.operators if any(o in op.name for o in WORKLOAD_OPS)})
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = pte.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_bytes(program.buffer)
+    tmp.replace(pte)
+    lower_s = time.perf_counter() - t0
+    del program
+    sidecar.write_text(
+        json.dumps({"delegates": delegates, "ops_outside": outside, "lower_s": lower_s})
+    )
+    return Lowered(pte, delegates, outside, lower_s, False)
+
+
+def inputs_npz(data: SettingData, seed: int, cache_dir: Path) -> Path:
+    """The setting's inputs as "0", "1", ... (pte_runner's format), written once."""
+    tag = hashlib.sha256(_versions().encode()).hexdigest()[:8]
+    path = cache_dir / "inputs" / f"{data.setting.key(seed)}-{tag}.npz"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
+        np.savez(tmp, **{str(i): a for i, a in enumerate(data.inputs)})
+        tmp.replace(path)
+    return path

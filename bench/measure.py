@@ -1,0 +1,322 @@
+"""Timing, peak memory and pte_runner runs, measured the same way for every
+alternative.
+
+* Latency percentiles are by nearest rank over the timed calls (pte_runner's
+  definition): p50 is the median.
+* Peak memory is what running an alternative adds above its inputs: the
+  process's resident high-water mark (``VmHWM``) after the runs minus its
+  resident size (``VmRSS``) just after resetting the mark (``clear_refs`` 5)
+  with the inputs already allocated. pte_runner does exactly this around
+  loading and running the program; in-process alternatives do it around
+  building their weights/state and running.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import math
+import os
+import re
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass
+class Timing:
+    samples_ms: list[float]
+    warmup: int
+    note: str = ""
+
+    def pct(self, p: float) -> float:
+        ms = sorted(self.samples_ms)
+        return ms[min(max(math.ceil(p / 100 * len(ms)), 1), len(ms)) - 1]
+
+    @property
+    def median_ms(self) -> float:
+        return self.pct(50)
+
+
+def plan_repeats(projected_s: float, warmup: int, repeats: int, budget_s: float) -> tuple[int, int]:
+    """Warm-ups and timed calls for one measurement: the requested counts,
+    cut so the timed calls fit about ``budget_s`` (but at least 3 of them, or
+    1 when a single call is longer than the budget) and with one warm-up for
+    calls over a second."""
+    if projected_s <= 0:
+        return warmup, repeats
+    fit = int(budget_s / projected_s)
+    floor = 1 if projected_s > budget_s else min(3, repeats)
+    reps = max(floor, min(repeats, fit))
+    warm = warmup if projected_s < 1.0 else min(warmup, 1)
+    return warm, reps
+
+
+def time_calls(
+    fn: Callable[[], object],
+    warmup: int,
+    repeats: int,
+    time_limit_s: float,
+    budget_s: float,
+) -> tuple[Timing, object]:
+    """Times ``fn`` with time.perf_counter. The first call is a warm-up whose
+    duration sets the counts (see plan_repeats); if it alone exceeds the time
+    limit it is the only sample. Returns the timing and the last result."""
+    t0 = time.perf_counter()
+    result = fn()
+    first = time.perf_counter() - t0
+    if first > time_limit_s:
+        note = f"one call only: it took {first:.1f} s (> time limit {time_limit_s:g} s)"
+        return Timing([first * 1e3], 0, note), result
+    warm, reps = plan_repeats(first, warmup, repeats, budget_s)
+    for _ in range(max(warm - 1, 0)):
+        result = fn()
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        result = fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return Timing(samples, max(warm, 1)), result
+
+
+# Memory ---------------------------------------------------------------------------
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def rss_bytes() -> int:
+    return (_status_kib("VmRSS:") or 0) * 1024
+
+
+_libc = None
+
+
+def _trim_heap() -> None:
+    """Returns freed heap pages to the OS so earlier work does not hide in
+    the baseline (glibc only; a no-op elsewhere)."""
+    global _libc
+    try:
+        if _libc is None:
+            _libc = ctypes.CDLL("libc.so.6")
+        _libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+class PeakMemory:
+    """``with PeakMemory() as m: ...`` then ``m.mib``: VmHWM after minus VmRSS
+    at the (reset) start, in MiB; None where /proc does not allow it."""
+
+    def __init__(self):
+        self.baseline_kib: int | None = None
+        self.mib: float | None = None
+
+    def __enter__(self):
+        gc.collect()
+        _trim_heap()
+        try:
+            Path("/proc/self/clear_refs").write_text("5")
+            self.baseline_kib = _status_kib("VmRSS:")
+        except OSError:
+            self.baseline_kib = None
+        return self
+
+    def __exit__(self, *exc):
+        peak = _status_kib("VmHWM:")
+        if self.baseline_kib is not None and peak is not None:
+            self.mib = max(peak - self.baseline_kib, 0) / 1024
+        return False
+
+
+# pte_runner -------------------------------------------------------------------
+
+_LATENCY = re.compile(
+    r"latency:\s*p10\s+([\d.]+)\s*ms,\s*p50\s+([\d.]+)\s*ms,\s*p90\s+([\d.]+)\s*ms,"
+    r"\s*min\s+([\d.]+)\s*ms"
+)
+_PEAK = re.compile(r"peak memory:\s*([\d.]+)\s*MiB above the inputs")
+_PLAN = re.compile(r"plan:\s*node\s+(\d+)\s+'([^']*)'\s+(\S+)\s*->\s*([\w-]+)\s*(?:\((.*)\))?")
+_NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|inf|nan)"
+
+
+@dataclass
+class PlanLine:
+    """One ``RustConvBackend: plan: ...`` line: the kernel chosen for a node
+    and the cost model's per-candidate estimates in ms."""
+
+    node: int
+    name: str
+    op: str
+    chosen: str
+    estimates_ms: dict[str, float] = field(default_factory=dict)
+    prepared_mib: float | None = None
+
+
+def parse_plan_lines(text: str) -> list[PlanLine]:
+    """Parses every plan line; tolerant of prefixes and missing parts."""
+    plans = []
+    for line in text.splitlines():
+        m = _PLAN.search(line)
+        if not m:
+            continue
+        plan = PlanLine(int(m.group(1)), m.group(2), m.group(3), m.group(4))
+        details = m.group(5) or ""
+        for part in details.split(";"):
+            part = part.strip()
+            est = re.match(r"estimated\s+ms\s*:\s*(.*)", part)
+            if est:
+                for item in est.group(1).split(","):
+                    kv = re.match(rf"\s*([\w-]+)\s*[:=]?\s*({_NUMBER})\s*$", item)
+                    if kv:
+                        plan.estimates_ms[kv.group(1)] = float(kv.group(2))
+            prep = re.match(rf"prepared\s+({_NUMBER})\s*MiB", part)
+            if prep:
+                plan.prepared_mib = float(prep.group(1))
+        plans.append(plan)
+    return plans
+
+
+@dataclass
+class RunnerResult:
+    timing: Timing
+    p10_ms: float
+    p90_ms: float
+    peak_mib: float | None
+    plans: list[PlanLine]
+    output: np.ndarray
+    stderr: str
+
+
+class RunnerError(RuntimeError):
+    pass
+
+
+class RunnerTimeout(RunnerError):
+    def __init__(self, seconds: float):
+        super().__init__(f"timed out after {seconds:.0f} s")
+        self.seconds = seconds
+
+
+def run_pte(
+    runner: Path,
+    pte: Path,
+    inputs_npz: Path,
+    out_npz: Path,
+    warmup: int,
+    iters: int,
+    threads: int,
+    timeout_s: float,
+) -> RunnerResult:
+    """Runs pte_runner once and parses its latency, peak memory, plan lines
+    and output 0."""
+    out_npz.unlink(missing_ok=True)
+    cmd = [
+        str(runner),
+        "-model_path", str(pte),
+        "-inputs_npz_path", str(inputs_npz),
+        "-output_npz_path", str(out_npz),
+        "-warmup", str(warmup),
+        "-iter", str(iters),
+        "-num_threads", str(threads),
+    ]  # fmt: skip
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as e:
+        raise RunnerTimeout(timeout_s) from e
+    if run.returncode != 0:
+        lines = [ln for ln in (run.stderr + run.stdout).splitlines() if "error" in ln.lower()]
+        last = (lines or (run.stderr + run.stdout).strip().splitlines() or ["no output"])[-1]
+        raise RunnerError(f"pte_runner exit {run.returncode}: {last.strip()}")
+    lat = _LATENCY.search(run.stdout)
+    if not lat:
+        raise RunnerError("no latency line in pte_runner output")
+    p10, p50, p90, _ = (float(g) for g in lat.groups())
+    peak = _PEAK.search(run.stdout)
+    with np.load(out_npz) as outputs:
+        output = outputs["0"]
+    out_npz.unlink(missing_ok=True)
+    # pte_runner reports percentiles, not samples: keep the median as the one
+    # sample Timing needs.
+    return RunnerResult(
+        timing=Timing([p50], warmup),
+        p10_ms=p10,
+        p90_ms=p90,
+        peak_mib=float(peak.group(1)) if peak else None,
+        plans=parse_plan_lines(run.stderr + run.stdout),
+        output=output,
+        stderr=run.stderr,
+    )
+
+
+# Machine ----------------------------------------------------------------------
+
+
+def machine_info() -> dict:
+    """CPU model, logical/usable CPUs, physical cores and RAM, from /proc."""
+    info = {
+        "cpu_model": "unknown",
+        "logical_cpus": os.cpu_count(),
+        "usable_cpus": len(os.sched_getaffinity(0)),
+        "physical_cores": None,
+        "ram_gib": None,
+    }
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = ""
+    models = re.findall(r"^model name\s*:\s*(.+)$", cpuinfo, re.M)
+    if models:
+        info["cpu_model"] = models[0].strip()
+    cores = set()
+    for block in cpuinfo.split("\n\n"):
+        pid = re.search(r"^physical id\s*:\s*(\d+)", block, re.M)
+        cid = re.search(r"^core id\s*:\s*(\d+)", block, re.M)
+        if pid and cid:
+            cores.add((pid.group(1), cid.group(1)))
+    info["physical_cores"] = len(cores) or None
+    ram = ram_bytes()
+    info["ram_gib"] = ram / 2**30 if ram else None
+    return info
+
+
+def _cpu_times() -> tuple[int, int] | None:
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except (OSError, IndexError):
+        return None
+    ticks = [int(f) for f in fields]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return sum(ticks[:8]), idle
+
+
+def others_cpu_busy(seconds: float = 1.0) -> float | None:
+    """Fraction of all CPUs busy over ``seconds`` while this process sleeps:
+    how much other work competes with the benchmark."""
+    before = _cpu_times()
+    time.sleep(seconds)
+    after = _cpu_times()
+    if not before or not after or after[0] == before[0]:
+        return None
+    total = after[0] - before[0]
+    return 1.0 - (after[1] - before[1]) / total
+
+
+def ram_bytes() -> int | None:
+    try:
+        meminfo = Path("/proc/meminfo").read_text()
+    except OSError:
+        return None
+    total = re.search(r"^MemTotal:\s*(\d+)\s*kB", meminfo, re.M)
+    return int(total.group(1)) * 1024 if total else None

@@ -1,0 +1,762 @@
+"""Writes results.csv, results.json, summary.md and the plots from the rows.
+
+Everything in summary.md (speed-ups, roofline fractions, the goals checklist)
+is computed here from the rows; nothing is hard-coded.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.alternatives import ACCURACY_ATOL, BASELINES, LABELS
+
+COLUMNS = [
+    "kind", "C", "N", "K", "K_label", "setting", "alternative", "status",
+    "median_ms", "p10_ms", "p90_ms", "warmup", "iters", "peak_mib",
+    "max_abs_err", "reference", "chosen_kernel", "estimate_ms", "prepared_mib",
+    "estimates", "delegated", "projected_s", "projection_basis", "lower_s", "note",
+]  # fmt: skip
+
+#: Goals from the issue.
+GOAL_SPEEDUP_EACH = 1.5
+GOAL_SPEEDUP_GEOMEAN = 3.0
+GOAL_SHORT_ROOFLINE = 0.5  # K <= 32 at N >= 1024
+GOAL_SCAN_ROOFLINE = 0.7  # N >= 1024
+GOAL_SCAN_VS_C = 2.0
+MEMORY_TOLERANCE_MIB = 1.0  # resident-memory measurement granularity and noise
+
+
+def write_rows(out: Path, meta: dict, rows: list[dict]) -> None:
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _csv_value(row.get(k)) for k in COLUMNS})
+    doc = {"meta": meta, "rows": [{k: _json_value(v) for k, v in row.items()} for row in rows]}
+    (out / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def _json_value(v):
+    """NaN/inf (a broken output's error) as strings, so the file stays strict JSON."""
+    return str(v) if isinstance(v, float) and not math.isfinite(v) else v
+
+
+def _csv_value(v):
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return "" if v is None else v
+
+
+def write_all(out: Path, meta: dict, rows: list[dict], plots: bool = True) -> None:
+    write_rows(out, meta, rows)
+    analysis = analyze(meta, rows)
+    images = []
+    if plots:
+        try:
+            images = write_plots(out, analysis, rows)
+        except ImportError as e:
+            meta["plots_error"] = f"plots skipped: {e}"
+    (out / "summary.md").write_text(markdown(meta, analysis, rows, images))
+
+
+# Analysis ----------------------------------------------------------------------
+
+
+@dataclass
+class SettingResult:
+    kind: str
+    name: str
+    C: int
+    N: int
+    K: int | None
+    K_label: str | None
+    ours: dict | None
+    rows: dict[str, dict]  # alternative -> row
+    candidates: list[dict] = field(default_factory=list)
+    best_alt: str | None = None
+    best_ms: float | None = None
+    best_projected: bool = False
+    speedup_best: float | None = None
+    speedups: dict[str, tuple[float, bool]] = field(default_factory=dict)  # alt -> (x, projected)
+    roofline_ms: float | None = None
+    roofline_frac: float | None = None
+    gflops: float | None = None
+    memory_allowance_mib: float = 0.0
+
+
+def _ok(row: dict | None) -> bool:
+    return bool(row) and row["status"] == "ok" and row.get("median_ms") is not None
+
+
+def analyze(meta: dict, rows: list[dict]) -> dict:
+    bandwidth = meta.get("bandwidth_bytes_per_s")
+    by_setting: dict[str, SettingResult] = {}
+    for row in rows:
+        r = by_setting.get(row["setting"])
+        if r is None:
+            r = by_setting[row["setting"]] = SettingResult(
+                row["kind"], row["setting"], row["C"], row["N"], row["K"], row["K_label"], None, {}
+            )
+        if row["alternative"] == "ours":
+            r.ours = row
+        elif row["alternative"].startswith("ours:"):
+            r.candidates.append(row)
+        else:
+            r.rows[row["alternative"]] = row
+
+    for r in by_setting.values():
+        ours_ms = r.ours["median_ms"] if _ok(r.ours) else None
+        baselines = [r.rows[a] for a in BASELINES[r.kind] if a in r.rows]
+        finished = [row for row in baselines if _ok(row)]
+        if finished:
+            best = min(finished, key=lambda row: row["median_ms"])
+            r.best_alt, r.best_ms = best["alternative"], best["median_ms"]
+        else:
+            projected = [row for row in baselines if row["status"] == "DNF" and row["projected_s"]]
+            if projected:
+                best = min(projected, key=lambda row: row["projected_s"])
+                r.best_alt, r.best_ms = best["alternative"], best["projected_s"] * 1e3
+                r.best_projected = True
+        if ours_ms:
+            if r.best_ms:
+                r.speedup_best = r.best_ms / ours_ms
+            for row in baselines:
+                if _ok(row):
+                    r.speedups[row["alternative"]] = (row["median_ms"] / ours_ms, False)
+                elif row["status"] == "DNF" and row["projected_s"]:
+                    r.speedups[row["alternative"]] = (row["projected_s"] * 1e3 / ours_ms, True)
+            if bandwidth:
+                nbytes = _roofline_bytes(r)
+                r.roofline_ms = nbytes / bandwidth * 1e3
+                r.roofline_frac = r.roofline_ms / ours_ms
+            if r.kind == "conv" and _long_filter(r):
+                r.gflops = 2 * r.C * r.N * r.K / (ours_ms / 1e3) / 1e9
+        if r.ours and r.ours.get("chosen_kernel") == "fft":
+            prepared = r.ours.get("prepared_mib")
+            r.memory_allowance_mib = prepared if prepared is not None else r.C * r.K * 4 / 2**20
+
+    results = list(by_setting.values())
+    conv_speedups = [r.speedup_best for r in results if r.kind == "conv" and r.speedup_best]
+    geomean = (
+        math.exp(sum(math.log(x) for x in conv_speedups) / len(conv_speedups))
+        if conv_speedups
+        else None
+    )
+    return {"settings": results, "geomean": geomean, "goals": goals(results, geomean)}
+
+
+def _roofline_bytes(r: SettingResult) -> int:
+    """conv: read x [C,N] and w [C,K], write y [C,N]; scan: read a, u [C,N]
+    and x0 [C], write y [C,N]; float32."""
+    if r.kind == "conv":
+        return 4 * (2 * r.C * r.N + r.C * r.K)
+    return 4 * (3 * r.C * r.N + r.C)
+
+
+def _long_filter(r: SettingResult) -> bool:
+    return r.K_label in ("128", "N") or (r.K or 0) >= 128
+
+
+def _short_filter(r: SettingResult) -> bool:
+    return r.K_label not in ("128", "N") and (r.K or 0) <= 32
+
+
+@dataclass
+class Goal:
+    name: str
+    status: str  # "PASS", "FAIL", "n/a"
+    detail: str
+
+
+def _verdict(checked: int, failures: list[str]) -> str:
+    if checked == 0:
+        return "n/a"
+    return "FAIL" if failures else "PASS"
+
+
+def goals(results: list[SettingResult], geomean: float | None) -> list[Goal]:
+    conv = [r for r in results if r.kind == "conv"]
+    scan = [r for r in results if r.kind == "scan"]
+    out = []
+
+    fails, checked = [], 0
+    for r in conv:
+        checked += 1
+        if r.speedup_best is None:
+            fails.append(f"{r.name} (no comparison: {_ours_status(r)})")
+        elif r.speedup_best < GOAL_SPEEDUP_EACH:
+            fails.append(f"{r.name} ({r.speedup_best:.2f}x vs {LABELS[r.best_alt]})")
+    projected = [r.name for r in conv if r.best_projected and r.speedup_best]
+    detail = f"{checked - len(fails)}/{checked} settings pass"
+    if fails:
+        detail += "; failing: " + "; ".join(fails)
+    if projected:
+        detail += "; compared with a projected time (no alternative finished): " + ", ".join(
+            projected
+        )
+    out.append(
+        Goal(
+            f"every conv setting >= {GOAL_SPEEDUP_EACH}x the best alternative",
+            _verdict(checked, fails),
+            detail,
+        )
+    )
+
+    if geomean is None:
+        out.append(Goal(f"geometric-mean conv speed-up >= {GOAL_SPEEDUP_GEOMEAN}x", "n/a", ""))
+    else:
+        n = sum(1 for r in conv if r.speedup_best)
+        out.append(
+            Goal(
+                f"geometric-mean conv speed-up >= {GOAL_SPEEDUP_GEOMEAN}x",
+                "PASS" if geomean >= GOAL_SPEEDUP_GEOMEAN else "FAIL",
+                f"{geomean:.2f}x over {n} conv settings (vs the best alternative of each)",
+            )
+        )
+
+    short = [r for r in conv if _short_filter(r) and r.N >= 1024]
+    fails = [
+        f"{r.name} ({_pct(r.roofline_frac)})"
+        for r in short
+        if r.roofline_frac is None or r.roofline_frac < GOAL_SHORT_ROOFLINE
+    ]
+    out.append(
+        Goal(
+            f"short filters (K <= 32) at N >= 1024 reach >= {GOAL_SHORT_ROOFLINE:.0%} of the "
+            "bandwidth roofline",
+            _verdict(len(short), fails),
+            f"{len(short) - len(fails)}/{len(short)} settings pass"
+            + ("; failing: " + "; ".join(fails) if fails else ""),
+        )
+    )
+
+    long_scans = [r for r in scan if r.N >= 1024]
+    fails = []
+    for r in long_scans:
+        reasons = []
+        if r.roofline_frac is None or r.roofline_frac < GOAL_SCAN_ROOFLINE:
+            reasons.append(f"roofline {_pct(r.roofline_frac)}")
+        vs_c = r.speedups.get("c_scan")
+        if vs_c is None or vs_c[1] or vs_c[0] < GOAL_SCAN_VS_C:
+            reasons.append(f"{_x(vs_c[0]) if vs_c else 'no'} vs the C loop")
+        if reasons:
+            fails.append(f"{r.name} ({', '.join(reasons)})")
+    out.append(
+        Goal(
+            f"scan at N >= 1024: >= {GOAL_SCAN_ROOFLINE:.0%} of the roofline and >= "
+            f"{GOAL_SCAN_VS_C}x the plain C loop",
+            _verdict(len(long_scans), fails),
+            f"{len(long_scans) - len(fails)}/{len(long_scans)} settings pass"
+            + ("; failing: " + "; ".join(fails) if fails else ""),
+        )
+    )
+
+    fails, allowed, checked = [], [], 0
+    for r in results:
+        best = r.rows.get(r.best_alt) if r.best_alt and not r.best_projected else None
+        if not _ok(r.ours) or r.ours.get("peak_mib") is None or not best:
+            continue
+        if best.get("peak_mib") is None:
+            continue
+        checked += 1
+        ours, theirs = r.ours["peak_mib"], best["peak_mib"]
+        limit = theirs + r.memory_allowance_mib + MEMORY_TOLERANCE_MIB
+        if r.memory_allowance_mib and ours > theirs + MEMORY_TOLERANCE_MIB:
+            allowed.append(f"{r.name} (+{r.memory_allowance_mib:.1f} MiB spectra)")
+        if ours > limit:
+            fails.append(f"{r.name} ({ours:.1f} vs {theirs:.1f} MiB {LABELS[r.best_alt]})")
+    detail = f"{checked - len(fails)}/{checked} settings pass"
+    if fails:
+        detail += "; over: " + "; ".join(fails)
+    detail += "; settings using the FFT-spectra allowance: " + (
+        "; ".join(allowed) if allowed else "none"
+    )
+    out.append(
+        Goal(
+            "peak memory not above the best alternative's, except one extra weight copy for "
+            f"precomputed FFT spectra (tolerance {MEMORY_TOLERANCE_MIB:g} MiB)",
+            _verdict(checked, fails),
+            detail,
+        )
+    )
+
+    fails, checked, worst = [], 0, 0.0
+    for r in results:
+        for row in [r.ours, *r.candidates]:
+            if not _ok(row) or row.get("max_abs_err") is None:
+                continue
+            checked += 1
+            err = row["max_abs_err"]
+            worst = max(worst, err) if not math.isnan(err) else float("nan")
+            if math.isnan(err) or err > ACCURACY_ATOL:
+                fails.append(f"{r.name} {row['alternative']} ({err:.2e} vs {row['reference']})")
+    out.append(
+        Goal(
+            f"accuracy: ours within {ACCURACY_ATOL:g} absolute of the reference",
+            _verdict(checked, fails),
+            f"{checked - len(fails)}/{checked} runs pass (ours and forced candidates); "
+            f"largest error {worst:.2e}" + ("; failing: " + "; ".join(fails) if fails else ""),
+        )
+    )
+    return out
+
+
+def _ours_status(r: SettingResult) -> str:
+    if r.ours is None:
+        return "ours not run"
+    if r.ours["status"] != "ok":
+        return f"ours {r.ours['status']}"
+    return "no alternative finished or was projected"
+
+
+# Formatting --------------------------------------------------------------------
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{x:.0%}"
+
+
+def _x(x: float | None) -> str:
+    if x is None:
+        return "–"
+    return f"{x:.1f}x" if x >= 10 else f"{x:.2f}x"
+
+
+def _ms(ms: float | None) -> str:
+    if ms is None:
+        return "–"
+    if ms >= 1000:
+        return f"{ms / 1000:.2f} s"
+    if ms >= 10:
+        return f"{ms:.1f} ms"
+    return f"{ms:.3g} ms"
+
+
+def _mib(m: float | None) -> str:
+    return "–" if m is None else f"{m:.1f}"
+
+
+def cell(row: dict | None) -> str:
+    """A row's time or status, as shown in the tables."""
+    if row is None:
+        return "–"
+    status = row["status"]
+    if status == "ok":
+        return _ms(row["median_ms"])
+    if status == "DNF":
+        if row.get("projected_s") and "projected" in (row.get("note") or ""):
+            return f"DNF (projected {row['projected_s']:.3g} s)"
+        return f"DNF ({row.get('note') or ''})"
+    return status.split(":")[0] if status.startswith("error") else status
+
+
+def _speedup_cell(r: SettingResult, alt: str) -> str:
+    if alt in r.speedups:
+        x, projected = r.speedups[alt]
+        if not projected:
+            return _x(x)
+        prior = (r.rows[alt].get("projection_basis") or "") == "prior"
+        return f"~{_x(x)} (vs projected{' from the prior' if prior else ''})"
+    return cell(r.rows.get(alt)) if r.rows.get(alt, {}).get("status") != "ok" else "–"
+
+
+def _table(header: list[str], lines: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(line) + " |" for line in lines]
+    return out
+
+
+def markdown(meta: dict, analysis: dict, rows: list[dict], images: list[str]) -> str:
+    m = meta["machine"]
+    bw = meta.get("bandwidth_bytes_per_s")
+    results: list[SettingResult] = analysis["settings"]
+    conv = [r for r in results if r.kind == "conv"]
+    scan = [r for r in results if r.kind == "scan"]
+    lines = [
+        "# RustConv benchmark",
+        "",
+        f"- **Date:** {meta['date']} (took {meta.get('elapsed_s', 0):.0f} s)",
+        f"- **Machine:** {m['cpu_model']}; {m['logical_cpus']} logical CPUs "
+        f"({m.get('usable_cpus')} usable, {m.get('physical_cores') or '?'} physical cores); "
+        f"{(m['ram_gib'] or 0):.1f} GiB RAM",
+        f"- **Settings:** {meta.get('settings', '')}",
+        f"- **Threads:** {meta['threads']} for every alternative",
+        "- **Memory copy bandwidth:** "
+        + (f"{bw / 1e9:.1f} GB/s" if bw else "not measured")
+        + f" (multi-threaded memcpy of a {meta['bandwidth_buffer_mib']} MiB buffer, "
+        f"{meta['threads']} threads, best of 5, counting bytes read + written)",
+        f"- **Run:** `{meta['command']}` ({meta['mode']}); commit {meta['git']}; "
+        f"torch {meta['torch']}, executorch {meta['executorch']}",
+        f"- **Timing:** {meta['warmup']} warm-up + up to {meta['repeats']} timed calls per "
+        f"alternative (fewer when calls are slow: about {meta['budget_s']:g} s of timed calls, "
+        f"at least 3); time limit {meta['time_limit_s']:g} s per call",
+        f"- **Other load:** {_pct(meta.get('others_busy_start'))} of the CPUs busy with other "
+        f"processes at the start, {_pct(meta.get('others_busy_end'))} at the end (1 s samples)",
+        "",
+    ]
+    if max(meta.get("others_busy_start") or 0, meta.get("others_busy_end") or 0) > 0.1:
+        lines += [
+            "*The machine was not idle: other processes compete for the "
+            "cores, which hurts OpenMP-style static splits (PyTorch, the C loop) more than "
+            "work-stealing pools. Treat the timings as noisy.*",
+            "",
+        ]
+    if meta.get("plots_error"):
+        lines += [f"*{meta['plots_error']}*", ""]
+
+    lines += ["## Goals", ""]
+    for g in analysis["goals"]:
+        box = {"PASS": "[x]", "FAIL": "[ ]", "n/a": "[-]"}[g.status]
+        lines.append(f"- {box} **{g.status}**: {g.name}. {g.detail}")
+    geo = analysis["geomean"]
+    lines += [
+        "",
+        f"Geometric mean of the conv speed-ups vs the best alternative: **{_x(geo)}**.",
+        "",
+    ]
+
+    if conv:
+        lines += [
+            "## Convolution",
+            "",
+            "Speed-up = alternative's median / ours. *Best* is the fastest alternative that "
+            "finished (a projected time only if none did). Roofline = bytes that must move "
+            "(read x, read w, write y; 4 bytes each) / copy bandwidth, as a fraction of our "
+            "median. GFLOP/s for K >= 128 counts the direct definition's 2*C*N*K flops "
+            "(a direct-equivalent rate, not the flops the chosen algorithm executes). "
+            "Peak memory: MiB above the inputs, ours / the best alternative's. A roofline "
+            "fraction over 100% means the data fit in cache (the bandwidth is measured on a "
+            "buffer much larger than the last-level cache).",
+            "",
+        ]
+        header = ["setting", "ours (kernel)", "best alternative", "vs best"]
+        header += [f"vs {LABELS[a]}" for a in BASELINES["conv"]]
+        header += ["roofline", "GFLOP/s (direct-eq.)", "peak MiB ours / best", "max err"]
+        body = []
+        for r in conv:
+            body.append(
+                [
+                    r.name,
+                    _ours_cell(r),
+                    _best_cell(r),
+                    f"**{_x(r.speedup_best)}**" if r.speedup_best else "–",
+                    *[_speedup_cell(r, a) for a in BASELINES["conv"]],
+                    _pct(r.roofline_frac),
+                    f"{r.gflops:.1f}" if r.gflops else "–",
+                    _peak_cell(r),
+                    _err(r.ours),
+                ]
+            )
+        lines += _table(header, body) + [""]
+
+        cands = sorted({c["alternative"].split(":", 1)[1] for r in conv for c in r.candidates})
+        if cands:
+            lines += [
+                "### Candidates: measured vs the cost model's estimate",
+                "",
+                "Each applicable algorithm forced with `compile_specs.algorithm(name)`; "
+                "cells are measured median / estimated ms (the cost model's choice is in bold "
+                "and reuses the measurement of *ours*).",
+                "",
+            ]
+            body = []
+            for r in conv:
+                by = {c["alternative"].split(":", 1)[1]: c for c in r.candidates}
+                chosen = r.ours.get("chosen_kernel") if r.ours else None
+                line = [r.name, chosen or "–"]
+                for name in cands:
+                    c = by.get(name)
+                    if c is None:
+                        line.append("–")
+                        continue
+                    est = c.get("estimate_ms")
+                    text = f"{cell(c)} / {_ms(est) if est is not None else '?'}"
+                    line.append(f"**{text}**" if name == chosen else text)
+                body.append(line)
+            lines += _table(["setting", "chosen", *cands], body) + [""]
+
+    if scan:
+        lines += [
+            "## Linear scan",
+            "",
+            "Roofline bytes: read a, u [C,N] and x0 [C], write y [C,N]. The eager op is a "
+            "Python loop over time. XNNPACK and ExecuTorch's kernels have no implementation "
+            "of the custom op (n/a).",
+            "",
+        ]
+        alts = [a for a in BASELINES["scan"] if a not in ("xnnpack", "et_cpu")]
+        header = ["setting", "ours", "best alternative", "vs best"]
+        header += [f"vs {LABELS[a]}" for a in alts]
+        header += ["roofline", "peak MiB ours / best", "max err"]
+        body = []
+        for r in scan:
+            body.append(
+                [
+                    r.name,
+                    _ours_cell(r),
+                    _best_cell(r),
+                    f"**{_x(r.speedup_best)}**" if r.speedup_best else "–",
+                    *[_speedup_cell(r, a) for a in alts],
+                    _pct(r.roofline_frac),
+                    _peak_cell(r),
+                    _err(r.ours),
+                ]
+            )
+        lines += _table(header, body) + [""]
+
+    lines += ["## All measurements (median per call)", ""]
+    order = [a for a in LABELS if a in {row["alternative"] for row in rows}]
+    body = []
+    for r in results:
+        body.append([r.name] + [cell(r.ours if a == "ours" else r.rows.get(a)) for a in order])
+    lines += _table(["setting", *[LABELS[a] for a in order]], body) + [""]
+    xnn = [
+        row["setting"]
+        for row in rows
+        if row["alternative"] == "xnnpack"
+        and row.get("delegated")
+        and "XnnpackBackend" not in row["delegated"]
+    ]
+    if xnn:
+        lines += ["XNNPACK did not delegate the conv in: " + ", ".join(xnn) + ".", ""]
+
+    problems = [
+        row
+        for row in rows
+        if row["status"] not in ("ok", "n/a")
+        or (row["note"] and not row["note"].startswith("the cost model's choice"))
+    ]
+    if problems:
+        lines += ["## Notes, errors and skipped runs", ""]
+        for row in problems:
+            text = row["status"] + (f" — {row['note']}" if row["note"] else "")
+            lines.append(f"- {row['setting']}, {row['alternative']}: {text}")
+        lines.append("")
+
+    lines += [
+        "## Definitions",
+        "",
+        "- *ours*: `to_edge(export(m)).to_backend(RustConvPartitioner())`; XNNPACK: "
+        "`to_edge_transform_and_lower(export(m), partitioner=[XnnpackPartitioner()])`; "
+        "ExecuTorch CPU kernels: `to_edge(export(m)).to_executorch()` (optimized and portable "
+        "kernels, no delegate). All three run in `pte_runner -warmup W -iter R -num_threads T`; "
+        "its p50 is the median. "
+        + (
+            "The programs use ExecuTorch's default memory plan, which copies the inputs "
+            "into planned memory (`--planned-inputs`)."
+            if meta.get("planned_inputs")
+            else "The programs are serialized with `MemoryPlanningPass(alloc_graph_input=False)`"
+            " so they read their inputs in place, like the in-process alternatives "
+            "(ExecuTorch's default would add a copy of the inputs to their peak memory)."
+        ),
+        "- PyTorch eager, PyTorch FFT conv and the plain C scan run in the benchmark process "
+        "(`torch.set_num_threads(T)`; the C loop gets T OpenMP threads), timed with "
+        "`time.perf_counter` around each call; median of the timed calls after the warm-ups. "
+        "Percentiles are by nearest rank, as in pte_runner.",
+        "- PyTorch FFT conv is the strong version of that baseline: `irfft(rfft(x, n) * H, n)` "
+        "with n the next 2/3/5/7-smooth size >= N+K-1 and the filter spectrum H precomputed "
+        "once, outside the timed calls.",
+        "- The plain C scan (bench/native/scan.c) is `y[t] = a[t]*y[t-1] + u[t]` over time, "
+        "`#pragma omp parallel for` over channels, `cc -O3 -march=native -fopenmp`, into a "
+        "preallocated output.",
+        "- Peak memory: resident high-water mark (VmHWM) minus the resident size after "
+        "resetting the mark (`clear_refs` 5) with the inputs already in memory, so weights, "
+        "spectra, outputs and scratch count. pte_runner measures around loading and running "
+        "the program; in-process alternatives around building their state and running.",
+        "- Accuracy: max |output - reference| on random inputs; the reference is PyTorch "
+        "eager where it finished, else a float64 computation (numpy FFT convolution or the C "
+        f"scan in double). The bar is {ACCURACY_ATOL:g}.",
+        "- DNF: a call projected to take longer than the time limit (from the same "
+        "alternative's nearest measured setting, scaled by its work model, or a rough prior) "
+        "is not run. *skipped: memory*: projected to need more than 75% of RAM.",
+        "",
+    ]
+    if images:
+        lines += ["## Plots", ""] + [f"![{Path(i).stem}]({i})" for i in images] + [""]
+    return "\n".join(lines)
+
+
+def _ours_cell(r: SettingResult) -> str:
+    if r.ours is None:
+        return "–"
+    text = cell(r.ours)
+    kernel = r.ours.get("chosen_kernel")
+    return f"{text} ({kernel})" if kernel and r.ours["status"] == "ok" else text
+
+
+def _best_cell(r: SettingResult) -> str:
+    if r.best_alt is None:
+        return "none finished"
+    label = LABELS[r.best_alt]
+    if r.best_projected:
+        return f"{label}: DNF (projected {r.best_ms / 1e3:.3g} s)"
+    return f"{label}: {_ms(r.best_ms)}"
+
+
+def _peak_cell(r: SettingResult) -> str:
+    ours = r.ours.get("peak_mib") if _ok(r.ours) else None
+    best = r.rows.get(r.best_alt) if r.best_alt and not r.best_projected else None
+    return f"{_mib(ours)} / {_mib(best.get('peak_mib') if best else None)}"
+
+
+def _err(row: dict | None) -> str:
+    if not _ok(row) or row.get("max_abs_err") is None:
+        return "–"
+    err = row["max_abs_err"]
+    flag = "" if err <= ACCURACY_ATOL else " **FAIL**"
+    return f"{err:.1e}{flag}"
+
+
+# Plots ---------------------------------------------------------------------------
+
+_COLORS = {
+    "ours": "C3",
+    "xnnpack": "C0",
+    "et_cpu": "C7",
+    "eager": "C2",
+    "torch_fft": "C1",
+    "c_scan": "C4",
+}
+
+
+def _series(results: list[SettingResult], alt: str, value) -> tuple[list, list, list, list]:
+    xs, ys, pxs, pys = [], [], [], []
+    for r in sorted(results, key=lambda r: r.N):
+        row = r.ours if alt == "ours" else r.rows.get(alt)
+        v = value(r, row)
+        if v is None:
+            continue
+        y, projected = v
+        (pxs if projected else xs).append(r.N)
+        (pys if projected else ys).append(y)
+    return xs, ys, pxs, pys
+
+
+def _latency(r: SettingResult, row: dict | None):
+    if _ok(row):
+        return row["median_ms"], False
+    if row and row["status"] == "DNF" and row.get("projected_s"):
+        return row["projected_s"] * 1e3, True
+    return None
+
+
+def _panels(results: list[SettingResult]) -> list[tuple[str, list[SettingResult]]]:
+    panels = []
+    conv = [r for r in results if r.kind == "conv"]
+    labels = sorted({r.K_label for r in conv}, key=lambda k: (k == "N", int(k) if k != "N" else 0))
+    for c in sorted({r.C for r in conv}):
+        for k in labels:
+            group = [r for r in conv if r.C == c and r.K_label == k]
+            if group:
+                panels.append((f"conv C={c}, K={k}", group))
+    for c in sorted({r.C for r in results if r.kind == "scan"}):
+        panels.append((f"scan C={c}", [r for r in results if r.kind == "scan" and r.C == c]))
+    return panels
+
+
+def _grid(plt, count: int):
+    cols = min(4, count)
+    rows = math.ceil(count / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.4 * rows), squeeze=False)
+    for ax in axes.flat[count:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat)
+
+
+def write_plots(out: Path, analysis: dict, rows: list[dict]) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = analysis["settings"]
+    panels = _panels(results)
+    if not panels:
+        return []
+    images = []
+
+    fig, axes = _grid(plt, len(panels))
+    for ax, (title, group) in zip(axes, panels, strict=False):
+        for alt in ["ours", *BASELINES[group[0].kind]]:
+            xs, ys, pxs, pys = _series(group, alt, _latency)
+            if xs:
+                ax.plot(xs, ys, "o-", color=_COLORS[alt], label=LABELS[alt], ms=4)
+            if pxs:
+                ax.plot(
+                    pxs, pys, "x", color=_COLORS[alt], ms=7, label=f"{LABELS[alt]} (DNF, proj.)"
+                )
+        _style(ax, title, "latency per call (ms)", sorted({r.N for r in group}))
+    _legend(fig, axes)
+    _layout(fig, "Latency per call vs length (x: projected time of a run that did not finish)")
+    images.append(_save(fig, out / "latency.png", plt))
+
+    fig, axes = _grid(plt, len(panels))
+    for ax, (title, group) in zip(axes, panels, strict=False):
+        for alt in BASELINES[group[0].kind]:
+            xs, ys, pxs, pys = _series(group, alt, lambda r, row, a=alt: r.speedups.get(a))
+            if xs:
+                ax.plot(xs, ys, "o-", color=_COLORS[alt], label=f"vs {LABELS[alt]}", ms=4)
+            if pxs:
+                ax.plot(pxs, pys, "x", color=_COLORS[alt], ms=7)
+        ax.axhline(1.0, color="k", lw=0.8)
+        goal = GOAL_SPEEDUP_EACH if group[0].kind == "conv" else GOAL_SCAN_VS_C
+        ax.axhline(goal, color="r", lw=0.8, ls="--")
+        _style(ax, title, "speed-up of ours (x)", sorted({r.N for r in group}))
+    _legend(fig, axes)
+    _layout(fig, "Speed-up of ours vs each alternative (dashed: goal; x: vs a projected time)")
+    images.append(_save(fig, out / "speedup.png", plt))
+
+    pairs = [
+        (row["estimate_ms"], row["median_ms"], row["alternative"].split(":", 1)[1])
+        for row in rows
+        if row["alternative"].startswith("ours:") and _ok(row) and row.get("estimate_ms")
+    ]
+    if pairs:
+        fig, ax = plt.subplots(figsize=(5, 4.5))
+        for name in sorted({p[2] for p in pairs}):
+            pts = [(e, m) for e, m, n in pairs if n == name]
+            ax.plot(*zip(*pts, strict=True), "o", label=name, ms=5)
+        lo = min(min(p[0], p[1]) for p in pairs) / 2
+        hi = max(max(p[0], p[1]) for p in pairs) * 2
+        ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+        ax.set(xscale="log", yscale="log", xlabel="cost model estimate (ms)")
+        ax.set(ylabel="measured median (ms)", title="Conv candidates: measured vs estimated")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        images.append(_save(fig, out / "cost_model.png", plt))
+    return images
+
+
+def _style(ax, title: str, ylabel: str, lengths: list[int]) -> None:
+    from matplotlib.ticker import NullFormatter
+
+    ax.set(xscale="log", yscale="log", title=title, xlabel="N (length)", ylabel=ylabel)
+    ax.set_xticks(lengths, [str(n) for n in lengths])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def _legend(fig, axes) -> None:
+    handles = {}
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(lab, h)
+    fig.legend(handles.values(), handles.keys(), loc="lower center", fontsize=8, ncol=4)
+
+
+def _layout(fig, title: str) -> None:
+    fig.suptitle(title)
+    rows = len(fig.axes) and max(1, round(fig.get_figheight() / 3.4))
+    legend = 0.12 / rows
+    fig.tight_layout(rect=(0, legend, 1, 1 - 0.06 / rows))
+
+
+def _save(fig, path: Path, plt) -> str:
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path.name

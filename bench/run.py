@@ -1,0 +1,252 @@
+"""RustConv benchmark: our backend against XNNPACK, ExecuTorch's CPU kernels,
+PyTorch eager, PyTorch FFT convolution and a plain C scan, on causal
+depthwise conv1d and linear-scan settings. Usually run through
+scripts/bench.sh, which builds pte_runner first.
+
+Filters replace the matrix's values for one dimension (comma-separated) or
+pick workloads and alternatives, e.g.::
+
+    bench/run.py --quick conv K=4,N           # quick shapes, two filter lengths
+    bench/run.py --full C=2048 N=65536 scan   # one scan setting
+    bench/run.py C=8 N=64 K=4                 # any shape, not only the matrix's
+    bench/run.py --quick alt=ours,xnnpack     # only these alternatives
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "partitioner_py")]
+
+import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from bench import alternatives, measure, report, workload  # noqa: E402
+from bench.native import Native  # noqa: E402
+from bench.projection import Projector  # noqa: E402
+
+ALL_ALTERNATIVES = ("ours", "candidates", "xnnpack", "et_cpu", "eager", "torch_fft", "c_scan")
+
+
+def parse_filters(tokens: list[str], full: bool) -> tuple[list[workload.Setting], tuple[str, ...]]:
+    kinds: list[str] = []
+    cs = workload.FULL_C if full else workload.QUICK_C
+    ns = workload.FULL_N if full else workload.QUICK_N
+    ks = workload.FULL_K if full else workload.QUICK_K
+    alts = ALL_ALTERNATIVES
+    for token in tokens:
+        if token in workload.KINDS:
+            kinds.append(token)
+            continue
+        key, sep, value = token.partition("=")
+        values = [v.strip() for v in value.split(",") if v.strip()]
+        if not sep or not values:
+            raise SystemExit(f"bad filter {token!r}: use conv, scan, C=.., N=.., K=.., alt=..")
+        try:
+            if key == "C":
+                cs = tuple(int(v) for v in values)
+            elif key == "N":
+                ns = tuple(int(v) for v in values)
+            elif key == "K":
+                ks = tuple("N" if v.upper() == "N" else str(int(v)) for v in values)
+            elif key == "alt":
+                unknown = set(values) - set(ALL_ALTERNATIVES)
+                if unknown:
+                    raise SystemExit(
+                        f"unknown alternative(s) {sorted(unknown)}: {ALL_ALTERNATIVES}"
+                    )
+                alts = tuple(a for a in ALL_ALTERNATIVES if a in values)
+            else:
+                raise SystemExit(f"unknown filter key {key!r} in {token!r}")
+        except ValueError as e:
+            raise SystemExit(f"bad filter {token!r}: {e}") from e
+    if any(v <= 0 for v in (*cs, *ns)) or any(k != "N" and int(k) <= 0 for k in ks):
+        raise SystemExit("C, N and K must be positive")
+    settings = workload.make_settings(tuple(kinds) or workload.KINDS, cs, ns, ks)
+    return settings, alts
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="quick subset (the default)")
+    size.add_argument("--full", action="store_true", help="the whole matrix (70 settings)")
+    p.add_argument("filters", nargs="*", help="conv | scan | C=.. | N=.. | K=..(or N) | alt=..")
+    cores = len(os.sched_getaffinity(0))
+    p.add_argument("--threads", type=int, default=cores, help=f"threads (default {cores})")
+    p.add_argument("--out", type=Path, help="output dir (default out/bench/<timestamp>)")
+    p.add_argument("--cache-dir", type=Path, default=ROOT / "out" / "bench" / "cache")
+    p.add_argument("--runner", type=Path, default=None, help="pte_runner ($PTE_RUNNER)")
+    p.add_argument("--warmup", type=int, default=None, help="warm-up calls (quick 2, full 3)")
+    p.add_argument("--repeats", type=int, default=None, help="timed calls (quick 7, full 20)")
+    p.add_argument("--time-limit", type=float, default=60.0, help="s per call before DNF")
+    p.add_argument(
+        "--budget", type=float, default=None, help="s of timed calls per row (quick 2, full 10)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bandwidth-mib", type=int, default=512, help="copy probe buffer size")
+    p.add_argument("--ram-gib", type=float, help="RAM to plan against (default: MemTotal)")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument(
+        "--planned-inputs",
+        action="store_true",
+        help="lower with ExecuTorch's default input planning (pte_runner then holds a copy "
+        "of the inputs in planned memory); default: inputs are read in place",
+    )
+    args = p.parse_args(argv)
+    args.warmup = args.warmup if args.warmup is not None else (3 if args.full else 2)
+    args.repeats = args.repeats if args.repeats is not None else (20 if args.full else 7)
+    args.budget = args.budget if args.budget is not None else (10.0 if args.full else 2.0)
+    if args.threads < 1 or args.repeats < 1 or args.warmup < 0:
+        p.error("--threads and --repeats must be >= 1, --warmup >= 0")
+    return args
+
+
+def _describe(settings: list[workload.Setting]) -> str:
+    parts = []
+    for kind in workload.KINDS:
+        group = [s for s in settings if s.kind == kind]
+        if not group:
+            continue
+        text = f"{len(group)} {kind}: C in {sorted({s.C for s in group})}, "
+        text += f"N in {sorted({s.N for s in group})}"
+        if kind == "conv":
+            labels = sorted({s.K_label for s in group}, key=lambda k: (k == "N", len(k), k))
+            text += f", K in [{', '.join(labels)}]"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def git_describe() -> str:
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+        return head + (" (with uncommitted changes)" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv=None) -> int:
+    started = time.perf_counter()
+    args = parse_args(argv)
+    settings, alts = parse_filters(args.filters, args.full)
+    runner = args.runner or Path(
+        os.environ.get("PTE_RUNNER", ROOT / "target" / "release" / "pte_runner")
+    )
+    if not runner.is_file():
+        raise SystemExit(f"pte_runner not found at {runner}: build with scripts/setup.sh")
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out = args.out or ROOT / "out" / "bench" / stamp
+    out.mkdir(parents=True, exist_ok=True)
+    work_dir = out / "tmp"
+    work_dir.mkdir(exist_ok=True)
+    args.cache_dir.mkdir(parents=True, exist_ok=True)
+
+    torch.set_num_threads(args.threads)
+    native = Native(args.cache_dir)
+    print(
+        f"measuring copy bandwidth ({args.bandwidth_mib} MiB, {args.threads} threads)",
+        file=sys.stderr,
+    )
+    bandwidth = native.copy_bandwidth(args.bandwidth_mib, args.threads)
+
+    meta = {
+        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "others_busy_start": measure.others_cpu_busy(),
+        "machine": measure.machine_info(),
+        "threads": args.threads,
+        "bandwidth_bytes_per_s": bandwidth,
+        "bandwidth_buffer_mib": args.bandwidth_mib,
+        "mode": "full" if args.full else "quick",
+        "filters": args.filters,
+        "settings": _describe(settings),
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "budget_s": args.budget,
+        "time_limit_s": args.time_limit,
+        "seed": args.seed,
+        "planned_inputs": args.planned_inputs,
+        "git": git_describe(),
+        "torch": torch.__version__,
+        "executorch": _version("executorch"),
+        "runner": str(runner),
+        "command": " ".join(["bench/run.py", *(sys.argv[1:] if argv is None else argv)]),
+    }
+    ctx = alternatives.Context(
+        runner=runner,
+        threads=args.threads,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        time_limit_s=args.time_limit,
+        budget_s=args.budget,
+        seed=args.seed,
+        cache_dir=args.cache_dir,
+        work_dir=work_dir,
+        native=native,
+        projector=Projector(args.threads),
+        ram_bytes=int(args.ram_gib * 2**30) if args.ram_gib else measure.ram_bytes(),
+        planned_inputs=args.planned_inputs,
+    )
+
+    steps = [(s, a) for s in settings for a in alternatives.steps_for(s, alts)]
+    rows: list[dict] = []
+    bar = tqdm(total=len(steps), unit="run", dynamic_ncols=True, file=sys.stderr)
+    current = None
+    bench = None
+    for setting, alt in steps:
+        bar.set_postfix_str(f"{setting.name} {alt}")
+        if setting is not current:
+            if bench is not None:
+                report.write_rows(out, meta, rows)  # partial results survive a crash
+            current, bench = setting, None
+            try:
+                bench = alternatives.SettingBench(ctx, workload.make_data(setting, args.seed))
+            except Exception as e:
+                error = f"error: inputs: {alternatives.one_line(e)}"
+        if bench is None:
+            row = alternatives.new_row(setting, alt)
+            row["status"] = error
+            rows.append(row)
+        else:
+            rows.extend(bench.run(alt))
+        bar.update()
+    bar.close()
+    bench = None
+
+    meta["elapsed_s"] = time.perf_counter() - started
+    meta["others_busy_end"] = measure.others_cpu_busy()
+    report.write_all(out, meta, rows, plots=not args.no_plots)
+    for leftover in work_dir.glob("*"):
+        leftover.unlink()
+    work_dir.rmdir()
+    print(f"results in {out} ({meta['elapsed_s']:.0f} s)", file=sys.stderr)
+    print(json.dumps({"out": str(out), "rows": len(rows)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""The benchmark tool end to end on one tiny setting, plus its parsers and
+projections. Run: .venv/bin/python -m pytest -q bench (with pte_runner built)."""
+
+import csv
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "partitioner_py")]
+
+from bench import measure, projection, run, workload  # noqa: E402
+
+RUNNER = Path(os.environ.get("PTE_RUNNER", ROOT / "target" / "release" / "pte_runner"))
+
+
+def test_parse_plan_line():
+    text = (
+        "I 00:00:00.034783 executorch:backend.cpp:86] RustConvBackend: plan: node 0 "
+        "'aten_convolution_default' conv1d -> fft (estimated ms: direct 12.3, "
+        "depthwise_simd 4.5, fft 1.2; prepared 2.0 MiB)\nunrelated line\n"
+        "RustConvBackend: plan: node 3 'scan' linear_scan -> sequential\n"
+    )
+    conv, scan = measure.parse_plan_lines(text)
+    assert (conv.node, conv.name, conv.op, conv.chosen) == (
+        0,
+        "aten_convolution_default",
+        "conv1d",
+        "fft",
+    )
+    assert conv.estimates_ms == {"direct": 12.3, "depthwise_simd": 4.5, "fft": 1.2}
+    assert conv.prepared_mib == 2.0
+    assert (scan.chosen, scan.estimates_ms, scan.prepared_mib) == ("sequential", {}, None)
+
+
+def test_next_fast_len_and_settings():
+    assert [workload.next_fast_len(n) for n in (1, 7, 11, 127, 1025)] == [1, 7, 12, 128, 1029]
+    full = workload.make_settings(workload.KINDS, workload.FULL_C, workload.FULL_N, workload.FULL_K)
+    assert sum(s.kind == "conv" for s in full) == 56
+    assert sum(s.kind == "scan" for s in full) == 14
+
+
+def test_projection_scales_and_plans_repeats():
+    p = projection.Projector(threads=2)
+    small = workload.Setting("conv", 512, 1024, 4, "4")
+    big = workload.Setting("conv", 512, 4096, 4, "4")
+    assert p.project("eager", "direct", big).basis == "prior"
+    p.record("eager", "direct", small, 0.5, measured=True)
+    proj = p.project("eager", "direct", big)
+    assert proj.seconds == pytest.approx(2.0) and proj.measured
+    assert measure.plan_repeats(0.001, 2, 10, 3.0) == (2, 10)
+    assert measure.plan_repeats(2.0, 2, 10, 3.0) == (1, 3)
+    assert measure.plan_repeats(30.0, 2, 10, 3.0) == (1, 1)
+
+
+@pytest.mark.skipif(not RUNNER.is_file(), reason="pte_runner not built (scripts/setup.sh)")
+def test_end_to_end_tiny(tmp_path):
+    out = tmp_path / "out"
+    argv = [
+        "C=8", "N=64", "K=4", "--warmup", "1", "--repeats", "2", "--threads", "1",
+        "--bandwidth-mib", "16", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+        "--runner", str(RUNNER),
+    ]  # fmt: skip
+    # In this process, so torch and executorch are imported once.
+    assert run.main(argv) == 0
+    for name in ("results.csv", "results.json", "summary.md", "latency.png", "speedup.png"):
+        assert (out / name).is_file(), name
+
+    with open(out / "results.csv") as f:
+        rows = {(r["kind"], r["alternative"]): r for r in csv.DictReader(f)}
+    expect_ok = [("conv", a) for a in ("ours", "xnnpack", "et_cpu", "eager", "torch_fft")] + [
+        ("scan", a) for a in ("ours", "eager", "c_scan")
+    ]
+    for key in expect_ok:
+        row = rows[key]
+        assert row["status"] == "ok", (key, row["status"], row["note"])
+        assert float(row["median_ms"]) > 0, key
+        assert float(row["max_abs_err"]) <= 1e-3, key
+        assert row["peak_mib"] != "", key
+    assert rows[("scan", "xnnpack")]["status"] == "n/a"
+    assert rows[("scan", "et_cpu")]["status"] == "n/a"
+    assert "RustConvBackend" in rows[("conv", "ours")]["delegated"]
+    assert "XnnpackBackend" in rows[("conv", "xnnpack")]["delegated"]
+    assert rows[("conv", "et_cpu")]["delegated"] == "no delegate"
+    # Forced candidates, when the runtime reports its plan, each made a row.
+    chosen = rows[("conv", "ours")]["chosen_kernel"]
+    if chosen:
+        assert ("conv", f"ours:{chosen}") in rows
+
+    meta = json.loads((out / "results.json").read_text())["meta"]
+    assert meta["threads"] == 1 and meta["bandwidth_bytes_per_s"] > 0
+    summary = (out / "summary.md").read_text()
+    assert "## Goals" in summary and "conv C=8 N=64 K=4" in summary
+    assert summary.count("**PASS**") + summary.count("**FAIL**") + summary.count("**n/a**") == 6

@@ -1,0 +1,198 @@
+"""The benchmark's settings, the models they export, their inputs, and the
+byte and flop counts that the roofline and the projections use.
+
+Two workloads (batch 1, C channels, length N):
+
+* ``conv``: causal depthwise conv1d, ``F.pad(x, (K-1, 0))`` then
+  ``nn.Conv1d(C, C, K, groups=C, bias=False)``; x [1,C,N], weight [C,1,K].
+* ``scan``: ``torch.ops.rustconv.linear_scan(x0 [1,C], a [1,C,N], u [1,C,N])``.
+
+Inputs and weights are drawn from a ``torch.Generator`` seeded from the
+setting, so every run (and every cached .pte) sees the same numbers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from itertools import product
+
+import numpy as np
+import rustconv  # noqa: F401  (registers torch.ops.rustconv.linear_scan)
+import torch
+import torch.nn.functional as F
+
+FULL_C = (512, 2048)
+FULL_N = (64, 256, 1024, 2048, 4096, 16384, 65536)
+FULL_K = ("4", "32", "128", "N")  # "N": the filter is as long as the sequence
+
+#: The quick subset: one channel count, two lengths, a short and a long
+#: filter, and the scan at the same shapes (4 conv + 2 scan settings).
+QUICK_C = (512,)
+QUICK_N = (1024, 4096)
+QUICK_K = ("4", "128")
+
+KINDS = ("conv", "scan")
+BYTES_PER_ELEMENT = 4  # float32
+
+
+@dataclass(frozen=True, order=True)
+class Setting:
+    kind: str  # "conv" or "scan"
+    C: int
+    N: int
+    K: int | None = None  # conv only: the actual filter length
+    K_label: str | None = None  # conv only: "4", "32", "128" or "N"
+
+    @property
+    def name(self) -> str:
+        if self.kind == "scan":
+            return f"scan C={self.C} N={self.N}"
+        return f"conv C={self.C} N={self.N} K={self.K_label_text}"
+
+    @property
+    def K_label_text(self) -> str:
+        return f"N={self.K}" if self.K_label == "N" else str(self.K)
+
+    @property
+    def slug(self) -> str:
+        if self.kind == "scan":
+            return f"scan_C{self.C}_N{self.N}"
+        return f"conv_C{self.C}_N{self.N}_K{self.K}"
+
+    # Sizes in bytes -------------------------------------------------------
+    @property
+    def input_bytes(self) -> int:
+        if self.kind == "scan":
+            return (2 * self.C * self.N + self.C) * BYTES_PER_ELEMENT
+        return self.C * self.N * BYTES_PER_ELEMENT
+
+    @property
+    def output_bytes(self) -> int:
+        return self.C * self.N * BYTES_PER_ELEMENT
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.C * self.K * BYTES_PER_ELEMENT if self.kind == "conv" else 0
+
+    @property
+    def roofline_bytes(self) -> int:
+        """Bytes that must move: conv reads x and w and writes y; the scan
+        reads a, u and x0 and writes y."""
+        return self.input_bytes + self.weight_bytes + self.output_bytes
+
+    @property
+    def direct_flops(self) -> int:
+        """2*C*N*K: the direct definition's multiply-adds (conv only)."""
+        return 2 * self.C * self.N * self.K if self.kind == "conv" else 0
+
+    @property
+    def fft_size(self) -> int:
+        """Linear-convolution FFT length: next fast size >= N + K - 1."""
+        return next_fast_len(self.N + (self.K or 1) - 1)
+
+    def key(self, seed: int) -> str:
+        """Stable name for cached inputs and programs of this setting."""
+        return f"{self.slug}_seed{seed}"
+
+
+def next_fast_len(n: int) -> int:
+    """Smallest 2^a 3^b 5^c 7^d >= n (sizes pocketfft and MKL handle fast)."""
+    best = 1 << max(0, (n - 1).bit_length())
+    p7 = 1
+    while p7 < best:
+        p5 = p7
+        while p5 < best:
+            p3 = p5
+            while p3 < best:
+                m = p3
+                while m < n:
+                    m *= 2
+                best = min(best, m)
+                p3 *= 3
+            p5 *= 5
+        p7 *= 7
+    return best
+
+
+def make_settings(
+    kinds: tuple[str, ...], cs: tuple[int, ...], ns: tuple[int, ...], ks: tuple[str, ...]
+) -> list[Setting]:
+    """The product of the given values, deduplicated, small work first (so
+    projections of large settings can use measured smaller ones)."""
+    settings = set()
+    for kind in kinds:
+        if kind == "scan":
+            settings.update(Setting("scan", c, n) for c, n in product(cs, ns))
+            continue
+        for c, n, k in product(cs, ns, ks):
+            settings.add(Setting("conv", c, n, n if k == "N" else int(k), k))
+    # Two labels for one filter length (K=N=64 and K=64) are one setting.
+    unique = {}
+    for s in sorted(settings, key=lambda s: s.K_label != "N"):
+        unique.setdefault((s.kind, s.C, s.N, s.K), s)
+    return sorted(
+        unique.values(),
+        key=lambda s: (KINDS.index(s.kind), s.C * s.N * (s.K or 1), s.N, s.C),
+    )
+
+
+# Models ------------------------------------------------------------------------
+
+
+class CausalDepthwiseConv(torch.nn.Module):
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        channels, _, k = weight.shape
+        self.k = k
+        self.conv = torch.nn.Conv1d(channels, channels, k, groups=channels, bias=False)
+        with torch.no_grad():
+            self.conv.weight.copy_(weight)
+
+    def forward(self, x):
+        return self.conv(F.pad(x, (self.k - 1, 0)))
+
+
+class LinearScan(torch.nn.Module):
+    def forward(self, x0, a, u):
+        return torch.ops.rustconv.linear_scan(x0, a, u)
+
+
+@dataclass
+class SettingData:
+    """A setting's inputs (in model input order) and, for conv, its weight."""
+
+    setting: Setting
+    inputs: list[np.ndarray]
+    weight: np.ndarray | None
+
+    def model(self) -> torch.nn.Module:
+        if self.setting.kind == "scan":
+            return LinearScan().eval()
+        return CausalDepthwiseConv(torch.from_numpy(self.weight)).eval()
+
+    def torch_inputs(self) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.from_numpy(a) for a in self.inputs)
+
+
+def _seed_for(setting: Setting, seed: int) -> int:
+    digest = hashlib.sha256(f"{setting.slug}/{seed}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)
+
+
+def make_data(setting: Setting, seed: int) -> SettingData:
+    """Random inputs with O(1) outputs so 1e-3 absolute error is meaningful:
+    conv x ~ N(0,1) and w ~ U(-1/sqrt(K), 1/sqrt(K)) (nn.Conv1d's own init
+    range); scan x0, u ~ N(0,1) and decays a ~ U(0, 1) (a stable recurrence)."""
+    gen = torch.Generator().manual_seed(_seed_for(setting, seed))
+    c, n = setting.C, setting.N
+    if setting.kind == "scan":
+        x0 = torch.randn(1, c, generator=gen)
+        a = torch.rand(1, c, n, generator=gen)
+        u = torch.randn(1, c, n, generator=gen)
+        return SettingData(setting, [x0.numpy(), a.numpy(), u.numpy()], None)
+    x = torch.randn(1, c, n, generator=gen)
+    bound = 1.0 / math.sqrt(setting.K)
+    w = (torch.rand(c, 1, setting.K, generator=gen) * 2 - 1) * bound
+    return SettingData(setting, [x.numpy()], w.numpy())
