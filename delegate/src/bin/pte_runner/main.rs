@@ -66,7 +66,10 @@ fn run(argv: impl IntoIterator<Item = String>) -> Result<(), String> {
     let baseline = stats::reset_peak_rss();
     // Declared before `session`, so dropped after it: the session reads these
     // bytes in place (see `set_input`).
-    #[expect(clippy::needless_late_init, reason = "declared here for its drop order")]
+    #[expect(
+        clippy::needless_late_init,
+        reason = "declared here for its drop order"
+    )]
     let inputs: Vec<Array>;
     let mut session = et::open_session(model, &args.method, args.etdump_path.is_some())
         .map_err(|e| e.what().to_owned())?;
