@@ -61,6 +61,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::params::Conv1dGeometry;
+use super::tap_span::TapSpan;
 use crate::scratch::Scratch;
 
 /// How many times faster than [`super::cost::DIRECT_MACS_PER_SEC`] one core runs the
@@ -434,40 +435,6 @@ impl TapSpans<'_> {
     }
 }
 
-/// The output positions at which one tap reads a real input sample (not
-/// padding), and the first sample it reads.
-///
-/// Output `l` reads input index `j = l * stride + tap_offset - pad_left`;
-/// `out` holds exactly the `l` with `0 <= j < in_len`, and `first_in` is `j`
-/// at `out.start`. (The same arithmetic as the direct loop's, which keeps
-/// its copy private.)
-#[derive(Debug, PartialEq, Eq)]
-struct TapSpan {
-    out: Range<usize>,
-    first_in: usize,
-}
-
-impl TapSpan {
-    /// `None` when the tap reads only padding.
-    fn new(g: &Conv1dGeometry, tap_offset: usize) -> Option<Self> {
-        let p = &g.params;
-        // j >= 0: l * stride >= pad_left - tap_offset.
-        let start = p.pad_left.saturating_sub(tap_offset).div_ceil(p.stride);
-        // j <= in_len - 1: l * stride <= pad_left + in_len - 1 - tap_offset.
-        // Validation bounds tap_offset + 1 and pad_left + in_len by the
-        // padded length, so nothing here overflows.
-        let last_reach = (p.pad_left + p.in_len).checked_sub(tap_offset + 1)?;
-        let end = (last_reach / p.stride + 1).min(g.out_len);
-        if start >= end {
-            return None;
-        }
-        Some(Self {
-            out: start..end,
-            first_in: start * p.stride + tap_offset - p.pad_left,
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -786,46 +753,6 @@ mod tests {
         assert_eq!(&*conv.packed, &expected[..]);
         assert_eq!(conv.prepared_bytes(), 4 * 24);
         assert_eq!(conv.scratch_per_thread(), 0);
-    }
-
-    /// The span a tap covers, found by brute force over every output position.
-    fn brute_force_span(g: &Conv1dGeometry, tap_offset: usize) -> Option<TapSpan> {
-        let p = &g.params;
-        let reads_input = |l: usize| {
-            let pos = l * p.stride + tap_offset;
-            pos >= p.pad_left && pos - p.pad_left < p.in_len
-        };
-        let valid: Vec<usize> = (0..g.out_len).filter(|&l| reads_input(l)).collect();
-        let (&first, &last) = (valid.first()?, valid.last()?);
-        assert_eq!(valid.len(), last - first + 1);
-        Some(TapSpan {
-            out: first..last + 1,
-            first_in: first * p.stride + tap_offset - p.pad_left,
-        })
-    }
-
-    #[test]
-    fn tap_span_matches_brute_force() {
-        for in_len in 0..7 {
-            for kernel_size in 1..6 {
-                for stride in 1..5 {
-                    for dilation in 1..4 {
-                        for pads in [(0, 0), (1, 1), (3, 0), (0, 2), (5, 4), (9, 1)] {
-                            let p =
-                                params(1, (1, 1, 1), in_len, kernel_size, stride, pads, dilation);
-                            let Ok(g) = p.geometry() else { continue };
-                            for k in 0..kernel_size {
-                                assert_eq!(
-                                    TapSpan::new(&g, k * dilation),
-                                    brute_force_span(&g, k * dilation),
-                                    "{p:?}, tap {k}"
-                                );
-                            }
-                        }
-                    }
-                }
-            }
-        }
     }
 
     #[test]

@@ -17,6 +17,7 @@ mod fft;
 mod gemm;
 mod params;
 mod prepared;
+mod tap_span;
 
 pub use params::Conv1dParams;
 pub use prepared::{applicable, estimate_cost, Algorithm, Choice, PreparedConv1d};
