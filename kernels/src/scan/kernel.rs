@@ -1,6 +1,7 @@
-//! Single-threaded building blocks of the scan: safe (except the 4 x 4
-//! transpose, see [`tile`]), allocation-free `f32` code shaped so that
-//! independent recurrences overlap in the CPU's pipeline.
+//! Portable single-threaded building blocks of the scan ([`Backend::Portable`](super::Backend::Portable)):
+//! safe, allocation-free `f32` code shaped so that independent recurrences
+//! overlap in the CPU's pipeline. (On x86-64 the 4 x 4 transposes are SSE
+//! intrinsics from `simd.rs`, see [`tile`].)
 //!
 //! A lone recurrence `s = a[t] * s + u[t]` is latency-bound: each step waits
 //! for the previous multiply and add (6-8 cycles on current cores), while
@@ -259,7 +260,8 @@ const RESCALE_EVERY: usize = 16;
 const RESCALE_AT: i32 = 32;
 const RESCALE_BY: i32 = 96;
 
-const _: () = assert!(STEP % RESCALE_EVERY == 0);
+// (Not `is_multiple_of`, which is newer than some supported compilers.)
+const _: () = assert!(STEP / RESCALE_EVERY * RESCALE_EVERY == STEP);
 
 /// Pass 1 for `G * W` sequences: runs each from a zero state, keeping the
 /// product of its `a` (rescaled, see [`RESCALE_AT`]) and its state.
@@ -544,41 +546,12 @@ pub(super) fn aggregate(a: &[f32], u: &[f32]) -> Affine {
     total
 }
 
-/// 4 x 4 transposes: SSE shuffles on x86-64 (part of its baseline), plain
-/// element moves elsewhere (AArch64 compilers turn those into vector
-/// permutes on their own).
+/// 4 x 4 transposes: SSE shuffles on x86-64 (part of its baseline, see
+/// `simd.rs`), plain element moves elsewhere (AArch64 compilers turn those
+/// into vector permutes on their own).
 #[cfg(target_arch = "x86_64")]
 mod tile {
-    #![allow(unsafe_code)]
-
-    use std::arch::x86_64::{
-        _mm_loadu_ps, _mm_movehl_ps, _mm_movelh_ps, _mm_storeu_ps, _mm_unpackhi_ps, _mm_unpacklo_ps,
-    };
-
-    /// `out[j][i] = rows[i][j]`, in eight shuffles (compilers left alone
-    /// emit twelve, and shuffles are the scarce port here).
-    #[inline(always)]
-    pub(super) fn transpose(rows: [&[f32; 4]; 4], out: [&mut [f32; 4]; 4]) {
-        // SAFETY: SSE is part of the x86-64 baseline, so the intrinsics are
-        // available; every load reads and every store writes exactly the
-        // four `f32`s behind a reference of type `[f32; 4]`, which is valid
-        // for that (unaligned access is what `loadu`/`storeu` do).
-        unsafe {
-            let r0 = _mm_loadu_ps(rows[0].as_ptr());
-            let r1 = _mm_loadu_ps(rows[1].as_ptr());
-            let r2 = _mm_loadu_ps(rows[2].as_ptr());
-            let r3 = _mm_loadu_ps(rows[3].as_ptr());
-            let lo01 = _mm_unpacklo_ps(r0, r1);
-            let lo23 = _mm_unpacklo_ps(r2, r3);
-            let hi01 = _mm_unpackhi_ps(r0, r1);
-            let hi23 = _mm_unpackhi_ps(r2, r3);
-            let [o0, o1, o2, o3] = out;
-            _mm_storeu_ps(o0.as_mut_ptr(), _mm_movelh_ps(lo01, lo23));
-            _mm_storeu_ps(o1.as_mut_ptr(), _mm_movehl_ps(lo23, lo01));
-            _mm_storeu_ps(o2.as_mut_ptr(), _mm_movelh_ps(hi01, hi23));
-            _mm_storeu_ps(o3.as_mut_ptr(), _mm_movehl_ps(hi23, hi01));
-        }
-    }
+    pub(super) use super::super::simd::transpose4 as transpose;
 }
 
 #[cfg(not(target_arch = "x86_64"))]

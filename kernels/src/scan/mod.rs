@@ -6,20 +6,29 @@
 //! recurrences: it must read `a` and `u` and write `y` once, 12 bytes per
 //! element. A lone recurrence is not: each step waits for the previous
 //! multiply-add. [`linear_scan_f32`] therefore picks one of two
-//! [`Strategy`]s from the number of rows and the pool size:
+//! [`Strategy`]s from the number of rows and the pool size, and one
+//! [`Backend`] from the CPU:
 //!
 //! * [`Strategy::Rows`] (rows >= threads): rows in parallel, in tasks of
-//!   whole rows; inside a task, groups of [`ROWS_JOINT`] rows step through
-//!   time together, so their dependency chains overlap (each row exactly as
-//!   the sequential loop computes it); leftover rows use the single-row
-//!   scan of [`kernel::scan_row`], which overlaps chains within the row.
+//!   whole rows. On [`Backend::Avx2`] each row is scanned on its own, 8
+//!   steps per vector by an in-register prefix scan whose only chain from
+//!   vector to vector is one FMA (`simd.rs`). On [`Backend::Portable`],
+//!   groups of [`ROWS_JOINT`] rows step through time together, so that
+//!   their dependency chains overlap (each row exactly as the sequential
+//!   loop computes it); leftover rows use the single-row scan of
+//!   [`kernel::scan_row`], which overlaps chains within the row.
 //! * [`Strategy::Chunked`] (fewer rows than threads, long rows): each row is
 //!   also cut into pieces along time, scanned in parallel in two passes
-//!   (reduce, then scan) with the pieces' carries kept on the stack.
+//!   (reduce, then scan) with the pieces' carries kept on the stack. The
+//!   pieces are scanned by the backend's single-row scan; the reduction is
+//!   portable (`kernel::aggregate`).
 //!
-//! See `kernel.rs` for the single-threaded building blocks.
+//! See `kernel.rs` for the portable building blocks and `simd.rs` for the
+//! intrinsics (the module's only unsafe code).
 
 mod kernel;
+#[cfg(target_arch = "x86_64")]
+mod simd;
 #[cfg(test)]
 mod tests;
 
@@ -86,12 +95,16 @@ impl ScanParams {
 /// time that are scanned in parallel (see the module docs).
 ///
 /// The result equals the sequential `f32` recurrence (`y = a * y + u`, two
-/// roundings per step, no FMA) up to rounding: rows stepped four at a time
-/// are bit-identical to it, while a row scanned on its own (the `rows % 4`
-/// left over in a task, or every row when there are fewer rows than
-/// threads) composes partial results, which rounds differently, within a
-/// few `f32` epsilons per step of the sum of the terms' magnitudes. With at
-/// least `4 * threads` rows the result does not depend on the pool size.
+/// roundings per step, no FMA) up to rounding, within a few `f32` epsilons
+/// per step of the sum of the terms' magnitudes. With AVX2 and FMA (detected
+/// at run time) every row is computed by the reassociated in-register scan,
+/// and rows with NaN or infinite outputs as the plain loop computes them.
+/// Without, rows stepped four at a time are bit-identical to the plain
+/// loop, while a row scanned on its own (the `rows % 4` left over in a
+/// task) composes partial results. The result does not depend on the pool
+/// size as long as there are at least `4 * threads` rows (with AVX2: at
+/// least `threads` rows); with fewer rows than threads, long rows are cut
+/// into pieces by the pool size.
 /// Performs no heap allocation of its own; rayon's scheduling makes none
 /// either once the pool is warm (`tests/no_alloc.rs`).
 ///
@@ -109,15 +122,17 @@ pub fn linear_scan_f32(
 ) -> Result<(), KernelError> {
     check(p, x0, a, u, y)?;
     let threads = rayon::current_num_threads();
-    run(Strategy::choose(p, threads), p, x0, a, u, y, threads);
+    let strategy = Strategy::choose(p, threads);
+    run(strategy, Backend::detect(), p, x0, a, u, y, threads);
     Ok(())
 }
 
-/// [`linear_scan_f32`] with the strategy forced, so that tests can run
-/// every path on the same inputs.
+/// [`linear_scan_f32`] with the strategy and backend forced, so that tests
+/// can run every path on the same inputs.
 #[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn linear_scan_with(
     strategy: Strategy,
+    backend: Backend,
     p: &ScanParams,
     x0: &[f32],
     a: &[f32],
@@ -125,8 +140,72 @@ pub(crate) fn linear_scan_with(
     y: &mut [f32],
 ) -> Result<(), KernelError> {
     check(p, x0, a, u, y)?;
-    run(strategy, p, x0, a, u, y, rayon::current_num_threads());
+    let threads = rayon::current_num_threads();
+    run(strategy, backend, p, x0, a, u, y, threads);
     Ok(())
+}
+
+/// The instruction set the scan's kernels run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Backend {
+    /// Safe Rust shaped for 4-lane vectors (SSE, NEON), `kernel.rs`: rows
+    /// stepped four at a time through transposed tiles, bit-identical to
+    /// the plain loop; single rows in blocks of lanes.
+    Portable,
+    /// AVX2 and FMA: each row scanned on its own, 8 steps per vector by an
+    /// in-register prefix scan (`simd.rs`).
+    #[cfg(target_arch = "x86_64")]
+    Avx2(simd::Avx2),
+}
+
+impl Backend {
+    /// The fastest backend this CPU supports (feature detection is cached
+    /// by `std`, so this is cheap).
+    pub(crate) fn detect() -> Backend {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(avx2) = simd::Avx2::detect() {
+            return Backend::Avx2(avx2);
+        }
+        Backend::Portable
+    }
+
+    /// Every backend this CPU can run (tests force each in turn).
+    #[cfg(test)]
+    pub(crate) fn all_available() -> Vec<Backend> {
+        #[allow(unused_mut)]
+        let mut all = vec![Backend::Portable];
+        #[cfg(target_arch = "x86_64")]
+        all.extend(simd::Avx2::detect().map(Backend::Avx2));
+        all
+    }
+
+    /// Scans the rows of a contiguous `[rows, len]` block (`rows =
+    /// x0.len()`).
+    fn scan_rows(self, x0: &[f32], a: &[f32], u: &[f32], y: &mut [f32]) {
+        match self {
+            Backend::Portable => kernel::scan_rows(x0, a, u, y),
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx2(avx2) => avx2.scan_rows(x0, a, u, y),
+        }
+    }
+
+    /// One row from state `s`; returns the final state.
+    fn scan_row(self, s: f32, a: &[f32], u: &[f32], y: &mut [f32]) -> f32 {
+        match self {
+            Backend::Portable => kernel::scan_row(s, a, u, y),
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx2(avx2) => avx2.scan_row(s, a, u, y),
+        }
+    }
+
+    /// Rows a task of the rows strategy should hold a multiple of.
+    fn rows_joint(self) -> usize {
+        match self {
+            Backend::Portable => ROWS_JOINT,
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx2(_) => 1,
+        }
+    }
 }
 
 /// How [`linear_scan_f32`] spreads the work over the pool.
@@ -190,8 +269,10 @@ fn check(p: &ScanParams, x0: &[f32], a: &[f32], u: &[f32], y: &[f32]) -> Result<
 }
 
 /// Runs a checked scan.
+#[allow(clippy::too_many_arguments)]
 fn run(
     strategy: Strategy,
+    backend: Backend,
     p: &ScanParams,
     x0: &[f32],
     a: &[f32],
@@ -204,21 +285,30 @@ fn run(
         return;
     }
     match strategy {
-        Strategy::Rows => scan_rows(x0, a, u, y, p.len, threads),
-        Strategy::Chunked { parts } => scan_chunked(x0, a, u, y, p.len, parts),
+        Strategy::Rows => scan_rows(backend, x0, a, u, y, p.len, threads),
+        Strategy::Chunked { parts } => scan_chunked(backend, x0, a, u, y, p.len, parts),
     }
 }
 
 /// [`Strategy::Rows`].
-fn scan_rows(x0: &[f32], a: &[f32], u: &[f32], y: &mut [f32], len: usize, threads: usize) {
+fn scan_rows(
+    backend: Backend,
+    x0: &[f32],
+    a: &[f32],
+    u: &[f32],
+    y: &mut [f32],
+    len: usize,
+    threads: usize,
+) {
     let rows = x0.len();
     let mut per_task = rows
         .div_ceil(TASKS_PER_THREAD * threads.max(1))
         .max(MIN_TASK_ELEMS.div_ceil(len));
-    if rows >= ROWS_JOINT * threads {
+    let joint = backend.rows_joint();
+    if rows >= joint * threads {
         // Whole groups of rows: every row then lands in the same kind of
         // group whatever the pool size, so the result does not depend on it.
-        per_task = per_task.next_multiple_of(ROWS_JOINT);
+        per_task = per_task.next_multiple_of(joint);
     }
     let per_task = per_task.min(rows);
     let chunk = per_task * len;
@@ -226,17 +316,25 @@ fn scan_rows(x0: &[f32], a: &[f32], u: &[f32], y: &mut [f32], len: usize, thread
         .zip(a.par_chunks(chunk))
         .zip(u.par_chunks(chunk))
         .zip(x0.par_chunks(per_task))
-        .for_each(|(((y, a), u), x0)| kernel::scan_rows(x0, a, u, y));
+        .for_each(|(((y, a), u), x0)| backend.scan_rows(x0, a, u, y));
 }
 
 /// [`Strategy::Chunked`].
-fn scan_chunked(x0: &[f32], a: &[f32], u: &[f32], y: &mut [f32], len: usize, parts: usize) {
+fn scan_chunked(
+    backend: Backend,
+    x0: &[f32],
+    a: &[f32],
+    u: &[f32],
+    y: &mut [f32],
+    len: usize,
+    parts: usize,
+) {
     let rows = x0.len();
     // Every piece keeps at least one element: `len * 3 / (3 * parts + 2)`
     // is at least 1 for `parts <= len - 1`.
     let parts = parts.min(MAX_PIECES / rows).min(len - 1);
     if parts == 0 {
-        return scan_rows(x0, a, u, y, len, rayon::current_num_threads());
+        return scan_rows(backend, x0, a, u, y, len, rayon::current_num_threads());
     }
     // Piece 0 is [0, first); piece j >= 1 is [first + (j-1) * size, first + j * size).
     let size = len * 3 / (3 * parts + 2);
@@ -255,7 +353,7 @@ fn scan_chunked(x0: &[f32], a: &[f32], u: &[f32], y: &mut [f32], len: usize, par
             let (head, rest) = maps.split_first_mut().expect("parts >= 1");
             rayon::join(
                 || {
-                    let end = kernel::scan_row(init, &a[..first], &u[..first], &mut y[..first]);
+                    let end = backend.scan_row(init, &a[..first], &u[..first], &mut y[..first]);
                     *head = Affine {
                         mul: 0.0,
                         add: f64::from(end),
@@ -312,7 +410,7 @@ fn scan_chunked(x0: &[f32], a: &[f32], u: &[f32], y: &mut [f32], len: usize, par
                 .zip(u[first..].par_chunks(size))
                 .zip(starts.par_iter())
                 .for_each(|(((y, a), u), &s)| {
-                    kernel::scan_row(s, a, u, y);
+                    backend.scan_row(s, a, u, y);
                 });
         });
 }

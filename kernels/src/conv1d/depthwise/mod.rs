@@ -9,8 +9,8 @@
 //! the row kernels ([`simd`]) split it into an unpadded interior
 //! (vectorised along time, register-blocked, no branches) and the padded
 //! edges (scalar for short filters, vectorised through a small zero-padded
-//! stack window for longer ones). The instruction set (AVX2 + FMA, NEON or
-//! portable auto-vectorised Rust) is detected once, at prepare.
+//! stack window for longer ones). The instruction set (AVX-512, AVX2 + FMA,
+//! NEON or portable auto-vectorised Rust) is detected once, at prepare.
 //!
 //! Rows run in parallel on the current rayon pool, several short rows per
 //! task; when there are too few rows to keep every thread busy, rows are
@@ -44,6 +44,9 @@ pub(crate) fn applies(g: &Conv1dGeometry) -> bool {
 /// two 8-lane FMAs per cycle).
 #[cfg(target_arch = "x86_64")]
 const AVX2_MACS_PER_SEC: f64 = 3.2e10;
+/// AVX-512 interior multiply-adds per second.
+#[cfg(target_arch = "x86_64")]
+const AVX512_MACS_PER_SEC: f64 = 6.4e10;
 /// Portable interior multiply-adds per second (SSE2 on x86_64).
 const PORTABLE_MACS_PER_SEC: f64 = 2.0e10;
 /// NEON interior multiply-adds per second (guess: half of AVX2's lanes).
@@ -78,6 +81,8 @@ pub(crate) fn cost(g: &Conv1dGeometry) -> f64 {
         Backend::Portable => PORTABLE_MACS_PER_SEC,
         #[cfg(target_arch = "x86_64")]
         Backend::Avx2 => AVX2_MACS_PER_SEC,
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx512 => AVX512_MACS_PER_SEC,
         #[cfg(target_arch = "aarch64")]
         Backend::Neon => NEON_MACS_PER_SEC,
     };

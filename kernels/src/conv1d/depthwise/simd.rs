@@ -8,7 +8,7 @@
 //! * the **interior**, where every tap reads a real sample: vectorised along
 //!   time, `R` vectors of outputs per iteration (register blocking), taps
 //!   broadcast into registers once per call when the tap count `K` is a
-//!   compile-time constant (1..=8 on AVX2 and NEON), or once per block
+//!   compile-time constant (1..=8 on AVX-512, AVX2 and NEON), or once per block
 //!   otherwise. A partial last block is recomputed as the full block
 //!   ending at the last output (same values, written twice); interiors
 //!   shorter than one block run halving blocks and single vectors, the same
@@ -22,14 +22,14 @@
 //!
 //! Every output is `bias`, then one multiply-add per tap in ascending tap
 //! order (in the scalar edges, per valid tap only), with the same rounding
-//! in every part of a backend: fused on AVX2 and NEON, unfused in the
+//! in every part of a backend: fused on AVX-512, AVX2 and NEON, unfused in the
 //! portable backend. Which part computes an output depends only on its
 //! position and the shape, so splitting rows into time chunks (which
 //! depends on the thread count) cannot change any result.
 //!
 //! Backends implement [`Simd`]; the algorithm is written once, generic over
 //! it, and each backend instantiates it inside a function compiled with its
-//! target features (`row_avx2`, `row_neon`, `row_portable`), whose pointer
+//! target features (`row_avx512`, `row_avx2`, `row_neon`, `row_portable`), whose pointer
 //! [`RowKernel`] stores once the features were detected.
 //! `#[inline(always)]` on the generic code and the trait methods makes the
 //! intrinsics inline into those functions.
@@ -46,6 +46,9 @@ pub(crate) enum Backend {
     /// x86_64 AVX2 + FMA intrinsics, 8 lanes.
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// x86_64 AVX-512 F intrinsics, 16 lanes, 32 vector registers.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
     /// aarch64 NEON intrinsics, 4 lanes.
     #[cfg(target_arch = "aarch64")]
     Neon,
@@ -54,6 +57,10 @@ pub(crate) enum Backend {
 impl Backend {
     /// The fastest backend this CPU supports.
     pub(crate) fn detect() -> Backend {
+        #[cfg(target_arch = "x86_64")]
+        if Backend::Avx512.is_available() {
+            return Backend::Avx512;
+        }
         #[cfg(target_arch = "x86_64")]
         if Backend::Avx2.is_available() {
             return Backend::Avx2;
@@ -74,6 +81,11 @@ impl Backend {
                 std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("fma")
             }
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx512 => {
+                std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
             #[cfg(target_arch = "aarch64")]
             Backend::Neon => std::arch::is_aarch64_feature_detected!("neon"),
         }
@@ -86,6 +98,8 @@ impl Backend {
             Backend::Portable,
             #[cfg(target_arch = "x86_64")]
             Backend::Avx2,
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx512,
             #[cfg(target_arch = "aarch64")]
             Backend::Neon,
         ];
@@ -104,6 +118,8 @@ impl Backend {
             Backend::Portable => PORTABLE_R * 8,
             #[cfg(target_arch = "x86_64")]
             Backend::Avx2 => avx2_r(k) * 8,
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx512 => avx512_r(k) * 16,
             #[cfg(target_arch = "aarch64")]
             Backend::Neon => neon_r(k) * 4,
         }
@@ -132,6 +148,12 @@ const fn avx2_r(k: usize) -> usize {
         1..=5 => 8,
         _ => 6,
     }
+}
+/// AVX-512 has 32 vector registers: `K` taps, `R` accumulators, the bias
+/// and a loaded vector fit with `R = 8` for every `K <= 8`.
+#[cfg(target_arch = "x86_64")]
+const fn avx512_r(_k: usize) -> usize {
+    8
 }
 #[cfg(target_arch = "aarch64")]
 const fn neon_r(_k: usize) -> usize {
@@ -197,6 +219,8 @@ impl RowKernel {
             Backend::Portable => row_portable::<0, PORTABLE_R> as RowFn,
             #[cfg(target_arch = "x86_64")]
             Backend::Avx2 => by_taps!(row_avx2, avx2_r, kernel_size),
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx512 => by_taps!(row_avx512, avx512_r, kernel_size),
             #[cfg(target_arch = "aarch64")]
             Backend::Neon => by_taps!(row_neon, neon_r, kernel_size),
         };
@@ -327,7 +351,7 @@ pub(crate) fn edge_window_too_small(span: usize) -> bool {
 }
 
 /// The widest vector of any backend.
-const MAX_LANES: usize = 8;
+const MAX_LANES: usize = 16;
 
 /// Outputs `e0 .. e0 + y.len()` where some tap may read padding.
 ///
@@ -700,6 +724,70 @@ unsafe fn row_avx2<const K: usize, const R: usize>(
 ) {
     // SAFETY: our caller guarantees AVX2 and FMA.
     unsafe { row_generic::<avx2::Avx2, K, R>(geom, x, taps, bias, l0, y) }
+}
+
+// ---------------------------------------------------------------------------
+// AVX-512 backend.
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::Simd;
+
+    pub(super) struct Avx512;
+
+    // Each method is only reached from `row_avx512`, which is compiled with
+    // avx512f and fma and only called once both were detected
+    // (RowKernel::new).
+    impl Simd for Avx512 {
+        const LANES: usize = 16;
+        type V = __m512;
+
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> __m512 {
+            // SAFETY: AVX-512 F is present (see the impl's comment).
+            unsafe { _mm512_set1_ps(v) }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m512 {
+            // SAFETY: AVX-512 F is present; the caller guarantees 16
+            // readable values at p, and loadu has no alignment requirement.
+            unsafe { _mm512_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m512) {
+            // SAFETY: AVX-512 F is present; the caller guarantees 16
+            // writable values at p, and storeu has no alignment requirement.
+            unsafe { _mm512_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        unsafe fn mul_add(acc: __m512, w: __m512, x: __m512) -> __m512 {
+            // SAFETY: AVX-512 F is present.
+            unsafe { _mm512_fmadd_ps(w, x, acc) }
+        }
+        #[inline(always)]
+        unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32 {
+            // SAFETY: FMA is present. Fused like `mul_add`.
+            unsafe { _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(w), _mm_set_ss(x), _mm_set_ss(acc))) }
+        }
+    }
+}
+
+/// # Safety
+/// The CPU must support AVX-512 F and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn row_avx512<const K: usize, const R: usize>(
+    geom: &RowGeom,
+    x: &[f32],
+    taps: &[f32],
+    bias: f32,
+    l0: usize,
+    y: &mut [f32],
+) {
+    // SAFETY: our caller guarantees AVX-512 F and FMA.
+    unsafe { row_generic::<avx512::Avx512, K, R>(geom, x, taps, bias, l0, y) }
 }
 
 // ---------------------------------------------------------------------------

@@ -73,6 +73,15 @@ fn backends_include_the_detected_one() {
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
         assert!(all.contains(&Backend::Avx2), "AVX2 path must be tested");
     }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma")
+    {
+        assert!(
+            all.contains(&Backend::Avx512),
+            "AVX-512 path must be tested"
+        );
+        assert_eq!(Backend::detect(), Backend::Avx512);
+    }
 }
 
 #[test]

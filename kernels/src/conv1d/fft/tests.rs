@@ -232,7 +232,7 @@ fn every_fft_length_matches_reference() {
         let tol = tolerance(&p, &x, &w, Some(&bias));
         let span = plan::span(&g);
         for m in span..span + g.out_len + 8 {
-            let conv = FftConv::with_fft_len(&g, &w, m);
+            let conv = FftConv::with_plan(&g, &w, plan::Engine::Real, m);
             let scratch = Scratch::new(rayon::current_num_threads(), conv.scratch_per_thread());
             let mut y = vec![f32::NAN; g.output_elems];
             conv.run(&g, &x, Some(&bias), &mut y, &scratch);
@@ -327,11 +327,19 @@ fn prepared_bytes_are_the_spectra() {
     let p = params(2, 6, 16384, 128, (127, 0), 1);
     let g = p.geometry().unwrap();
     let w = vec![0.5; p.weight_elems()];
-    let conv = FftConv::prepare(&g, &w);
     let m = plan::choose(&g).unwrap().fft_len;
-    assert_eq!(conv.fft_len, m);
-    assert_eq!(conv.prepared_bytes(), 6 * (m / 2 + 1) * 8);
-    assert!(conv.scratch_per_thread() >= 2 * m + 2);
+    for engine in plan::Engine::available().filter(|e| e.supports(m)) {
+        let conv = FftConv::with_plan(&g, &w, engine, m);
+        assert_eq!(conv.fft_len, m);
+        // The lanes engine pads the channels to a whole group of 32.
+        let channels = match engine {
+            plan::Engine::Real => 6,
+            #[cfg(target_arch = "x86_64")]
+            plan::Engine::Lanes => 32,
+        };
+        assert_eq!(conv.prepared_bytes(), channels * (m / 2 + 1) * 8);
+        assert!(conv.scratch_per_thread() >= 2 * m + 2);
+    }
 }
 
 #[test]
@@ -344,5 +352,206 @@ fn cost_prefers_fft_to_direct_for_long_filters() {
             fft.is_finite() && fft < direct / 4.0,
             "K={k}: {fft} vs {direct}"
         );
+    }
+}
+
+/// [`tolerance`] for the lanes engine: two rows share each transform
+/// (channels `c` and `c + 16` of a group of 32), so each row's rounding
+/// error scales with the larger of the two rows' magnitudes.
+#[cfg(target_arch = "x86_64")]
+fn lanes_tolerance(p: &Conv1dParams, x: &[f32], w: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
+    let per_row = tolerance(p, x, w, bias);
+    let out_len = p.out_len().unwrap();
+    let row_tol = |b: usize, c: usize| per_row[(b * p.in_channels + c) * out_len];
+    let mut tol = per_row.clone();
+    for b in 0..p.batch {
+        for c in 0..p.in_channels {
+            let lane = c % lanes::GROUP;
+            let partner = c - lane + (lane + lanes::GROUP / 2) % lanes::GROUP;
+            let t = if partner < p.in_channels {
+                row_tol(b, c).max(row_tol(b, partner))
+            } else {
+                row_tol(b, c)
+            };
+            tol[(b * p.in_channels + c) * out_len..][..out_len].fill(t);
+        }
+    }
+    tol
+}
+
+/// The lanes engine (AVX-512), forced at every power-of-two length from the
+/// span to past the single FFT: channel counts around the group of 32,
+/// batches, padding, dilation, bias, and calls smaller than prepared.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn lanes_engine_matches_reference_at_every_length() {
+    if !lanes::available() {
+        eprintln!("no AVX-512: lanes engine not tested");
+        return;
+    }
+    let mut rng = Rng::new(16);
+    let shapes = [
+        params(1, 1, 40, 5, (4, 0), 1),
+        params(2, 5, 37, 5, (4, 0), 1),
+        params(1, 31, 100, 7, (3, 3), 2),
+        params(1, 32, 64, 64, (63, 0), 1),
+        params(2, 33, 129, 16, (15, 0), 1),
+        params(1, 64, 300, 33, (5, 27), 1),
+        params(1, 70, 200, 200, (199, 0), 1),
+        params(1, 3, 12, 20, (10, 9), 1),
+        params(1, 2, 3, 2, (6, 5), 1),
+        params(2, 40, 1000, 128, (127, 0), 1),
+    ];
+    for max in shapes {
+        let g = max.geometry().unwrap();
+        let (x_max, w, bias_all) = data(&mut rng, &max);
+        let span = plan::span(&g);
+        let mut m = span.max(16).next_power_of_two();
+        loop {
+            let conv = FftConv::with_plan(&g, &w, plan::Engine::Lanes, m);
+            assert_eq!(conv.engine(), plan::Engine::Lanes);
+            let scratch = Scratch::new(rayon::current_num_threads(), conv.scratch_per_thread());
+            let runs = [(max.batch, max.in_len), (1, max.in_len / 2 + 1), (1, 1)];
+            for (batch, in_len) in runs {
+                let p = Conv1dParams {
+                    batch,
+                    in_len,
+                    ..max
+                };
+                let Ok(g) = p.geometry() else { continue };
+                let x = &x_max[..p.input_elems()];
+                for bias in [None, Some(bias_all.as_slice())] {
+                    let want = reference::conv1d_f32(&p, x, &w, bias).unwrap();
+                    let mut y = vec![f32::NAN; g.output_elems];
+                    conv.run(&g, x, bias, &mut y, &scratch);
+                    let context = format!("{p:?}, M = {m}, bias {}", bias.is_some());
+                    assert_close(&y, &want, &lanes_tolerance(&p, x, &w, bias), &context);
+                }
+            }
+            if m >= g.out_len + span {
+                break;
+            }
+            m *= 2;
+        }
+    }
+}
+
+/// Few groups, many blocks: the lanes engine splits each group's blocks
+/// among threads; the result must not depend on the pool size.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn lanes_result_does_not_depend_on_pool_size() {
+    if !lanes::available() {
+        return;
+    }
+    let mut rng = Rng::new(17);
+    let p = params(1, 20, 5000, 33, (32, 0), 1);
+    let g = p.geometry().unwrap();
+    let (x, w, bias) = data(&mut rng, &p);
+    let conv = FftConv::with_plan(&g, &w, plan::Engine::Lanes, 128);
+    let run_on = |threads| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let scratch = Scratch::new(threads, conv.scratch_per_thread());
+            let mut y = vec![f32::NAN; g.output_elems];
+            conv.run(&g, &x, Some(&bias), &mut y, &scratch);
+            y
+        })
+    };
+    let single = run_on(1);
+    let want = reference::conv1d_f32(&p, &x, &w, Some(&bias)).unwrap();
+    let tol = lanes_tolerance(&p, &x, &w, Some(&bias));
+    assert_close(&single, &want, &tol, "1 thread");
+    for threads in [2, 3, 7] {
+        assert_eq!(run_on(threads), single, "{threads} threads");
+    }
+}
+
+/// With AVX-512, the cost model picks the lanes engine for the benchmark's
+/// long-filter shapes, and it is accurate there (K = N = 8192, 64 channels).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn lanes_engine_is_chosen_and_accurate_for_long_filters() {
+    if !lanes::available() {
+        return;
+    }
+    for (n, k) in [(1024, 32), (1024, 128), (4096, 128), (4096, 4096)] {
+        let g = params(1, 512, n, k, (k - 1, 0), 1).geometry().unwrap();
+        assert_eq!(
+            plan::choose(&g).unwrap().engine,
+            plan::Engine::Lanes,
+            "N={n} K={k}"
+        );
+    }
+    let mut rng = Rng::new(18);
+    let (c, n) = (64, 8192);
+    let p = params(1, c, n, n, (n - 1, 0), 1);
+    let x = rng.vec(c * n, -1.0, 1.0);
+    let w = default_init(&mut rng, c, n);
+    let prepared = PreparedConv1d::new(&p, &w, Choice::Force(Algorithm::Fft)).unwrap();
+    let got = run_prepared(&prepared, &p, &x, &w, None);
+    // Check four channels against the reference.
+    for ch in [0, 17, 32, 63] {
+        let p1 = params(1, 1, n, n, (n - 1, 0), 1);
+        let want = reference::conv1d_f32(&p1, &x[ch * n..][..n], &w[ch * n..][..n], None).unwrap();
+        let err = max_abs_error(&got[ch * n..][..n], &want);
+        assert!(err < 1e-5, "channel {ch}: max abs error {err}");
+    }
+}
+
+/// Timings of the chosen plan against the cost model, for calibrating the
+/// constants in `plan.rs`: `FFT_SHAPES="c,n,k;..." cargo test --release -p
+/// rustconv-kernels calibrate_fft -- --ignored --nocapture` (causal shapes).
+#[test]
+#[ignore]
+fn calibrate_fft() {
+    use std::time::Instant;
+    let shapes: Vec<(usize, usize, usize)> = std::env::var("FFT_SHAPES")
+        .unwrap_or_else(|_| "512,1024,128;512,4096,128;512,1024,32;512,4096,4096".into())
+        .split(';')
+        .map(|t| {
+            let v: Vec<usize> = t.split(',').map(|e| e.trim().parse().unwrap()).collect();
+            (v[0], v[1], v[2])
+        })
+        .collect();
+    for (c, n, k) in shapes {
+        let p = params(1, c, n, k, (k - 1, 0), 1);
+        let g = p.geometry().unwrap();
+        let mut rng = Rng::new(1);
+        let (x, w, b) = data(&mut rng, &p);
+        let chosen = plan::choose(&g).unwrap();
+        let mut line = format!("C={c:5} N={n:6} K={k:5}: chosen {chosen:?}\n");
+        for engine in plan::Engine::available() {
+            let mut m = plan::span(&g).max(16).next_power_of_two();
+            while m < 2 * (g.out_len + k) && m <= 1 << 18 {
+                let conv = FftConv::with_plan(&g, &w, engine, m);
+                let est = plan::price(&g, engine, plan::span(&g), m).seconds;
+                line += &format!("  {engine:?} M={m:6} est {:8.3} ms:", est * 1e3);
+                for threads in [1, 2] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let scratch = Scratch::new(threads, conv.scratch_per_thread());
+                    let mut y = vec![0.0; g.output_elems];
+                    let best = pool.install(|| {
+                        (0..7)
+                            .map(|_| {
+                                let t = Instant::now();
+                                conv.run(&g, &x, Some(&b), &mut y, &scratch);
+                                t.elapsed().as_secs_f64()
+                            })
+                            .fold(f64::INFINITY, f64::min)
+                    });
+                    line += &format!(" {threads}T {:8.3} ms", best * 1e3);
+                }
+                line += "\n";
+                m *= 2;
+            }
+        }
+        print!("{line}");
     }
 }
