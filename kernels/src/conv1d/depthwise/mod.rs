@@ -44,9 +44,17 @@ pub(crate) fn applies(g: &Conv1dGeometry) -> bool {
 /// two 8-lane FMAs per cycle).
 #[cfg(target_arch = "x86_64")]
 const AVX2_MACS_PER_SEC: f64 = 3.2e10;
-/// AVX-512 interior multiply-adds per second.
+/// AVX-512 interior multiply-adds per second with the taps in registers
+/// or broadcast per block (measured 5.0e10 to 5.5e10 at K = 32 and 128,
+/// 1.5 times AVX2: the unaligned loads, one per FMA and most of them split
+/// across cache lines, bound it rather than the FMAs).
 #[cfg(target_arch = "x86_64")]
-const AVX512_MACS_PER_SEC: f64 = 6.4e10;
+const AVX512_MACS_PER_SEC: f64 = 5.2e10;
+/// AVX-512 with the grouped kernel (`9 <= K <= 128`, dilation 1), each
+/// load shared by several taps: FMA-bound, measured 9.6e10 to 1.08e11 at
+/// K = 32 (near two 16-lane FMAs per cycle).
+#[cfg(target_arch = "x86_64")]
+const AVX512_GROUPED_MACS_PER_SEC: f64 = 9.5e10;
 /// Portable interior multiply-adds per second (SSE2 on x86_64).
 const PORTABLE_MACS_PER_SEC: f64 = 2.0e10;
 /// NEON interior multiply-adds per second (guess: half of AVX2's lanes).
@@ -77,7 +85,10 @@ const SECONDS_PER_ROW_TAP: f64 = 2.0e-9;
 pub(crate) fn cost(g: &Conv1dGeometry) -> f64 {
     let p = &g.params;
     let k = p.kernel_size;
-    let rate = match Backend::detect() {
+    let backend = Backend::detect();
+    let rate = match backend {
+        #[cfg(target_arch = "x86_64")]
+        _ if simd::grouped(backend, k, p.dilation) => AVX512_GROUPED_MACS_PER_SEC,
         Backend::Portable => PORTABLE_MACS_PER_SEC,
         #[cfg(target_arch = "x86_64")]
         Backend::Avx2 => AVX2_MACS_PER_SEC,
@@ -132,7 +143,7 @@ impl DepthwiseConv {
     /// The kernel on a given backend, or `None` where this CPU lacks it.
     pub(crate) fn with_backend(g: &Conv1dGeometry, backend: Backend) -> Option<Self> {
         Some(DepthwiseConv {
-            kernel: RowKernel::new(backend, g.params.kernel_size)?,
+            kernel: RowKernel::new(backend, g.params.kernel_size, g.params.dilation)?,
         })
     }
 
@@ -188,7 +199,7 @@ impl DepthwiseConv {
             rows,
             out_len,
             rayon::current_num_threads(),
-            kernel.backend().block_outputs(k),
+            kernel.block_outputs(),
         );
         if chunk >= out_len {
             // Whole rows, grouped so each task has enough work.

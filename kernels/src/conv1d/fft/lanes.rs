@@ -91,6 +91,18 @@ fn pairs(m: usize) -> impl Iterator<Item = (usize, usize)> {
         .chain(octaves.flat_map(|o| (o..o + o / 2).map(move |p| (p, 3 * o - 1 - p))))
 }
 
+/// Outputs per block for length `m` and span `span`: `M - L + 1`, rounded
+/// down to a multiple of 16 where that leaves at least 16, so that blocks
+/// after an aligned first one store whole cache lines (see `run_task`).
+pub(crate) fn block(m: usize, span: usize) -> usize {
+    let valid = m - span + 1;
+    if valid >= LANES {
+        valid / LANES * LANES
+    } else {
+        valid
+    }
+}
+
 /// Stored pairs per group, `M / 2 + 1`.
 fn pair_count(m: usize) -> usize {
     m / 2 + 1
@@ -102,7 +114,7 @@ pub(crate) struct LanesConv {
     m: usize,
     /// Filter span `L`.
     span: usize,
-    /// Outputs per block, `M - L + 1`.
+    /// Outputs per block, [`block`].
     block: usize,
     /// Groups per batch element, `ceil(channels / 32)`.
     groups: usize,
@@ -194,7 +206,7 @@ impl LanesConv {
         LanesConv {
             m,
             span,
-            block: m - span + 1,
+            block: block(m, span),
             groups,
             twiddles,
             spectra,
@@ -203,7 +215,7 @@ impl LanesConv {
 
     /// `f32` elements of scratch per thread.
     pub(crate) fn scratch_per_thread(&self) -> usize {
-        POS * self.m + LANES
+        POS * (self.m + LANES) + LANES
     }
 
     /// Bytes of the prepared spectra.
@@ -286,9 +298,10 @@ impl LanesConv {
         let row0 = b * channels + c0;
         let spectra = &self.spectra[gi * pair_count(m) * PAIR..][..pair_count(m) * PAIR];
         assert!(s.len() >= self.scratch_per_thread());
-        // Align the buffer to 64 bytes (the slack is LANES values).
+        // Align the buffer to 64 bytes (the slack is LANES values). It has
+        // LANES positions past m, which output tiles may read (and ignore).
         let skip = s.as_ptr().align_offset(64).min(LANES);
-        let buf = &mut s[skip..][..POS * m];
+        let buf = &mut s[skip..][..POS * (m + LANES)];
         let bp = buf.as_mut_ptr();
         let bias_of = |lane: usize| match bias {
             Some(bias) if lane < rows => bias[c0 + lane],
@@ -313,14 +326,32 @@ impl LanesConv {
                 l0 += len;
                 continue;
             }
-            // SAFETY: AVX-512 F is present; every position
-            // t < m of the buffer is written before the transforms read it;
-            // input reads are masked to samples 0 .. in_len of rows that
-            // exist; output writes are masked to outputs l0 .. l0 + len of
-            // rows that exist, within this task's range.
+            // SAFETY: AVX-512 F is present; every position t < m of the
+            // buffer is written before the transforms read it, and tiles
+            // touch at most LANES positions past m, within the buffer's
+            // slack; input reads are masked to samples 0 .. in_len of rows
+            // that exist; output writes are masked to outputs l0 .. l0 +
+            // len of rows that exist, within this task's range.
             unsafe {
+                // Input tiles start where the rows' samples are 64-byte
+                // aligned when all rows share an alignment (in_len a
+                // multiple of 16), after an unaligned first tile that the
+                // next one overlaps (same values), so that loads do not
+                // split cache lines. The last tile may run past m, into
+                // the slack positions.
+                let src0 = (x.as_ptr() as usize)
+                    .wrapping_add(4 * row0 * in_len)
+                    .wrapping_add_signed(4 * start);
+                let lead = if in_len % LANES == 0 {
+                    (64 - src0 % 64) % 64 / 4
+                } else {
+                    0
+                };
+                let tiles = std::iter::once(0)
+                    .filter(|_| lead > 0)
+                    .chain((lead..m).step_by(LANES));
                 for half in 0..2 {
-                    for t in (0..m).step_by(LANES) {
+                    for t in tiles.clone() {
                         let mut tile = [_mm512_setzero_ps(); LANES];
                         let at = start + t as isize;
                         let lo = (-at).clamp(0, LANES as isize) as u32;
@@ -350,15 +381,33 @@ impl LanesConv {
                 self.forward(bp, m);
                 pointwise(bp, m, spectra.as_ptr());
                 self.inverse(bp, m);
-                for half in 0..2 {
-                    for t in (0..len).step_by(LANES) {
+                // Output tiles start where the rows' outputs are 64-byte
+                // aligned (whole tiles read at most LANES positions past
+                // len <= m, within the slack), when all rows share an alignment (out_len a
+                // multiple of 16), so that stores fill whole cache lines:
+                // a masked first tile up to there, then whole tiles.
+                let dst0 = out.0.add(row0 * out_len + l0);
+                let lead = if out_len % LANES == 0 {
+                    dst0.align_offset(64).min(LANES) % LANES
+                } else {
+                    0
+                };
+                let tiles = std::iter::once(0)
+                    .filter(|_| lead > 0)
+                    .chain((lead..len).step_by(LANES));
+                for t in tiles {
+                    let count = if t == 0 && lead > 0 {
+                        lead.min(len)
+                    } else {
+                        (len - t).min(LANES)
+                    };
+                    let mask = ((1u32 << count) - 1) as u16;
+                    for half in 0..2 {
                         let mut tile = [_mm512_setzero_ps(); LANES];
                         for (i, v) in tile.iter_mut().enumerate() {
                             *v = _mm512_load_ps(bp.add(POS * (t + i) + half * LANES));
                         }
                         transpose16(&mut tile);
-                        let count = (len - t).min(LANES);
-                        let mask = ((1u32 << count) - 1) as u16;
                         for (lane, v) in tile.iter().enumerate() {
                             let lane = half * LANES + lane;
                             if lane >= rows {

@@ -132,10 +132,10 @@ pub(crate) fn choose(g: &Conv1dGeometry) -> Option<BlockPlan> {
     let span = span(g);
     // A single block covers every output when M >= out_len + L - 1.
     let single = g.out_len.checked_add(span - 1)?;
-    let longest = FACTORS
-        .iter()
-        .filter_map(|&f| smallest_multiple_at_least(f, single.max(MIN_FFT_LEN)))
-        .min()?;
+    // Up to the power of two that does (the lanes engine's single FFT;
+    // for the real engine, longer than its own single FFT of a 3 or 5
+    // multiple, which is then just priced higher).
+    let longest = smallest_multiple_at_least(1, single.max(MIN_FFT_LEN))?;
     let shortest = span.max(MIN_FFT_LEN);
     let plans: Vec<BlockPlan> = candidates(shortest, longest)
         .flat_map(|m| {
@@ -154,7 +154,11 @@ pub(crate) fn choose(g: &Conv1dGeometry) -> Option<BlockPlan> {
 pub(crate) fn price(g: &Conv1dGeometry, engine: Engine, span: usize, m: usize) -> BlockPlan {
     debug_assert!(m >= span && engine.supports(m));
     let p = &g.params;
-    let block = m - span + 1;
+    let block = match engine {
+        Engine::Real => m - span + 1,
+        #[cfg(target_arch = "x86_64")]
+        Engine::Lanes => super::lanes::block(m, span),
+    };
     let blocks = g.out_len.div_ceil(block) as f64;
     // The choice must not degenerate at batch 0: price at least one row.
     let rows = (p.batch * p.in_channels).max(1) as f64;

@@ -401,6 +401,10 @@ fn lanes_engine_matches_reference_at_every_length() {
         params(1, 3, 12, 20, (10, 9), 1),
         params(1, 2, 3, 2, (6, 5), 1),
         params(2, 40, 1000, 128, (127, 0), 1),
+        // Lengths that are multiples of 16: aligned input and output tiles.
+        params(1, 40, 256, 32, (31, 0), 1),
+        params(2, 33, 512, 100, (50, 49), 1),
+        params(1, 16, 64, 3, (1, 1), 1),
     ];
     for max in shapes {
         let g = max.geometry().unwrap();
@@ -553,5 +557,36 @@ fn calibrate_fft() {
             }
         }
         print!("{line}");
+    }
+}
+
+/// The lanes engine's tiles follow the alignment of `x` and `y`: every
+/// offset of both within a cache line gives the same result.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn lanes_result_does_not_depend_on_alignment() {
+    if !lanes::available() {
+        return;
+    }
+    let mut rng = Rng::new(19);
+    let p = params(2, 35, 256, 40, (39, 0), 1);
+    let g = p.geometry().unwrap();
+    let (x, w, bias) = data(&mut rng, &p);
+    let conv = FftConv::with_plan(&g, &w, plan::Engine::Lanes, 128);
+    let scratch = Scratch::new(rayon::current_num_threads(), conv.scratch_per_thread());
+    let want = reference::conv1d_f32(&p, &x, &w, Some(&bias)).unwrap();
+    let tol = lanes_tolerance(&p, &x, &w, Some(&bias));
+    let mut first: Option<Vec<f32>> = None;
+    for offset in 0..16 {
+        let mut x_buf = vec![0.0; x.len() + 16];
+        x_buf[offset..][..x.len()].copy_from_slice(&x);
+        let mut y_buf = vec![f32::NAN; g.output_elems + 16];
+        let y = &mut y_buf[15 - offset..][..g.output_elems];
+        conv.run(&g, &x_buf[offset..][..x.len()], Some(&bias), y, &scratch);
+        assert_close(y, &want, &tol, &format!("offset {offset}"));
+        match &first {
+            None => first = Some(y.to_vec()),
+            Some(f) => assert_eq!(f, y, "offset {offset}"),
+        }
     }
 }
