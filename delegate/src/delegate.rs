@@ -49,7 +49,7 @@ impl Delegate {
         let graph = GraphDesc::decode(bytes, &layout)?;
 
         let segment = &bytes[layout.constants.clone()];
-        let copy = (segment.as_ptr() as usize % crate::blob::CONSTANT_ALIGNMENT != 0)
+        let copy = (!(segment.as_ptr() as usize).is_multiple_of(crate::blob::CONSTANT_ALIGNMENT))
             .then(|| AlignedBuf::from_bytes(segment));
         let constants: &[u8] = match &copy {
             // SAFETY: `from_bytes` filled `segment.len()` bytes of the buffer.

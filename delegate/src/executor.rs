@@ -235,7 +235,8 @@ impl Executable<'_> {
                 expected: bytes,
             });
         }
-        if bytes > 0 && (t.data.is_null() || (t.data as usize) % value.dtype.size() != 0) {
+        if bytes > 0 && (t.data.is_null() || !(t.data as usize).is_multiple_of(value.dtype.size()))
+        {
             return Err(ArgError::Pointer {
                 which,
                 index: position,
