@@ -101,66 +101,6 @@ pub(super) fn cost(g: &Conv1dGeometry) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Conv1dParams;
-
-    /// Single-channel params: the tap arithmetic does not depend on channels.
-    fn params(
-        in_len: usize,
-        kernel_size: usize,
-        stride: usize,
-        pads: (usize, usize),
-        dilation: usize,
-    ) -> Conv1dParams {
-        Conv1dParams {
-            batch: 1,
-            in_channels: 1,
-            out_channels: 1,
-            in_len,
-            kernel_size,
-            stride,
-            pad_left: pads.0,
-            pad_right: pads.1,
-            dilation,
-            groups: 1,
-        }
-    }
-
-    #[test]
-    fn tap_span_hand_cases() {
-        // N=4, K=3, pad 1/1: tap 0 misses output 0, tap 2 misses output 3.
-        let geom = params(4, 3, 1, (1, 1), 1).geometry().unwrap();
-        assert_eq!(
-            TapSpan::new(&geom, 0),
-            Some(TapSpan {
-                out: 1..4,
-                first_in: 0
-            })
-        );
-        assert_eq!(
-            TapSpan::new(&geom, 1),
-            Some(TapSpan {
-                out: 0..4,
-                first_in: 0
-            })
-        );
-        assert_eq!(
-            TapSpan::new(&geom, 2),
-            Some(TapSpan {
-                out: 0..3,
-                first_in: 1
-            })
-        );
-        // All-padding tap: N=1, K=2, pad 3/0 -> out_len 3, tap 0 reads positions 0, 1, 2 (all padding).
-        let geom = params(1, 2, 1, (3, 0), 1).geometry().unwrap();
-        assert_eq!(TapSpan::new(&geom, 0), None);
-        assert_eq!(
-            TapSpan::new(&geom, 1),
-            Some(TapSpan {
-                out: 2..3,
-                first_in: 0
-            })
-        );
-    }
 
     #[test]
     fn accumulate_strided() {
