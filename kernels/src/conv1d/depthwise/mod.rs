@@ -50,7 +50,7 @@ const AVX2_MACS_PER_SEC: f64 = 3.2e10;
 /// across cache lines, bound it rather than the FMAs).
 #[cfg(target_arch = "x86_64")]
 const AVX512_MACS_PER_SEC: f64 = 5.2e10;
-/// AVX-512 with the grouped kernel (`9 <= K <= 128`, dilation 1), each
+/// AVX-512 with the grouped kernel (`9 <= K <= 64`, dilation 1), each
 /// load shared by several taps: FMA-bound, measured 9.6e10 to 1.08e11 at
 /// K = 32 (near two 16-lane FMAs per cycle).
 #[cfg(target_arch = "x86_64")]

@@ -151,8 +151,10 @@ const fn avx2_r(k: usize) -> usize {
 }
 /// Tap counts up to this (beyond [`MAX_CONST_TAPS`]) take the grouped
 /// AVX-512 kernel ([`block_grouped`]) at dilation 1.
-const MAX_GROUPED_TAPS: usize = 128;
-/// Register block of the grouped AVX-512 kernel: 12 accumulators, up to 8
+/// (Measured: 4 groups, K = 64, run at 1.6e11 flop/s; 8 groups, K = 128,
+/// fall to the speed of [`block_dyn`].)
+const MAX_GROUPED_TAPS: usize = 64;
+/// Register block of the grouped AVX-512 kernel: 12 accumulators, up to 4
 /// tap groups and a loaded vector in 32 registers (measured: 12 beats 8 by
 /// 12% at K = 32).
 #[cfg(target_arch = "x86_64")]
@@ -247,11 +249,7 @@ impl RowKernel {
                 1 => row_avx512_grouped::<1> as RowFn,
                 2 => row_avx512_grouped::<2> as RowFn,
                 3 => row_avx512_grouped::<3> as RowFn,
-                4 => row_avx512_grouped::<4> as RowFn,
-                5 => row_avx512_grouped::<5> as RowFn,
-                6 => row_avx512_grouped::<6> as RowFn,
-                7 => row_avx512_grouped::<7> as RowFn,
-                _ => row_avx512_grouped::<8> as RowFn,
+                _ => row_avx512_grouped::<4> as RowFn,
             };
             return Some(RowKernel {
                 backend,
@@ -565,14 +563,18 @@ unsafe fn interior<S: Simd, const K: usize, const R: usize, const Q: usize>(
         } else if Q != 0 {
             // Taps in groups of LANES, each load shared by the Q taps
             // LANES apart (dilation 1).
+            // The rest in halving blocks rather than one overlapping full
+            // block, which would recompute up to R - 1 vectors (every
+            // block size sums in the same order).
             while i + full <= n {
                 block_grouped::<S, R, Q>(x.add(i), taps, b, y.add(i));
                 i += full;
             }
-            if i < n && n >= full {
-                let i = n - full;
-                block_grouped::<S, R, Q>(x.add(i), taps, b, y.add(i));
-            } else if i < n && n >= lanes {
+            if i < n && n >= lanes {
+                if R > 8 && i + 8 * lanes <= n {
+                    block_grouped::<S, 8, Q>(x.add(i), taps, b, y.add(i));
+                    i += 8 * lanes;
+                }
                 if R > 4 && i + 4 * lanes <= n {
                     block_grouped::<S, 4, Q>(x.add(i), taps, b, y.add(i));
                     i += 4 * lanes;
@@ -684,33 +686,61 @@ unsafe fn block_grouped<S: Simd, const R: usize, const Q: usize>(
     debug_assert!(lanes * (Q - 1) < k && k <= lanes * Q);
     // Offsets s < full have all Q taps; the others Q - 1.
     let full = k - lanes * (Q - 1);
-    // SAFETY: in bounds and with the features present, by the contract:
-    // the load at LANES * j + s is taken only when it serves some tap
-    // LANES * q + s < K of some vector j - q < R, so it ends at or before
-    // R * LANES + K - 1.
+    // SAFETY: in bounds and with the features present, by the contract
+    // (see `grouped_step`).
     unsafe {
         let mut acc = [b; R];
-        for s in 0..lanes {
-            let groups = if s < full { Q } else { Q - 1 };
-            let mut w = [b; Q];
-            for (q, wq) in w.iter_mut().enumerate().take(groups) {
-                *wq = S::splat(*taps.get_unchecked(lanes * q + s));
-            }
-            for j in 0..R + Q - 1 {
-                let (q_lo, q_hi) = (j.saturating_sub(R - 1), j.min(groups.saturating_sub(1)));
-                if groups == 0 || q_lo > q_hi {
-                    continue;
-                }
-                let v = S::load(x.add(lanes * j + s));
-                for (q, &wq) in w.iter().enumerate() {
-                    if q >= q_lo && q <= q_hi {
-                        acc[j - q] = S::mul_add(acc[j - q], wq, v);
-                    }
-                }
-            }
+        for s in 0..full {
+            grouped_step::<S, R, Q, true>(x, taps, s, &mut acc);
+        }
+        for s in full..lanes {
+            grouped_step::<S, R, Q, false>(x, taps, s, &mut acc);
         }
         for (r, &a) in acc.iter().enumerate() {
             S::store(y.add(r * S::LANES), a);
+        }
+    }
+}
+
+/// The taps `LANES * q + s` of [`block_grouped`] for one `s`: all `Q`
+/// groups when `LAST`, else the first `Q - 1`. Every condition is known at
+/// compile time once the loops are unrolled, so the accumulators stay in
+/// registers.
+///
+/// # Safety
+/// As [`block_grouped`]; `LANES * (Q - 1) + s < K` when `LAST`. The load
+/// at `LANES * j + s` is only taken when it serves some tap `LANES * q + s
+/// < K` of some vector `j - q < R`, so it ends at or before `R * LANES + K
+/// - 1`.
+#[inline(always)]
+unsafe fn grouped_step<S: Simd, const R: usize, const Q: usize, const LAST: bool>(
+    x: *const f32,
+    taps: &[f32],
+    s: usize,
+    acc: &mut [S::V; R],
+) {
+    let lanes = S::LANES;
+    let groups = if LAST { Q } else { Q - 1 };
+    if groups == 0 {
+        return;
+    }
+    // SAFETY: by the contract.
+    unsafe {
+        let mut w = [acc[0]; Q];
+        for (q, wq) in w.iter_mut().enumerate().take(groups) {
+            *wq = S::splat(*taps.get_unchecked(lanes * q + s));
+        }
+        for j in 0..R + Q - 1 {
+            // Groups q with 0 <= j - q < R and q < groups.
+            if j >= R + groups - 1 {
+                continue;
+            }
+            let v = S::load(x.add(lanes * j + s));
+            for (q, &wq) in w.iter().enumerate().take(groups) {
+                if q <= j && j - q < R {
+                    acc[j - q] = S::mul_add(acc[j - q], wq, v);
+                }
+            }
         }
     }
 }
