@@ -57,3 +57,28 @@ ensure_ruff() {
     fi
     RUFF="$RUFF_DIR/bin/ruff"
 }
+
+# The kernels' NEON paths run under user-mode QEMU: a cross linker and
+# aarch64 glibc from Debian's packages, and Rust's aarch64 std.
+# RUSTCONV_SKIP_AARCH64=1 skips this where packages cannot be installed.
+AARCH64=aarch64-unknown-linux-gnu
+ensure_aarch64() {
+    if ! rustup target list --installed | grep -qx "$AARCH64"; then
+        log "adding Rust target $AARCH64"
+        rustup target add "$AARCH64"
+    fi
+    if ! command -v qemu-aarch64-static >/dev/null || ! command -v aarch64-linux-gnu-gcc >/dev/null; then
+        local packages="qemu-user-static gcc-aarch64-linux-gnu libc6-dev-arm64-cross"
+        [ "$(id -u)" = 0 ] || {
+            echo "error: the aarch64 tests need: apt-get install $packages" >&2
+            echo "       (run as root, or set RUSTCONV_SKIP_AARCH64=1 to skip them)" >&2
+            exit 1
+        }
+        log "installing $packages"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get install -y -qq --no-install-recommends $packages >/dev/null ||
+            { apt-get update -qq && apt-get install -y -qq --no-install-recommends $packages >/dev/null; }
+    fi
+    export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+    export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64-static -L /usr/aarch64-linux-gnu"
+}

@@ -109,20 +109,25 @@ def test_mixed_model_runs_with_both_delegates(tmp_path):
     assert_close(run_runtime(pte, inputs)[0], want, "runtime")
 
 
-def test_float16_model_stays_float16_and_matches(tmp_path):
+@pytest.mark.parametrize("k,algorithm", [(4, "auto"), (32, "fft")])
+def test_float16_model_stays_float16_and_matches(k, algorithm, tmp_path):
     """model.half(): tensors stay float16, the delegate computes in float32.
     The reference is the float32 computation on the same float16 values,
-    rounded to float16 once at the end (what the delegate does)."""
+    rounded to float16 once at the end (what the delegate does). With fft,
+    the f32 copy of the weights is dropped after init (spectra replace it)."""
+    from rustconv.compile_specs import algorithm as algorithm_spec
+
     torch.manual_seed(3)
-    model = ConvScan(channels=8, k=4).eval()
+    model = ConvScan(channels=8, k=k).eval()
     inputs32 = (torch.randn(1, 8, 96), torch.rand(1, 8, 96), torch.randn(1, 8))
-    half_model = ConvScan(channels=8, k=4).eval().half()
+    half_model = ConvScan(channels=8, k=k).eval().half()
     half_model.load_state_dict(model.half().state_dict())
     inputs = tuple(t.half() for t in inputs32)
-    program = to_edge(export(half_model, inputs)).to_backend(RustConvPartitioner()).to_executorch()
+    partitioner = RustConvPartitioner(compile_specs=[algorithm_spec(algorithm)])
+    program = to_edge(export(half_model, inputs)).to_backend(partitioner).to_executorch()
     assert_delegated(program)
     pte = save(program, tmp_path)
-    want = ConvScan(channels=8, k=4).eval()
+    want = ConvScan(channels=8, k=k).eval()
     want.load_state_dict({k: v.float() for k, v in half_model.state_dict().items()})
     want = want(*(t.float() for t in inputs)).half()
     got = run_runtime(pte, inputs)[0]

@@ -115,8 +115,9 @@ Error to_error(Status status) {
 }
 
 // What init() hands ExecuTorch. The Rust delegate may read constants in place
-// from `processed`, so the buffer is declared first: members are destroyed in
-// reverse order, the delegate before the bytes it points into.
+// from `processed` (unless it released it), so the buffer is declared first:
+// members are destroyed in reverse order, the delegate before the bytes it
+// points into.
 struct Handle {
   FreeableBuffer processed;
   rust::Box<Delegate> delegate;
@@ -143,6 +144,11 @@ class RustConvBackend final : public BackendInterface {
         processed->size()));
     if (status != Status::Ok) {
       return to_error(status);
+    }
+    // Constants the kernels transformed at init (FFT spectra, packed
+    // panels) are not read again: the delegate kept a copy of the rest.
+    if (!delegate->keeps_blob()) {
+      processed->Free();
     }
     Handle* handle =
         context.get_runtime_allocator()->allocateInstance<Handle>();

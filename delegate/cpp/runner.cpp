@@ -68,12 +68,18 @@ TensorInfo info_of(const executorch::aten::Tensor& t) {
   return info;
 }
 
+constexpr std::size_t kSegmentAlignment = 64;
+
 } // namespace
 
 class SessionImpl {
  public:
   SessionImpl(const std::string& path, const std::string& method_name, bool trace)
-      : loader_(take(FileDataLoader::from(path.c_str()), "opening " + path)),
+      // Segments loaded 64-byte aligned, so delegates (ours, XNNPACK) can
+      // read constants in place instead of copying them.
+      : loader_(take(
+            FileDataLoader::from(path.c_str(), kSegmentAlignment),
+            "opening " + path)),
         program_(take(Program::load(&loader_), "loading program " + path)) {
     MethodMeta meta = take(
         program_.method_meta(method_name.c_str()),

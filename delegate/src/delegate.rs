@@ -23,13 +23,17 @@ pub struct Delegate {
 
 struct Loaded {
     plan: Plan,
-    /// Kept alive because `state` points into its constant segment.
-    _blob: BlobBytes,
-    /// A copy of the constant segment, made only when the blob's segment is
-    /// not aligned for in-place use (e.g. a .pte loaded into an unaligned
-    /// buffer). `state` points into it when present.
-    _constants_copy: Option<AlignedBuf>,
+    /// Where `state` reads constants from: the blob's own segment (kept
+    /// alive here) or a copy of the constants `execute` reads.
+    constants: Constants,
     state: Mutex<ExecState>,
+}
+
+enum Constants {
+    /// In place, in the blob's 64-byte aligned constant segment.
+    InBlob(BlobBytes),
+    /// Copied out, so the blob can be freed (see constants.rs).
+    Retained(AlignedBuf),
 }
 
 impl Delegate {
@@ -40,6 +44,8 @@ impl Delegate {
         }
     }
 
+    /// Validates `blob`, builds the plan and binds the constants. Once this
+    /// returns, the delegate reads `blob` again only if [`Self::keeps_blob`].
     pub fn init(&mut self, blob: BlobBytes) -> Result<(), DelegateError> {
         if let Some(e) = self.option_error.take() {
             return Err(e.into());
@@ -47,11 +53,12 @@ impl Delegate {
         let bytes = blob.as_slice();
         let layout = BlobLayout::parse(bytes)?;
         let graph = GraphDesc::decode(bytes, &layout)?;
-
         let segment = &bytes[layout.constants.clone()];
-        let copy = (!(segment.as_ptr() as usize).is_multiple_of(crate::blob::CONSTANT_ALIGNMENT))
-            .then(|| AlignedBuf::from_bytes(segment));
-        let constants: &[u8] = match &copy {
+        // Kernels read constants as f32 slices: an unaligned segment (a .pte
+        // loaded into an unaligned buffer) is copied before planning.
+        let aligned = (segment.as_ptr() as usize).is_multiple_of(crate::blob::CONSTANT_ALIGNMENT);
+        let copy = (!aligned).then(|| AlignedBuf::from_bytes(segment));
+        let segment: &[u8] = match &copy {
             // SAFETY: `from_bytes` filled `segment.len()` bytes of the buffer.
             Some(copy) => unsafe { std::slice::from_raw_parts(copy.as_ptr(), segment.len()) },
             None => segment,
@@ -59,19 +66,51 @@ impl Delegate {
         // Kernel preparation may time candidates (`conv1d_algorithm=measure`):
         // do it on the pool execute will use.
         let pool = threads::pool(threads::resolve(self.options.num_threads)?)?;
-        let plan = pool.install(|| Plan::build(graph, constants, &self.options))?;
+        let mut plan = pool.install(|| Plan::build(graph, segment, &self.options))?;
+        plan.drop_unread_converted();
+        let release = !aligned || plan.has_unread_constants();
+        let retained = release.then(|| plan.retain_constants(segment));
         for line in &plan.report {
             log(LogLevel::Info, line);
         }
-        let constants = constants.as_ptr();
-        let state = ExecState::new(&plan, constants);
+        if let Some(retained) = &retained {
+            log(
+                LogLevel::Info,
+                &format!(
+                    "constants: {} of {} bytes kept for execute; the blob is released",
+                    retained.len(),
+                    segment.len()
+                ),
+            );
+        }
+        drop(copy);
+        let constants = match retained {
+            Some(buf) => Constants::Retained(buf),
+            None => Constants::InBlob(blob),
+        };
+        let base = match &constants {
+            Constants::Retained(buf) => buf.as_ptr(),
+            Constants::InBlob(blob) => blob.as_slice()[layout.constants].as_ptr(),
+        };
+        let state = ExecState::new(&plan, base);
         self.loaded = Some(Loaded {
             plan,
-            _blob: blob,
-            _constants_copy: copy,
+            constants,
             state: Mutex::new(state),
         });
         Ok(())
+    }
+
+    /// Whether the delegate still reads the blob passed to `init` (its
+    /// constants in place). When false, the host may free the blob.
+    pub fn keeps_blob(&self) -> bool {
+        matches!(
+            self.loaded,
+            Some(Loaded {
+                constants: Constants::InBlob(_),
+                ..
+            })
+        )
     }
 
     pub fn execute(&self, args: &mut dyn CallArgs) -> Result<(), DelegateError> {

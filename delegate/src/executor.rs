@@ -63,8 +63,9 @@ impl ExecState {
     /// of constants and the addresses of intermediates. Arguments are bound
     /// per call.
     ///
-    /// `constants` is the start of the constant segment; every Constant
-    /// location lies within it (checked when the graph was decoded).
+    /// `constants` is the start of the buffer the plan's Constant offsets
+    /// point into: the blob's segment (whose bounds were checked when the
+    /// graph was decoded) or the copy `Plan::retain_constants` made.
     pub fn new(plan: &Plan, constants: *const u8) -> Self {
         let converted = plan.converted.as_ptr();
         let mut arena = AlignedBuf::zeroed(plan.arena_bytes);
@@ -85,6 +86,11 @@ impl ExecState {
                     converted.wrapping_add(offset).cast::<u8>().cast_mut()
                 }
                 Location::Arena(offset) => arena_base.wrapping_add(offset),
+                // Never viewed: the step that names it does not read it.
+                Location::Released => {
+                    shapes[v] = bound_shape(plan, v);
+                    std::ptr::null_mut()
+                }
                 Location::Arg(_) => std::ptr::null_mut(),
             })
             .collect();
@@ -326,11 +332,12 @@ impl Executable<'_> {
                 ) => {
                     let params =
                         ops::conv1d_params(&node.op, state.shapes[input], state.shapes[weight]);
+                    let released = self.plan.locations[weight] == Location::Released;
                     prepared
                         .run(
                             &params,
                             view(input),
-                            view(weight),
+                            (!released).then(|| view(weight)),
                             bias.map(view),
                             y,
                             &state.scratch,

@@ -49,6 +49,7 @@ pub(crate) mod bridge {
         fn add_compile_spec(self: &mut Delegate, key: &str, value: &[u8]);
         #[cxx_name = "init"]
         fn ffi_init(self: &mut Delegate, blob: &[u8]) -> Status;
+        fn keeps_blob(self: &Delegate) -> bool;
         #[cxx_name = "execute"]
         fn ffi_execute(self: &Delegate, args: Pin<&mut ExecuteArgs>) -> Status;
         fn set_num_threads(num_threads: i32) -> Status;
@@ -116,9 +117,11 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 
 impl Delegate {
     fn ffi_init(&mut self, blob: &[u8]) -> Status {
-        // SAFETY: backend.cpp moves the FreeableBuffer holding `blob` into the
-        // handle that owns this Delegate, declared before it, so the bytes stay
-        // valid and unmodified until after the Delegate is dropped.
+        // SAFETY: backend.cpp frees the FreeableBuffer holding `blob` after
+        // init only if `keeps_blob()` is false (nothing here reads it then);
+        // otherwise it moves it into the handle that owns this Delegate,
+        // declared before it, so the bytes stay valid and unmodified until
+        // after the Delegate is dropped.
         let blob = unsafe { crate::blob::BlobBytes::new(blob.as_ptr(), blob.len()) };
         guarded("init", || self.init(blob))
     }

@@ -3,11 +3,13 @@
 //!
 //! A delegate blob (schema/README.md) goes through
 //! [`blob`] (framing) → [`graph`] (flatbuffer, structural checks) →
-//! [`plan`] (shapes at their bounds, kernel choice, arena placement) →
+//! [`plan`] (shapes at their bounds, kernel choice, arena placement, the
+//! constants kept once the blob is freed) →
 //! [`executor`] (per-call checks and kernels). [`ffi`] is the cxx bridge to
 //! the C++ `BackendInterface` in delegate/cpp/.
 
 pub mod blob;
+mod constants;
 pub mod delegate;
 pub mod error;
 pub mod executor;

@@ -69,6 +69,14 @@ impl AlignedBuf {
         buf
     }
 
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
     pub fn as_mut_ptr(&mut self) -> *mut u8 {
         self.lines.as_mut_ptr().cast()
     }

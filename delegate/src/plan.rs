@@ -26,6 +26,9 @@ pub enum Location {
     Converted(usize),
     /// Byte offset into the arena.
     Arena(usize),
+    /// A constant no step reads during `execute` (its kernel transformed it
+    /// at init); its bytes were not kept (see constants.rs).
+    Released,
 }
 
 /// The kernel chosen for a node, at plan time, never per call.

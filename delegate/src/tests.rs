@@ -13,6 +13,7 @@ use crate::error::DelegateError;
 use crate::executor::{ArgTensor, CallArgs};
 use crate::ffi::{LogLevel, Status};
 use crate::graph::DType;
+use crate::memory::AlignedBuf;
 use crate::plan::Location;
 use crate::Delegate;
 
@@ -420,10 +421,43 @@ fn misaligned_blob_memory_is_copied_and_still_correct() {
     let mut shifted = vec![0u8; blob.len() + 1];
     shifted[1..].copy_from_slice(&blob);
     let d = init(&shifted[1..]).unwrap();
+    assert!(!d.keeps_blob(), "the constants were copied out");
     let mut args = conv_scan_args(8);
     d.execute(&mut args).unwrap();
     let want = conv_scan_reference(&args.0[0].data, &args.0[1].data, &args.0[2].data, 8);
     assert_close(&args.0[3].data[..C_OUT * 8], &want);
+}
+
+#[test]
+fn blob_is_released_when_no_step_reads_its_constants_in_place() {
+    // gemm packs the weights at init (only the bias is still read); direct
+    // reads them at every call.
+    for (algorithm, keeps_blob) in [("gemm", false), ("direct", true)] {
+        // Aligned as ExecuTorch aligns it, so the segment can be used in place.
+        let mut blob = AlignedBuf::from_bytes(&conv_scan_blob());
+        let mut d = Delegate::default();
+        d.add_compile_spec("conv1d_algorithm", algorithm.as_bytes());
+        // SAFETY: `blob` outlives `d`, and is overwritten below only once
+        // `d` says it no longer reads it.
+        d.init(unsafe { BlobBytes::new(blob.as_ptr(), blob.len()) })
+            .unwrap();
+        assert_eq!(d.keeps_blob(), keeps_blob, "{algorithm}");
+        let plan = d.plan().unwrap();
+        assert_eq!(
+            plan.locations[1] == Location::Released,
+            !keeps_blob,
+            "{algorithm}: weight {:?}",
+            plan.locations[1]
+        );
+        assert!(matches!(plan.locations[2], Location::Constant(_)));
+        if !keeps_blob {
+            blob.as_mut_slice().fill(0xAB);
+        }
+        let mut args = conv_scan_args(N_MAX);
+        d.execute(&mut args).unwrap();
+        let want = conv_scan_reference(&args.0[0].data, &args.0[1].data, &args.0[2].data, N_MAX);
+        assert_close(&args.0[3].data[..C_OUT * N_MAX], &want);
+    }
 }
 
 // ---- bad blobs -------------------------------------------------------------

@@ -63,6 +63,11 @@ pub enum KernelError {
     #[error("called with parameters other than those it was prepared for")]
     NotPrepared,
 
+    /// A prepared convolution that reads its weights at every call (see
+    /// `PreparedConv1d::reads_weights`) was called without them.
+    #[error("this convolution's algorithm reads the weights at every call, and none were given")]
+    MissingWeights,
+
     /// A buffer's length does not match what the parameters imply.
     #[error("buffer `{which}` has {actual} elements, expected {expected}")]
     BufferLen {

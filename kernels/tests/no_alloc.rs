@@ -140,7 +140,7 @@ fn main() {
             linear_scan_f32(&few, &few_x0, &few_a, &few_u, &mut few_h).unwrap();
             linear_scan_f32(&long, &[1.0], &long_a, &long_u, &mut long_h).unwrap();
             for p in &prepared {
-                p.run(&depthwise, &dx, &dw, Some(&bias), &mut dy, &scratch)
+                p.run(&depthwise, &dx, Some(&dw), Some(&bias), &mut dy, &scratch)
                     .unwrap();
             }
         })

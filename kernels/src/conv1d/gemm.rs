@@ -473,13 +473,13 @@ mod tests {
     }
 
     /// Runs `conv` at `p` into a NaN-filled buffer, so unwritten outputs fail.
-    /// The original weights passed to `run` are zeros: the kernel must use
-    /// its packed copy.
+    /// No original weights are passed to `run`: the kernel must use its
+    /// packed copy.
     fn run(conv: &PreparedConv1d, p: &Conv1dParams, x: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
         let mut y = vec![f32::NAN; p.output_elems().unwrap()];
         let scratch = Scratch::new(rayon::current_num_threads(), conv.scratch_per_thread());
-        let zeros = vec![0.0; p.weight_elems()];
-        conv.run(p, x, &zeros, bias, &mut y, &scratch).unwrap();
+        assert!(!conv.reads_weights());
+        conv.run(p, x, None, bias, &mut y, &scratch).unwrap();
         y
     }
 

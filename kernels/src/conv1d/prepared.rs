@@ -165,7 +165,7 @@ impl PreparedConv1d {
             let candidate = Self::with(a, g, w)?;
             let scratch = Scratch::new(threads, candidate.scratch_per_thread());
             let start = Instant::now();
-            candidate.run(&g.params, &x, w, None, &mut y, &scratch)?;
+            candidate.run(&g.params, &x, Some(w), None, &mut y, &scratch)?;
             let seconds = start.elapsed().as_secs_f64();
             if best.as_ref().is_none_or(|(t, _)| seconds < *t) {
                 best = Some((seconds, candidate));
@@ -206,21 +206,23 @@ impl PreparedConv1d {
         }
     }
 
-    /// Whether `run` still reads the original weights `w` (otherwise the
-    /// caller may release them after `new`).
+    /// Whether `run` still reads the original weights (otherwise the
+    /// caller may release them after `new` and pass `None` to `run`).
     pub fn reads_weights(&self) -> bool {
         matches!(self.imp, Imp::Direct | Imp::Depthwise(_))
     }
 
     /// Computes `y = conv1d(x, w) + bias` for `p`, which must equal the
     /// prepared parameters except for a batch and input length no larger
-    /// than prepared. `scratch` must have at least
-    /// [`Self::scratch_per_thread`] elements per thread of the current pool.
+    /// than prepared. `w` are the weights `new` was given; they may be
+    /// `None` when [`Self::reads_weights`] is false. `scratch` must have at
+    /// least [`Self::scratch_per_thread`] elements per thread of the current
+    /// pool.
     pub fn run(
         &self,
         p: &Conv1dParams,
         x: &[f32],
-        w: &[f32],
+        w: Option<&[f32]>,
         bias: Option<&[f32]>,
         y: &mut [f32],
         scratch: &Scratch,
@@ -235,7 +237,15 @@ impl PreparedConv1d {
         if !same_static || p.batch > m.batch || p.in_len > m.in_len {
             return Err(KernelError::NotPrepared);
         }
-        g.check_inputs(x, w, bias)?;
+        check_len("x", g.input_elems, x.len())?;
+        match w {
+            Some(w) => check_len("w", g.weight_elems, w.len())?,
+            None if self.reads_weights() => return Err(KernelError::MissingWeights),
+            None => {}
+        }
+        if let Some(bias) = bias {
+            check_len("bias", p.out_channels, bias.len())?;
+        }
         check_len("y", g.output_elems, y.len())?;
         if scratch.per_thread() < self.scratch_per_thread() {
             return Err(KernelError::BufferLen {
@@ -245,8 +255,9 @@ impl PreparedConv1d {
             });
         }
         match &self.imp {
-            Imp::Direct => direct::conv1d(&g, x, w, bias, y),
-            Imp::Depthwise(k) => k.run(&g, x, w, bias, y, scratch),
+            // `reads_weights` holds for these two, so `w` was given.
+            Imp::Direct => direct::conv1d(&g, x, w.unwrap_or_default(), bias, y),
+            Imp::Depthwise(k) => k.run(&g, x, w.unwrap_or_default(), bias, y, scratch),
             Imp::Fft(k) => k.run(&g, x, bias, y, scratch),
             Imp::Gemm(k) => k.run(&g, x, bias, y, scratch),
         }

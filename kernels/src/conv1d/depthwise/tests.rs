@@ -228,7 +228,9 @@ fn prepared_for_max_shape_runs_smaller_calls() {
             let x = rng.vec(p.input_elems(), -1.0, 1.0);
             for bias in [None, Some(&b[..])] {
                 let mut y = vec![f32::NAN; p.output_elems().unwrap()];
-                prepared.run(&p, &x, &w, bias, &mut y, &scratch).unwrap();
+                prepared
+                    .run(&p, &x, Some(&w), bias, &mut y, &scratch)
+                    .unwrap();
                 check(&p, &x, &w, bias, &y, &format!("{p:?}"));
             }
         }
@@ -237,8 +239,15 @@ fn prepared_for_max_shape_runs_smaller_calls() {
         let x = vec![0.0; p.input_elems()];
         let mut y = vec![0.0; p.output_elems().unwrap()];
         assert_eq!(
-            prepared.run(&p, &x, &w, None, &mut y, &scratch),
+            prepared.run(&p, &x, Some(&w), None, &mut y, &scratch),
             Err(KernelError::NotPrepared)
+        );
+        // This path reads the weights at every call: it needs them.
+        let x = vec![0.0; max.input_elems()];
+        let mut y = vec![0.0; max.output_elems().unwrap()];
+        assert_eq!(
+            prepared.run(&max, &x, None, None, &mut y, &scratch),
+            Err(KernelError::MissingWeights)
         );
     }
 }
@@ -385,7 +394,9 @@ fn calibrate() {
             line += &format!(" | {threads}T copy {:5.1} GB/s", bytes / t_copy / 1e9);
             let direct = PreparedConv1d::new(&p, &w, Choice::Force(Algorithm::Direct)).unwrap();
             let t = time(threads, &mut || {
-                direct.run(&p, &x, &w, Some(&b), &mut y, &scratch).unwrap()
+                direct
+                    .run(&p, &x, Some(&w), Some(&b), &mut y, &scratch)
+                    .unwrap()
             });
             line += &format!(" direct {:6.1} GF/s", 2.0 * macs / t / 1e9);
             for backend in Backend::all_available() {

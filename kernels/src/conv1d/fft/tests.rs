@@ -64,6 +64,7 @@ fn data(rng: &mut Rng, p: &Conv1dParams) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
 }
 
 /// Runs a prepared conv into a NaN-filled output, so unwritten outputs fail.
+/// The FFT path gets no weights (it must use its spectra); others get `w`.
 fn run_prepared(
     prepared: &PreparedConv1d,
     p: &Conv1dParams,
@@ -73,6 +74,7 @@ fn run_prepared(
 ) -> Vec<f32> {
     let scratch = Scratch::new(rayon::current_num_threads(), prepared.scratch_per_thread());
     let mut y = vec![f32::NAN; p.output_elems().unwrap()];
+    let w = prepared.reads_weights().then_some(w);
     prepared.run(p, x, w, bias, &mut y, &scratch).unwrap();
     y
 }
