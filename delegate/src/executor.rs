@@ -47,7 +47,7 @@ pub struct ExecState {
     /// Per-thread kernel scratch (FFT buffers and the like), sized for the
     /// plan and the pool.
     scratch: Scratch,
-    pool: Option<(usize, Arc<ThreadPool>)>,
+    pool: Option<(usize, std::thread::ThreadId, Arc<ThreadPool>)>,
 }
 
 // SAFETY: the raw pointers in `data` are only written and read inside one
@@ -156,14 +156,17 @@ impl Executable<'_> {
         self.check_outputs_disjoint(state)?;
 
         let threads = threads::resolve(self.spec_threads)?;
+        // Pools belong to the calling thread (see threads.rs).
+        let caller = std::thread::current().id();
         let pool = match &state.pool {
-            Some((n, pool)) if *n == threads => pool.clone(),
+            Some((n, owner, pool)) if *n == threads && *owner == caller => pool.clone(),
             _ => {
-                // Only when the thread count changes (first call, or a new
-                // runtime option): the one time execute may allocate.
+                // Only when the thread count or the calling thread changes
+                // (first call, a new runtime option): the one time execute
+                // may allocate.
                 let pool = threads::pool(threads)?;
                 state.scratch.reserve(threads, plan.scratch_per_thread);
-                state.pool = Some((threads, pool.clone()));
+                state.pool = Some((threads, caller, pool.clone()));
                 pool
             }
         };

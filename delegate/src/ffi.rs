@@ -79,12 +79,13 @@ pub(crate) use bridge::{LogLevel, Status};
 ///
 /// Only from the thread that called into the delegate: inside Python,
 /// ExecuTorch forwards log lines to Python's logging, which takes the GIL that
-/// the calling thread holds while it waits for the pool, so a log line from a
-/// pool thread deadlocks. That is a bug, reported as a panic (caught at the
-/// boundary) rather than a hang.
+/// the calling thread holds while it waits for the pool, so a log line from
+/// one of the pool's own workers deadlocks. That is a bug, reported as a
+/// panic (caught at the boundary) rather than a hang. (The calling thread
+/// may itself be a member of the pool: see threads.rs.)
 pub(crate) fn log(level: LogLevel, message: &str) {
     assert!(
-        rayon::current_thread_index().is_none(),
+        !crate::threads::is_worker(),
         "log from a kernel thread (would deadlock under Python): {message}"
     );
     bridge::log(level, message);

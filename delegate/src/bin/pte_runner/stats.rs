@@ -31,7 +31,8 @@ impl std::fmt::Display for Summary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "p10 {:.3} ms, p50 {:.3} ms, p90 {:.3} ms, min {:.3} ms, avg {:.3} ms, max {:.3} ms",
+            // Tenths of a microsecond: small delegated calls take a few µs.
+            "p10 {:.4} ms, p50 {:.4} ms, p90 {:.4} ms, min {:.4} ms, avg {:.4} ms, max {:.4} ms",
             self.p10, self.p50, self.p90, self.min, self.avg, self.max
         )
     }
@@ -70,6 +71,8 @@ mod tests {
         assert!((s.avg - 5.5).abs() < 1e-12);
         let one = summarize(&[Duration::from_micros(1500)]);
         assert_eq!((one.p10, one.p90), (1.5, 1.5));
+        let fast = summarize(&[Duration::from_nanos(4_130)]);
+        assert!(fast.to_string().starts_with("p10 0.0041 ms, p50 0.0041 ms"));
     }
 
     #[test]
