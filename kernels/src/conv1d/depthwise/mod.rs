@@ -9,7 +9,7 @@
 //! the row kernels ([`simd`]) split it into an unpadded interior
 //! (vectorised along time, register-blocked, no branches) and the padded
 //! edges (scalar for short filters, vectorised through a small zero-padded
-//! stack window for longer ones). The instruction set (AVX-512, AVX2 + FMA,
+//! stack window for longer ones, which takes all of a short row). The instruction set (AVX-512, AVX2 + FMA,
 //! NEON or portable auto-vectorised Rust) is detected once, at prepare.
 //!
 //! Rows run in parallel on the current rayon pool, several short rows per
@@ -73,10 +73,11 @@ const STREAM_BYTES_PER_SEC: f64 = 4.0e10;
 const SCALAR_EDGE_MACS_PER_SEC: f64 = 2.0e9;
 /// Fixed cost per output row: task share, row set-up, edges of short spans.
 const SECONDS_PER_ROW: f64 = 1.0e-8;
-/// Cost per output row and tap: the row's short pieces (edges, last
-/// partial block) are chains of K dependent multiply-adds with little
-/// parallelism, which dominates rows of a few hundred outputs at K = 32.
-const SECONDS_PER_ROW_TAP: f64 = 2.0e-9;
+/// Cost per output row and tap: the row's short pieces (edge windows, last
+/// partial blocks) keep few vectors in flight, which shows in rows of a
+/// few hundred outputs. Fitted at K = 32 and 64, N = 64 and 256, C = 512
+/// (AVX-512, one core): within 20% of the measured times.
+const SECONDS_PER_ROW_TAP: f64 = 7.0e-10;
 
 /// Estimated single-thread seconds: a roofline of the multiply-adds at the
 /// backend's interior rate against the compulsory bytes at this kernel's
