@@ -90,6 +90,7 @@ const fn avx2_r(k: usize) -> usize {
 /// AVX-512 kernel ([`block_grouped`]) at dilation 1.
 /// (Measured: 4 groups, K = 64, run at 1.6e11 flop/s; 8 groups, K = 128,
 /// fall to the speed of [`block_dyn`].)
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const MAX_GROUPED_TAPS: usize = 64;
 /// Register block of the grouped AVX-512 kernel: 12 accumulators, up to 4
 /// tap groups and a loaded vector in 32 registers (measured: 12 beats 8 by
@@ -160,6 +161,7 @@ macro_rules! by_taps {
 
 /// Whether `backend` runs `kernel_size` taps at `dilation` with the grouped
 /// kernel ([`block_grouped`]; AVX-512 only).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn grouped(backend: Backend, kernel_size: usize, dilation: usize) -> bool {
     match backend {
         #[cfg(target_arch = "x86_64")]
@@ -180,6 +182,9 @@ impl RowKernel {
         if !backend.is_available() || kernel_size == 0 {
             return None;
         }
+        // Only the AVX-512 grouped kernel depends on the dilation.
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = dilation;
         #[cfg(target_arch = "x86_64")]
         if grouped(backend, kernel_size, dilation) {
             let f = match kernel_size.div_ceil(16) {

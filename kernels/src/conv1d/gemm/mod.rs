@@ -43,6 +43,32 @@
 //! every call (a flag vector, packed copies of strided or ragged operands,
 //! and a thread-local slab on each thread's first call); neither it nor
 //! `matrixmultiply` takes a caller's workspace.
+//!
+//! # Measured
+//!
+//! GFLOP/s (2 per multiply-add) of whole calls, batch 1, N = 4096, "same"
+//! padding, bias, release build, best of several runs on the 2-core
+//! AVX-512 AMD EPYC (Zen 5) VM this was developed on (shared with other
+//! builds, so the 2-thread column is noisy), with `calibrate_gemm` in
+//! `tests.rs`; 1 and 2 threads, these kernels then the gemm crate 0.19
+//! they replaced (with its AVX-512 kernels):
+//!
+//! | shape                        | 1 thread     | 2 threads    |
+//! |------------------------------|--------------|--------------|
+//! | 256→256, K=3                 | 220 vs 223   | 422 vs 219   |
+//! | 64→64, K=3                   | 209 vs 189   | 360 vs 347   |
+//! | 64→64, K=7                   | 227 vs 193   | 425 vs 369   |
+//! | 512 channels, 8 groups, K=3  | 195 vs 172   | 383 vs 306   |
+//! | 4→4, K=3                     | 109 vs 35    | 107 vs 49    |
+//! | 64→64, K=3, stride 2         | 177 vs 166   | 324 vs 303   |
+//! | 64→64, K=3, dilation 2       | 211 vs 191   | 375 vs 348   |
+//!
+//! At stride 2 the window copy gathers every other sample; with the stride
+//! a compile-time constant (2, 3, 4) that loop vectorises, which took the
+//! stride-2 row from 105 to 177 GFLOP/s. On AVX-512 the 8 × 3 block was
+//! kept; 4→4 (one 4-row panel) takes the 4 × 6 one. The 4→4 shape is too
+//! small (0.4 MFLOP, a few tiles of [`MIN_TILE_MACS`]) to gain from a
+//! second thread.
 
 #![allow(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -59,17 +85,20 @@ use kernel::{choose_block, Block, TileArgs, TileKernel, Window};
 
 /// How many times faster than [`super::cost::DIRECT_MACS_PER_SEC`] one core runs the
 /// micro-kernels when both matrix dimensions (`in_per_group`,
-/// `out_per_group`) are large.
-const SPEEDUP_OVER_DIRECT: f64 = 10.0;
+/// `out_per_group`) are large (see [`cost`]).
+const SPEEDUP_OVER_DIRECT: f64 = 12.0;
 /// Extra time per multiply-add, relative to the large-matrix rate, for each
-/// `1 / in_per_group`: short inner products spend their time loading and
-/// storing the output tile rather than multiplying.
-const SHORT_INNER: f64 = 8.0;
-/// Extra time per multiply-add for each `1 / out_per_group`: a thin weight
-/// panel leaves most of the micro-kernel's accumulators idle.
-const FEW_OUTPUTS: f64 = 5.0;
-/// Fixed seconds per tile (task, window set-up).
-const SECONDS_PER_CALL: f64 = 0.1e-6;
+/// `1 / in_per_group`: short inner products spend relatively more on the
+/// window copy and the output stores. Small, because the window is copied
+/// once per tile and every block reads it for all its rows.
+const SHORT_INNER: f64 = 1.0;
+/// Extra time per multiply-add for each `1 / out_per_group`: a group with
+/// fewer output channels than a block has rows computes padding rows
+/// (one output channel fills a quarter of the narrow block).
+const FEW_OUTPUTS: f64 = 6.0;
+/// Fixed seconds per tile (task, window set-up): measured about 0.2 µs for
+/// whole one-tile calls.
+const SECONDS_PER_TILE: f64 = 0.2e-6;
 
 /// Longest chunk of output positions one tile covers (rounded up to a
 /// multiple of the block): long enough to amortise the window's halo and
@@ -101,14 +130,35 @@ pub(crate) fn applies(g: &Conv1dGeometry) -> bool {
 }
 
 /// Estimated single-thread seconds (see `cost.rs`).
+///
+/// The multiply-adds run at [`SPEEDUP_OVER_DIRECT`] times the direct
+/// loop's rate, slowed by the factor
+/// `1 + SHORT_INNER / in_per_group + FEW_OUTPUTS / out_per_group`; memory
+/// traffic is the compulsory bytes (a tile's window and output stay in
+/// cache); the larger of the two wins, as everywhere in `cost.rs`, and each
+/// tile adds [`SECONDS_PER_TILE`].
+///
+/// Calibrated with `calibrate_gemm_sweep` (in `tests.rs`) in release on one
+/// core of the 2-core AVX-512 AMD EPYC (Zen 5) this was developed on,
+/// shared with other builds: dense, K=3, N=2048, `in_per_group` and
+/// `out_per_group` each over 1, 2, 4, ..., 64, 256. The micro-kernels ran
+/// 210–235 GFLOP/s from 16 inputs and 32 outputs up, 145–180 at 8 outputs,
+/// 110–125 at 4, 30–35 at one output channel, and 67–85 with one input
+/// channel; the direct loop ran 20–24 GFLOP/s throughout. A least-squares
+/// fit of the time ratio (log scale) gave the constants above, within
+/// 1.3× on every point but `in_per_group = 1` with 256 outputs, where the
+/// model is optimistic by 1.7×. The direct loop's own model ignores its
+/// per-call overhead (tiny shapes: 0.3–150 µs where these kernels take
+/// 0.2–11) and that it runs 4× slower at stride 2, so the model prefers
+/// the direct loop a little more often than measurement would.
 pub(crate) fn cost(g: &Conv1dGeometry) -> f64 {
     use super::cost::{compulsory_bytes, roofline, DIRECT_MACS_PER_SEC};
     let p = &g.params;
     let slowdown = 1.0 + SHORT_INNER / g.in_per_group as f64 + FEW_OUTPUTS / g.out_per_group as f64;
     let rate = DIRECT_MACS_PER_SEC * SPEEDUP_OVER_DIRECT / slowdown;
     let tiling = Tiling::new(g, choose_block(Backend::detect(), g.out_per_group));
-    let calls = (p.batch * p.groups * tiling.row_blocks * tiling.chunks) as f64;
-    roofline(direct_macs(g), rate, compulsory_bytes(g)) + calls * SECONDS_PER_CALL
+    let tiles = (p.batch * p.groups * tiling.row_blocks * tiling.chunks) as f64;
+    roofline(direct_macs(g), rate, compulsory_bytes(g)) + tiles * SECONDS_PER_TILE
 }
 
 /// The weights packed into panels and the tile kernel, chosen at prepare;

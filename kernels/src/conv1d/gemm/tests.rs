@@ -543,6 +543,23 @@ fn calibrate_gemm_sweep() {
             );
         }
     }
+    // Fixed cost per call and tile: tiny shapes, whose time is mostly that.
+    for (ch, n) in [(4, 8), (4, 64), (16, 16), (16, 200), (64, 64)] {
+        let p = params(1, (ch, ch, 1), n, 3, 1, (1, 1), 1);
+        let g = p.geometry().unwrap();
+        let tiling = Tiling::new(&g, choose_block(Backend::detect(), ch));
+        let (gemm, est) = gflops(&p, Algorithm::Gemm, &[1]);
+        let (direct, direct_est) = gflops(&p, Algorithm::Direct, &[1]);
+        let flops = 2.0 * crate::conv1d::cost::direct_macs(&g);
+        println!(
+            "{ch}->{ch} N={n}: {} tiles, gemm {:6.2} us direct {:6.2} us, \
+             model gemm/direct {:5.2}",
+            tiling.chunks * tiling.row_blocks,
+            flops / gemm[0] / 1e3,
+            flops / direct[0] / 1e3,
+            est / direct_est,
+        );
+    }
 }
 
 /// Runs `conv` directly (no `PreparedConv1d`) into a NaN-filled buffer.
