@@ -65,8 +65,9 @@
 //!
 //! At stride 2 the window copy gathers every other sample; with the stride
 //! a compile-time constant (2, 3, 4) that loop vectorises, which took the
-//! stride-2 row from 105 to 177 GFLOP/s. On AVX-512 the 8 × 3 block was
-//! kept; 4→4 (one 4-row panel) takes the 4 × 6 one. The 4→4 shape is too
+//! stride-2 row from 105 to 177 GFLOP/s. The blocks were sized by register
+//! count; other block shapes (say 6 × 4 on AVX-512) were not compared.
+//! 4→4 (one 4-row panel) takes the 4 × 6 block. The 4→4 shape is too
 //! small (0.4 MFLOP, a few tiles of [`MIN_TILE_MACS`]) to gain from a
 //! second thread.
 
