@@ -47,6 +47,7 @@ mod error;
 pub mod reference;
 mod scan;
 mod scratch;
+mod simd;
 
 #[cfg(test)]
 mod test_support;

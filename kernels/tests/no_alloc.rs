@@ -99,8 +99,7 @@ fn main() {
     let (long_a, long_u) = (vec![0.9; 1 << 16], vec![0.1; 1 << 16]);
     let mut long_h = vec![0.0; 1 << 16];
 
-    // Depthwise causal convs through the prepared SIMD and FFT paths (GEMM
-    // is absent on purpose: the gemm crate allocates inside each call).
+    // Depthwise causal convs through the prepared SIMD and FFT paths.
     let depthwise = Conv1dParams {
         batch: 1,
         in_channels: 8,
@@ -120,10 +119,52 @@ fn main() {
         .into_iter()
         .map(|a| PreparedConv1d::new(&depthwise, &dw, Choice::Force(a)).unwrap())
         .collect();
+
+    // Dense and grouped convs through the prepared GEMM path: its windows
+    // live in the scratch slots. Dense, grouped, stride 2, dilation 2 and
+    // padding, with output lengths and channel counts that leave ragged
+    // blocks, and one output shorter than any block (the stack buffer).
+    let gemm_shape =
+        |in_channels, out_channels, groups, in_len, stride, dilation, pads: (usize, usize)| {
+            Conv1dParams {
+                batch: 2,
+                in_channels,
+                out_channels,
+                in_len,
+                kernel_size: 3,
+                stride,
+                pad_left: pads.0,
+                pad_right: pads.1,
+                dilation,
+                groups,
+            }
+        };
+    let gemm_shapes = [
+        gemm_shape(32, 24, 1, 1000, 1, 1, (0, 0)),
+        gemm_shape(48, 36, 4, 777, 1, 1, (1, 1)),
+        gemm_shape(16, 20, 1, 1001, 2, 1, (1, 2)),
+        gemm_shape(16, 18, 2, 999, 1, 2, (4, 0)),
+        gemm_shape(8, 5, 1, 9, 1, 1, (2, 2)),
+    ];
+    let gemm_runs: Vec<_> = gemm_shapes
+        .iter()
+        .map(|p| {
+            let w = vec![0.25; p.weight_elems()];
+            let conv = PreparedConv1d::new(p, &w, Choice::Force(Algorithm::Gemm)).unwrap();
+            assert_eq!(conv.algorithm(), Algorithm::Gemm);
+            let x = vec![0.5; p.input_elems()];
+            let bias = vec![1.0; p.bias_elems()];
+            let y = vec![0.0; p.output_elems().unwrap()];
+            (*p, conv, x, bias, y)
+        })
+        .collect();
+    let mut gemm_runs = gemm_runs;
+
     let scratch = Scratch::new(
         2,
         prepared
             .iter()
+            .chain(gemm_runs.iter().map(|r| &r.1))
             .map(|p| p.scratch_per_thread())
             .max()
             .unwrap(),
@@ -142,6 +183,9 @@ fn main() {
             for p in &prepared {
                 p.run(&depthwise, &dx, Some(&dw), Some(&bias), &mut dy, &scratch)
                     .unwrap();
+            }
+            for (p, conv, x, b, y) in gemm_runs.iter_mut() {
+                conv.run(p, x, None, Some(b), y, &scratch).unwrap();
             }
         })
     };
@@ -174,5 +218,9 @@ fn main() {
         assert!(h.iter().all(|v| v.is_finite() && *v > 0.0));
     }
     assert!(dy.iter().all(|v| v.is_finite() && *v > 1.0));
+    for (p, _, _, _, y) in &gemm_runs {
+        assert!(y.iter().all(|v| v.is_finite() && *v >= 1.0), "{p:?}");
+        assert!(y.iter().any(|v| *v > 1.0), "{p:?}");
+    }
     println!("no_alloc: kernels made no heap allocation");
 }

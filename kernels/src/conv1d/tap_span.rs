@@ -1,6 +1,6 @@
 //! Where a filter tap meets real input rather than padding: the arithmetic
-//! every direct-style algorithm (the scalar loop, GEMM on strided views)
-//! uses so its hot loops need no padding branches.
+//! the direct loop uses so its hot loop needs no padding branches (the
+//! GEMM conv materialises padding in its window instead).
 
 use std::ops::Range;
 

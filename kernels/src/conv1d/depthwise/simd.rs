@@ -1,5 +1,4 @@
-//! The depthwise row kernels and the one dispatch layer that picks their
-//! instruction set.
+//! The depthwise row kernels, on the crate's SIMD dispatch layer.
 //!
 //! A row kernel computes a contiguous range of one output row,
 //! `y[l] = bias + sum_k taps[k] * x[l + k * dilation - pad_left]` with
@@ -27,10 +26,11 @@
 //! position and the shape, so splitting rows into time chunks (which
 //! depends on the thread count) cannot change any result.
 //!
-//! Backends implement [`Simd`]; the algorithm is written once, generic over
-//! it, and each backend instantiates it inside a function compiled with its
-//! target features (`row_avx512`, `row_avx2`, `row_neon`, `row_portable`), whose pointer
-//! [`RowKernel`] stores once the features were detected.
+//! Backends implement [`Simd`] (the crate's shared dispatch layer,
+//! `crate::simd`); the algorithm is written once, generic over it, and each
+//! backend instantiates it inside a function compiled with its target
+//! features (`row_avx512`, `row_avx2`, `row_neon`, `row_portable`), whose
+//! pointer [`RowKernel`] stores once the features were detected.
 //! `#[inline(always)]` on the generic code and the trait methods makes the
 //! intrinsics inline into those functions.
 
@@ -39,92 +39,29 @@
 
 use std::mem::MaybeUninit;
 
-/// The instruction set a [`RowKernel`] runs on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Backend {
-    /// Plain Rust on `[f32; 8]` chunks that LLVM auto-vectorises for the
-    /// compile target's baseline (SSE2 on x86_64). Always available.
-    Portable,
-    /// x86_64 AVX2 + FMA intrinsics, 8 lanes.
-    #[cfg(target_arch = "x86_64")]
-    Avx2,
-    /// x86_64 AVX-512 F intrinsics, 16 lanes, 32 vector registers.
-    #[cfg(target_arch = "x86_64")]
-    Avx512,
-    /// aarch64 NEON intrinsics, 4 lanes.
-    #[cfg(target_arch = "aarch64")]
-    Neon,
-}
+pub(crate) use crate::simd::Backend;
+#[cfg(target_arch = "aarch64")]
+use crate::simd::Neon;
+#[cfg(target_arch = "x86_64")]
+use crate::simd::{Avx2, Avx512};
+use crate::simd::{Portable, Simd};
 
-impl Backend {
-    /// The fastest backend this CPU supports.
-    pub(crate) fn detect() -> Backend {
+/// Outputs per register block of the interior loop for `kernel_size` taps
+/// on `backend`, outside the grouped kernel ([`grouped`]).
+fn block_outputs(backend: Backend, kernel_size: usize) -> usize {
+    let k = if kernel_size <= MAX_CONST_TAPS {
+        kernel_size
+    } else {
+        0
+    };
+    match backend {
+        Backend::Portable => PORTABLE_R * 8,
         #[cfg(target_arch = "x86_64")]
-        if Backend::Avx512.is_available() {
-            return Backend::Avx512;
-        }
+        Backend::Avx2 => avx2_r(k) * 8,
         #[cfg(target_arch = "x86_64")]
-        if Backend::Avx2.is_available() {
-            return Backend::Avx2;
-        }
+        Backend::Avx512 => avx512_r(k) * 16,
         #[cfg(target_arch = "aarch64")]
-        if Backend::Neon.is_available() {
-            return Backend::Neon;
-        }
-        Backend::Portable
-    }
-
-    /// Whether this CPU can run the backend.
-    pub(crate) fn is_available(self) -> bool {
-        match self {
-            Backend::Portable => true,
-            #[cfg(target_arch = "x86_64")]
-            Backend::Avx2 => {
-                std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-            }
-            #[cfg(target_arch = "x86_64")]
-            Backend::Avx512 => {
-                std::arch::is_x86_feature_detected!("avx512f")
-                    && std::arch::is_x86_feature_detected!("fma")
-            }
-            #[cfg(target_arch = "aarch64")]
-            Backend::Neon => std::arch::is_aarch64_feature_detected!("neon"),
-        }
-    }
-
-    /// Every backend this CPU can run (tests force each in turn).
-    #[cfg(test)]
-    pub(crate) fn all_available() -> Vec<Backend> {
-        let all = [
-            Backend::Portable,
-            #[cfg(target_arch = "x86_64")]
-            Backend::Avx2,
-            #[cfg(target_arch = "x86_64")]
-            Backend::Avx512,
-            #[cfg(target_arch = "aarch64")]
-            Backend::Neon,
-        ];
-        all.into_iter().filter(|b| b.is_available()).collect()
-    }
-
-    /// Outputs per register block of the interior loop for `kernel_size`
-    /// taps, outside the grouped kernel ([`grouped`]).
-    fn block_outputs(self, kernel_size: usize) -> usize {
-        let k = if kernel_size <= MAX_CONST_TAPS {
-            kernel_size
-        } else {
-            0
-        };
-        match self {
-            Backend::Portable => PORTABLE_R * 8,
-            #[cfg(target_arch = "x86_64")]
-            Backend::Avx2 => avx2_r(k) * 8,
-            #[cfg(target_arch = "x86_64")]
-            Backend::Avx512 => avx512_r(k) * 16,
-            #[cfg(target_arch = "aarch64")]
-            Backend::Neon => neon_r(k) * 4,
-        }
+        Backend::Neon => neon_r(k) * 4,
     }
 }
 
@@ -155,6 +92,7 @@ const fn avx2_r(k: usize) -> usize {
 /// AVX-512 kernel ([`block_grouped`]) at dilation 1.
 /// (Measured: 4 groups, K = 64, run at 1.6e11 flop/s; 8 groups, K = 128,
 /// fall to the speed of [`block_dyn`].)
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const MAX_GROUPED_TAPS: usize = 64;
 /// Register block of the grouped AVX-512 kernel: 12 accumulators, up to 4
 /// tap groups and a loaded vector in 32 registers (measured: 12 beats 8 by
@@ -225,6 +163,7 @@ macro_rules! by_taps {
 
 /// Whether `backend` runs `kernel_size` taps at `dilation` with the grouped
 /// kernel ([`block_grouped`]; AVX-512 only).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) fn grouped(backend: Backend, kernel_size: usize, dilation: usize) -> bool {
     match backend {
         #[cfg(target_arch = "x86_64")]
@@ -245,6 +184,9 @@ impl RowKernel {
         if !backend.is_available() || kernel_size == 0 {
             return None;
         }
+        // Only the AVX-512 grouped kernel depends on the dilation.
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = dilation;
         #[cfg(target_arch = "x86_64")]
         if grouped(backend, kernel_size, dilation) {
             let f = match kernel_size.div_ceil(16) {
@@ -272,7 +214,7 @@ impl RowKernel {
         Some(RowKernel {
             backend,
             kernel_size,
-            block: backend.block_outputs(kernel_size),
+            block: block_outputs(backend, kernel_size),
             f,
         })
     }
@@ -312,27 +254,6 @@ impl RowKernel {
         // checks itself (`row_generic`).
         unsafe { (self.f)(geom, x_row, taps, bias, l0, y) }
     }
-}
-
-/// One vector of `LANES` `f32`s and the operations the kernels use.
-///
-/// # Safety
-/// Every method may require the backend's CPU features; callers must only
-/// use an implementation whose features are present. Pointer arguments must
-/// be valid for `LANES` reads (`load`) or writes (`store`).
-trait Simd {
-    const LANES: usize;
-    type V: Copy;
-    /// Every lane `v`.
-    unsafe fn splat(v: f32) -> Self::V;
-    /// Unaligned load of `LANES` values from `p`.
-    unsafe fn load(p: *const f32) -> Self::V;
-    /// Unaligned store of `LANES` values to `p`.
-    unsafe fn store(p: *mut f32, v: Self::V);
-    /// `acc + w * x`, lane-wise, rounded as the backend's scalar version.
-    unsafe fn mul_add(acc: Self::V, w: Self::V, x: Self::V) -> Self::V;
-    /// `acc + w * x` for one value, rounded as [`Simd::mul_add`].
-    unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32;
 }
 
 /// Outputs `l0 .. l0 + y.len()` of one row (see [`RowKernel::row`]).
@@ -822,44 +743,6 @@ unsafe fn block_dyn<S: Simd, const R: usize>(
 // ---------------------------------------------------------------------------
 // Portable backend.
 
-struct Portable;
-
-/// `[f32; 8]`: lane-wise loops over it auto-vectorise.
-type F32x8 = [f32; 8];
-
-impl Simd for Portable {
-    const LANES: usize = 8;
-    type V = F32x8;
-
-    #[inline(always)]
-    unsafe fn splat(v: f32) -> F32x8 {
-        [v; 8]
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> F32x8 {
-        // SAFETY: the caller guarantees 8 readable values at p; unaligned read.
-        unsafe { p.cast::<F32x8>().read_unaligned() }
-    }
-    #[inline(always)]
-    unsafe fn store(p: *mut f32, v: F32x8) {
-        // SAFETY: the caller guarantees 8 writable values at p; unaligned write.
-        unsafe { p.cast::<F32x8>().write_unaligned(v) }
-    }
-    #[inline(always)]
-    unsafe fn mul_add(acc: F32x8, w: F32x8, x: F32x8) -> F32x8 {
-        let mut out = acc;
-        for j in 0..8 {
-            out[j] += w[j] * x[j];
-        }
-        out
-    }
-    #[inline(always)]
-    unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32 {
-        // Unfused, like `mul_add` (Rust never contracts into an FMA).
-        acc + w * x
-    }
-}
-
 /// # Safety
 /// None beyond [`RowFn`]'s: the portable backend needs no CPU feature.
 unsafe fn row_portable<const K: usize, const R: usize>(
@@ -877,50 +760,6 @@ unsafe fn row_portable<const K: usize, const R: usize>(
 // ---------------------------------------------------------------------------
 // AVX2 + FMA backend.
 
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use std::arch::x86_64::*;
-
-    use super::Simd;
-
-    pub(super) struct Avx2;
-
-    // Each method is only reached from `row_avx2`, which is compiled with
-    // avx2 and fma and only called once both were detected (RowKernel::new).
-    impl Simd for Avx2 {
-        const LANES: usize = 8;
-        type V = __m256;
-
-        #[inline(always)]
-        unsafe fn splat(v: f32) -> __m256 {
-            // SAFETY: AVX is present (see the impl's comment).
-            unsafe { _mm256_set1_ps(v) }
-        }
-        #[inline(always)]
-        unsafe fn load(p: *const f32) -> __m256 {
-            // SAFETY: AVX is present; the caller guarantees 8 readable
-            // values at p, and loadu has no alignment requirement.
-            unsafe { _mm256_loadu_ps(p) }
-        }
-        #[inline(always)]
-        unsafe fn store(p: *mut f32, v: __m256) {
-            // SAFETY: AVX is present; the caller guarantees 8 writable
-            // values at p, and storeu has no alignment requirement.
-            unsafe { _mm256_storeu_ps(p, v) }
-        }
-        #[inline(always)]
-        unsafe fn mul_add(acc: __m256, w: __m256, x: __m256) -> __m256 {
-            // SAFETY: FMA is present.
-            unsafe { _mm256_fmadd_ps(w, x, acc) }
-        }
-        #[inline(always)]
-        unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32 {
-            // SAFETY: FMA is present. Fused like `mul_add`.
-            unsafe { _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(w), _mm_set_ss(x), _mm_set_ss(acc))) }
-        }
-    }
-}
-
 /// # Safety
 /// The CPU must support AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
@@ -934,56 +773,11 @@ unsafe fn row_avx2<const K: usize, const R: usize>(
     y: &mut [f32],
 ) {
     // SAFETY: our caller guarantees AVX2 and FMA.
-    unsafe { row_generic::<avx2::Avx2, K, R, 0>(geom, x, taps, bias, l0, y) }
+    unsafe { row_generic::<Avx2, K, R, 0>(geom, x, taps, bias, l0, y) }
 }
 
 // ---------------------------------------------------------------------------
 // AVX-512 backend.
-
-#[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use std::arch::x86_64::*;
-
-    use super::Simd;
-
-    pub(super) struct Avx512;
-
-    // Each method is only reached from `row_avx512`, which is compiled with
-    // avx512f and fma and only called once both were detected
-    // (RowKernel::new).
-    impl Simd for Avx512 {
-        const LANES: usize = 16;
-        type V = __m512;
-
-        #[inline(always)]
-        unsafe fn splat(v: f32) -> __m512 {
-            // SAFETY: AVX-512 F is present (see the impl's comment).
-            unsafe { _mm512_set1_ps(v) }
-        }
-        #[inline(always)]
-        unsafe fn load(p: *const f32) -> __m512 {
-            // SAFETY: AVX-512 F is present; the caller guarantees 16
-            // readable values at p, and loadu has no alignment requirement.
-            unsafe { _mm512_loadu_ps(p) }
-        }
-        #[inline(always)]
-        unsafe fn store(p: *mut f32, v: __m512) {
-            // SAFETY: AVX-512 F is present; the caller guarantees 16
-            // writable values at p, and storeu has no alignment requirement.
-            unsafe { _mm512_storeu_ps(p, v) }
-        }
-        #[inline(always)]
-        unsafe fn mul_add(acc: __m512, w: __m512, x: __m512) -> __m512 {
-            // SAFETY: AVX-512 F is present.
-            unsafe { _mm512_fmadd_ps(w, x, acc) }
-        }
-        #[inline(always)]
-        unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32 {
-            // SAFETY: FMA is present. Fused like `mul_add`.
-            unsafe { _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(w), _mm_set_ss(x), _mm_set_ss(acc))) }
-        }
-    }
-}
 
 /// # Safety
 /// The CPU must support AVX-512 F and FMA.
@@ -998,7 +792,7 @@ unsafe fn row_avx512<const K: usize, const R: usize>(
     y: &mut [f32],
 ) {
     // SAFETY: our caller guarantees AVX-512 F and FMA.
-    unsafe { row_generic::<avx512::Avx512, K, R, 0>(geom, x, taps, bias, l0, y) }
+    unsafe { row_generic::<Avx512, K, R, 0>(geom, x, taps, bias, l0, y) }
 }
 
 /// [`row_avx512`] with the taps in `Q` groups of 16 ([`block_grouped`]).
@@ -1018,62 +812,11 @@ unsafe fn row_avx512_grouped<const Q: usize>(
     assert!(geom.dilation == 1 && 16 * (Q - 1) < taps.len() && taps.len() <= 16 * Q);
     // SAFETY: our caller guarantees AVX-512 F and FMA; the taps and
     // dilation suit block_grouped (asserted).
-    unsafe { row_generic::<avx512::Avx512, 0, AVX512_GROUPED_R, Q>(geom, x, taps, bias, l0, y) }
+    unsafe { row_generic::<Avx512, 0, AVX512_GROUPED_R, Q>(geom, x, taps, bias, l0, y) }
 }
 
 // ---------------------------------------------------------------------------
 // NEON backend.
-
-#[cfg(target_arch = "aarch64")]
-mod neon {
-    use std::arch::aarch64::*;
-
-    use super::Simd;
-
-    pub(super) struct Neon;
-
-    // Each method is only reached from `row_neon`, which is compiled with
-    // neon and only called once it was detected (RowKernel::new).
-    impl Simd for Neon {
-        const LANES: usize = 4;
-        type V = float32x4_t;
-
-        #[inline(always)]
-        unsafe fn splat(v: f32) -> float32x4_t {
-            // SAFETY: NEON is present (see the impl's comment).
-            #[allow(unused_unsafe)]
-            unsafe {
-                vdupq_n_f32(v)
-            }
-        }
-        #[inline(always)]
-        unsafe fn load(p: *const f32) -> float32x4_t {
-            // SAFETY: NEON is present; the caller guarantees 4 readable
-            // values at p, and vld1q needs only f32 alignment, which any
-            // *const f32 into a slice has.
-            unsafe { vld1q_f32(p) }
-        }
-        #[inline(always)]
-        unsafe fn store(p: *mut f32, v: float32x4_t) {
-            // SAFETY: NEON is present; the caller guarantees 4 writable
-            // values at p, aligned as f32.
-            unsafe { vst1q_f32(p, v) }
-        }
-        #[inline(always)]
-        unsafe fn mul_add(acc: float32x4_t, w: float32x4_t, x: float32x4_t) -> float32x4_t {
-            // SAFETY: NEON is present.
-            #[allow(unused_unsafe)]
-            unsafe {
-                vfmaq_f32(acc, w, x)
-            }
-        }
-        #[inline(always)]
-        unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32 {
-            // Fused like `vfmaq_f32`; a single fmadd on aarch64.
-            w.mul_add(x, acc)
-        }
-    }
-}
 
 /// # Safety
 /// The CPU must support NEON.
@@ -1088,5 +831,5 @@ unsafe fn row_neon<const K: usize, const R: usize>(
     y: &mut [f32],
 ) {
     // SAFETY: our caller guarantees NEON.
-    unsafe { row_generic::<neon::Neon, K, R, 0>(geom, x, taps, bias, l0, y) }
+    unsafe { row_generic::<Neon, K, R, 0>(geom, x, taps, bias, l0, y) }
 }

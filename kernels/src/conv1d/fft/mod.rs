@@ -181,8 +181,9 @@ impl FftConv {
         }
     }
 
-    /// The engine this preparation runs.
-    #[cfg(test)]
+    /// The engine this preparation runs (tests of the x86_64-only lanes
+    /// engine ask).
+    #[cfg(all(test, target_arch = "x86_64"))]
     fn engine(&self) -> plan::Engine {
         match self.engine {
             Engine::Real(_) => plan::Engine::Real,

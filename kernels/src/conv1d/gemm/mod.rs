@@ -1,0 +1,371 @@
+//! Dense and grouped conv1d as GEMM with weights packed at prepare, on our
+//! own register-blocked micro-kernels and the caller's per-thread scratch.
+//!
+//! Per group `g` the convolution is a matrix product with an implicit
+//! im2col right-hand side:
+//!
+//! ```text
+//! Y_g[o, l] = bias[o] + Σ_c Σ_k W[o, c, k] · X_g[c, l·stride + k·dilation − pad_left]
+//! ```
+//!
+//! The inner dimension runs over (input channel, tap) pairs. The im2col
+//! matrix is never built: each tile copies the input *window* its outputs
+//! read into its thread's scratch slot, with padding as zeros and, for
+//! stride > 1, split into `stride` phases so that every tap reads a
+//! unit-stride row; a micro-kernel then computes `MR` output channels by
+//! `NR` vectors of output positions in registers, loading each window
+//! vector once for `MR` broadcast weights (`kernel.rs` has the details;
+//! it is the design of XNNPACK's convolution micro-kernels). Weights are
+//! packed at prepare into panels of `MR` output channels,
+//! `[group][panel][in_channel][tap][MR]`, so a micro-kernel reads them in
+//! order. The instruction set (AVX-512, AVX2 + FMA, NEON or portable Rust)
+//! is the crate's SIMD layer (`crate::simd`), detected once at prepare,
+//! and with it the block: `MR × NR` vectors of 8 × 3 on AVX-512 and NEON,
+//! 6 × 2 on AVX2, 4 × 1 portable, or half the rows and twice the vectors
+//! when that computes fewer padding rows (groups with few outputs).
+//!
+//! # Work split
+//!
+//! The output is cut into tiles of (batch item, group, block of output
+//! channels, chunk of output positions); rayon runs the tiles on the
+//! *current* pool, each on its thread's scratch slot ([`Scratch`]). The
+//! tiling depends only on the shape, never on the pool size, and every
+//! output sums its terms in the same order whatever the tile, so results
+//! are identical for any number of threads.
+//!
+//! # No allocation
+//!
+//! `run` allocates nothing: the window lives in the scratch slot, sized at
+//! prepare ([`GemmConv::scratch_per_thread`]: `in_per_group × stride ×
+//! pitch` floats, the pitch being the longest chunk plus the filter's reach
+//! in phase rows), and chunks shorter than one block go through a stack
+//! buffer. This replaced the `gemm` crate (0.19), which allocated inside
+//! every call (a flag vector, packed copies of strided or ragged operands,
+//! and a thread-local slab on each thread's first call); neither it nor
+//! `matrixmultiply` takes a caller's workspace.
+//!
+//! # Measured
+//!
+//! GFLOP/s (2 per multiply-add) of whole calls, batch 1, N = 4096, "same"
+//! padding, bias, release build, best of several runs on the 2-core
+//! AVX-512 AMD EPYC (Zen 5) VM this was developed on (shared with other
+//! builds, so the 2-thread column is noisy), with `calibrate_gemm` in
+//! `tests.rs`; 1 and 2 threads, these kernels then the gemm crate 0.19
+//! they replaced (with its AVX-512 kernels):
+//!
+//! | shape                        | 1 thread     | 2 threads    |
+//! |------------------------------|--------------|--------------|
+//! | 256→256, K=3                 | 220 vs 223   | 422 vs 219   |
+//! | 64→64, K=3                   | 209 vs 189   | 360 vs 347   |
+//! | 64→64, K=7                   | 227 vs 193   | 425 vs 369   |
+//! | 512 channels, 8 groups, K=3  | 195 vs 172   | 383 vs 306   |
+//! | 4→4, K=3                     | 109 vs 35    | 107 vs 49    |
+//! | 64→64, K=3, stride 2         | 177 vs 166   | 324 vs 303   |
+//! | 64→64, K=3, dilation 2       | 211 vs 191   | 375 vs 348   |
+//!
+//! At stride 2 the window copy gathers every other sample; with the stride
+//! a compile-time constant (2, 3, 4) that loop vectorises, which took the
+//! stride-2 row from 105 to 177 GFLOP/s. The blocks were sized by register
+//! count; other block shapes (say 6 × 4 on AVX-512) were not compared.
+//! 4→4 (one 4-row panel) takes the 4 × 6 block. The 4→4 shape is too
+//! small (0.4 MFLOP, a few tiles of [`MIN_TILE_MACS`]) to gain from a
+//! second thread.
+
+#![allow(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+mod kernel;
+
+use rayon::prelude::*;
+
+use super::cost::direct_macs;
+use super::params::Conv1dGeometry;
+use crate::scratch::Scratch;
+use crate::simd::Backend;
+use kernel::{choose_block, Block, TileArgs, TileKernel, Window};
+
+/// How many times faster than [`super::cost::DIRECT_MACS_PER_SEC`] one core runs the
+/// micro-kernels when both matrix dimensions (`in_per_group`,
+/// `out_per_group`) are large (see [`cost`]).
+const SPEEDUP_OVER_DIRECT: f64 = 12.0;
+/// Extra time per multiply-add, relative to the large-matrix rate, for each
+/// `1 / in_per_group`: short inner products spend relatively more on the
+/// window copy and the output stores. Small, because the window is copied
+/// once per tile and every block reads it for all its rows.
+const SHORT_INNER: f64 = 1.0;
+/// Extra time per multiply-add for each `1 / out_per_group`: a group with
+/// fewer output channels than a block has rows computes padding rows
+/// (one output channel fills a quarter of the narrow block).
+const FEW_OUTPUTS: f64 = 6.0;
+/// Fixed seconds per tile (task, window set-up): measured about 0.2 µs for
+/// whole one-tile calls.
+const SECONDS_PER_TILE: f64 = 0.2e-6;
+
+/// Longest chunk of output positions one tile covers (rounded up to a
+/// multiple of the block): long enough to amortise the window's halo and
+/// the weight panels' trip through L1, short enough that the window stays
+/// in L2.
+const CHUNK_MAX: usize = 512;
+/// Floats of window a tile aims to stay under (512 KiB, half of L2 on the
+/// machine measured); wide groups get shorter chunks.
+const WINDOW_FLOATS: usize = 1 << 17;
+/// Shortest chunk the tiling makes in order to find parallelism.
+const CHUNK_MIN: usize = 64;
+/// Fewest output channels in a tile when channel blocks are split for
+/// parallelism.
+const ROWS_MIN: usize = 32;
+/// Tiles the split aims for at least, so that a pool can balance its
+/// threads. A constant rather than the pool size, so the tiling (and with
+/// it the summation order) does not depend on the number of threads.
+const MIN_TILES: usize = 16;
+/// Multiply-adds below which a tile is not worth its task: small
+/// convolutions get fewer tiles than [`MIN_TILES`].
+const MIN_TILE_MACS: usize = 1 << 16;
+
+/// Whether this algorithm computes `g`: every convolution except depthwise
+/// with channel multiplier 1 (`groups == in_channels == out_channels`),
+/// which is a product of `1 × 1` matrices.
+pub(crate) fn applies(g: &Conv1dGeometry) -> bool {
+    let p = &g.params;
+    !(p.groups == p.in_channels && p.out_channels == p.in_channels)
+}
+
+/// Estimated single-thread seconds (see `cost.rs`).
+///
+/// The multiply-adds run at [`SPEEDUP_OVER_DIRECT`] times the direct
+/// loop's rate, slowed by the factor
+/// `1 + SHORT_INNER / in_per_group + FEW_OUTPUTS / out_per_group`; memory
+/// traffic is the compulsory bytes (a tile's window and output stay in
+/// cache); the larger of the two wins, as everywhere in `cost.rs`, and each
+/// tile adds [`SECONDS_PER_TILE`].
+///
+/// Calibrated with `calibrate_gemm_sweep` (in `tests.rs`) in release on one
+/// core of the 2-core AVX-512 AMD EPYC (Zen 5) this was developed on,
+/// shared with other builds: dense, K=3, N=2048, `in_per_group` and
+/// `out_per_group` each over 1, 2, 4, ..., 64, 256. The micro-kernels ran
+/// 210–235 GFLOP/s from 16 inputs and 32 outputs up, 145–180 at 8 outputs,
+/// 110–125 at 4, 30–35 at one output channel, and 67–85 with one input
+/// channel; the direct loop ran 20–24 GFLOP/s throughout. A least-squares
+/// fit of the time ratio (log scale) gave the constants above, within
+/// 1.3× on every point but `in_per_group = 1` with 256 outputs, where the
+/// model is optimistic by 1.7×. The direct loop's own model ignores its
+/// per-call overhead (tiny shapes: 0.3–150 µs where these kernels take
+/// 0.2–11) and that it runs 4× slower at stride 2, so the model prefers
+/// the direct loop a little more often than measurement would.
+pub(crate) fn cost(g: &Conv1dGeometry) -> f64 {
+    use super::cost::{compulsory_bytes, roofline, DIRECT_MACS_PER_SEC};
+    let p = &g.params;
+    let slowdown = 1.0 + SHORT_INNER / g.in_per_group as f64 + FEW_OUTPUTS / g.out_per_group as f64;
+    let rate = DIRECT_MACS_PER_SEC * SPEEDUP_OVER_DIRECT / slowdown;
+    let tiling = Tiling::new(g, choose_block(Backend::detect(), g.out_per_group));
+    let tiles = (p.batch * p.groups * tiling.row_blocks * tiling.chunks) as f64;
+    roofline(direct_macs(g), rate, compulsory_bytes(g)) + tiles * SECONDS_PER_TILE
+}
+
+/// The weights packed into panels and the tile kernel, chosen at prepare;
+/// the geometry comes with every call.
+pub(crate) struct GemmConv {
+    /// `[groups, panels, in_per_group, kernel_size, MR]`: per group, the
+    /// output channels in panels of `MR` (the last padded with zero rows),
+    /// each panel's weights in the order the micro-kernel reads them.
+    packed: Box<[f32]>,
+    kernel: TileKernel,
+    /// The window layout for chunks up to the prepared shape's longest.
+    window: Window,
+    /// Input channels per group.
+    cin: usize,
+}
+
+impl GemmConv {
+    /// Packs `w` (`[out_channels, in_per_group, kernel_size]`) for the
+    /// detected backend. Nothing here depends on the batch; the input
+    /// length bounds the window.
+    pub(crate) fn prepare(g: &Conv1dGeometry, w: &[f32]) -> Self {
+        Self::with_backend(g, w, Backend::detect()).expect("detected backend is available")
+    }
+
+    /// As [`GemmConv::prepare`] on a given backend, or `None` where this
+    /// CPU lacks it.
+    pub(crate) fn with_backend(g: &Conv1dGeometry, w: &[f32], backend: Backend) -> Option<Self> {
+        let p = &g.params;
+        let (cin, cout, taps) = (g.in_per_group, g.out_per_group, p.kernel_size);
+        debug_assert_eq!(w.len(), g.weight_elems);
+        let kernel = TileKernel::new(backend, cout)?;
+        let block = kernel.block();
+        let mr = block.mr;
+        let panels = cout.div_ceil(mr);
+        let mut packed = vec![0.0; p.groups * panels * cin * taps * mr].into_boxed_slice();
+        for group in 0..p.groups {
+            for o in 0..cout {
+                let filter = &w[(group * cout + o) * cin * taps..][..cin * taps];
+                let panel = &mut packed[(group * panels + o / mr) * cin * taps * mr..];
+                for (i, &v) in filter.iter().enumerate() {
+                    panel[i * mr + o % mr] = v;
+                }
+            }
+        }
+        // Chunks never exceed the output length nor the cap (Tiling::new),
+        // and calls have at most the prepared length.
+        let max_chunk = chunk_cap(g, block).min(g.out_len);
+        let window = Window::new(taps, p.stride, p.dilation, max_chunk, block.cols());
+        Some(GemmConv {
+            packed,
+            kernel,
+            window,
+            cin,
+        })
+    }
+
+    /// The window of one tile: `in_per_group × stride × pitch` floats.
+    pub(crate) fn scratch_per_thread(&self) -> usize {
+        self.cin * self.window.channel_stride()
+    }
+
+    /// Bytes of the packed weights (with the padding rows).
+    pub(crate) fn prepared_bytes(&self) -> usize {
+        std::mem::size_of_val(&*self.packed)
+    }
+
+    /// Computes `y = conv1d(x, w) + bias` for `g`, whose static parameters
+    /// are those this was prepared with (batch and input length may be
+    /// smaller). The caller has checked every slice length, and `scratch`
+    /// has [`GemmConv::scratch_per_thread`] floats per thread of the pool.
+    pub(crate) fn run(
+        &self,
+        g: &Conv1dGeometry,
+        x: &[f32],
+        bias: Option<&[f32]>,
+        y: &mut [f32],
+        scratch: &Scratch,
+    ) {
+        let p = &g.params;
+        debug_assert_eq!(x.len(), g.input_elems);
+        debug_assert_eq!(y.len(), g.output_elems);
+        debug_assert!(bias.is_none_or(|b| b.len() == p.out_channels));
+        let (cin, cout) = (g.in_per_group, g.out_per_group);
+        assert_eq!(cin, self.cin, "prepared for another shape");
+        let block = self.kernel.block();
+        let mr = block.mr;
+        let panel_len = cin * p.kernel_size * mr;
+        let panels = cout.div_ceil(mr);
+        debug_assert_eq!(self.packed.len(), p.groups * panels * panel_len);
+
+        let tiling = Tiling::new(g, block);
+        let per_item = p.groups * tiling.row_blocks * tiling.chunks;
+        let tiles = p.batch * per_item;
+        let out = OutPtr(y.as_mut_ptr());
+        (0..tiles).into_par_iter().for_each(|t| {
+            let (b, rest) = (t / per_item, t % per_item);
+            let per_group = tiling.row_blocks * tiling.chunks;
+            let (group, rest) = (rest / per_group, rest % per_group);
+            let (block, chunk) = (rest / tiling.chunks, rest % tiling.chunks);
+            let rows = block * tiling.rows..((block + 1) * tiling.rows).min(cout);
+            let cols = chunk * tiling.chunk..((chunk + 1) * tiling.chunk).min(g.out_len);
+            let o0 = group * cout + rows.start;
+            let args = TileArgs {
+                x: &x[(b * p.in_channels + group * cin) * p.in_len..][..cin * p.in_len],
+                in_len: p.in_len,
+                pad_left: p.pad_left,
+                cin,
+                window: &self.window,
+                // rows.start is a multiple of MR (Tiling::new).
+                panels: &self.packed[(group * panels + rows.start / mr) * panel_len..]
+                    [..rows.len().div_ceil(mr) * panel_len],
+                bias: bias.map(|bias| &bias[o0..o0 + rows.len()]),
+                rows: rows.len(),
+                l0: cols.start,
+                n: cols.len(),
+                y: out.at((b * p.out_channels + o0) * g.out_len + cols.start),
+                y_stride: g.out_len,
+            };
+            scratch.with_slot(|window| {
+                // SAFETY: `args.y` addresses rows `rows` of group `group`,
+                // batch item `b`, columns `cols`, all inside `y`, which
+                // outlives the loop; tiles partition the output (distinct
+                // (b, group, rows, cols) cover disjoint elements), so no
+                // other task touches them.
+                unsafe { self.kernel.tile(&args, window) }
+            });
+        });
+    }
+}
+
+/// The output pointer, shared by the tile tasks (each writes only its own tile).
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint elements through it (see `GemmConv::run`).
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The element `offset` past the start (not dereferenced here).
+    fn at(self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
+    }
+}
+
+/// Longest chunk for `g` with `block`: [`CHUNK_MAX`], or fewer positions
+/// where the window (`in_per_group × stride` floats per position) would
+/// pass [`WINDOW_FLOATS`]; a multiple of the block, at least one block.
+fn chunk_cap(g: &Conv1dGeometry, block: Block) -> usize {
+    let cols = block.cols();
+    let per_position = (g.in_per_group * g.params.stride).max(1);
+    let by_window = WINDOW_FLOATS / per_position / cols * cols;
+    by_window.clamp(cols, CHUNK_MAX.next_multiple_of(cols))
+}
+
+/// How the output of one (batch item, group) is cut into tiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Tiling {
+    /// Output positions per chunk (the last chunk may be shorter).
+    chunk: usize,
+    /// Chunks per output row.
+    chunks: usize,
+    /// Output channels per block (the last block may be smaller).
+    rows: usize,
+    /// Blocks per group.
+    row_blocks: usize,
+}
+
+impl Tiling {
+    /// Chunks of at most [`chunk_cap`] positions; where that gives fewer
+    /// than [`MIN_TILES`] tiles (or fewer than the work allows, at
+    /// [`MIN_TILE_MACS`] per tile), narrower chunks (down to [`CHUNK_MIN`])
+    /// and then blocks of output channels (down to [`ROWS_MIN`], a multiple
+    /// of `block.mr`). Where there are several chunks, they are multiples of
+    /// the block.
+    fn new(g: &Conv1dGeometry, block: Block) -> Self {
+        let p = &g.params;
+        let cols = block.cols();
+        let target = MIN_TILES.min((direct_macs(g) as usize / MIN_TILE_MACS).max(1));
+        let outer = (p.batch * p.groups).max(1);
+        let want_chunks = target.div_ceil(outer);
+        let chunks = g
+            .out_len
+            .div_ceil(chunk_cap(g, block))
+            .max(want_chunks.min(g.out_len / CHUNK_MIN))
+            .max(1);
+        let mut chunk = g.out_len.div_ceil(chunks);
+        if chunks > 1 {
+            chunk = chunk.next_multiple_of(cols).min(g.out_len);
+        }
+        let chunks = g.out_len.div_ceil(chunk);
+
+        let want_blocks = target.div_ceil(outer * chunks);
+        let blocks = want_blocks.min(g.out_per_group / ROWS_MIN).max(1);
+        let mut rows = g.out_per_group.div_ceil(blocks);
+        if blocks > 1 {
+            rows = rows.next_multiple_of(block.mr).min(g.out_per_group);
+        }
+        Tiling {
+            chunk,
+            chunks,
+            rows,
+            row_blocks: g.out_per_group.div_ceil(rows),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,753 @@
+use super::*;
+use crate::reference;
+use crate::test_support::{assert_close, Rng};
+use crate::{Algorithm, Choice, Conv1dParams, KernelError, PreparedConv1d};
+
+#[allow(clippy::too_many_arguments)]
+fn params(
+    batch: usize,
+    (in_channels, out_channels, groups): (usize, usize, usize),
+    in_len: usize,
+    kernel_size: usize,
+    stride: usize,
+    (pad_left, pad_right): (usize, usize),
+    dilation: usize,
+) -> Conv1dParams {
+    Conv1dParams {
+        batch,
+        in_channels,
+        out_channels,
+        in_len,
+        kernel_size,
+        stride,
+        pad_left,
+        pad_right,
+        dilation,
+        groups,
+    }
+}
+
+fn prepare(max: &Conv1dParams, w: &[f32]) -> PreparedConv1d {
+    let conv = PreparedConv1d::new(max, w, Choice::Force(Algorithm::Gemm)).unwrap();
+    assert_eq!(conv.algorithm(), Algorithm::Gemm);
+    conv
+}
+
+/// Runs `conv` at `p` into a NaN-filled buffer, so unwritten outputs fail.
+/// No original weights are passed to `run`: the kernel must use its
+/// packed copy.
+fn run(conv: &PreparedConv1d, p: &Conv1dParams, x: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
+    let mut y = vec![f32::NAN; p.output_elems().unwrap()];
+    let scratch = Scratch::new(rayon::current_num_threads(), conv.scratch_per_thread());
+    assert!(!conv.reads_weights());
+    conv.run(p, x, None, bias, &mut y, &scratch).unwrap();
+    y
+}
+
+fn abs(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|e| e.abs()).collect()
+}
+
+/// Runs `conv` at `p` on random `x` and checks it against the reference
+/// within `2 n eps` of the per-output sum of |terms|, `n` the number of
+/// terms: f32 summation of `n` terms in any order errs by at most about
+/// `n eps` of that sum.
+fn check_at(
+    conv: &PreparedConv1d,
+    p: &Conv1dParams,
+    w: &[f32],
+    bias: Option<&[f32]>,
+    rng: &mut Rng,
+    context: &str,
+) {
+    let x = rng.vec(p.input_elems(), -1.0, 1.0);
+    let got = run(conv, p, &x, bias);
+    let want = reference::conv1d_f32(p, &x, w, bias).unwrap();
+    let abs_bias = bias.map(abs);
+    let magnitude = reference::conv1d_f32(p, &abs(&x), &abs(w), abs_bias.as_deref()).unwrap();
+    let terms = (p.in_channels / p.groups * p.kernel_size + 1) as f32;
+    let tol: Vec<f32> = magnitude
+        .iter()
+        .map(|m| 2.0 * terms * f32::EPSILON * m)
+        .collect();
+    assert_close(&got, &want, &tol, context);
+}
+
+/// Prepares at `max` with random weights and bias, then checks runs at
+/// `max` and at each smaller (batch, in_len) that is valid.
+fn check_prepared(max: &Conv1dParams, smaller: &[(usize, usize)], rng: &mut Rng, name: &str) {
+    let w = rng.vec(max.weight_elems(), -1.0, 1.0);
+    let bias = rng.vec(max.bias_elems(), -1.0, 1.0);
+    let conv = prepare(max, &w);
+    assert!(conv.prepared_bytes() >= 4 * max.weight_elems());
+    for with_bias in [false, true] {
+        let bias = with_bias.then_some(&bias[..]);
+        let runs = std::iter::once((max.batch, max.in_len)).chain(smaller.iter().copied());
+        for (batch, in_len) in runs {
+            let p = Conv1dParams {
+                batch,
+                in_len,
+                ..*max
+            };
+            if batch > max.batch || in_len > max.in_len || p.validate().is_err() {
+                continue;
+            }
+            let context = format!("{name}, bias {with_bias}: {p:?} prepared at {max:?}");
+            check_at(&conv, &p, &w, bias, rng, &context);
+        }
+    }
+}
+
+#[test]
+fn grid_matches_reference() {
+    let mut rng = Rng::new(7);
+    let channels = [
+        ("dense", (3, 5, 1)),
+        ("groups 4", (12, 8, 4)),
+        ("groups 2", (6, 4, 2)),
+        ("depthwise multiplier 2", (3, 6, 3)),
+    ];
+    let pads = [(0, 0), (2, 2), (3, 1), (4, 0)];
+    for (name, ch) in channels {
+        for kernel_size in [1, 3, 7] {
+            for stride in 1..=3 {
+                for dilation in 1..=3 {
+                    for pad in pads {
+                        let in_len = rng.range(1, 40);
+                        let max = params(2, ch, in_len, kernel_size, stride, pad, dilation);
+                        if max.validate().is_err() {
+                            continue;
+                        }
+                        let smaller = [(1, in_len), (2, in_len / 2), (1, 1)];
+                        check_prepared(&max, &smaller, &mut rng, name);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn edge_shapes_match_reference() {
+    let mut rng = Rng::new(11);
+    let cases = [
+        (
+            "K > N with padding",
+            params(1, (2, 3, 1), 4, 7, 1, (3, 3), 1),
+        ),
+        ("K > N grouped", params(2, (6, 4, 2), 2, 7, 1, (6, 3), 1)),
+        ("stride > N", params(1, (2, 2, 1), 5, 2, 8, (1, 1), 1)),
+        (
+            "stride > N, two outputs",
+            params(2, (4, 2, 2), 5, 2, 8, (1, 10), 1),
+        ),
+        (
+            "outputs reading only padding",
+            params(1, (2, 2, 1), 3, 2, 1, (6, 5), 1),
+        ),
+        (
+            "empty input, padding only",
+            params(2, (2, 3, 1), 0, 3, 1, (2, 1), 1),
+        ),
+        ("N = 1", params(2, (12, 8, 4), 1, 3, 1, (1, 1), 1)),
+        ("K = N", params(2, (3, 2, 1), 6, 6, 1, (0, 0), 1)),
+        ("pointwise", params(2, (5, 7, 1), 200, 1, 1, (0, 0), 1)),
+        ("long causal", params(1, (6, 4, 2), 200, 7, 1, (6, 0), 1)),
+        (
+            "long dilated strided",
+            params(2, (12, 8, 4), 197, 3, 3, (2, 5), 3),
+        ),
+        (
+            "one output channel",
+            params(1, (8, 1, 1), 50, 3, 2, (1, 1), 2),
+        ),
+        (
+            "one input channel per group",
+            params(1, (4, 8, 4), 60, 3, 1, (1, 1), 1),
+        ),
+    ];
+    for (name, max) in cases {
+        check_prepared(&max, &[(1, max.in_len / 2), (1, 0)], &mut rng, name);
+    }
+}
+
+#[test]
+fn several_tiles_and_blocks_match_reference() {
+    // Shapes whose tiling has many chunks, channel blocks, or both, with
+    // channel counts large enough for gemm's full micro-kernels.
+    let mut rng = Rng::new(13);
+    let cases = [
+        ("many chunks", params(1, (16, 24, 1), 1500, 3, 1, (1, 1), 1)),
+        (
+            "many chunks, stride 2",
+            params(1, (16, 24, 1), 1500, 3, 2, (1, 1), 1),
+        ),
+        (
+            "chunks, stride 3, dilation 2, grouped",
+            params(2, (12, 8, 4), 4000, 7, 3, (6, 2), 2),
+        ),
+        ("row blocks", params(1, (40, 128, 1), 100, 5, 1, (2, 2), 1)),
+        (
+            "row blocks grouped",
+            params(1, (64, 192, 2), 70, 3, 2, (1, 0), 2),
+        ),
+        (
+            "batch 2, chunks",
+            params(2, (32, 32, 4), 1100, 7, 1, (3, 3), 1),
+        ),
+    ];
+    for (name, max) in cases {
+        let g = max.geometry().unwrap();
+        let t = Tiling::new(&g, choose_block(Backend::detect(), g.out_per_group));
+        assert!(t.chunks > 1 || t.row_blocks > 1, "{name}: {t:?}");
+        check_prepared(&max, &[(1, max.in_len - 37), (2, 130)], &mut rng, name);
+    }
+}
+
+#[test]
+fn random_shapes_match_reference() {
+    let mut rng = Rng::new(1234);
+    let mut checked = 0;
+    for trial in 0..300 {
+        let groups = rng.range(1, 4);
+        let max = Conv1dParams {
+            batch: rng.range(1, 2),
+            in_channels: groups * rng.range(1, 6),
+            out_channels: groups * rng.range(1, 6),
+            in_len: rng.range(1, 200),
+            kernel_size: rng.range(1, 8),
+            stride: rng.range(1, 3),
+            pad_left: rng.range(0, 6),
+            pad_right: rng.range(0, 6),
+            dilation: rng.range(1, 3),
+            groups,
+        };
+        let Ok(g) = max.geometry() else { continue };
+        if !applies(&g) {
+            continue;
+        }
+        let smaller = [(1, rng.range(0, max.in_len))];
+        check_prepared(&max, &smaller, &mut rng, &format!("trial {trial}"));
+        checked += 1;
+    }
+    assert!(checked > 150, "only {checked} valid shapes");
+}
+
+#[test]
+fn structured_inputs_match_reference_exactly() {
+    // Small integers keep every partial sum exact in f32, so the result
+    // must equal the reference bit for bit whatever the summation order.
+    let cases = [
+        params(2, (12, 8, 4), 31, 3, 2, (1, 2), 2),
+        params(1, (3, 5, 1), 20, 7, 1, (6, 0), 1),
+        params(2, (40, 128, 1), 90, 3, 1, (1, 1), 1),
+    ];
+    for max in cases {
+        let ramp = |n: usize, modulus: usize| (0..n).map(|i| (i % modulus) as f32).collect();
+        let x: Vec<f32> = ramp(max.input_elems(), 17);
+        let w: Vec<f32> = ramp(max.weight_elems(), 7);
+        let bias: Vec<f32> = ramp(max.bias_elems(), 5);
+        let conv = prepare(&max, &w);
+        for bias in [None, Some(&bias[..])] {
+            let want = reference::conv1d_f32(&max, &x, &w, bias).unwrap();
+            assert_eq!(run(&conv, &max, &x, bias), want, "{max:?}");
+        }
+    }
+}
+
+#[test]
+fn result_does_not_depend_on_pool_size() {
+    let mut rng = Rng::new(5);
+    let p = params(2, (24, 32, 2), 700, 5, 2, (3, 1), 2);
+    let x = rng.vec(p.input_elems(), -1.0, 1.0);
+    let w = rng.vec(p.weight_elems(), -1.0, 1.0);
+    let bias = rng.vec(p.bias_elems(), -1.0, 1.0);
+    let conv = prepare(&p, &w);
+    let run_on = |threads| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| run(&conv, &p, &x, Some(&bias)))
+    };
+    let single = run_on(1);
+    for threads in [2, 3] {
+        assert_eq!(run_on(threads), single, "{threads} threads");
+    }
+}
+
+#[test]
+fn applies_to_all_but_depthwise_multiplier_one() {
+    let applies_to = |ch| applies(&params(1, ch, 10, 3, 1, (0, 0), 1).geometry().unwrap());
+    assert!(applies_to((4, 4, 1)));
+    assert!(applies_to((6, 4, 2)));
+    assert!(applies_to((4, 8, 4)));
+    assert!(!applies_to((4, 4, 4)));
+    assert!(!applies_to((1, 1, 1)));
+    let p = params(1, (4, 4, 4), 10, 3, 1, (0, 0), 1);
+    assert_eq!(
+        PreparedConv1d::new(&p, &[0.0; 12], Choice::Force(Algorithm::Gemm)).err(),
+        Some(KernelError::NotApplicable { algorithm: "gemm" })
+    );
+}
+
+#[test]
+fn packs_panels_of_mr_outputs_per_group() {
+    // w[o, c, k] = 100 o + 10 c + k + 1; 2 groups of 2 inputs and 11
+    // outputs, 3 taps: every block leaves a partial last panel.
+    let p = params(1, (4, 22, 2), 8, 3, 1, (0, 0), 1);
+    let g = p.geometry().unwrap();
+    let value = |o: usize, c: usize, k: usize| (100 * o + 10 * c + k + 1) as f32;
+    let w: Vec<f32> = (0..22)
+        .flat_map(|o| (0..2).flat_map(move |c| (0..3).map(move |k| value(o, c, k))))
+        .collect();
+    for backend in Backend::all_available() {
+        let conv = GemmConv::with_backend(&g, &w, backend).unwrap();
+        let mr = conv.kernel.block().mr;
+        assert!(11 % mr != 0, "{backend:?}: mr {mr}");
+        let panels = 11usize.div_ceil(mr);
+        let mut expected = vec![0.0; 2 * panels * 2 * 3 * mr];
+        for group in 0..2 {
+            for o in 0..11 {
+                for c in 0..2 {
+                    for k in 0..3 {
+                        let at = (((group * panels + o / mr) * 2 + c) * 3 + k) * mr + o % mr;
+                        expected[at] = value(group * 11 + o, c, k);
+                    }
+                }
+            }
+        }
+        assert_eq!(&*conv.packed, &expected[..], "{backend:?}");
+        assert_eq!(conv.prepared_bytes(), 4 * expected.len());
+        // One input channel's window: one phase row of the longest chunk
+        // (the whole output here, or one block) plus the filter's reach.
+        let cols = conv.kernel.block().cols();
+        assert_eq!(conv.scratch_per_thread(), 2 * (6usize.max(cols) + 2));
+    }
+}
+
+#[test]
+fn window_rows_per_phase() {
+    // Stride 3, dilation 2, 5 taps: tap k reads padded position 3 l + 2 k,
+    // phase (2 k) % 3 = 0, 2, 1, 0, 2 at offsets (2 k) / 3 = 0, 0, 1, 2, 2.
+    let w = Window::new(5, 3, 2, 100, 48);
+    assert_eq!((w.pitch, w.halo, w.stride), (102, 2, 3));
+    assert_eq!(&*w.offsets, &[0, 2 * 102, 102 + 1, 2, 2 * 102 + 2]);
+    assert_eq!(&*w.phases, &[0, 1, 2]);
+    assert_eq!(w.channel_stride(), 306);
+    // Stride 2, dilation 2: every tap reads the even phase.
+    let w = Window::new(3, 2, 2, 10, 16);
+    assert_eq!((w.pitch, w.halo), (18, 2));
+    assert_eq!(&*w.offsets, &[0, 1, 2]);
+    assert_eq!(&*w.phases, &[0]);
+}
+
+#[test]
+fn few_outputs_take_the_narrow_block() {
+    for backend in Backend::all_available() {
+        let [regular, few] = kernel::blocks(backend);
+        assert!(
+            few.mr < regular.mr && few.cols() > regular.cols(),
+            "{backend:?}"
+        );
+        assert_eq!(choose_block(backend, 1), few);
+        assert_eq!(choose_block(backend, few.mr), few);
+        // A tie (no padding rows either way) takes the regular block.
+        assert_eq!(choose_block(backend, regular.mr * few.mr), regular);
+        assert!(regular.mr * regular.cols() <= kernel::MAX_BLOCK_FLOATS);
+        assert!(few.mr * few.cols() <= kernel::MAX_BLOCK_FLOATS);
+    }
+}
+
+#[test]
+fn tiling_partitions_the_output() {
+    let mut rng = Rng::new(3);
+    for _ in 0..2000 {
+        let groups = rng.range(1, 8);
+        let p = Conv1dParams {
+            batch: rng.range(0, 4),
+            in_channels: groups,
+            out_channels: groups * rng.range(1, 300),
+            in_len: rng.range(1, 5000),
+            kernel_size: 1,
+            stride: 1,
+            pad_left: 0,
+            pad_right: 0,
+            dilation: 1,
+            groups,
+        };
+        let g = p.geometry().unwrap();
+        for backend in Backend::all_available() {
+            let block = choose_block(backend, g.out_per_group);
+            let cols = block.cols();
+            let t = Tiling::new(&g, block);
+            let context = format!("{p:?} on {backend:?}: {t:?}");
+            // Every chunk and block is non-empty and together they cover exactly.
+            assert!(t.chunk >= 1 && t.rows >= 1, "{context}");
+            assert_eq!(t.chunks, g.out_len.div_ceil(t.chunk), "{context}");
+            assert_eq!(t.row_blocks, g.out_per_group.div_ceil(t.rows), "{context}");
+            // No chunk is longer than the window was sized for.
+            assert!(t.chunk <= chunk_cap(&g, block).min(g.out_len), "{context}");
+            assert!(chunk_cap(&g, block) <= CHUNK_MAX.next_multiple_of(cols));
+            if t.chunks > 1 {
+                assert!(t.chunk >= CHUNK_MIN.min(g.out_len), "{context}");
+                assert_eq!(t.chunk % cols, 0, "{context}");
+            }
+            if t.row_blocks > 1 {
+                assert!(t.rows >= ROWS_MIN, "{context}");
+                assert_eq!(t.rows % block.mr, 0, "{context}");
+            }
+        }
+    }
+}
+
+#[test]
+fn cost_is_finite_and_grows_with_work() {
+    let small = params(1, (64, 64, 1), 1000, 3, 1, (1, 1), 1);
+    let large = Conv1dParams {
+        in_len: 4000,
+        ..small
+    };
+    let (cs, cl) = (
+        cost(&small.geometry().unwrap()),
+        cost(&large.geometry().unwrap()),
+    );
+    assert!(cs.is_finite() && cs > 0.0 && cl > cs, "{cs} {cl}");
+}
+
+/// Best-of-`reps` seconds of `f` on a pool of `threads` threads.
+fn time(threads: usize, reps: usize, f: &mut (dyn FnMut() + Send)) -> f64 {
+    use std::time::Instant;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    pool.install(|| {
+        f();
+        let mut best = f64::INFINITY;
+        for _ in 0..reps {
+            let t = Instant::now();
+            f();
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        best
+    })
+}
+
+/// GFLOP/s (2 flops per multiply-add) of `algorithm` at `p` on each
+/// thread count, and the cost model's single-thread estimate.
+fn gflops(p: &Conv1dParams, algorithm: Algorithm, threads: &[usize]) -> (Vec<f64>, f64) {
+    let g = p.geometry().unwrap();
+    let mut rng = Rng::new(1);
+    let x = rng.vec(p.input_elems(), -1.0, 1.0);
+    let w = rng.vec(p.weight_elems(), -1.0, 1.0);
+    let b = rng.vec(p.bias_elems(), -1.0, 1.0);
+    let conv = PreparedConv1d::new(p, &w, Choice::Force(algorithm)).unwrap();
+    let mut y = vec![0.0; g.output_elems];
+    let flops = 2.0 * crate::conv1d::cost::direct_macs(&g);
+    let rates = threads
+        .iter()
+        .map(|&t| {
+            let scratch = Scratch::new(t, conv.scratch_per_thread());
+            let reps = (2e9 / flops).clamp(5.0, 200.0) as usize;
+            let s = time(t, reps, &mut || {
+                conv.run(p, &x, Some(&w), Some(&b), &mut y, &scratch)
+                    .unwrap()
+            });
+            flops / s / 1e9
+        })
+        .collect();
+    (rates, algorithm.estimate(&g).unwrap())
+}
+
+/// The GFLOP/s table of the module docs, on 1 and 2 threads:
+/// `cargo test --release -p rustconv-kernels calibrate_gemm -- --ignored --nocapture`.
+/// `GEMM_REPEAT=n` repeats the table (take the best on a shared machine),
+/// `GEMM_ONLY=text` keeps the shapes whose name contains `text`.
+#[test]
+#[ignore]
+fn calibrate_gemm() {
+    let shapes = [
+        (
+            "256->256 K=3",
+            params(1, (256, 256, 1), 4096, 3, 1, (1, 1), 1),
+        ),
+        ("64->64 K=3", params(1, (64, 64, 1), 4096, 3, 1, (1, 1), 1)),
+        ("64->64 K=7", params(1, (64, 64, 1), 4096, 7, 1, (3, 3), 1)),
+        (
+            "512/8 groups K=3",
+            params(1, (512, 512, 8), 4096, 3, 1, (1, 1), 1),
+        ),
+        ("4->4 K=3", params(1, (4, 4, 1), 4096, 3, 1, (1, 1), 1)),
+        (
+            "64->64 K=3 stride 2",
+            params(
+                1,
+                (64, 64, 1),
+                std::env::var("GEMM_N").map_or(4096, |n| n.parse().unwrap()),
+                3,
+                2,
+                (1, 1),
+                1,
+            ),
+        ),
+        (
+            "64->64 K=3 dil 2",
+            params(1, (64, 64, 1), 4096, 3, 1, (2, 2), 2),
+        ),
+    ];
+    let repeat: usize = std::env::var("GEMM_REPEAT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1);
+    for _ in 0..repeat {
+        for (name, p) in &shapes {
+            // GEMM_ONLY=text: only the shapes whose name contains it.
+            if std::env::var("GEMM_ONLY").is_ok_and(|only| !name.contains(&only)) {
+                continue;
+            }
+            let (rates, est) = gflops(p, Algorithm::Gemm, &[1, 2]);
+            println!(
+                "{name:22} N=4096: 1T {:6.1}  2T {:6.1} GFLOP/s (model {:.3} ms, 1T {:.3} ms)",
+                rates[0],
+                rates[1],
+                est * 1e3,
+                2.0 * crate::conv1d::cost::direct_macs(&p.geometry().unwrap()) / rates[0] / 1e6,
+            );
+        }
+    }
+}
+
+/// Single-thread sweep of `in_per_group` and `out_per_group` (K = 3,
+/// N = 2048, dense) against the direct loop, for the cost constants:
+/// `cargo test --release -p rustconv-kernels calibrate_gemm_sweep -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn calibrate_gemm_sweep() {
+    let sizes = [1, 2, 4, 8, 16, 32, 64, 256];
+    for &cin in &sizes {
+        for &cout in &sizes {
+            if cin == 1 && cout == 1 {
+                continue; // depthwise
+            }
+            let p = params(1, (cin, cout, 1), 2048, 3, 1, (1, 1), 1);
+            let (gemm, est) = gflops(&p, Algorithm::Gemm, &[1]);
+            let (direct, direct_est) = gflops(&p, Algorithm::Direct, &[1]);
+            let ratio = est / direct_est;
+            println!(
+                "cin {cin:3} cout {cout:3}: gemm {:6.1} direct {:5.1} GFLOP/s, \
+                 measured/direct {:5.2}, model/direct {:5.2}",
+                gemm[0],
+                direct[0],
+                direct[0] / gemm[0],
+                ratio,
+            );
+        }
+    }
+    // Fixed cost per call and tile: tiny shapes, whose time is mostly that.
+    for (ch, n) in [(4, 8), (4, 64), (16, 16), (16, 200), (64, 64)] {
+        let p = params(1, (ch, ch, 1), n, 3, 1, (1, 1), 1);
+        let g = p.geometry().unwrap();
+        let tiling = Tiling::new(&g, choose_block(Backend::detect(), ch));
+        let (gemm, est) = gflops(&p, Algorithm::Gemm, &[1]);
+        let (direct, direct_est) = gflops(&p, Algorithm::Direct, &[1]);
+        let flops = 2.0 * crate::conv1d::cost::direct_macs(&g);
+        println!(
+            "{ch}->{ch} N={n}: {} tiles, gemm {:6.2} us direct {:6.2} us, \
+             model gemm/direct {:5.2}",
+            tiling.chunks * tiling.row_blocks,
+            flops / gemm[0] / 1e3,
+            flops / direct[0] / 1e3,
+            est / direct_est,
+        );
+    }
+}
+
+/// Runs `conv` directly (no `PreparedConv1d`) into a NaN-filled buffer.
+fn run_gemm(conv: &GemmConv, p: &Conv1dParams, x: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
+    let g = p.geometry().unwrap();
+    let mut y = vec![f32::NAN; g.output_elems];
+    let scratch = Scratch::new(rayon::current_num_threads(), conv.scratch_per_thread());
+    conv.run(&g, x, bias, &mut y, &scratch);
+    y
+}
+
+/// Checks `got` against the reference as [`check_at`] does.
+fn check_output(
+    p: &Conv1dParams,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    got: &[f32],
+    ctx: &str,
+) {
+    let want = reference::conv1d_f32(p, x, w, bias).unwrap();
+    let abs_bias = bias.map(abs);
+    let magnitude = reference::conv1d_f32(p, &abs(x), &abs(w), abs_bias.as_deref()).unwrap();
+    let terms = (p.in_channels / p.groups * p.kernel_size + 1) as f32;
+    let tol: Vec<f32> = magnitude
+        .iter()
+        .map(|m| 2.0 * terms * f32::EPSILON * m)
+        .collect();
+    assert_close(got, &want, &tol, ctx);
+}
+
+#[test]
+fn backends_include_the_detected_one() {
+    let all = Backend::all_available();
+    assert!(all.contains(&Backend::detect()));
+    let g = params(1, (4, 4, 1), 10, 3, 1, (1, 1), 1)
+        .geometry()
+        .unwrap();
+    for backend in all {
+        let conv = GemmConv::with_backend(&g, &[0.0; 48], backend).unwrap();
+        assert_eq!(conv.kernel.backend(), backend);
+    }
+}
+
+#[test]
+fn ragged_edges_match_reference_on_every_backend() {
+    // Output lengths around each backend's vector width and block (4, 8,
+    // 16 lanes; blocks of 8 to 96 positions), output channels per group
+    // that are not multiples of MR (2 to 8), below and above one panel,
+    // with groups, stride, dilation and padding.
+    let mut rng = Rng::new(21);
+    let out_lens = [
+        1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 47, 48, 49, 95, 97, 100, 143, 600,
+    ];
+    let channels = [
+        (3, 5, 1),
+        (2, 7, 1),
+        (6, 9, 1),
+        (8, 13, 1),
+        (6, 22, 2),
+        (9, 3, 3),
+        (4, 34, 2),
+        (5, 1, 1),
+    ];
+    let mut cases = 0;
+    for backend in Backend::all_available() {
+        for (i, &out_len) in out_lens.iter().enumerate() {
+            for (j, &ch) in channels.iter().enumerate() {
+                let kernel_size = [1, 2, 3, 5][(i + j) % 4];
+                let stride = 1 + (i + 2 * j) % 3;
+                let dilation = 1 + (2 * i + j) % 2;
+                let span = (kernel_size - 1) * dilation;
+                let pad = [(0, 0), (span / 2, span - span / 2), (span, 0), (1, 3)][(i + j) % 4];
+                // in_len giving exactly out_len outputs.
+                let in_len = ((out_len - 1) * stride + span + 1).saturating_sub(pad.0 + pad.1);
+                let p = params(1 + j % 2, ch, in_len, kernel_size, stride, pad, dilation);
+                let Ok(g) = p.geometry() else { continue };
+                if !applies(&g) {
+                    continue;
+                }
+                let w = rng.vec(p.weight_elems(), -1.0, 1.0);
+                let b = rng.vec(p.bias_elems(), -1.0, 1.0);
+                let x = rng.vec(p.input_elems(), -1.0, 1.0);
+                let conv = GemmConv::with_backend(&g, &w, backend).unwrap();
+                assert_eq!(conv.kernel.backend(), backend);
+                for bias in [None, Some(&b[..])] {
+                    let got = run_gemm(&conv, &p, &x, bias);
+                    let ctx = format!("{backend:?}, bias {}: {p:?}", bias.is_some());
+                    check_output(&p, &x, &w, bias, &got, &ctx);
+                    cases += 1;
+                }
+            }
+        }
+    }
+    assert!(cases >= 200, "{cases} cases");
+}
+
+#[test]
+fn random_shapes_match_reference_on_every_backend() {
+    let mut rng = Rng::new(99);
+    for backend in Backend::all_available() {
+        for trial in 0..120 {
+            let groups = rng.range(1, 3);
+            let max = Conv1dParams {
+                batch: rng.range(1, 2),
+                in_channels: groups * rng.range(1, 20),
+                out_channels: groups * rng.range(1, 20),
+                in_len: rng.range(1, 700),
+                kernel_size: rng.range(1, 9),
+                stride: rng.range(1, 4),
+                pad_left: rng.range(0, 8),
+                pad_right: rng.range(0, 8),
+                dilation: rng.range(1, 3),
+                groups,
+            };
+            let Ok(g) = max.geometry() else { continue };
+            if !applies(&g) {
+                continue;
+            }
+            let w = rng.vec(max.weight_elems(), -1.0, 1.0);
+            let b = rng.vec(max.bias_elems(), -1.0, 1.0);
+            let conv = GemmConv::with_backend(&g, &w, backend).unwrap();
+            // At the prepared shape and at a shorter input.
+            for in_len in [max.in_len, rng.range(0, max.in_len)] {
+                let p = Conv1dParams { in_len, ..max };
+                if p.validate().is_err() {
+                    continue;
+                }
+                let x = rng.vec(p.input_elems(), -1.0, 1.0);
+                let got = run_gemm(&conv, &p, &x, Some(&b));
+                check_output(
+                    &p,
+                    &x,
+                    &w,
+                    Some(&b),
+                    &got,
+                    &format!("{backend:?} trial {trial}: {p:?}"),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn structured_inputs_match_reference_exactly_on_every_backend() {
+    // Small integers: every partial sum is exact, fused or not.
+    let cases = [
+        params(2, (12, 8, 4), 31, 3, 2, (1, 2), 2),
+        params(1, (3, 5, 1), 20, 7, 1, (6, 0), 1),
+        params(2, (40, 128, 1), 90, 3, 1, (1, 1), 1),
+        params(1, (16, 27, 1), 1100, 4, 3, (2, 5), 2),
+    ];
+    for backend in Backend::all_available() {
+        for p in cases {
+            let ramp = |n: usize, modulus: usize| (0..n).map(|i| (i % modulus) as f32).collect();
+            let x: Vec<f32> = ramp(p.input_elems(), 17);
+            let w: Vec<f32> = ramp(p.weight_elems(), 7);
+            let bias: Vec<f32> = ramp(p.bias_elems(), 5);
+            let conv = GemmConv::with_backend(&p.geometry().unwrap(), &w, backend).unwrap();
+            for bias in [None, Some(&bias[..])] {
+                let want = reference::conv1d_f32(&p, &x, &w, bias).unwrap();
+                assert_eq!(run_gemm(&conv, &p, &x, bias), want, "{backend:?} {p:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn result_does_not_depend_on_pool_size_on_every_backend() {
+    let mut rng = Rng::new(8);
+    let p = params(2, (24, 30, 2), 900, 5, 2, (3, 1), 2);
+    let g = p.geometry().unwrap();
+    let x = rng.vec(p.input_elems(), -1.0, 1.0);
+    let w = rng.vec(p.weight_elems(), -1.0, 1.0);
+    let bias = rng.vec(p.bias_elems(), -1.0, 1.0);
+    for backend in Backend::all_available() {
+        let conv = GemmConv::with_backend(&g, &w, backend).unwrap();
+        let run_on = |threads| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| run_gemm(&conv, &p, &x, Some(&bias)))
+        };
+        let single = run_on(1);
+        for threads in [2, 3] {
+            assert_eq!(run_on(threads), single, "{backend:?}, {threads} threads");
+        }
+    }
+}

@@ -1,0 +1,306 @@
+//! The SIMD dispatch layer shared by the vector kernels (depthwise rows,
+//! GEMM micro-kernels): which instruction set this CPU runs ([`Backend`],
+//! detected at run time on x86_64) and one vector of `f32` lanes per
+//! backend behind the [`Simd`] trait.
+//!
+//! Kernels are written once, generic over [`Simd`], and each backend
+//! instantiates them inside a function compiled with its target features
+//! (`#[target_feature(enable = "avx512f,fma")]` and so on), called through a
+//! function pointer chosen once the features were detected.
+//! `#[inline(always)]` on the generic code and on the trait methods makes
+//! the intrinsics inline into those functions. The AVX-512 intrinsics were
+//! stabilised in Rust 1.89, the crate's MSRV.
+
+#![allow(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
+
+/// An instruction set the vector kernels run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Backend {
+    /// Plain Rust on `[f32; 8]` chunks that LLVM auto-vectorises for the
+    /// compile target's baseline (SSE2 on x86_64). Always available.
+    Portable,
+    /// x86_64 AVX2 + FMA intrinsics, 8 lanes.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// x86_64 AVX-512 F intrinsics, 16 lanes, 32 vector registers.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    /// aarch64 NEON intrinsics, 4 lanes.
+    #[cfg(target_arch = "aarch64")]
+    Neon,
+}
+
+impl Backend {
+    /// The fastest backend this CPU supports.
+    pub(crate) fn detect() -> Backend {
+        #[cfg(target_arch = "x86_64")]
+        if Backend::Avx512.is_available() {
+            return Backend::Avx512;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if Backend::Avx2.is_available() {
+            return Backend::Avx2;
+        }
+        #[cfg(target_arch = "aarch64")]
+        if Backend::Neon.is_available() {
+            return Backend::Neon;
+        }
+        Backend::Portable
+    }
+
+    /// Whether this CPU can run the backend.
+    pub(crate) fn is_available(self) -> bool {
+        match self {
+            Backend::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx2 => {
+                std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx512 => {
+                std::arch::is_x86_feature_detected!("avx512f")
+                    && std::arch::is_x86_feature_detected!("fma")
+            }
+            #[cfg(target_arch = "aarch64")]
+            Backend::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+        }
+    }
+
+    /// Every backend this CPU can run (tests force each in turn).
+    #[cfg(test)]
+    pub(crate) fn all_available() -> Vec<Backend> {
+        let all = [
+            Backend::Portable,
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx2,
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx512,
+            #[cfg(target_arch = "aarch64")]
+            Backend::Neon,
+        ];
+        all.into_iter().filter(|b| b.is_available()).collect()
+    }
+}
+
+/// One vector of `LANES` `f32`s and the operations the kernels use.
+///
+/// # Safety
+/// Every method may require the backend's CPU features; callers must only
+/// use an implementation whose features are present. Pointer arguments must
+/// be valid for `LANES` reads (`load`) or writes (`store`).
+pub(crate) trait Simd {
+    const LANES: usize;
+    type V: Copy;
+    /// Every lane `v`.
+    unsafe fn splat(v: f32) -> Self::V;
+    /// Unaligned load of `LANES` values from `p`.
+    unsafe fn load(p: *const f32) -> Self::V;
+    /// Unaligned store of `LANES` values to `p`.
+    unsafe fn store(p: *mut f32, v: Self::V);
+    /// `acc + w * x`, lane-wise, rounded as the backend's scalar version.
+    unsafe fn mul_add(acc: Self::V, w: Self::V, x: Self::V) -> Self::V;
+    /// `acc + w * x` for one value, rounded as [`Simd::mul_add`].
+    unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32;
+}
+
+// ---------------------------------------------------------------------------
+// Portable backend.
+
+/// Plain Rust on `[f32; 8]`, auto-vectorised for the compile target.
+pub(crate) struct Portable;
+
+/// `[f32; 8]`: lane-wise loops over it auto-vectorise.
+type F32x8 = [f32; 8];
+
+impl Simd for Portable {
+    const LANES: usize = 8;
+    type V = F32x8;
+
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> F32x8 {
+        [v; 8]
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> F32x8 {
+        // SAFETY: the caller guarantees 8 readable values at p; unaligned read.
+        unsafe { p.cast::<F32x8>().read_unaligned() }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: F32x8) {
+        // SAFETY: the caller guarantees 8 writable values at p; unaligned write.
+        unsafe { p.cast::<F32x8>().write_unaligned(v) }
+    }
+    #[inline(always)]
+    unsafe fn mul_add(acc: F32x8, w: F32x8, x: F32x8) -> F32x8 {
+        let mut out = acc;
+        for j in 0..8 {
+            out[j] += w[j] * x[j];
+        }
+        out
+    }
+    #[inline(always)]
+    unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32 {
+        // Unfused, like `mul_add` (Rust never contracts into an FMA).
+        acc + w * x
+    }
+}
+
+// ---------------------------------------------------------------------------
+// AVX2 + FMA backend.
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::Simd;
+
+    /// AVX2 + FMA, 8 lanes.
+    pub(crate) struct Avx2;
+
+    // Each method is only reached from functions compiled with avx2 and
+    // fma, called only once both were detected (`Backend::is_available`).
+    impl Simd for Avx2 {
+        const LANES: usize = 8;
+        type V = __m256;
+
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> __m256 {
+            // SAFETY: AVX is present (see the impl's comment).
+            unsafe { _mm256_set1_ps(v) }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m256 {
+            // SAFETY: AVX is present; the caller guarantees 8 readable
+            // values at p, and loadu has no alignment requirement.
+            unsafe { _mm256_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m256) {
+            // SAFETY: AVX is present; the caller guarantees 8 writable
+            // values at p, and storeu has no alignment requirement.
+            unsafe { _mm256_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        unsafe fn mul_add(acc: __m256, w: __m256, x: __m256) -> __m256 {
+            // SAFETY: FMA is present.
+            unsafe { _mm256_fmadd_ps(w, x, acc) }
+        }
+        #[inline(always)]
+        unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32 {
+            // SAFETY: FMA is present. Fused like `mul_add`.
+            unsafe { _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(w), _mm_set_ss(x), _mm_set_ss(acc))) }
+        }
+    }
+}
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx2::Avx2;
+
+// ---------------------------------------------------------------------------
+// AVX-512 backend.
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::Simd;
+
+    /// AVX-512 F, 16 lanes.
+    pub(crate) struct Avx512;
+
+    // Each method is only reached from functions compiled with avx512f
+    // and fma, called only once both were detected
+    // (`Backend::is_available`).
+    impl Simd for Avx512 {
+        const LANES: usize = 16;
+        type V = __m512;
+
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> __m512 {
+            // SAFETY: AVX-512 F is present (see the impl's comment).
+            unsafe { _mm512_set1_ps(v) }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m512 {
+            // SAFETY: AVX-512 F is present; the caller guarantees 16
+            // readable values at p, and loadu has no alignment requirement.
+            unsafe { _mm512_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m512) {
+            // SAFETY: AVX-512 F is present; the caller guarantees 16
+            // writable values at p, and storeu has no alignment requirement.
+            unsafe { _mm512_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        unsafe fn mul_add(acc: __m512, w: __m512, x: __m512) -> __m512 {
+            // SAFETY: AVX-512 F is present.
+            unsafe { _mm512_fmadd_ps(w, x, acc) }
+        }
+        #[inline(always)]
+        unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32 {
+            // SAFETY: FMA is present. Fused like `mul_add`.
+            unsafe { _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(w), _mm_set_ss(x), _mm_set_ss(acc))) }
+        }
+    }
+}
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx512::Avx512;
+
+// ---------------------------------------------------------------------------
+// NEON backend.
+
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use std::arch::aarch64::*;
+
+    use super::Simd;
+
+    /// NEON, 4 lanes.
+    pub(crate) struct Neon;
+
+    // Each method is only reached from functions compiled with neon,
+    // called only once it was detected (`Backend::is_available`).
+    impl Simd for Neon {
+        const LANES: usize = 4;
+        type V = float32x4_t;
+
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> float32x4_t {
+            // SAFETY: NEON is present (see the impl's comment).
+            #[allow(unused_unsafe)]
+            unsafe {
+                vdupq_n_f32(v)
+            }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> float32x4_t {
+            // SAFETY: NEON is present; the caller guarantees 4 readable
+            // values at p, and vld1q needs only f32 alignment, which any
+            // *const f32 into a slice has.
+            unsafe { vld1q_f32(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: float32x4_t) {
+            // SAFETY: NEON is present; the caller guarantees 4 writable
+            // values at p, aligned as f32.
+            unsafe { vst1q_f32(p, v) }
+        }
+        #[inline(always)]
+        unsafe fn mul_add(acc: float32x4_t, w: float32x4_t, x: float32x4_t) -> float32x4_t {
+            // SAFETY: NEON is present.
+            #[allow(unused_unsafe)]
+            unsafe {
+                vfmaq_f32(acc, w, x)
+            }
+        }
+        #[inline(always)]
+        unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32 {
+            // Fused like `vfmaq_f32`; a single fmadd on aarch64.
+            w.mul_add(x, acc)
+        }
+    }
+}
+#[cfg(target_arch = "aarch64")]
+pub(crate) use neon::Neon;
