@@ -15,7 +15,9 @@
 //! then runs on it at once and the other `threads - 1` workers steal from
 //! it. Pools therefore belong to a calling thread (one per thread count;
 //! a thread can be a member of only one pool, so a second thread count on
-//! the same thread gets an ordinary pool of `threads` workers).
+//! the same thread gets an ordinary pool of `threads` workers). A host that
+//! runs methods from several threads at once gets a pool per thread, and
+//! with it `threads - 1` workers each: set the thread count accordingly.
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
