@@ -42,17 +42,27 @@ class Timing:
         return self.pct(50)
 
 
+#: Most timed calls a measurement takes (see plan_repeats).
+MAX_REPEATS = 200
+
+
 def plan_repeats(projected_s: float, warmup: int, repeats: int, budget_s: float) -> tuple[int, int]:
-    """Warm-ups and timed calls for one measurement: the requested counts,
-    cut so the timed calls fit about ``budget_s`` (but at least 3 of them, or
-    1 when a single call is longer than the budget) and with one warm-up for
-    calls over a second."""
+    """Warm-ups and timed calls for one measurement.
+
+    Short calls get more than ``repeats`` timed calls, up to ``MAX_REPEATS``
+    within a quarter of ``budget_s``, and a tenth as many warm-ups: the
+    median of a handful of microsecond calls mostly measures warm-up
+    (thread wake-ups, cold caches). Slow calls get fewer, cut so the timed
+    calls fit about ``budget_s`` (but at least 3 of them, or 1 when a single
+    call is longer than the budget), and one warm-up for calls over a
+    second."""
     if projected_s <= 0:
         return warmup, repeats
     fit = int(budget_s / projected_s)
     floor = 1 if projected_s > budget_s else min(3, repeats)
-    reps = max(floor, min(repeats, fit))
-    warm = warmup if projected_s < 1.0 else min(warmup, 1)
+    wanted = max(repeats, min(MAX_REPEATS, int(0.25 * budget_s / projected_s)))
+    reps = max(floor, min(wanted, fit))
+    warm = max(warmup, reps // 10) if projected_s < 1.0 else min(warmup, 1)
     return warm, reps
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.alternatives import ACCURACY_ATOL, BASELINES, LABELS
+from bench.measure import MAX_REPEATS
 
 COLUMNS = [
     "kind", "C", "N", "K", "K_label", "setting", "alternative", "status",
@@ -391,9 +392,10 @@ def markdown(meta: dict, analysis: dict, rows: list[dict], images: list[str]) ->
         f"{meta['threads']} threads, best of 5, counting bytes read + written)",
         f"- **Run:** `{meta['command']}` ({meta['mode']}); commit {meta['git']}; "
         f"torch {meta['torch']}, executorch {meta['executorch']}",
-        f"- **Timing:** {meta['warmup']} warm-up + up to {meta['repeats']} timed calls per "
-        f"alternative (fewer when calls are slow: about {meta['budget_s']:g} s of timed calls, "
-        f"at least 3); time limit {meta['time_limit_s']:g} s per call",
+        f"- **Timing:** {meta['warmup']} warm-up + {meta['repeats']} timed calls per "
+        f"alternative; short calls get more (up to {MAX_REPEATS} in a quarter of the budget, "
+        f"with a tenth as many extra warm-ups), slow calls fewer (about {meta['budget_s']:g} s "
+        f"of timed calls, at least 3); time limit {meta['time_limit_s']:g} s per call",
         f"- **Other load:** {_pct(meta.get('others_busy_start'))} of the CPUs busy with other "
         f"processes at the start, {_pct(meta.get('others_busy_end'))} at the end (1 s samples)",
         "",

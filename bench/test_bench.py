@@ -51,7 +51,8 @@ def test_projection_scales_and_plans_repeats():
     p.record("eager", "direct", small, 0.5, measured=True)
     proj = p.project("eager", "direct", big)
     assert proj.seconds == pytest.approx(2.0) and proj.measured
-    assert measure.plan_repeats(0.001, 2, 10, 3.0) == (2, 10)
+    assert measure.plan_repeats(0.001, 2, 10, 3.0) == (20, measure.MAX_REPEATS)
+    assert measure.plan_repeats(0.1, 2, 5, 3.0) == (2, 7)
     assert measure.plan_repeats(2.0, 2, 10, 3.0) == (1, 3)
     assert measure.plan_repeats(30.0, 2, 10, 3.0) == (1, 1)
 
