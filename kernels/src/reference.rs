@@ -91,6 +91,7 @@ mod tests {
     //! merely consistent with the kernels.
 
     use super::*;
+    use crate::test_support::conv_params;
 
     fn params(
         in_channels: usize,
@@ -98,18 +99,8 @@ mod tests {
         in_len: usize,
         kernel_size: usize,
     ) -> Conv1dParams {
-        Conv1dParams {
-            batch: 1,
-            in_channels,
-            out_channels,
-            in_len,
-            kernel_size,
-            stride: 1,
-            pad_left: 0,
-            pad_right: 0,
-            dilation: 1,
-            groups: 1,
-        }
+        let channels = (in_channels, out_channels, 1);
+        conv_params(1, channels, in_len, kernel_size, 1, (0, 0), 1)
     }
 
     #[test]

@@ -51,3 +51,62 @@ pub(crate) fn assert_close(actual: &[f32], expected: &[f32], tol: &[f32], contex
         );
     }
 }
+
+/// A conv1d's parameters in the order the tests' grids list them.
+pub(crate) fn conv_params(
+    batch: usize,
+    (in_channels, out_channels, groups): (usize, usize, usize),
+    in_len: usize,
+    kernel_size: usize,
+    stride: usize,
+    (pad_left, pad_right): (usize, usize),
+    dilation: usize,
+) -> crate::Conv1dParams {
+    crate::Conv1dParams {
+        batch,
+        in_channels,
+        out_channels,
+        in_len,
+        kernel_size,
+        stride,
+        pad_left,
+        pad_right,
+        dilation,
+        groups,
+    }
+}
+
+/// A depthwise conv1d (channel multiplier 1) at stride 1.
+pub(crate) fn depthwise_params(
+    batch: usize,
+    channels: usize,
+    in_len: usize,
+    kernel_size: usize,
+    pads: (usize, usize),
+    dilation: usize,
+) -> crate::Conv1dParams {
+    let channels3 = (channels, channels, channels);
+    conv_params(batch, channels3, in_len, kernel_size, 1, pads, dilation)
+}
+
+/// Checks a conv's output `got` against the naive reference, element by
+/// element within `rtol` times the output's sum of |terms| (the reference
+/// applied to absolute values): summing `n` terms in f32, in any order,
+/// errs by at most about `n` epsilons of that sum.
+pub(crate) fn assert_conv_close(
+    p: &crate::Conv1dParams,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    got: &[f32],
+    rtol: f32,
+    context: &str,
+) {
+    use crate::reference::conv1d_f32;
+    let abs = |v: &[f32]| v.iter().map(|e| e.abs()).collect::<Vec<f32>>();
+    let want = conv1d_f32(p, x, w, bias).unwrap();
+    let abs_bias = bias.map(abs);
+    let magnitude = conv1d_f32(p, &abs(x), &abs(w), abs_bias.as_deref()).unwrap();
+    let tol: Vec<f32> = magnitude.iter().map(|m| rtol * m).collect();
+    assert_close(got, &want, &tol, context);
+}

@@ -62,7 +62,7 @@ pub fn conv1d_f32(
 mod tests {
     use super::*;
     use crate::reference;
-    use crate::test_support::{assert_close, Rng};
+    use crate::test_support::{assert_conv_close, conv_params, Rng};
 
     /// Relative tolerance against the sum of absolute values of the terms
     /// of each output. Recursive f32 summation of n terms errs by at most
@@ -87,20 +87,11 @@ mod tests {
         (pad_left, pad_right): (usize, usize),
         dilation: usize,
     ) -> Case {
+        let channels = (in_channels, out_channels, groups);
+        let pads = (pad_left, pad_right);
         Case {
             name,
-            p: Conv1dParams {
-                batch,
-                in_channels,
-                out_channels,
-                in_len,
-                kernel_size,
-                stride,
-                pad_left,
-                pad_right,
-                dilation,
-                groups,
-            },
+            p: conv_params(batch, channels, in_len, kernel_size, stride, pads, dilation),
         }
     }
 
@@ -171,10 +162,6 @@ mod tests {
         y
     }
 
-    fn abs(v: &[f32]) -> Vec<f32> {
-        v.iter().map(|e| e.abs()).collect()
-    }
-
     /// Kernel vs reference, within RTOL of the per-output sum of |terms|
     /// (itself the reference applied to absolute values).
     fn check_random(p: &Conv1dParams, rng: &mut Rng, with_bias: bool, context: &str) {
@@ -184,11 +171,7 @@ mod tests {
         let bias = with_bias.then_some(&bias[..]);
 
         let got = run(p, &x, &w, bias);
-        let want = reference::conv1d_f32(p, &x, &w, bias).unwrap();
-        let abs_bias = bias.map(abs);
-        let magnitude = reference::conv1d_f32(p, &abs(&x), &abs(&w), abs_bias.as_deref()).unwrap();
-        let tol: Vec<f32> = magnitude.iter().map(|m| RTOL * m).collect();
-        assert_close(&got, &want, &tol, context);
+        assert_conv_close(p, &x, &w, bias, &got, RTOL, context);
     }
 
     #[test]

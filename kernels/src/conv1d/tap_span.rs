@@ -46,6 +46,7 @@ impl TapSpan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_support::conv_params;
     use crate::Conv1dParams;
 
     fn params(
@@ -55,18 +56,7 @@ mod tests {
         pads: (usize, usize),
         dilation: usize,
     ) -> Conv1dParams {
-        Conv1dParams {
-            batch: 1,
-            in_channels: 1,
-            out_channels: 1,
-            in_len,
-            kernel_size,
-            stride,
-            pad_left: pads.0,
-            pad_right: pads.1,
-            dilation,
-            groups: 1,
-        }
+        conv_params(1, (1, 1, 1), in_len, kernel_size, stride, pads, dilation)
     }
 
     /// The span a tap covers, found by brute force over every output position.

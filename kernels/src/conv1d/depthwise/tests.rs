@@ -1,6 +1,6 @@
 use super::*;
 use crate::reference;
-use crate::test_support::{assert_close, Rng};
+use crate::test_support::{assert_conv_close, depthwise_params as depthwise, Rng};
 use crate::{estimate_cost, Algorithm, Choice, Conv1dParams, KernelError, PreparedConv1d};
 
 /// Relative tolerance against the per-output sum of |terms|: recursive f32
@@ -8,32 +8,6 @@ use crate::{estimate_cost, Algorithm, Choice, Conv1dParams, KernelError, Prepare
 /// (K + 1) * eps / 2 of that sum; twice that leaves headroom.
 fn rtol(k: usize) -> f32 {
     (k + 1) as f32 * f32::EPSILON
-}
-
-fn depthwise(
-    batch: usize,
-    channels: usize,
-    in_len: usize,
-    kernel_size: usize,
-    (pad_left, pad_right): (usize, usize),
-    dilation: usize,
-) -> Conv1dParams {
-    Conv1dParams {
-        batch,
-        in_channels: channels,
-        out_channels: channels,
-        in_len,
-        kernel_size,
-        stride: 1,
-        pad_left,
-        pad_right,
-        dilation,
-        groups: channels,
-    }
-}
-
-fn abs(v: &[f32]) -> Vec<f32> {
-    v.iter().map(|e| e.abs()).collect()
 }
 
 /// Runs `kernel` for `p` into a NaN-filled buffer, so unwritten outputs fail.
@@ -52,11 +26,7 @@ fn run_kernel(
 
 /// Checks `got` against the reference within [`rtol`] of the sum of |terms|.
 fn check(p: &Conv1dParams, x: &[f32], w: &[f32], bias: Option<&[f32]>, got: &[f32], ctx: &str) {
-    let want = reference::conv1d_f32(p, x, w, bias).unwrap();
-    let abs_bias = bias.map(abs);
-    let magnitude = reference::conv1d_f32(p, &abs(x), &abs(w), abs_bias.as_deref()).unwrap();
-    let tol: Vec<f32> = magnitude.iter().map(|m| rtol(p.kernel_size) * m).collect();
-    assert_close(got, &want, &tol, ctx);
+    assert_conv_close(p, x, w, bias, got, rtol(p.kernel_size), ctx);
 }
 
 // 9 ..= 64 at dilation 1 take the grouped kernel on AVX-512 (1 to 4 groups).

@@ -11,32 +11,10 @@
 use super::plan;
 use super::*;
 use crate::reference;
-use crate::test_support::{assert_close, Rng};
+use crate::test_support::{assert_close, depthwise_params as params, Rng};
 use crate::{Algorithm, Choice, Conv1dParams, PreparedConv1d};
 
 const TOL: f32 = 1e-5;
-
-fn params(
-    batch: usize,
-    channels: usize,
-    in_len: usize,
-    kernel_size: usize,
-    (pad_left, pad_right): (usize, usize),
-    dilation: usize,
-) -> Conv1dParams {
-    Conv1dParams {
-        batch,
-        in_channels: channels,
-        out_channels: channels,
-        in_len,
-        kernel_size,
-        stride: 1,
-        pad_left,
-        pad_right,
-        dilation,
-        groups: channels,
-    }
-}
 
 /// Per-element tolerance (see the module docs).
 fn tolerance(p: &Conv1dParams, x: &[f32], w: &[f32], bias: Option<&[f32]>) -> Vec<f32> {

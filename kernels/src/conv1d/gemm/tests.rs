@@ -1,31 +1,7 @@
 use super::*;
 use crate::reference;
-use crate::test_support::{assert_close, Rng};
+use crate::test_support::{assert_conv_close, conv_params as params, Rng};
 use crate::{Algorithm, Choice, Conv1dParams, KernelError, PreparedConv1d};
-
-#[allow(clippy::too_many_arguments)]
-fn params(
-    batch: usize,
-    (in_channels, out_channels, groups): (usize, usize, usize),
-    in_len: usize,
-    kernel_size: usize,
-    stride: usize,
-    (pad_left, pad_right): (usize, usize),
-    dilation: usize,
-) -> Conv1dParams {
-    Conv1dParams {
-        batch,
-        in_channels,
-        out_channels,
-        in_len,
-        kernel_size,
-        stride,
-        pad_left,
-        pad_right,
-        dilation,
-        groups,
-    }
-}
 
 fn prepare(max: &Conv1dParams, w: &[f32]) -> PreparedConv1d {
     let conv = PreparedConv1d::new(max, w, Choice::Force(Algorithm::Gemm)).unwrap();
@@ -44,10 +20,6 @@ fn run(conv: &PreparedConv1d, p: &Conv1dParams, x: &[f32], bias: Option<&[f32]>)
     y
 }
 
-fn abs(v: &[f32]) -> Vec<f32> {
-    v.iter().map(|e| e.abs()).collect()
-}
-
 /// Runs `conv` at `p` on random `x` and checks it against the reference
 /// within `2 n eps` of the per-output sum of |terms|, `n` the number of
 /// terms: f32 summation of `n` terms in any order errs by at most about
@@ -62,15 +34,8 @@ fn check_at(
 ) {
     let x = rng.vec(p.input_elems(), -1.0, 1.0);
     let got = run(conv, p, &x, bias);
-    let want = reference::conv1d_f32(p, &x, w, bias).unwrap();
-    let abs_bias = bias.map(abs);
-    let magnitude = reference::conv1d_f32(p, &abs(&x), &abs(w), abs_bias.as_deref()).unwrap();
     let terms = (p.in_channels / p.groups * p.kernel_size + 1) as f32;
-    let tol: Vec<f32> = magnitude
-        .iter()
-        .map(|m| 2.0 * terms * f32::EPSILON * m)
-        .collect();
-    assert_close(&got, &want, &tol, context);
+    assert_conv_close(p, &x, w, bias, &got, 2.0 * terms * f32::EPSILON, context);
 }
 
 /// Prepares at `max` with random weights and bias, then checks runs at
@@ -581,15 +546,8 @@ fn check_output(
     got: &[f32],
     ctx: &str,
 ) {
-    let want = reference::conv1d_f32(p, x, w, bias).unwrap();
-    let abs_bias = bias.map(abs);
-    let magnitude = reference::conv1d_f32(p, &abs(x), &abs(w), abs_bias.as_deref()).unwrap();
     let terms = (p.in_channels / p.groups * p.kernel_size + 1) as f32;
-    let tol: Vec<f32> = magnitude
-        .iter()
-        .map(|m| 2.0 * terms * f32::EPSILON * m)
-        .collect();
-    assert_close(got, &want, &tol, ctx);
+    assert_conv_close(p, x, w, bias, got, 2.0 * terms * f32::EPSILON, ctx);
 }
 
 #[test]
