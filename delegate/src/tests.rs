@@ -415,6 +415,29 @@ fn plan_places_intermediates_in_the_arena() {
 }
 
 #[test]
+fn calls_from_different_threads_use_their_own_pools() {
+    // Each calling thread is worker 0 of its own pool (threads.rs): the
+    // state's cached pool must follow the caller, and results must not
+    // depend on which thread called.
+    let blob = conv_scan_blob();
+    let d = init(&blob).unwrap();
+    let run = || {
+        let mut args = conv_scan_args(N_MAX);
+        d.execute(&mut args).unwrap();
+        args.0[3].data.clone()
+    };
+    let here = run();
+    let there = std::thread::scope(|s| s.spawn(run).join().unwrap());
+    assert_eq!(here, there);
+    assert_eq!(run(), here);
+    let want = {
+        let args = conv_scan_args(N_MAX);
+        conv_scan_reference(&args.0[0].data, &args.0[1].data, &args.0[2].data, N_MAX)
+    };
+    assert_close(&here, &want);
+}
+
+#[test]
 fn misaligned_blob_memory_is_copied_and_still_correct() {
     let blob = conv_scan_blob();
     // Shift the blob by one byte so its constant segment is misaligned.
