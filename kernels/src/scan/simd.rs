@@ -116,11 +116,13 @@ impl Avx2 {
 
     /// The rows of a contiguous `[rows, len]` block (`rows = x0.len()`),
     /// one after the other, each as [`scan_row`](Self::scan_row) scans it.
+    /// With `stream`, `y` is written with non-temporal stores (see
+    /// [`scan_row_impl`]), for outputs too large for the caches.
     ///
     /// # Panics
     ///
     /// If `a`, `u` and `y` differ in length or are not `rows` rows.
-    pub(super) fn scan_rows(self, x0: &[f32], a: &[f32], u: &[f32], y: &mut [f32]) {
+    pub(super) fn scan_rows(self, x0: &[f32], a: &[f32], u: &[f32], y: &mut [f32], stream: bool) {
         let rows = x0.len();
         if rows == 0 {
             return;
@@ -132,7 +134,13 @@ impl Avx2 {
         );
         // SAFETY: `self` exists only if AVX2 and FMA were detected; the
         // lengths are checked above.
-        unsafe { scan_rows_avx2(x0, a, u, y, len) }
+        unsafe {
+            if stream {
+                scan_rows_avx2::<true>(x0, a, u, y, len)
+            } else {
+                scan_rows_avx2::<false>(x0, a, u, y, len)
+            }
+        }
     }
 }
 
@@ -237,9 +245,9 @@ unsafe fn prefix8(k: &Consts, a: __m256, u: __m256) -> (__m256, __m256) {
 /// # Safety
 ///
 /// AVX2 and FMA present; `a` and `u` valid for `NV * V` reads, `y` for
-/// `NV * V` writes.
+/// `NV * V` writes, and 32-byte aligned if `STREAM`.
 #[inline(always)]
-unsafe fn group<const NV: usize>(
+unsafe fn group<const NV: usize, const STREAM: bool>(
     k: &Consts,
     mut c: __m256,
     a: *const f32,
@@ -264,7 +272,11 @@ unsafe fn group<const NV: usize>(
             c = _mm256_fmadd_ps(p7, c, s7);
             // y * 0 is 0 for finite y and NaN otherwise, which then sticks.
             bad = _mm256_fmadd_ps(yv, k.zero, bad);
-            _mm256_storeu_ps(y.add(v * V), yv);
+            if STREAM {
+                _mm256_stream_ps(y.add(v * V), yv);
+            } else {
+                _mm256_storeu_ps(y.add(v * V), yv);
+            }
         }
         // amin < TINY_BELOW - 1 (unsigned) iff min(amin, TINY_BELOW - 2)
         // equals amin.
@@ -288,7 +300,7 @@ unsafe fn scan_row_avx2(s: f32, a: &[f32], u: &[f32], y: &mut [f32]) -> f32 {
     // SAFETY: our caller's contract.
     unsafe {
         let k = Consts::new();
-        scan_row_impl(&k, s, a.as_ptr(), u.as_ptr(), y.as_mut_ptr(), y.len())
+        scan_row_impl::<false>(&k, s, a.as_ptr(), u.as_ptr(), y.as_mut_ptr(), y.len())
     }
 }
 
@@ -298,7 +310,13 @@ unsafe fn scan_row_avx2(s: f32, a: &[f32], u: &[f32], y: &mut [f32]) -> f32 {
 ///
 /// AVX2 and FMA present; `a`, `u` and `y` hold `x0.len() * len` elements.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn scan_rows_avx2(x0: &[f32], a: &[f32], u: &[f32], y: &mut [f32], len: usize) {
+unsafe fn scan_rows_avx2<const STREAM: bool>(
+    x0: &[f32],
+    a: &[f32],
+    u: &[f32],
+    y: &mut [f32],
+    len: usize,
+) {
     let (a, u, y) = (a.as_ptr(), u.as_ptr(), y.as_mut_ptr());
     // SAFETY: AVX2 and FMA are present, and row `r` is elements
     // `r * len .. (r + 1) * len` of slices of `x0.len() * len` elements.
@@ -306,19 +324,31 @@ unsafe fn scan_rows_avx2(x0: &[f32], a: &[f32], u: &[f32], y: &mut [f32], len: u
         let k = Consts::new();
         for (r, &s) in x0.iter().enumerate() {
             let at = r * len;
-            scan_row_impl(&k, s, a.add(at), u.add(at), y.add(at), len);
+            scan_row_impl::<STREAM>(&k, s, a.add(at), u.add(at), y.add(at), len);
+        }
+        if STREAM {
+            // Non-temporal stores are weakly ordered: make them visible
+            // before the task reports completion to other threads.
+            _mm_sfence();
         }
     }
 }
 
 /// One row, inlined into [`scan_row_avx2`] and [`scan_rows_avx2`].
 ///
+/// With `STREAM`, outputs are written with non-temporal stores, which skip
+/// reading each line of `y` into the cache before overwriting it: a DRAM-
+/// sized scan then moves three streams instead of four. Those stores need
+/// 32-byte alignment, so the steps before `y`'s first aligned address run
+/// the plain loop (the blocks start there instead, which changes rounding
+/// only). The caller fences after its rows.
+///
 /// # Safety
 ///
 /// AVX2 and FMA present; `a` and `u` valid for `n` reads, `y` for `n`
 /// writes.
 #[inline(always)]
-unsafe fn scan_row_impl(
+unsafe fn scan_row_impl<const STREAM: bool>(
     k: &Consts,
     s: f32,
     a: *const f32,
@@ -331,11 +361,17 @@ unsafe fn scan_row_impl(
     // while `t + GROUP <= n` or `t + V <= n`, the plain loop over the
     // remaining `n - t`.
     unsafe {
-        let mut c = _mm256_set1_ps(s);
         let mut t = 0;
+        let mut s = s;
+        if STREAM {
+            // f32s to the next 32-byte boundary (y is 4-byte aligned).
+            t = ((y as usize).wrapping_neg() % 32 / 4).min(n);
+            s = plain(s, a, u, y, t);
+        }
+        let mut c = _mm256_set1_ps(s);
         while t + GROUP <= n {
             let (a, u, y) = (a.add(t), u.add(t), y.add(t));
-            let (next, flagged) = group::<{ GROUP / V }>(k, c, a, u, y);
+            let (next, flagged) = group::<{ GROUP / V }, STREAM>(k, c, a, u, y);
             c = if flagged {
                 _mm256_set1_ps(plain(_mm256_cvtss_f32(c), a, u, y, GROUP))
             } else {
@@ -345,7 +381,7 @@ unsafe fn scan_row_impl(
         }
         while t + V <= n {
             let (a, u, y) = (a.add(t), u.add(t), y.add(t));
-            let (next, flagged) = group::<1>(k, c, a, u, y);
+            let (next, flagged) = group::<1, STREAM>(k, c, a, u, y);
             c = if flagged {
                 _mm256_set1_ps(plain(_mm256_cvtss_f32(c), a, u, y, V))
             } else {

@@ -525,9 +525,22 @@ fn avx2_tiny_a_products_stay_accurate() {
     for (a, u) in [(&a, &u), (&a_zeros, &u_impulses)] {
         let want = reference::linear_scan_f32(&p, &x0, a, u).unwrap();
         let tol = tolerance(&p, &x0, a, u);
-        let mut y = vec![f32::NAN; p.seq_elems()];
-        avx2.scan_rows(&x0, a, u, &mut y);
-        assert_close(&y, &want, &tol, "scan_rows");
+        for stream in [false, true] {
+            // Every offset from a 32-byte boundary, so the streaming path's
+            // aligned start is taken after 0 to 7 plain steps.
+            let mut buf = vec![f32::NAN; p.seq_elems() + 8];
+            for skip in 0..8 {
+                let y = &mut buf[skip..skip + p.seq_elems()];
+                y.fill(f32::NAN);
+                avx2.scan_rows(&x0, a, u, y, stream);
+                assert_close(
+                    y,
+                    &want,
+                    &tol,
+                    &format!("scan_rows, stream {stream}, +{skip}"),
+                );
+            }
+        }
         let y = run_on(
             Some(Strategy::Rows),
             Some(Backend::Avx2(avx2)),
