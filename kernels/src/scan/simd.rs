@@ -33,6 +33,11 @@
 //! from L1) streams six arrays at once and was no faster from L3 or DRAM
 //! in the runs we could take on a shared machine.
 //!
+//! Outputs too large for the caches are written with non-temporal stores
+//! (`scan_rows` with `stream`; see [`scan_row_impl`]): the scan is then
+//! bound by memory bandwidth, and not reading each line of `y` before
+//! overwriting it moves three streams instead of four.
+//!
 //! This reassociates the recurrence, so results differ from the sequential
 //! loop by rounding, a few `f32` epsilons of the terms' magnitudes (like
 //! the blocked portable scans). Two things could make the reassociated
