@@ -59,25 +59,32 @@ ensure_ruff() {
 }
 
 # The kernels' NEON paths run under user-mode QEMU: a cross linker and
-# aarch64 glibc from Debian's packages, and Rust's aarch64 std.
-# RUSTCONV_SKIP_AARCH64=1 skips this where packages cannot be installed.
+# aarch64 glibc from Debian's packages, and Rust's aarch64 std (from rustup,
+# which may have no network where only package registries are reachable).
+# Returns non-zero, saying why, when any of them cannot be installed; the
+# caller reports the step as skipped. RUSTCONV_SKIP_AARCH64=1 skips it.
 AARCH64=aarch64-unknown-linux-gnu
 ensure_aarch64() {
     if ! rustup target list --installed | grep -qx "$AARCH64"; then
         log "adding Rust target $AARCH64"
-        rustup target add "$AARCH64"
+        rustup target add "$AARCH64" || {
+            echo "rustup could not install the $AARCH64 standard library" >&2
+            return 1
+        }
     fi
     if ! command -v qemu-aarch64-static >/dev/null || ! command -v aarch64-linux-gnu-gcc >/dev/null; then
         local packages="qemu-user-static gcc-aarch64-linux-gnu libc6-dev-arm64-cross"
-        [ "$(id -u)" = 0 ] || {
-            echo "error: the aarch64 tests need: apt-get install $packages" >&2
-            echo "       (run as root, or set RUSTCONV_SKIP_AARCH64=1 to skip them)" >&2
-            exit 1
-        }
+        if [ "$(id -u)" != 0 ]; then
+            echo "installing $packages needs root" >&2
+            return 1
+        fi
         log "installing $packages"
         export DEBIAN_FRONTEND=noninteractive
         apt-get install -y -qq --no-install-recommends $packages >/dev/null ||
-            { apt-get update -qq && apt-get install -y -qq --no-install-recommends $packages >/dev/null; }
+            { apt-get update -qq && apt-get install -y -qq --no-install-recommends $packages >/dev/null; } || {
+            echo "apt-get could not install $packages" >&2
+            return 1
+        }
     fi
     export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
     export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64-static -L /usr/aarch64-linux-gnu"

@@ -23,8 +23,9 @@ cargo test --release --workspace --quiet
 
 if [ "${RUSTCONV_SKIP_AARCH64:-0}" = 1 ]; then
     log "aarch64 kernel tests SKIPPED (RUSTCONV_SKIP_AARCH64=1)"
+elif ! ensure_aarch64; then
+    log "aarch64 kernel tests SKIPPED: their toolchain could not be installed (see above)"
 else
-    ensure_aarch64
     log "kernels on aarch64 (NEON), under QEMU"
     cargo clippy --release -p rustconv-kernels --all-targets --target "$AARCH64" --quiet -- -D warnings
     cargo test --release -p rustconv-kernels --target "$AARCH64" --quiet
