@@ -415,10 +415,10 @@ fn plan_places_intermediates_in_the_arena() {
 }
 
 #[test]
-fn calls_from_different_threads_use_their_own_pools() {
-    // Each calling thread is worker 0 of its own pool (threads.rs): the
-    // state's cached pool must follow the caller, and results must not
-    // depend on which thread called.
+fn calls_from_different_threads_give_the_same_results() {
+    // Each calling thread is worker 0 of its own pool (threads.rs), so the
+    // state's cached pool and scratch change hands between these calls;
+    // results must not depend on which thread called.
     let blob = conv_scan_blob();
     let d = init(&blob).unwrap();
     let run = || {
