@@ -86,8 +86,15 @@ class Node(object):
             return self._tab.String(o + self._tab.Pos)
         return None
 
+    # Node
+    def Kernel(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return -1
+
 def NodeStart(builder):
-    builder.StartObject(5)
+    builder.StartObject(6)
 
 def Start(builder):
     NodeStart(builder)
@@ -128,15 +135,30 @@ def NodeAddName(builder, name):
 def AddName(builder, name):
     NodeAddName(builder, name)
 
+def NodeAddKernel(builder, kernel):
+    builder.PrependInt32Slot(5, kernel, -1)
+
+def AddKernel(builder, kernel):
+    NodeAddKernel(builder, kernel)
+
 def NodeEnd(builder):
     return builder.EndObject()
 
 def End(builder):
     return NodeEnd(builder)
 
+import rustconv.fb.Binary
+import rustconv.fb.Cat
+import rustconv.fb.Clamp
 import rustconv.fb.Conv1d
+import rustconv.fb.Full
 import rustconv.fb.LinearScan
 import rustconv.fb.Op
+import rustconv.fb.Permute
+import rustconv.fb.Reshape
+import rustconv.fb.Slice
+import rustconv.fb.Unary
+import rustconv.fb.Where
 try:
     from typing import List, Union
 except:
@@ -147,10 +169,11 @@ class NodeT(object):
     # NodeT
     def __init__(self):
         self.opType = 0  # type: int
-        self.op = None  # type: Union[None, rustconv.fb.Conv1d.Conv1dT, rustconv.fb.LinearScan.LinearScanT]
+        self.op = None  # type: Union[None, rustconv.fb.Conv1d.Conv1dT, rustconv.fb.LinearScan.LinearScanT, rustconv.fb.Unary.UnaryT, rustconv.fb.Binary.BinaryT, rustconv.fb.Where.WhereT, rustconv.fb.Clamp.ClampT, rustconv.fb.Full.FullT, rustconv.fb.Permute.PermuteT, rustconv.fb.Slice.SliceT, rustconv.fb.Reshape.ReshapeT, rustconv.fb.Cat.CatT]
         self.id = 0  # type: int
         self.debugHandles = None  # type: List[int]
         self.name = None  # type: str
+        self.kernel = -1  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -184,6 +207,7 @@ class NodeT(object):
             else:
                 self.debugHandles = node.DebugHandlesAsNumpy()
         self.name = node.Name()
+        self.kernel = node.Kernel()
 
     # NodeT
     def Pack(self, builder):
@@ -208,5 +232,6 @@ class NodeT(object):
             NodeAddDebugHandles(builder, debugHandles)
         if self.name is not None:
             NodeAddName(builder, name)
+        NodeAddKernel(builder, self.kernel)
         node = NodeEnd(builder)
         return node

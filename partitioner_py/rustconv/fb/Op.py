@@ -6,6 +6,15 @@ class Op(object):
     NONE = 0
     Conv1d = 1
     LinearScan = 2
+    Unary = 3
+    Binary = 4
+    Where = 5
+    Clamp = 6
+    Full = 7
+    Permute = 8
+    Slice = 9
+    Reshape = 10
+    Cat = 11
 
 def OpCreator(unionType, table):
     from flatbuffers.table import Table
@@ -17,4 +26,31 @@ def OpCreator(unionType, table):
     if unionType == Op().LinearScan:
         import rustconv.fb.LinearScan
         return rustconv.fb.LinearScan.LinearScanT.InitFromBuf(table.Bytes, table.Pos)
+    if unionType == Op().Unary:
+        import rustconv.fb.Unary
+        return rustconv.fb.Unary.UnaryT.InitFromBuf(table.Bytes, table.Pos)
+    if unionType == Op().Binary:
+        import rustconv.fb.Binary
+        return rustconv.fb.Binary.BinaryT.InitFromBuf(table.Bytes, table.Pos)
+    if unionType == Op().Where:
+        import rustconv.fb.Where
+        return rustconv.fb.Where.WhereT.InitFromBuf(table.Bytes, table.Pos)
+    if unionType == Op().Clamp:
+        import rustconv.fb.Clamp
+        return rustconv.fb.Clamp.ClampT.InitFromBuf(table.Bytes, table.Pos)
+    if unionType == Op().Full:
+        import rustconv.fb.Full
+        return rustconv.fb.Full.FullT.InitFromBuf(table.Bytes, table.Pos)
+    if unionType == Op().Permute:
+        import rustconv.fb.Permute
+        return rustconv.fb.Permute.PermuteT.InitFromBuf(table.Bytes, table.Pos)
+    if unionType == Op().Slice:
+        import rustconv.fb.Slice
+        return rustconv.fb.Slice.SliceT.InitFromBuf(table.Bytes, table.Pos)
+    if unionType == Op().Reshape:
+        import rustconv.fb.Reshape
+        return rustconv.fb.Reshape.ReshapeT.InitFromBuf(table.Bytes, table.Pos)
+    if unionType == Op().Cat:
+        import rustconv.fb.Cat
+        return rustconv.fb.Cat.CatT.InitFromBuf(table.Bytes, table.Pos)
     return None

@@ -205,15 +205,290 @@ impl<'a> flatbuffers::Verifiable for ValueKind {
 
 impl flatbuffers::SimpleToVerifyInSlice for ValueKind {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MIN_OP: u8 = 0;
+pub const ENUM_MIN_UNARY_OP: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_OP: u8 = 2;
+pub const ENUM_MAX_UNARY_OP: u8 = 15;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_OP: [Op; 3] = [
+pub const ENUM_VALUES_UNARY_OP: [UnaryOp; 16] = [
+  UnaryOp::Identity,
+  UnaryOp::Neg,
+  UnaryOp::Abs,
+  UnaryOp::Relu,
+  UnaryOp::Sigmoid,
+  UnaryOp::Tanh,
+  UnaryOp::Silu,
+  UnaryOp::Gelu,
+  UnaryOp::GeluTanh,
+  UnaryOp::Exp,
+  UnaryOp::Log,
+  UnaryOp::Log1p,
+  UnaryOp::Softplus,
+  UnaryOp::Sqrt,
+  UnaryOp::Rsqrt,
+  UnaryOp::Reciprocal,
+];
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[repr(transparent)]
+pub struct UnaryOp(pub u8);
+#[allow(non_upper_case_globals)]
+impl UnaryOp {
+  pub const Identity: Self = Self(0);
+  pub const Neg: Self = Self(1);
+  pub const Abs: Self = Self(2);
+  pub const Relu: Self = Self(3);
+  pub const Sigmoid: Self = Self(4);
+  pub const Tanh: Self = Self(5);
+  pub const Silu: Self = Self(6);
+  pub const Gelu: Self = Self(7);
+  pub const GeluTanh: Self = Self(8);
+  pub const Exp: Self = Self(9);
+  pub const Log: Self = Self(10);
+  pub const Log1p: Self = Self(11);
+  pub const Softplus: Self = Self(12);
+  pub const Sqrt: Self = Self(13);
+  pub const Rsqrt: Self = Self(14);
+  pub const Reciprocal: Self = Self(15);
+
+  pub const ENUM_MIN: u8 = 0;
+  pub const ENUM_MAX: u8 = 15;
+  pub const ENUM_VALUES: &'static [Self] = &[
+    Self::Identity,
+    Self::Neg,
+    Self::Abs,
+    Self::Relu,
+    Self::Sigmoid,
+    Self::Tanh,
+    Self::Silu,
+    Self::Gelu,
+    Self::GeluTanh,
+    Self::Exp,
+    Self::Log,
+    Self::Log1p,
+    Self::Softplus,
+    Self::Sqrt,
+    Self::Rsqrt,
+    Self::Reciprocal,
+  ];
+  /// Returns the variant's name or "" if unknown.
+  pub fn variant_name(self) -> Option<&'static str> {
+    match self {
+      Self::Identity => Some("Identity"),
+      Self::Neg => Some("Neg"),
+      Self::Abs => Some("Abs"),
+      Self::Relu => Some("Relu"),
+      Self::Sigmoid => Some("Sigmoid"),
+      Self::Tanh => Some("Tanh"),
+      Self::Silu => Some("Silu"),
+      Self::Gelu => Some("Gelu"),
+      Self::GeluTanh => Some("GeluTanh"),
+      Self::Exp => Some("Exp"),
+      Self::Log => Some("Log"),
+      Self::Log1p => Some("Log1p"),
+      Self::Softplus => Some("Softplus"),
+      Self::Sqrt => Some("Sqrt"),
+      Self::Rsqrt => Some("Rsqrt"),
+      Self::Reciprocal => Some("Reciprocal"),
+      _ => None,
+    }
+  }
+}
+impl core::fmt::Debug for UnaryOp {
+  fn fmt(&self, f: &mut core::fmt::Formatter) -> core::fmt::Result {
+    if let Some(name) = self.variant_name() {
+      f.write_str(name)
+    } else {
+      f.write_fmt(format_args!("<UNKNOWN {:?}>", self.0))
+    }
+  }
+}
+impl<'a> flatbuffers::Follow<'a> for UnaryOp {
+  type Inner = Self;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    let b = flatbuffers::read_scalar_at::<u8>(buf, loc);
+    Self(b)
+  }
+}
+
+impl flatbuffers::Push for UnaryOp {
+    type Output = UnaryOp;
+    #[inline]
+    unsafe fn push(&self, dst: &mut [u8], _written_len: usize) {
+        flatbuffers::emplace_scalar::<u8>(dst, self.0);
+    }
+}
+
+impl flatbuffers::EndianScalar for UnaryOp {
+  type Scalar = u8;
+  #[inline]
+  fn to_little_endian(self) -> u8 {
+    self.0.to_le()
+  }
+  #[inline]
+  #[allow(clippy::wrong_self_convention)]
+  fn from_little_endian(v: u8) -> Self {
+    let b = u8::from_le(v);
+    Self(b)
+  }
+}
+
+impl<'a> flatbuffers::Verifiable for UnaryOp {
+  #[inline]
+  fn run_verifier(
+    v: &mut flatbuffers::Verifier, pos: usize
+  ) -> Result<(), flatbuffers::InvalidFlatbuffer> {
+    use self::flatbuffers::Verifiable;
+    u8::run_verifier(v, pos)
+  }
+}
+
+impl flatbuffers::SimpleToVerifyInSlice for UnaryOp {}
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MIN_BINARY_OP: u8 = 0;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MAX_BINARY_OP: u8 = 11;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+#[allow(non_camel_case_types)]
+pub const ENUM_VALUES_BINARY_OP: [BinaryOp; 12] = [
+  BinaryOp::Add,
+  BinaryOp::Sub,
+  BinaryOp::Mul,
+  BinaryOp::Div,
+  BinaryOp::Maximum,
+  BinaryOp::Minimum,
+  BinaryOp::Gt,
+  BinaryOp::Ge,
+  BinaryOp::Lt,
+  BinaryOp::Le,
+  BinaryOp::Eq,
+  BinaryOp::Ne,
+];
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[repr(transparent)]
+pub struct BinaryOp(pub u8);
+#[allow(non_upper_case_globals)]
+impl BinaryOp {
+  pub const Add: Self = Self(0);
+  pub const Sub: Self = Self(1);
+  pub const Mul: Self = Self(2);
+  pub const Div: Self = Self(3);
+  pub const Maximum: Self = Self(4);
+  pub const Minimum: Self = Self(5);
+  pub const Gt: Self = Self(6);
+  pub const Ge: Self = Self(7);
+  pub const Lt: Self = Self(8);
+  pub const Le: Self = Self(9);
+  pub const Eq: Self = Self(10);
+  pub const Ne: Self = Self(11);
+
+  pub const ENUM_MIN: u8 = 0;
+  pub const ENUM_MAX: u8 = 11;
+  pub const ENUM_VALUES: &'static [Self] = &[
+    Self::Add,
+    Self::Sub,
+    Self::Mul,
+    Self::Div,
+    Self::Maximum,
+    Self::Minimum,
+    Self::Gt,
+    Self::Ge,
+    Self::Lt,
+    Self::Le,
+    Self::Eq,
+    Self::Ne,
+  ];
+  /// Returns the variant's name or "" if unknown.
+  pub fn variant_name(self) -> Option<&'static str> {
+    match self {
+      Self::Add => Some("Add"),
+      Self::Sub => Some("Sub"),
+      Self::Mul => Some("Mul"),
+      Self::Div => Some("Div"),
+      Self::Maximum => Some("Maximum"),
+      Self::Minimum => Some("Minimum"),
+      Self::Gt => Some("Gt"),
+      Self::Ge => Some("Ge"),
+      Self::Lt => Some("Lt"),
+      Self::Le => Some("Le"),
+      Self::Eq => Some("Eq"),
+      Self::Ne => Some("Ne"),
+      _ => None,
+    }
+  }
+}
+impl core::fmt::Debug for BinaryOp {
+  fn fmt(&self, f: &mut core::fmt::Formatter) -> core::fmt::Result {
+    if let Some(name) = self.variant_name() {
+      f.write_str(name)
+    } else {
+      f.write_fmt(format_args!("<UNKNOWN {:?}>", self.0))
+    }
+  }
+}
+impl<'a> flatbuffers::Follow<'a> for BinaryOp {
+  type Inner = Self;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    let b = flatbuffers::read_scalar_at::<u8>(buf, loc);
+    Self(b)
+  }
+}
+
+impl flatbuffers::Push for BinaryOp {
+    type Output = BinaryOp;
+    #[inline]
+    unsafe fn push(&self, dst: &mut [u8], _written_len: usize) {
+        flatbuffers::emplace_scalar::<u8>(dst, self.0);
+    }
+}
+
+impl flatbuffers::EndianScalar for BinaryOp {
+  type Scalar = u8;
+  #[inline]
+  fn to_little_endian(self) -> u8 {
+    self.0.to_le()
+  }
+  #[inline]
+  #[allow(clippy::wrong_self_convention)]
+  fn from_little_endian(v: u8) -> Self {
+    let b = u8::from_le(v);
+    Self(b)
+  }
+}
+
+impl<'a> flatbuffers::Verifiable for BinaryOp {
+  #[inline]
+  fn run_verifier(
+    v: &mut flatbuffers::Verifier, pos: usize
+  ) -> Result<(), flatbuffers::InvalidFlatbuffer> {
+    use self::flatbuffers::Verifiable;
+    u8::run_verifier(v, pos)
+  }
+}
+
+impl flatbuffers::SimpleToVerifyInSlice for BinaryOp {}
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MIN_OP: u8 = 0;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MAX_OP: u8 = 11;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+#[allow(non_camel_case_types)]
+pub const ENUM_VALUES_OP: [Op; 12] = [
   Op::NONE,
   Op::Conv1d,
   Op::LinearScan,
+  Op::Unary,
+  Op::Binary,
+  Op::Where,
+  Op::Clamp,
+  Op::Full,
+  Op::Permute,
+  Op::Slice,
+  Op::Reshape,
+  Op::Cat,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -224,13 +499,31 @@ impl Op {
   pub const NONE: Self = Self(0);
   pub const Conv1d: Self = Self(1);
   pub const LinearScan: Self = Self(2);
+  pub const Unary: Self = Self(3);
+  pub const Binary: Self = Self(4);
+  pub const Where: Self = Self(5);
+  pub const Clamp: Self = Self(6);
+  pub const Full: Self = Self(7);
+  pub const Permute: Self = Self(8);
+  pub const Slice: Self = Self(9);
+  pub const Reshape: Self = Self(10);
+  pub const Cat: Self = Self(11);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 2;
+  pub const ENUM_MAX: u8 = 11;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::Conv1d,
     Self::LinearScan,
+    Self::Unary,
+    Self::Binary,
+    Self::Where,
+    Self::Clamp,
+    Self::Full,
+    Self::Permute,
+    Self::Slice,
+    Self::Reshape,
+    Self::Cat,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -238,6 +531,15 @@ impl Op {
       Self::NONE => Some("NONE"),
       Self::Conv1d => Some("Conv1d"),
       Self::LinearScan => Some("LinearScan"),
+      Self::Unary => Some("Unary"),
+      Self::Binary => Some("Binary"),
+      Self::Where => Some("Where"),
+      Self::Clamp => Some("Clamp"),
+      Self::Full => Some("Full"),
+      Self::Permute => Some("Permute"),
+      Self::Slice => Some("Slice"),
+      Self::Reshape => Some("Reshape"),
+      Self::Cat => Some("Cat"),
       _ => None,
     }
   }
@@ -999,6 +1301,1372 @@ impl core::fmt::Debug for LinearScan<'_> {
       ds.finish()
   }
 }
+pub enum UnaryOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct Unary<'a> {
+  pub _tab: flatbuffers::Table<'a>,
+}
+
+impl<'a> flatbuffers::Follow<'a> for Unary<'a> {
+  type Inner = Unary<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: flatbuffers::Table::new(buf, loc) }
+  }
+}
+
+impl<'a> Unary<'a> {
+  pub const VT_INPUT: flatbuffers::VOffsetT = 4;
+  pub const VT_OUTPUT: flatbuffers::VOffsetT = 6;
+  pub const VT_OP: flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
+    Unary { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args UnaryArgs
+  ) -> flatbuffers::WIPOffset<Unary<'bldr>> {
+    let mut builder = UnaryBuilder::new(_fbb);
+    builder.add_output(args.output);
+    builder.add_input(args.input);
+    builder.add_op(args.op);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn input(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Unary::VT_INPUT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn output(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Unary::VT_OUTPUT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn op(&self) -> UnaryOp {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<UnaryOp>(Unary::VT_OP, Some(UnaryOp::Identity)).unwrap()}
+  }
+}
+
+impl flatbuffers::Verifiable for Unary<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut flatbuffers::Verifier, pos: usize
+  ) -> Result<(), flatbuffers::InvalidFlatbuffer> {
+    use self::flatbuffers::Verifiable;
+    v.visit_table(pos)?
+     .visit_field::<u32>("input", Self::VT_INPUT, false)?
+     .visit_field::<u32>("output", Self::VT_OUTPUT, false)?
+     .visit_field::<UnaryOp>("op", Self::VT_OP, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct UnaryArgs {
+    pub input: u32,
+    pub output: u32,
+    pub op: UnaryOp,
+}
+impl<'a> Default for UnaryArgs {
+  #[inline]
+  fn default() -> Self {
+    UnaryArgs {
+      input: 0,
+      output: 0,
+      op: UnaryOp::Identity,
+    }
+  }
+}
+
+pub struct UnaryBuilder<'a: 'b, 'b, A: flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: flatbuffers::WIPOffset<flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: flatbuffers::Allocator + 'a> UnaryBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_input(&mut self, input: u32) {
+    self.fbb_.push_slot::<u32>(Unary::VT_INPUT, input, 0);
+  }
+  #[inline]
+  pub fn add_output(&mut self, output: u32) {
+    self.fbb_.push_slot::<u32>(Unary::VT_OUTPUT, output, 0);
+  }
+  #[inline]
+  pub fn add_op(&mut self, op: UnaryOp) {
+    self.fbb_.push_slot::<UnaryOp>(Unary::VT_OP, op, UnaryOp::Identity);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a, A>) -> UnaryBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    UnaryBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> flatbuffers::WIPOffset<Unary<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl core::fmt::Debug for Unary<'_> {
+  fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+    let mut ds = f.debug_struct("Unary");
+      ds.field("input", &self.input());
+      ds.field("output", &self.output());
+      ds.field("op", &self.op());
+      ds.finish()
+  }
+}
+pub enum BinaryOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct Binary<'a> {
+  pub _tab: flatbuffers::Table<'a>,
+}
+
+impl<'a> flatbuffers::Follow<'a> for Binary<'a> {
+  type Inner = Binary<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: flatbuffers::Table::new(buf, loc) }
+  }
+}
+
+impl<'a> Binary<'a> {
+  pub const VT_OP: flatbuffers::VOffsetT = 4;
+  pub const VT_A: flatbuffers::VOffsetT = 6;
+  pub const VT_B: flatbuffers::VOffsetT = 8;
+  pub const VT_A_SCALAR: flatbuffers::VOffsetT = 10;
+  pub const VT_B_SCALAR: flatbuffers::VOffsetT = 12;
+  pub const VT_OUTPUT: flatbuffers::VOffsetT = 14;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
+    Binary { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args BinaryArgs
+  ) -> flatbuffers::WIPOffset<Binary<'bldr>> {
+    let mut builder = BinaryBuilder::new(_fbb);
+    builder.add_output(args.output);
+    builder.add_b_scalar(args.b_scalar);
+    builder.add_a_scalar(args.a_scalar);
+    builder.add_b(args.b);
+    builder.add_a(args.a);
+    builder.add_op(args.op);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn op(&self) -> BinaryOp {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<BinaryOp>(Binary::VT_OP, Some(BinaryOp::Add)).unwrap()}
+  }
+  #[inline]
+  pub fn a(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(Binary::VT_A, Some(-1)).unwrap()}
+  }
+  #[inline]
+  pub fn b(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(Binary::VT_B, Some(-1)).unwrap()}
+  }
+  #[inline]
+  pub fn a_scalar(&self) -> f32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<f32>(Binary::VT_A_SCALAR, Some(0.0)).unwrap()}
+  }
+  #[inline]
+  pub fn b_scalar(&self) -> f32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<f32>(Binary::VT_B_SCALAR, Some(0.0)).unwrap()}
+  }
+  #[inline]
+  pub fn output(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Binary::VT_OUTPUT, Some(0)).unwrap()}
+  }
+}
+
+impl flatbuffers::Verifiable for Binary<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut flatbuffers::Verifier, pos: usize
+  ) -> Result<(), flatbuffers::InvalidFlatbuffer> {
+    use self::flatbuffers::Verifiable;
+    v.visit_table(pos)?
+     .visit_field::<BinaryOp>("op", Self::VT_OP, false)?
+     .visit_field::<i32>("a", Self::VT_A, false)?
+     .visit_field::<i32>("b", Self::VT_B, false)?
+     .visit_field::<f32>("a_scalar", Self::VT_A_SCALAR, false)?
+     .visit_field::<f32>("b_scalar", Self::VT_B_SCALAR, false)?
+     .visit_field::<u32>("output", Self::VT_OUTPUT, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct BinaryArgs {
+    pub op: BinaryOp,
+    pub a: i32,
+    pub b: i32,
+    pub a_scalar: f32,
+    pub b_scalar: f32,
+    pub output: u32,
+}
+impl<'a> Default for BinaryArgs {
+  #[inline]
+  fn default() -> Self {
+    BinaryArgs {
+      op: BinaryOp::Add,
+      a: -1,
+      b: -1,
+      a_scalar: 0.0,
+      b_scalar: 0.0,
+      output: 0,
+    }
+  }
+}
+
+pub struct BinaryBuilder<'a: 'b, 'b, A: flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: flatbuffers::WIPOffset<flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: flatbuffers::Allocator + 'a> BinaryBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_op(&mut self, op: BinaryOp) {
+    self.fbb_.push_slot::<BinaryOp>(Binary::VT_OP, op, BinaryOp::Add);
+  }
+  #[inline]
+  pub fn add_a(&mut self, a: i32) {
+    self.fbb_.push_slot::<i32>(Binary::VT_A, a, -1);
+  }
+  #[inline]
+  pub fn add_b(&mut self, b: i32) {
+    self.fbb_.push_slot::<i32>(Binary::VT_B, b, -1);
+  }
+  #[inline]
+  pub fn add_a_scalar(&mut self, a_scalar: f32) {
+    self.fbb_.push_slot::<f32>(Binary::VT_A_SCALAR, a_scalar, 0.0);
+  }
+  #[inline]
+  pub fn add_b_scalar(&mut self, b_scalar: f32) {
+    self.fbb_.push_slot::<f32>(Binary::VT_B_SCALAR, b_scalar, 0.0);
+  }
+  #[inline]
+  pub fn add_output(&mut self, output: u32) {
+    self.fbb_.push_slot::<u32>(Binary::VT_OUTPUT, output, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a, A>) -> BinaryBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    BinaryBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> flatbuffers::WIPOffset<Binary<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl core::fmt::Debug for Binary<'_> {
+  fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+    let mut ds = f.debug_struct("Binary");
+      ds.field("op", &self.op());
+      ds.field("a", &self.a());
+      ds.field("b", &self.b());
+      ds.field("a_scalar", &self.a_scalar());
+      ds.field("b_scalar", &self.b_scalar());
+      ds.field("output", &self.output());
+      ds.finish()
+  }
+}
+pub enum WhereOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct Where<'a> {
+  pub _tab: flatbuffers::Table<'a>,
+}
+
+impl<'a> flatbuffers::Follow<'a> for Where<'a> {
+  type Inner = Where<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: flatbuffers::Table::new(buf, loc) }
+  }
+}
+
+impl<'a> Where<'a> {
+  pub const VT_COND: flatbuffers::VOffsetT = 4;
+  pub const VT_A: flatbuffers::VOffsetT = 6;
+  pub const VT_B: flatbuffers::VOffsetT = 8;
+  pub const VT_A_SCALAR: flatbuffers::VOffsetT = 10;
+  pub const VT_B_SCALAR: flatbuffers::VOffsetT = 12;
+  pub const VT_OUTPUT: flatbuffers::VOffsetT = 14;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
+    Where { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args WhereArgs
+  ) -> flatbuffers::WIPOffset<Where<'bldr>> {
+    let mut builder = WhereBuilder::new(_fbb);
+    builder.add_output(args.output);
+    builder.add_b_scalar(args.b_scalar);
+    builder.add_a_scalar(args.a_scalar);
+    builder.add_b(args.b);
+    builder.add_a(args.a);
+    builder.add_cond(args.cond);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn cond(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Where::VT_COND, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn a(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(Where::VT_A, Some(-1)).unwrap()}
+  }
+  #[inline]
+  pub fn b(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(Where::VT_B, Some(-1)).unwrap()}
+  }
+  #[inline]
+  pub fn a_scalar(&self) -> f32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<f32>(Where::VT_A_SCALAR, Some(0.0)).unwrap()}
+  }
+  #[inline]
+  pub fn b_scalar(&self) -> f32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<f32>(Where::VT_B_SCALAR, Some(0.0)).unwrap()}
+  }
+  #[inline]
+  pub fn output(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Where::VT_OUTPUT, Some(0)).unwrap()}
+  }
+}
+
+impl flatbuffers::Verifiable for Where<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut flatbuffers::Verifier, pos: usize
+  ) -> Result<(), flatbuffers::InvalidFlatbuffer> {
+    use self::flatbuffers::Verifiable;
+    v.visit_table(pos)?
+     .visit_field::<u32>("cond", Self::VT_COND, false)?
+     .visit_field::<i32>("a", Self::VT_A, false)?
+     .visit_field::<i32>("b", Self::VT_B, false)?
+     .visit_field::<f32>("a_scalar", Self::VT_A_SCALAR, false)?
+     .visit_field::<f32>("b_scalar", Self::VT_B_SCALAR, false)?
+     .visit_field::<u32>("output", Self::VT_OUTPUT, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct WhereArgs {
+    pub cond: u32,
+    pub a: i32,
+    pub b: i32,
+    pub a_scalar: f32,
+    pub b_scalar: f32,
+    pub output: u32,
+}
+impl<'a> Default for WhereArgs {
+  #[inline]
+  fn default() -> Self {
+    WhereArgs {
+      cond: 0,
+      a: -1,
+      b: -1,
+      a_scalar: 0.0,
+      b_scalar: 0.0,
+      output: 0,
+    }
+  }
+}
+
+pub struct WhereBuilder<'a: 'b, 'b, A: flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: flatbuffers::WIPOffset<flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: flatbuffers::Allocator + 'a> WhereBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_cond(&mut self, cond: u32) {
+    self.fbb_.push_slot::<u32>(Where::VT_COND, cond, 0);
+  }
+  #[inline]
+  pub fn add_a(&mut self, a: i32) {
+    self.fbb_.push_slot::<i32>(Where::VT_A, a, -1);
+  }
+  #[inline]
+  pub fn add_b(&mut self, b: i32) {
+    self.fbb_.push_slot::<i32>(Where::VT_B, b, -1);
+  }
+  #[inline]
+  pub fn add_a_scalar(&mut self, a_scalar: f32) {
+    self.fbb_.push_slot::<f32>(Where::VT_A_SCALAR, a_scalar, 0.0);
+  }
+  #[inline]
+  pub fn add_b_scalar(&mut self, b_scalar: f32) {
+    self.fbb_.push_slot::<f32>(Where::VT_B_SCALAR, b_scalar, 0.0);
+  }
+  #[inline]
+  pub fn add_output(&mut self, output: u32) {
+    self.fbb_.push_slot::<u32>(Where::VT_OUTPUT, output, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a, A>) -> WhereBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    WhereBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> flatbuffers::WIPOffset<Where<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl core::fmt::Debug for Where<'_> {
+  fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+    let mut ds = f.debug_struct("Where");
+      ds.field("cond", &self.cond());
+      ds.field("a", &self.a());
+      ds.field("b", &self.b());
+      ds.field("a_scalar", &self.a_scalar());
+      ds.field("b_scalar", &self.b_scalar());
+      ds.field("output", &self.output());
+      ds.finish()
+  }
+}
+pub enum ClampOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct Clamp<'a> {
+  pub _tab: flatbuffers::Table<'a>,
+}
+
+impl<'a> flatbuffers::Follow<'a> for Clamp<'a> {
+  type Inner = Clamp<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: flatbuffers::Table::new(buf, loc) }
+  }
+}
+
+impl<'a> Clamp<'a> {
+  pub const VT_INPUT: flatbuffers::VOffsetT = 4;
+  pub const VT_OUTPUT: flatbuffers::VOffsetT = 6;
+  pub const VT_MIN: flatbuffers::VOffsetT = 8;
+  pub const VT_MAX: flatbuffers::VOffsetT = 10;
+  pub const VT_HAS_MIN: flatbuffers::VOffsetT = 12;
+  pub const VT_HAS_MAX: flatbuffers::VOffsetT = 14;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
+    Clamp { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ClampArgs
+  ) -> flatbuffers::WIPOffset<Clamp<'bldr>> {
+    let mut builder = ClampBuilder::new(_fbb);
+    builder.add_max(args.max);
+    builder.add_min(args.min);
+    builder.add_output(args.output);
+    builder.add_input(args.input);
+    builder.add_has_max(args.has_max);
+    builder.add_has_min(args.has_min);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn input(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Clamp::VT_INPUT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn output(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Clamp::VT_OUTPUT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn min(&self) -> f32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<f32>(Clamp::VT_MIN, Some(0.0)).unwrap()}
+  }
+  #[inline]
+  pub fn max(&self) -> f32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<f32>(Clamp::VT_MAX, Some(0.0)).unwrap()}
+  }
+  #[inline]
+  pub fn has_min(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(Clamp::VT_HAS_MIN, Some(false)).unwrap()}
+  }
+  #[inline]
+  pub fn has_max(&self) -> bool {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<bool>(Clamp::VT_HAS_MAX, Some(false)).unwrap()}
+  }
+}
+
+impl flatbuffers::Verifiable for Clamp<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut flatbuffers::Verifier, pos: usize
+  ) -> Result<(), flatbuffers::InvalidFlatbuffer> {
+    use self::flatbuffers::Verifiable;
+    v.visit_table(pos)?
+     .visit_field::<u32>("input", Self::VT_INPUT, false)?
+     .visit_field::<u32>("output", Self::VT_OUTPUT, false)?
+     .visit_field::<f32>("min", Self::VT_MIN, false)?
+     .visit_field::<f32>("max", Self::VT_MAX, false)?
+     .visit_field::<bool>("has_min", Self::VT_HAS_MIN, false)?
+     .visit_field::<bool>("has_max", Self::VT_HAS_MAX, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ClampArgs {
+    pub input: u32,
+    pub output: u32,
+    pub min: f32,
+    pub max: f32,
+    pub has_min: bool,
+    pub has_max: bool,
+}
+impl<'a> Default for ClampArgs {
+  #[inline]
+  fn default() -> Self {
+    ClampArgs {
+      input: 0,
+      output: 0,
+      min: 0.0,
+      max: 0.0,
+      has_min: false,
+      has_max: false,
+    }
+  }
+}
+
+pub struct ClampBuilder<'a: 'b, 'b, A: flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: flatbuffers::WIPOffset<flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: flatbuffers::Allocator + 'a> ClampBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_input(&mut self, input: u32) {
+    self.fbb_.push_slot::<u32>(Clamp::VT_INPUT, input, 0);
+  }
+  #[inline]
+  pub fn add_output(&mut self, output: u32) {
+    self.fbb_.push_slot::<u32>(Clamp::VT_OUTPUT, output, 0);
+  }
+  #[inline]
+  pub fn add_min(&mut self, min: f32) {
+    self.fbb_.push_slot::<f32>(Clamp::VT_MIN, min, 0.0);
+  }
+  #[inline]
+  pub fn add_max(&mut self, max: f32) {
+    self.fbb_.push_slot::<f32>(Clamp::VT_MAX, max, 0.0);
+  }
+  #[inline]
+  pub fn add_has_min(&mut self, has_min: bool) {
+    self.fbb_.push_slot::<bool>(Clamp::VT_HAS_MIN, has_min, false);
+  }
+  #[inline]
+  pub fn add_has_max(&mut self, has_max: bool) {
+    self.fbb_.push_slot::<bool>(Clamp::VT_HAS_MAX, has_max, false);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a, A>) -> ClampBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ClampBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> flatbuffers::WIPOffset<Clamp<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl core::fmt::Debug for Clamp<'_> {
+  fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+    let mut ds = f.debug_struct("Clamp");
+      ds.field("input", &self.input());
+      ds.field("output", &self.output());
+      ds.field("min", &self.min());
+      ds.field("max", &self.max());
+      ds.field("has_min", &self.has_min());
+      ds.field("has_max", &self.has_max());
+      ds.finish()
+  }
+}
+pub enum FullOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct Full<'a> {
+  pub _tab: flatbuffers::Table<'a>,
+}
+
+impl<'a> flatbuffers::Follow<'a> for Full<'a> {
+  type Inner = Full<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: flatbuffers::Table::new(buf, loc) }
+  }
+}
+
+impl<'a> Full<'a> {
+  pub const VT_LIKE: flatbuffers::VOffsetT = 4;
+  pub const VT_OUTPUT: flatbuffers::VOffsetT = 6;
+  pub const VT_VALUE: flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
+    Full { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args FullArgs
+  ) -> flatbuffers::WIPOffset<Full<'bldr>> {
+    let mut builder = FullBuilder::new(_fbb);
+    builder.add_value(args.value);
+    builder.add_output(args.output);
+    builder.add_like(args.like);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn like(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Full::VT_LIKE, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn output(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Full::VT_OUTPUT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn value(&self) -> f32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<f32>(Full::VT_VALUE, Some(0.0)).unwrap()}
+  }
+}
+
+impl flatbuffers::Verifiable for Full<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut flatbuffers::Verifier, pos: usize
+  ) -> Result<(), flatbuffers::InvalidFlatbuffer> {
+    use self::flatbuffers::Verifiable;
+    v.visit_table(pos)?
+     .visit_field::<u32>("like", Self::VT_LIKE, false)?
+     .visit_field::<u32>("output", Self::VT_OUTPUT, false)?
+     .visit_field::<f32>("value", Self::VT_VALUE, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct FullArgs {
+    pub like: u32,
+    pub output: u32,
+    pub value: f32,
+}
+impl<'a> Default for FullArgs {
+  #[inline]
+  fn default() -> Self {
+    FullArgs {
+      like: 0,
+      output: 0,
+      value: 0.0,
+    }
+  }
+}
+
+pub struct FullBuilder<'a: 'b, 'b, A: flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: flatbuffers::WIPOffset<flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: flatbuffers::Allocator + 'a> FullBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_like(&mut self, like: u32) {
+    self.fbb_.push_slot::<u32>(Full::VT_LIKE, like, 0);
+  }
+  #[inline]
+  pub fn add_output(&mut self, output: u32) {
+    self.fbb_.push_slot::<u32>(Full::VT_OUTPUT, output, 0);
+  }
+  #[inline]
+  pub fn add_value(&mut self, value: f32) {
+    self.fbb_.push_slot::<f32>(Full::VT_VALUE, value, 0.0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a, A>) -> FullBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    FullBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> flatbuffers::WIPOffset<Full<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl core::fmt::Debug for Full<'_> {
+  fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+    let mut ds = f.debug_struct("Full");
+      ds.field("like", &self.like());
+      ds.field("output", &self.output());
+      ds.field("value", &self.value());
+      ds.finish()
+  }
+}
+pub enum PermuteOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct Permute<'a> {
+  pub _tab: flatbuffers::Table<'a>,
+}
+
+impl<'a> flatbuffers::Follow<'a> for Permute<'a> {
+  type Inner = Permute<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: flatbuffers::Table::new(buf, loc) }
+  }
+}
+
+impl<'a> Permute<'a> {
+  pub const VT_INPUT: flatbuffers::VOffsetT = 4;
+  pub const VT_OUTPUT: flatbuffers::VOffsetT = 6;
+  pub const VT_PERM: flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
+    Permute { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args PermuteArgs<'args>
+  ) -> flatbuffers::WIPOffset<Permute<'bldr>> {
+    let mut builder = PermuteBuilder::new(_fbb);
+    if let Some(x) = args.perm { builder.add_perm(x); }
+    builder.add_output(args.output);
+    builder.add_input(args.input);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn input(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Permute::VT_INPUT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn output(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Permute::VT_OUTPUT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn perm(&self) -> Option<flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'a, u8>>>(Permute::VT_PERM, None)}
+  }
+}
+
+impl flatbuffers::Verifiable for Permute<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut flatbuffers::Verifier, pos: usize
+  ) -> Result<(), flatbuffers::InvalidFlatbuffer> {
+    use self::flatbuffers::Verifiable;
+    v.visit_table(pos)?
+     .visit_field::<u32>("input", Self::VT_INPUT, false)?
+     .visit_field::<u32>("output", Self::VT_OUTPUT, false)?
+     .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, u8>>>("perm", Self::VT_PERM, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct PermuteArgs<'a> {
+    pub input: u32,
+    pub output: u32,
+    pub perm: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, u8>>>,
+}
+impl<'a> Default for PermuteArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    PermuteArgs {
+      input: 0,
+      output: 0,
+      perm: None,
+    }
+  }
+}
+
+pub struct PermuteBuilder<'a: 'b, 'b, A: flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: flatbuffers::WIPOffset<flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: flatbuffers::Allocator + 'a> PermuteBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_input(&mut self, input: u32) {
+    self.fbb_.push_slot::<u32>(Permute::VT_INPUT, input, 0);
+  }
+  #[inline]
+  pub fn add_output(&mut self, output: u32) {
+    self.fbb_.push_slot::<u32>(Permute::VT_OUTPUT, output, 0);
+  }
+  #[inline]
+  pub fn add_perm(&mut self, perm: flatbuffers::WIPOffset<flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<flatbuffers::WIPOffset<_>>(Permute::VT_PERM, perm);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a, A>) -> PermuteBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    PermuteBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> flatbuffers::WIPOffset<Permute<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl core::fmt::Debug for Permute<'_> {
+  fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+    let mut ds = f.debug_struct("Permute");
+      ds.field("input", &self.input());
+      ds.field("output", &self.output());
+      ds.field("perm", &self.perm());
+      ds.finish()
+  }
+}
+pub enum SliceOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct Slice<'a> {
+  pub _tab: flatbuffers::Table<'a>,
+}
+
+impl<'a> flatbuffers::Follow<'a> for Slice<'a> {
+  type Inner = Slice<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: flatbuffers::Table::new(buf, loc) }
+  }
+}
+
+impl<'a> Slice<'a> {
+  pub const VT_INPUT: flatbuffers::VOffsetT = 4;
+  pub const VT_OUTPUT: flatbuffers::VOffsetT = 6;
+  pub const VT_DIM: flatbuffers::VOffsetT = 8;
+  pub const VT_START: flatbuffers::VOffsetT = 10;
+  pub const VT_END: flatbuffers::VOffsetT = 12;
+  pub const VT_STEP: flatbuffers::VOffsetT = 14;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
+    Slice { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args SliceArgs
+  ) -> flatbuffers::WIPOffset<Slice<'bldr>> {
+    let mut builder = SliceBuilder::new(_fbb);
+    builder.add_step(args.step);
+    builder.add_end(args.end);
+    builder.add_start(args.start);
+    builder.add_output(args.output);
+    builder.add_input(args.input);
+    builder.add_dim(args.dim);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn input(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Slice::VT_INPUT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn output(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Slice::VT_OUTPUT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn dim(&self) -> u8 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u8>(Slice::VT_DIM, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn start(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(Slice::VT_START, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn end(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(Slice::VT_END, Some(9223372036854775807)).unwrap()}
+  }
+  #[inline]
+  pub fn step(&self) -> i64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i64>(Slice::VT_STEP, Some(1)).unwrap()}
+  }
+}
+
+impl flatbuffers::Verifiable for Slice<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut flatbuffers::Verifier, pos: usize
+  ) -> Result<(), flatbuffers::InvalidFlatbuffer> {
+    use self::flatbuffers::Verifiable;
+    v.visit_table(pos)?
+     .visit_field::<u32>("input", Self::VT_INPUT, false)?
+     .visit_field::<u32>("output", Self::VT_OUTPUT, false)?
+     .visit_field::<u8>("dim", Self::VT_DIM, false)?
+     .visit_field::<i64>("start", Self::VT_START, false)?
+     .visit_field::<i64>("end", Self::VT_END, false)?
+     .visit_field::<i64>("step", Self::VT_STEP, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct SliceArgs {
+    pub input: u32,
+    pub output: u32,
+    pub dim: u8,
+    pub start: i64,
+    pub end: i64,
+    pub step: i64,
+}
+impl<'a> Default for SliceArgs {
+  #[inline]
+  fn default() -> Self {
+    SliceArgs {
+      input: 0,
+      output: 0,
+      dim: 0,
+      start: 0,
+      end: 9223372036854775807,
+      step: 1,
+    }
+  }
+}
+
+pub struct SliceBuilder<'a: 'b, 'b, A: flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: flatbuffers::WIPOffset<flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: flatbuffers::Allocator + 'a> SliceBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_input(&mut self, input: u32) {
+    self.fbb_.push_slot::<u32>(Slice::VT_INPUT, input, 0);
+  }
+  #[inline]
+  pub fn add_output(&mut self, output: u32) {
+    self.fbb_.push_slot::<u32>(Slice::VT_OUTPUT, output, 0);
+  }
+  #[inline]
+  pub fn add_dim(&mut self, dim: u8) {
+    self.fbb_.push_slot::<u8>(Slice::VT_DIM, dim, 0);
+  }
+  #[inline]
+  pub fn add_start(&mut self, start: i64) {
+    self.fbb_.push_slot::<i64>(Slice::VT_START, start, 0);
+  }
+  #[inline]
+  pub fn add_end(&mut self, end: i64) {
+    self.fbb_.push_slot::<i64>(Slice::VT_END, end, 9223372036854775807);
+  }
+  #[inline]
+  pub fn add_step(&mut self, step: i64) {
+    self.fbb_.push_slot::<i64>(Slice::VT_STEP, step, 1);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a, A>) -> SliceBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    SliceBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> flatbuffers::WIPOffset<Slice<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl core::fmt::Debug for Slice<'_> {
+  fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+    let mut ds = f.debug_struct("Slice");
+      ds.field("input", &self.input());
+      ds.field("output", &self.output());
+      ds.field("dim", &self.dim());
+      ds.field("start", &self.start());
+      ds.field("end", &self.end());
+      ds.field("step", &self.step());
+      ds.finish()
+  }
+}
+pub enum ReshapeOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct Reshape<'a> {
+  pub _tab: flatbuffers::Table<'a>,
+}
+
+impl<'a> flatbuffers::Follow<'a> for Reshape<'a> {
+  type Inner = Reshape<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: flatbuffers::Table::new(buf, loc) }
+  }
+}
+
+impl<'a> Reshape<'a> {
+  pub const VT_INPUT: flatbuffers::VOffsetT = 4;
+  pub const VT_OUTPUT: flatbuffers::VOffsetT = 6;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
+    Reshape { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReshapeArgs
+  ) -> flatbuffers::WIPOffset<Reshape<'bldr>> {
+    let mut builder = ReshapeBuilder::new(_fbb);
+    builder.add_output(args.output);
+    builder.add_input(args.input);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn input(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Reshape::VT_INPUT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn output(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Reshape::VT_OUTPUT, Some(0)).unwrap()}
+  }
+}
+
+impl flatbuffers::Verifiable for Reshape<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut flatbuffers::Verifier, pos: usize
+  ) -> Result<(), flatbuffers::InvalidFlatbuffer> {
+    use self::flatbuffers::Verifiable;
+    v.visit_table(pos)?
+     .visit_field::<u32>("input", Self::VT_INPUT, false)?
+     .visit_field::<u32>("output", Self::VT_OUTPUT, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReshapeArgs {
+    pub input: u32,
+    pub output: u32,
+}
+impl<'a> Default for ReshapeArgs {
+  #[inline]
+  fn default() -> Self {
+    ReshapeArgs {
+      input: 0,
+      output: 0,
+    }
+  }
+}
+
+pub struct ReshapeBuilder<'a: 'b, 'b, A: flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: flatbuffers::WIPOffset<flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: flatbuffers::Allocator + 'a> ReshapeBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_input(&mut self, input: u32) {
+    self.fbb_.push_slot::<u32>(Reshape::VT_INPUT, input, 0);
+  }
+  #[inline]
+  pub fn add_output(&mut self, output: u32) {
+    self.fbb_.push_slot::<u32>(Reshape::VT_OUTPUT, output, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a, A>) -> ReshapeBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReshapeBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> flatbuffers::WIPOffset<Reshape<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl core::fmt::Debug for Reshape<'_> {
+  fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+    let mut ds = f.debug_struct("Reshape");
+      ds.field("input", &self.input());
+      ds.field("output", &self.output());
+      ds.finish()
+  }
+}
+pub enum CatOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct Cat<'a> {
+  pub _tab: flatbuffers::Table<'a>,
+}
+
+impl<'a> flatbuffers::Follow<'a> for Cat<'a> {
+  type Inner = Cat<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: flatbuffers::Table::new(buf, loc) }
+  }
+}
+
+impl<'a> Cat<'a> {
+  pub const VT_INPUTS: flatbuffers::VOffsetT = 4;
+  pub const VT_OUTPUT: flatbuffers::VOffsetT = 6;
+  pub const VT_DIM: flatbuffers::VOffsetT = 8;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
+    Cat { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args CatArgs<'args>
+  ) -> flatbuffers::WIPOffset<Cat<'bldr>> {
+    let mut builder = CatBuilder::new(_fbb);
+    builder.add_output(args.output);
+    if let Some(x) = args.inputs { builder.add_inputs(x); }
+    builder.add_dim(args.dim);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn inputs(&self) -> Option<flatbuffers::Vector<'a, u32>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'a, u32>>>(Cat::VT_INPUTS, None)}
+  }
+  #[inline]
+  pub fn output(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Cat::VT_OUTPUT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn dim(&self) -> u8 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u8>(Cat::VT_DIM, Some(0)).unwrap()}
+  }
+}
+
+impl flatbuffers::Verifiable for Cat<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut flatbuffers::Verifier, pos: usize
+  ) -> Result<(), flatbuffers::InvalidFlatbuffer> {
+    use self::flatbuffers::Verifiable;
+    v.visit_table(pos)?
+     .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, u32>>>("inputs", Self::VT_INPUTS, false)?
+     .visit_field::<u32>("output", Self::VT_OUTPUT, false)?
+     .visit_field::<u8>("dim", Self::VT_DIM, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct CatArgs<'a> {
+    pub inputs: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, u32>>>,
+    pub output: u32,
+    pub dim: u8,
+}
+impl<'a> Default for CatArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    CatArgs {
+      inputs: None,
+      output: 0,
+      dim: 0,
+    }
+  }
+}
+
+pub struct CatBuilder<'a: 'b, 'b, A: flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: flatbuffers::WIPOffset<flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: flatbuffers::Allocator + 'a> CatBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_inputs(&mut self, inputs: flatbuffers::WIPOffset<flatbuffers::Vector<'b , u32>>) {
+    self.fbb_.push_slot_always::<flatbuffers::WIPOffset<_>>(Cat::VT_INPUTS, inputs);
+  }
+  #[inline]
+  pub fn add_output(&mut self, output: u32) {
+    self.fbb_.push_slot::<u32>(Cat::VT_OUTPUT, output, 0);
+  }
+  #[inline]
+  pub fn add_dim(&mut self, dim: u8) {
+    self.fbb_.push_slot::<u8>(Cat::VT_DIM, dim, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a, A>) -> CatBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    CatBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> flatbuffers::WIPOffset<Cat<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl core::fmt::Debug for Cat<'_> {
+  fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+    let mut ds = f.debug_struct("Cat");
+      ds.field("inputs", &self.inputs());
+      ds.field("output", &self.output());
+      ds.field("dim", &self.dim());
+      ds.finish()
+  }
+}
 pub enum NodeOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -1020,6 +2688,7 @@ impl<'a> Node<'a> {
   pub const VT_ID: flatbuffers::VOffsetT = 8;
   pub const VT_DEBUG_HANDLES: flatbuffers::VOffsetT = 10;
   pub const VT_NAME: flatbuffers::VOffsetT = 12;
+  pub const VT_KERNEL: flatbuffers::VOffsetT = 14;
 
   #[inline]
   pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
@@ -1031,6 +2700,7 @@ impl<'a> Node<'a> {
     args: &'args NodeArgs<'args>
   ) -> flatbuffers::WIPOffset<Node<'bldr>> {
     let mut builder = NodeBuilder::new(_fbb);
+    builder.add_kernel(args.kernel);
     if let Some(x) = args.name { builder.add_name(x); }
     if let Some(x) = args.debug_handles { builder.add_debug_handles(x); }
     builder.add_id(args.id);
@@ -1076,6 +2746,13 @@ impl<'a> Node<'a> {
     unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<&str>>(Node::VT_NAME, None)}
   }
   #[inline]
+  pub fn kernel(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(Node::VT_KERNEL, Some(-1)).unwrap()}
+  }
+  #[inline]
   #[allow(non_snake_case)]
   pub fn op_as_conv_1d(&self) -> Option<Conv1d<'a>> {
     if self.op_type() == Op::Conv1d {
@@ -1105,6 +2782,141 @@ impl<'a> Node<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn op_as_unary(&self) -> Option<Unary<'a>> {
+    if self.op_type() == Op::Unary {
+      self.op().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Unary::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn op_as_binary(&self) -> Option<Binary<'a>> {
+    if self.op_type() == Op::Binary {
+      self.op().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Binary::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn op_as_where(&self) -> Option<Where<'a>> {
+    if self.op_type() == Op::Where {
+      self.op().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Where::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn op_as_clamp(&self) -> Option<Clamp<'a>> {
+    if self.op_type() == Op::Clamp {
+      self.op().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Clamp::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn op_as_full(&self) -> Option<Full<'a>> {
+    if self.op_type() == Op::Full {
+      self.op().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Full::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn op_as_permute(&self) -> Option<Permute<'a>> {
+    if self.op_type() == Op::Permute {
+      self.op().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Permute::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn op_as_slice(&self) -> Option<Slice<'a>> {
+    if self.op_type() == Op::Slice {
+      self.op().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Slice::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn op_as_reshape(&self) -> Option<Reshape<'a>> {
+    if self.op_type() == Op::Reshape {
+      self.op().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Reshape::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn op_as_cat(&self) -> Option<Cat<'a>> {
+    if self.op_type() == Op::Cat {
+      self.op().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Cat::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl flatbuffers::Verifiable for Node<'_> {
@@ -1118,12 +2930,22 @@ impl flatbuffers::Verifiable for Node<'_> {
         match key {
           Op::Conv1d => v.verify_union_variant::<flatbuffers::ForwardsUOffset<Conv1d>>("Op::Conv1d", pos),
           Op::LinearScan => v.verify_union_variant::<flatbuffers::ForwardsUOffset<LinearScan>>("Op::LinearScan", pos),
+          Op::Unary => v.verify_union_variant::<flatbuffers::ForwardsUOffset<Unary>>("Op::Unary", pos),
+          Op::Binary => v.verify_union_variant::<flatbuffers::ForwardsUOffset<Binary>>("Op::Binary", pos),
+          Op::Where => v.verify_union_variant::<flatbuffers::ForwardsUOffset<Where>>("Op::Where", pos),
+          Op::Clamp => v.verify_union_variant::<flatbuffers::ForwardsUOffset<Clamp>>("Op::Clamp", pos),
+          Op::Full => v.verify_union_variant::<flatbuffers::ForwardsUOffset<Full>>("Op::Full", pos),
+          Op::Permute => v.verify_union_variant::<flatbuffers::ForwardsUOffset<Permute>>("Op::Permute", pos),
+          Op::Slice => v.verify_union_variant::<flatbuffers::ForwardsUOffset<Slice>>("Op::Slice", pos),
+          Op::Reshape => v.verify_union_variant::<flatbuffers::ForwardsUOffset<Reshape>>("Op::Reshape", pos),
+          Op::Cat => v.verify_union_variant::<flatbuffers::ForwardsUOffset<Cat>>("Op::Cat", pos),
           _ => Ok(()),
         }
      })?
      .visit_field::<u32>("id", Self::VT_ID, false)?
      .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, u32>>>("debug_handles", Self::VT_DEBUG_HANDLES, false)?
      .visit_field::<flatbuffers::ForwardsUOffset<&str>>("name", Self::VT_NAME, false)?
+     .visit_field::<i32>("kernel", Self::VT_KERNEL, false)?
      .finish();
     Ok(())
   }
@@ -1134,6 +2956,7 @@ pub struct NodeArgs<'a> {
     pub id: u32,
     pub debug_handles: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, u32>>>,
     pub name: Option<flatbuffers::WIPOffset<&'a str>>,
+    pub kernel: i32,
 }
 impl<'a> Default for NodeArgs<'a> {
   #[inline]
@@ -1144,6 +2967,7 @@ impl<'a> Default for NodeArgs<'a> {
       id: 0,
       debug_handles: None,
       name: None,
+      kernel: -1,
     }
   }
 }
@@ -1172,6 +2996,10 @@ impl<'a: 'b, 'b, A: flatbuffers::Allocator + 'a> NodeBuilder<'a, 'b, A> {
   #[inline]
   pub fn add_name(&mut self, name: flatbuffers::WIPOffset<&'b  str>) {
     self.fbb_.push_slot_always::<flatbuffers::WIPOffset<_>>(Node::VT_NAME, name);
+  }
+  #[inline]
+  pub fn add_kernel(&mut self, kernel: i32) {
+    self.fbb_.push_slot::<i32>(Node::VT_KERNEL, kernel, -1);
   }
   #[inline]
   pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a, A>) -> NodeBuilder<'a, 'b, A> {
@@ -1207,6 +3035,69 @@ impl core::fmt::Debug for Node<'_> {
             ds.field("op", &"InvalidFlatbuffer: Union discriminant does not match value.")
           }
         },
+        Op::Unary => {
+          if let Some(x) = self.op_as_unary() {
+            ds.field("op", &x)
+          } else {
+            ds.field("op", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Op::Binary => {
+          if let Some(x) = self.op_as_binary() {
+            ds.field("op", &x)
+          } else {
+            ds.field("op", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Op::Where => {
+          if let Some(x) = self.op_as_where() {
+            ds.field("op", &x)
+          } else {
+            ds.field("op", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Op::Clamp => {
+          if let Some(x) = self.op_as_clamp() {
+            ds.field("op", &x)
+          } else {
+            ds.field("op", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Op::Full => {
+          if let Some(x) = self.op_as_full() {
+            ds.field("op", &x)
+          } else {
+            ds.field("op", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Op::Permute => {
+          if let Some(x) = self.op_as_permute() {
+            ds.field("op", &x)
+          } else {
+            ds.field("op", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Op::Slice => {
+          if let Some(x) = self.op_as_slice() {
+            ds.field("op", &x)
+          } else {
+            ds.field("op", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Op::Reshape => {
+          if let Some(x) = self.op_as_reshape() {
+            ds.field("op", &x)
+          } else {
+            ds.field("op", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Op::Cat => {
+          if let Some(x) = self.op_as_cat() {
+            ds.field("op", &x)
+          } else {
+            ds.field("op", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
         _ => {
           let x: Option<()> = None;
           ds.field("op", &x)
@@ -1215,6 +3106,7 @@ impl core::fmt::Debug for Node<'_> {
       ds.field("id", &self.id());
       ds.field("debug_handles", &self.debug_handles());
       ds.field("name", &self.name());
+      ds.field("kernel", &self.kernel());
       ds.finish()
   }
 }
