@@ -141,7 +141,7 @@ impl Executable<'_> {
             })?;
             state.shapes[out] = shape;
             if let Role::Output(position) = plan.values[out].role {
-                let (sizes, rank) = shape.to_i32();
+                let (sizes, rank) = crate::shape::to_i32(shape);
                 if !args.resize(n_in + position, &sizes[..rank]) {
                     return Err(ArgError::Resize {
                         index: position,

@@ -57,6 +57,13 @@ pub enum KernelError {
         algorithm: &'static str,
     },
 
+    /// An algorithm was handed a fused operand it cannot take.
+    #[error("algorithm {algorithm} cannot read a fused input or write a fused output")]
+    NotFusable {
+        /// The algorithm's name.
+        algorithm: &'static str,
+    },
+
     /// A prepared convolution was called with parameters it was not
     /// prepared for (different static parameters, or a larger batch or
     /// input length).

@@ -8,6 +8,9 @@
 //! * [`conv1d_f32`] with [`Conv1dParams`]: PyTorch `aten.convolution`
 //!   restricted to one spatial dimension, non-transposed.
 //! * [`linear_scan_f32`] with [`ScanParams`]: `y[t] = a[t] * y[t-1] + u[t]`.
+//! * [`fused`]: elementwise programs over strided views, and the row hooks
+//!   through which the conv and scan kernels run them as prologues and
+//!   epilogues inside their own loops.
 //! * [`reference`](mod@reference): slow, obviously-correct versions for tests.
 //!
 //! Kernels run on the *current* rayon pool (pick one with
@@ -44,6 +47,7 @@
 
 mod conv1d;
 mod error;
+pub mod fused;
 pub mod reference;
 mod scan;
 mod scratch;
@@ -56,5 +60,6 @@ pub use conv1d::{
     applicable, conv1d_f32, estimate_cost, Algorithm, Choice, Conv1dParams, PreparedConv1d,
 };
 pub use error::KernelError;
-pub use scan::{linear_scan_f32, ScanParams};
+pub use fused::{Shape, MAX_RANK};
+pub use scan::{linear_scan_f32, linear_scan_rows, scan_rows_scratch, ScanParams};
 pub use scratch::Scratch;

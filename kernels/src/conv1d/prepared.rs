@@ -8,6 +8,7 @@ use std::time::Instant;
 use super::params::{Conv1dGeometry, Conv1dParams};
 use super::{depthwise, direct, fft, gemm};
 use crate::error::{check_len, KernelError};
+use crate::fused::{RowsIn, RowsOut};
 use crate::scratch::Scratch;
 
 /// The conv1d algorithms, in the order [`Choice::Measure`] tries them.
@@ -212,6 +213,102 @@ impl PreparedConv1d {
         matches!(self.imp, Imp::Direct | Imp::Depthwise(_))
     }
 
+    /// Whether [`Self::run_rows`] fuses a prologue and an epilogue into this
+    /// algorithm's loops. The others need their input and output stored.
+    pub fn fuses_rows(&self) -> bool {
+        matches!(self.imp, Imp::Depthwise(_))
+    }
+
+    /// `f32` elements of scratch each thread needs for [`Self::run_rows`]
+    /// when the input's and the output's programs need `x_temps` and
+    /// `y_temps` line-sized temporaries (0 for stored ones).
+    pub fn rows_scratch_per_thread(&self, x_temps: usize, y_temps: usize) -> usize {
+        match &self.imp {
+            Imp::Depthwise(_) => {
+                depthwise::DepthwiseConv::rows_scratch(&self.max, x_temps, y_temps)
+            }
+            _ => self.scratch_per_thread(),
+        }
+    }
+
+    /// [`Self::run`] with the input computed by a prologue and / or the
+    /// output handed to an epilogue, row chunk by row chunk (see
+    /// [`crate::fused`]). Only where [`Self::fuses_rows`]; a stored input
+    /// and output always work. `scratch` needs
+    /// [`Self::rows_scratch_per_thread`] elements per thread.
+    ///
+    /// # Errors
+    /// As [`Self::run`]; [`KernelError::NotFusable`] for a fused operand
+    /// this algorithm cannot take.
+    #[allow(clippy::too_many_arguments)]
+    pub fn run_rows(
+        &self,
+        p: &Conv1dParams,
+        x: RowsIn,
+        w: Option<&[f32]>,
+        bias: Option<&[f32]>,
+        y: RowsOut,
+        x_temps: usize,
+        y_temps: usize,
+        scratch: &Scratch,
+    ) -> Result<(), KernelError> {
+        match (x, y) {
+            (RowsIn::Slice(x), RowsOut::Slice(y)) => self.run(p, x, w, bias, y, scratch),
+            (x, y) => {
+                let Imp::Depthwise(k) = &self.imp else {
+                    return Err(KernelError::NotFusable {
+                        algorithm: self.algorithm().name(),
+                    });
+                };
+                let g = self.check_call(p, w, bias)?;
+                if let RowsIn::Slice(x) = x {
+                    check_len("x", g.input_elems, x.len())?;
+                }
+                if let RowsOut::Slice(y) = &y {
+                    check_len("y", g.output_elems, y.len())?;
+                }
+                let need = self.rows_scratch_per_thread(x_temps, y_temps);
+                if scratch.per_thread() < need {
+                    return Err(KernelError::BufferLen {
+                        which: "scratch",
+                        expected: need,
+                        actual: scratch.per_thread(),
+                    });
+                }
+                k.run_rows(&g, x, w.unwrap_or_default(), bias, y, scratch);
+                Ok(())
+            }
+        }
+    }
+
+    /// The checks every call makes of its parameters, weights and bias.
+    fn check_call(
+        &self,
+        p: &Conv1dParams,
+        w: Option<&[f32]>,
+        bias: Option<&[f32]>,
+    ) -> Result<Conv1dGeometry, KernelError> {
+        let g = p.geometry()?;
+        let m = &self.max.params;
+        let same_static = Conv1dParams {
+            batch: m.batch,
+            in_len: m.in_len,
+            ..*p
+        } == *m;
+        if !same_static || p.batch > m.batch || p.in_len > m.in_len {
+            return Err(KernelError::NotPrepared);
+        }
+        match w {
+            Some(w) => check_len("w", g.weight_elems, w.len())?,
+            None if self.reads_weights() => return Err(KernelError::MissingWeights),
+            None => {}
+        }
+        if let Some(bias) = bias {
+            check_len("bias", p.out_channels, bias.len())?;
+        }
+        Ok(g)
+    }
+
     /// Computes `y = conv1d(x, w) + bias` for `p`, which must equal the
     /// prepared parameters except for a batch and input length no larger
     /// than prepared. `w` are the weights `new` was given; they may be
@@ -227,25 +324,8 @@ impl PreparedConv1d {
         y: &mut [f32],
         scratch: &Scratch,
     ) -> Result<(), KernelError> {
-        let g = p.geometry()?;
-        let m = &self.max.params;
-        let same_static = Conv1dParams {
-            batch: m.batch,
-            in_len: m.in_len,
-            ..*p
-        } == *m;
-        if !same_static || p.batch > m.batch || p.in_len > m.in_len {
-            return Err(KernelError::NotPrepared);
-        }
+        let g = self.check_call(p, w, bias)?;
         check_len("x", g.input_elems, x.len())?;
-        match w {
-            Some(w) => check_len("w", g.weight_elems, w.len())?,
-            None if self.reads_weights() => return Err(KernelError::MissingWeights),
-            None => {}
-        }
-        if let Some(bias) = bias {
-            check_len("bias", p.out_channels, bias.len())?;
-        }
         check_len("y", g.output_elems, y.len())?;
         if scratch.per_thread() < self.scratch_per_thread() {
             return Err(KernelError::BufferLen {

@@ -26,6 +26,7 @@
 //! See `kernel.rs` for the portable building blocks and `simd.rs` for the
 //! intrinsics (the module's only unsafe code).
 
+mod fused;
 mod kernel;
 #[cfg(target_arch = "x86_64")]
 mod simd;
@@ -36,6 +37,8 @@ use rayon::prelude::*;
 
 use crate::error::{check_len, checked_product, KernelError};
 use kernel::{Affine, ROWS_JOINT};
+
+pub use fused::{linear_scan_rows, scan_rows_scratch};
 
 /// Shape of a linear scan: `x0` is `[batch, channels]`; `a`, `u` and `y` are
 /// `[batch, channels, len]`, row-major and contiguous.

@@ -24,6 +24,7 @@ use rayon::prelude::*;
 
 use super::cost::{compulsory_bytes, direct_macs};
 use super::params::Conv1dGeometry;
+use crate::fused::{RowsIn, RowsOut};
 use crate::scratch::Scratch;
 use simd::{Backend, RowGeom, RowKernel};
 
@@ -217,6 +218,125 @@ impl DepthwiseConv {
                         .enumerate()
                         .for_each(|(i, y_part)| row_part(row, i * chunk, y_part));
                 });
+        }
+    }
+}
+
+/// Outputs a fused call computes per step of a task: the input window
+/// (this plus the filter's span) and the outputs stay in L1.
+pub(crate) const FUSED_CHUNK: usize = 1024;
+
+impl DepthwiseConv {
+    /// f32 elements of per-thread scratch [`Self::run_rows`] needs, for an
+    /// input and an output needing `x_temps` and `y_temps` line-sized
+    /// temporaries.
+    pub(crate) fn rows_scratch(g: &Conv1dGeometry, x_temps: usize, y_temps: usize) -> usize {
+        let window = FUSED_CHUNK + (g.params.kernel_size - 1) * g.params.dilation;
+        window + FUSED_CHUNK + (x_temps * window).max(y_temps * FUSED_CHUNK)
+    }
+
+    /// [`Self::run`] with a fused input and / or output: each task computes
+    /// [`FUSED_CHUNK`] outputs of a row at a time, reading the input window
+    /// they need from the prologue into scratch (zero padding stays the row
+    /// kernel's business: the window is the part of the row inside the
+    /// input) and handing the outputs to the epilogue.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run_rows(
+        &self,
+        g: &Conv1dGeometry,
+        x: RowsIn,
+        w: &[f32],
+        bias: Option<&[f32]>,
+        y: RowsOut,
+        scratch: &Scratch,
+    ) {
+        let p = &g.params;
+        let (channels, in_len, out_len, k) = (p.in_channels, p.in_len, g.out_len, p.kernel_size);
+        let rows = p.batch * channels;
+        if rows == 0 || out_len == 0 {
+            return;
+        }
+        let span = (k - 1) * p.dilation;
+        let window = FUSED_CHUNK + span;
+        let kernel = &self.kernel;
+        let (stored, sink) = match y {
+            RowsOut::Slice(y) => (Some(y), None),
+            RowsOut::Fused(sink) => (None, Some(sink)),
+        };
+        // Outputs `l0 .. l0 + n` of `row`, into `y_part` when stored as is.
+        let task = |row: usize, l0: usize, n: usize, mut y_part: Option<&mut [f32]>| {
+            let c = row % channels;
+            let taps = &w[c * k..][..k];
+            let b = bias.map_or(0.0, |b| b[c]);
+            scratch.with_slot(|slot| {
+                let (x_win, rest) = slot.split_at_mut(window);
+                let (y_buf, tmp) = rest.split_at_mut(FUSED_CHUNK);
+                for l in (l0..l0 + n).step_by(FUSED_CHUNK) {
+                    let m = FUSED_CHUNK.min(l0 + n - l);
+                    let (x_row, geom, at): (&[f32], RowGeom, usize) = match x {
+                        RowsIn::Slice(x) => (
+                            &x[row * in_len..][..in_len],
+                            RowGeom {
+                                in_len,
+                                pad_left: p.pad_left,
+                                dilation: p.dilation,
+                            },
+                            l,
+                        ),
+                        RowsIn::Fused(source) => {
+                            // Inputs `s .. e` feed outputs `l .. l + m`.
+                            let s = l.saturating_sub(p.pad_left).min(in_len);
+                            let e = (l + m + span).saturating_sub(p.pad_left).min(in_len).max(s);
+                            source.fill(row, s, &mut x_win[..e - s], tmp);
+                            (
+                                &x_win[..e - s],
+                                RowGeom {
+                                    in_len: e - s,
+                                    pad_left: p.pad_left,
+                                    dilation: p.dilation,
+                                },
+                                l - s,
+                            )
+                        }
+                    };
+                    match (&mut y_part, sink) {
+                        (Some(part), _) => {
+                            kernel.row(&geom, x_row, taps, b, at, &mut part[l - l0..][..m])
+                        }
+                        (None, Some(sink)) => {
+                            kernel.row(&geom, x_row, taps, b, at, &mut y_buf[..m]);
+                            sink.store(row, l, &y_buf[..m], tmp);
+                        }
+                        (None, None) => unreachable!("stored outputs come with their row"),
+                    }
+                }
+            })
+        };
+        let chunk = time_chunk(rows, out_len, rayon::current_num_threads(), FUSED_CHUNK);
+        let min_rows = (MIN_TASK_MACS / k).max(1).div_ceil(out_len);
+        match stored {
+            Some(y) => y
+                .par_chunks_mut(out_len)
+                .enumerate()
+                .with_min_len(min_rows)
+                .for_each(|(row, y_row)| {
+                    if chunk >= out_len {
+                        task(row, 0, out_len, Some(y_row));
+                    } else {
+                        y_row
+                            .par_chunks_mut(chunk)
+                            .enumerate()
+                            .for_each(|(i, part)| task(row, i * chunk, part.len(), Some(part)));
+                    }
+                }),
+            None => (0..rows)
+                .into_par_iter()
+                .with_min_len(min_rows)
+                .for_each(|row| {
+                    (0..out_len.div_ceil(chunk))
+                        .into_par_iter()
+                        .for_each(|i| task(row, i * chunk, chunk.min(out_len - i * chunk), None));
+                }),
         }
     }
 }

@@ -1,0 +1,26 @@
+//! Fusion of elementwise work into the kernels' loops.
+//!
+//! * [`Program`]: an expression tree of elementwise ops over stored
+//!   tensors, views of them (permute, slice, squeeze, broadcast, cat) and
+//!   constants, evaluated a line of elements at a time with no allocation.
+//! * [`RowsIn`] / [`RowsOut`]: how the conv and scan kernels take an
+//!   operand computed by a program (a prologue) and hand their output to
+//!   one (an epilogue), row chunk by row chunk, while it is in cache.
+//! * [`UnaryOp`], [`BinaryOp`]: the elementwise functions, on vectorisable
+//!   implementations of exp, log, erf and friends (`math.rs`).
+
+mod math;
+mod ops;
+mod program;
+mod rows;
+mod shape;
+
+pub use ops::{BinaryOp, UnaryOp};
+pub use program::{resolve_start, Env, Expr, Line, Node, Program};
+pub use rows::{
+    EpilogueSink, ProgramRows, RowSink, RowSource, RowsIn, RowsOut, SharedOut, StoreView,
+};
+pub use shape::{Shape, MAX_RANK};
+
+#[cfg(test)]
+mod tests;

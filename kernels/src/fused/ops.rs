@@ -1,0 +1,212 @@
+//! The elementwise operations a fused kernel applies, and their loops over
+//! chunks of values (what the delegate's `Unary`, `Binary`, `Where` and
+//! `Clamp` nodes compute).
+
+use super::math;
+
+/// One-operand elementwise functions (the schema's `UnaryOp`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum UnaryOp {
+    Identity,
+    Neg,
+    Abs,
+    Relu,
+    Sigmoid,
+    Tanh,
+    Silu,
+    /// Exact (erf) GELU.
+    Gelu,
+    /// GELU's tanh approximation.
+    GeluTanh,
+    Exp,
+    Log,
+    Log1p,
+    /// Beta 1, threshold 20.
+    Softplus,
+    Sqrt,
+    Rsqrt,
+    Reciprocal,
+}
+
+/// Two-operand elementwise functions (the schema's `BinaryOp`);
+/// comparisons give 1.0 or 0.0.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[allow(missing_docs)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Maximum,
+    Minimum,
+    Gt,
+    Ge,
+    Lt,
+    Le,
+    Eq,
+    Ne,
+}
+
+impl UnaryOp {
+    /// The op's name in plans and logs (PyTorch's spelling).
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Identity => "copy",
+            UnaryOp::Neg => "neg",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Relu => "relu",
+            UnaryOp::Sigmoid => "sigmoid",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Silu => "silu",
+            UnaryOp::Gelu => "gelu",
+            UnaryOp::GeluTanh => "gelu_tanh",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Log => "log",
+            UnaryOp::Log1p => "log1p",
+            UnaryOp::Softplus => "softplus",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Reciprocal => "reciprocal",
+        }
+    }
+
+    /// Applies the function to every element of `x` in place.
+    pub fn apply(self, x: &mut [f32]) {
+        // One loop per op so each compiles to its own vector loop.
+        fn each(x: &mut [f32], f: impl Fn(f32) -> f32) {
+            for v in x {
+                *v = f(*v);
+            }
+        }
+        match self {
+            UnaryOp::Identity => {}
+            UnaryOp::Neg => each(x, |v| -v),
+            UnaryOp::Abs => each(x, f32::abs),
+            // max(v, 0) would turn NaN into 0; PyTorch keeps NaN.
+            UnaryOp::Relu => each(x, |v| if v < 0.0 { 0.0 } else { v }),
+            UnaryOp::Sigmoid => each(x, math::sigmoid),
+            UnaryOp::Tanh => each(x, math::tanh),
+            UnaryOp::Silu => each(x, |v| v * math::sigmoid(v)),
+            UnaryOp::Gelu => each(x, math::gelu),
+            UnaryOp::GeluTanh => each(x, math::gelu_tanh),
+            UnaryOp::Exp => each(x, math::exp),
+            UnaryOp::Log => each(x, math::ln),
+            UnaryOp::Log1p => each(x, math::log1p),
+            UnaryOp::Softplus => each(x, math::softplus),
+            UnaryOp::Sqrt => each(x, f32::sqrt),
+            UnaryOp::Rsqrt => each(x, |v| 1.0 / v.sqrt()),
+            UnaryOp::Reciprocal => each(x, |v| 1.0 / v),
+        }
+    }
+}
+
+impl BinaryOp {
+    /// The op's name in plans and logs (PyTorch's spelling).
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Maximum => "maximum",
+            BinaryOp::Minimum => "minimum",
+            BinaryOp::Gt => "gt",
+            BinaryOp::Ge => "ge",
+            BinaryOp::Lt => "lt",
+            BinaryOp::Le => "le",
+            BinaryOp::Eq => "eq",
+            BinaryOp::Ne => "ne",
+        }
+    }
+
+    /// `a[i] = a[i] op b[i]` for every element (`a` and `b` equally long).
+    pub fn apply(self, a: &mut [f32], b: &[f32]) {
+        fn each(a: &mut [f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
+            for (x, &y) in a.iter_mut().zip(b) {
+                *x = f(*x, y);
+            }
+        }
+        let flag = |c: bool| if c { 1.0 } else { 0.0 };
+        match self {
+            BinaryOp::Add => each(a, b, |x, y| x + y),
+            BinaryOp::Sub => each(a, b, |x, y| x - y),
+            BinaryOp::Mul => each(a, b, |x, y| x * y),
+            BinaryOp::Div => each(a, b, |x, y| x / y),
+            // torch.maximum / minimum propagate NaN from either side.
+            BinaryOp::Maximum => each(a, b, |x, y| {
+                if x.is_nan() || y.is_nan() {
+                    f32::NAN
+                } else {
+                    x.max(y)
+                }
+            }),
+            BinaryOp::Minimum => each(a, b, |x, y| {
+                if x.is_nan() || y.is_nan() {
+                    f32::NAN
+                } else {
+                    x.min(y)
+                }
+            }),
+            BinaryOp::Gt => each(a, b, |x, y| flag(x > y)),
+            BinaryOp::Ge => each(a, b, |x, y| flag(x >= y)),
+            BinaryOp::Lt => each(a, b, |x, y| flag(x < y)),
+            BinaryOp::Le => each(a, b, |x, y| flag(x <= y)),
+            BinaryOp::Eq => each(a, b, |x, y| flag(x == y)),
+            BinaryOp::Ne => each(a, b, |x, y| flag(x != y)),
+        }
+    }
+}
+
+/// `a[i] = if cond[i] != 0 { a[i] } else { b[i] }`.
+pub(crate) fn select(cond: &[f32], a: &mut [f32], b: &[f32]) {
+    for ((x, &c), &y) in a.iter_mut().zip(cond).zip(b) {
+        *x = if c != 0.0 { *x } else { y };
+    }
+}
+
+/// Clamps every element into `[min, max]` (either bound may be infinite);
+/// NaN stays NaN, as in `torch.clamp`.
+pub(crate) fn clamp(x: &mut [f32], min: f32, max: f32) {
+    for v in x {
+        let lo = if *v < min { min } else { *v };
+        *v = if lo > max { max } else { lo };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unary_ops_follow_pytorch_on_edge_values() {
+        let mut x = [-2.0, 0.0, 3.0, f32::NAN];
+        UnaryOp::Relu.apply(&mut x);
+        assert_eq!(&x[..3], &[0.0, 0.0, 3.0]);
+        assert!(x[3].is_nan(), "relu keeps NaN");
+        let mut x = [0.0, 1.0];
+        UnaryOp::Silu.apply(&mut x);
+        assert!((x[1] - 0.731_058_6).abs() < 1e-6 && x[0] == 0.0);
+        let mut x = [4.0];
+        UnaryOp::Rsqrt.apply(&mut x);
+        assert_eq!(x, [0.5]);
+    }
+
+    #[test]
+    fn binary_ops_and_comparisons() {
+        let b = [2.0, 2.0, 2.0];
+        let mut a = [1.0, 2.0, 3.0];
+        BinaryOp::Gt.apply(&mut a, &b);
+        assert_eq!(a, [0.0, 0.0, 1.0]);
+        let mut a = [1.0, f32::NAN, 3.0];
+        BinaryOp::Maximum.apply(&mut a, &b);
+        assert_eq!((a[0], a[2]), (2.0, 3.0));
+        assert!(a[1].is_nan());
+        let mut a = [1.0, 4.0];
+        select(&[1.0, 0.0], &mut a, &[7.0, 8.0]);
+        assert_eq!(a, [1.0, 8.0]);
+        let mut a = [-5.0, 0.5, 5.0];
+        clamp(&mut a, -1.0, f32::INFINITY);
+        assert_eq!(a, [-1.0, 0.5, 5.0]);
+    }
+}

@@ -1,0 +1,335 @@
+//! A fused elementwise program: a small expression tree over tensors, views
+//! of them and constants, evaluated one *line* (a run of elements along one
+//! direction of the iteration space) at a time into a caller's buffer.
+//!
+//! Views (permute, slice, squeeze/unsqueeze, broadcast, cat) are not copies:
+//! each maps the coordinates its parent asks for to its child's, so a line
+//! `base + t * step` in the root's coordinates stays such a line all the way
+//! down to a stored tensor, where it becomes a strided read. Lines have
+//! non-negative steps (every view here maps a step >= 0 to a step >= 0).
+//!
+//! Evaluation recurses over the tree: a node writes its values for the line
+//! into `out` and takes temporaries for its operands from `tmp`, a slice of
+//! [`Program::temporaries`] line-sized buffers; nothing allocates.
+//! Shapes come from an [`Env`] at run time, so dynamic sizes (a slice that
+//! counts from the end, a cat of parts of varying length) resolve per call.
+
+use super::ops::{clamp, select, BinaryOp, UnaryOp};
+use super::shape::{Shape, MAX_RANK};
+
+/// What a program reads at run time: the shape of every value it names and
+/// the data of those it loads (row-major f32).
+pub trait Env: Sync {
+    /// The current shape of value `value`.
+    fn shape(&self, value: usize) -> Shape;
+    /// The elements of stored value `value`.
+    fn data(&self, value: usize) -> &[f32];
+}
+
+/// One node of a [`Program`]. Operands are indices of earlier nodes.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Expr {
+    /// A stored tensor, read through strides.
+    Load,
+    /// The chunk the anchor kernel just computed (epilogues only): the line
+    /// asked of it is always the line the anchor produced.
+    Anchor,
+    /// A constant (a scalar operand, or `full_like`).
+    Const(f32),
+    #[allow(missing_docs)]
+    Unary { op: UnaryOp, x: usize },
+    #[allow(missing_docs)]
+    Binary { op: BinaryOp, a: usize, b: usize },
+    /// `cond != 0 ? a : b`.
+    #[allow(missing_docs)]
+    Where { cond: usize, a: usize, b: usize },
+    #[allow(missing_docs)]
+    Clamp { x: usize, min: f32, max: f32 },
+    /// `x` broadcast to this node's shape with NumPy's rules.
+    #[allow(missing_docs)]
+    Broadcast { x: usize },
+    /// A permutation or a squeeze / unsqueeze of `x`: this node's dimension
+    /// `d` is `x`'s dimension `map[d]`, or an inserted size-1 dimension
+    /// (`None`); dimensions of `x` no entry names have size 1.
+    #[allow(missing_docs)]
+    View {
+        x: usize,
+        map: [Option<u8>; MAX_RANK],
+    },
+    /// `x[start::step]` along `dim`, `start` with Python's rules (negative
+    /// counts from the end of `x`'s dimension, clamped).
+    #[allow(missing_docs)]
+    Slice {
+        x: usize,
+        dim: usize,
+        start: i64,
+        step: usize,
+    },
+    /// `torch.cat(parts, dim)`.
+    #[allow(missing_docs)]
+    Cat { parts: Vec<usize>, dim: usize },
+}
+
+/// A node and the value (in the [`Env`]'s numbering) whose shape it has and,
+/// for [`Expr::Load`], whose data it reads.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Node {
+    #[allow(missing_docs)]
+    pub expr: Expr,
+    #[allow(missing_docs)]
+    pub value: usize,
+}
+
+/// A line of elements in a node's coordinates: element `t` is at
+/// `base + t * step`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Line {
+    #[allow(missing_docs)]
+    pub base: [usize; MAX_RANK],
+    #[allow(missing_docs)]
+    pub step: [usize; MAX_RANK],
+}
+
+impl Line {
+    /// The line starting at `base` along dimension `dim`.
+    pub fn along(base: [usize; MAX_RANK], dim: usize) -> Line {
+        let mut step = [0; MAX_RANK];
+        step[dim] = 1;
+        Line { base, step }
+    }
+}
+
+/// An expression tree in topological order; the last node is the root.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Program {
+    nodes: Vec<Node>,
+}
+
+impl Program {
+    /// Appends a node and returns its index. Operands must be earlier nodes.
+    ///
+    /// # Panics
+    /// If an operand index is not an earlier node.
+    pub fn push(&mut self, expr: Expr, value: usize) -> usize {
+        let n = self.nodes.len();
+        for operand in operands(&expr) {
+            assert!(operand < n, "operand {operand} of node {n} is not earlier");
+        }
+        self.nodes.push(Node { expr, value });
+        n
+    }
+
+    /// The nodes, root last.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// Index of the root (the last node).
+    ///
+    /// # Panics
+    /// If the program is empty.
+    pub fn root(&self) -> usize {
+        self.nodes.len().checked_sub(1).expect("empty program")
+    }
+
+    /// Whether some node is the anchor's output.
+    pub fn reads_anchor(&self) -> bool {
+        self.nodes.iter().any(|n| n.expr == Expr::Anchor)
+    }
+
+    /// The values the program loads.
+    pub fn loads(&self) -> impl Iterator<Item = usize> + '_ {
+        self.nodes
+            .iter()
+            .filter(|n| n.expr == Expr::Load)
+            .map(|n| n.value)
+    }
+
+    /// How many line-sized temporaries [`Self::eval`] needs for the root.
+    pub fn temporaries(&self) -> usize {
+        let mut need = vec![0usize; self.nodes.len()];
+        for (i, node) in self.nodes.iter().enumerate() {
+            need[i] = match node.expr {
+                Expr::Load | Expr::Anchor | Expr::Const(_) => 0,
+                Expr::Unary { x, .. }
+                | Expr::Clamp { x, .. }
+                | Expr::Broadcast { x }
+                | Expr::View { x, .. }
+                | Expr::Slice { x, .. } => need[x],
+                Expr::Binary { a, b, .. } => need[a].max(1 + need[b]),
+                Expr::Where { cond, a, b } => need[a].max(1 + need[b]).max(2 + need[cond]),
+                Expr::Cat { ref parts, .. } => parts.iter().map(|&p| need[p]).max().unwrap_or(0),
+            };
+        }
+        need.last().copied().unwrap_or(0)
+    }
+
+    /// Writes the root's elements along `line` (in the root's coordinates)
+    /// into `out`, `out.len()` of them. `anchor` is the anchor's chunk for
+    /// [`Expr::Anchor`] (same length as `out`); `tmp` holds at least
+    /// [`Self::temporaries`] `* out.len()` elements.
+    ///
+    /// # Panics
+    /// If the line leaves a tensor the env stores, or `tmp` is too short:
+    /// both are bugs of the caller's plan, and safe indexing turns them into
+    /// panics rather than wrong reads.
+    pub fn eval(
+        &self,
+        env: &dyn Env,
+        anchor: &[f32],
+        line: &Line,
+        out: &mut [f32],
+        tmp: &mut [f32],
+    ) {
+        self.eval_node(self.root(), env, anchor, line, out, tmp);
+    }
+
+    fn eval_node(
+        &self,
+        i: usize,
+        env: &dyn Env,
+        anchor: &[f32],
+        line: &Line,
+        out: &mut [f32],
+        tmp: &mut [f32],
+    ) {
+        let len = out.len();
+        let node = &self.nodes[i];
+        match node.expr {
+            Expr::Load => load(env.data(node.value), &env.shape(node.value), line, out),
+            Expr::Anchor => out.copy_from_slice(&anchor[..len]),
+            Expr::Const(c) => out.fill(c),
+            Expr::Unary { op, x } => {
+                self.eval_node(x, env, anchor, line, out, tmp);
+                op.apply(out);
+            }
+            Expr::Clamp { x, min, max } => {
+                self.eval_node(x, env, anchor, line, out, tmp);
+                clamp(out, min, max);
+            }
+            Expr::Binary { op, a, b } => {
+                self.eval_node(a, env, anchor, line, out, tmp);
+                let (bv, rest) = tmp.split_at_mut(len);
+                self.eval_node(b, env, anchor, line, bv, rest);
+                op.apply(out, bv);
+            }
+            Expr::Where { cond, a, b } => {
+                self.eval_node(a, env, anchor, line, out, tmp);
+                let (bv, rest) = tmp.split_at_mut(len);
+                self.eval_node(b, env, anchor, line, bv, rest);
+                let (cv, rest) = rest.split_at_mut(len);
+                self.eval_node(cond, env, anchor, line, cv, rest);
+                select(cv, out, bv);
+            }
+            Expr::Broadcast { x } => {
+                let (to, from) = (env.shape(node.value), env.shape(self.nodes[x].value));
+                let lead = to.rank() - from.rank();
+                let mut child = Line::default();
+                for d in 0..from.rank() {
+                    if from[d] != 1 {
+                        child.base[d] = line.base[d + lead];
+                        child.step[d] = line.step[d + lead];
+                    }
+                }
+                self.eval_node(x, env, anchor, &child, out, tmp);
+            }
+            Expr::Slice {
+                x,
+                dim,
+                start,
+                step,
+            } => {
+                let size = env.shape(self.nodes[x].value)[dim];
+                let mut child = *line;
+                child.base[dim] = resolve_start(start, size) + step * line.base[dim];
+                child.step[dim] = step * line.step[dim];
+                self.eval_node(x, env, anchor, &child, out, tmp);
+            }
+            Expr::View { x, map } => {
+                let mut child = Line::default();
+                for (d, m) in map.iter().enumerate().take(env.shape(node.value).rank()) {
+                    if let Some(m) = *m {
+                        child.base[m as usize] = line.base[d];
+                        child.step[m as usize] = line.step[d];
+                    }
+                }
+                self.eval_node(x, env, anchor, &child, out, tmp);
+            }
+            Expr::Cat { ref parts, dim } => {
+                let (base, step) = (line.base[dim], line.step[dim]);
+                let mut offset = 0;
+                for &part in parts {
+                    let size = env.shape(self.nodes[part].value)[dim];
+                    let (lo, hi) = (offset, offset + size);
+                    offset = hi;
+                    // Elements t of the line whose coordinate lies in [lo, hi).
+                    let (t0, t1) = if step == 0 {
+                        if (lo..hi).contains(&base) {
+                            (0, len)
+                        } else {
+                            (0, 0)
+                        }
+                    } else {
+                        (
+                            lo.saturating_sub(base).div_ceil(step),
+                            hi.saturating_sub(base).div_ceil(step).min(len),
+                        )
+                    };
+                    if t0 >= t1 {
+                        continue;
+                    }
+                    let mut child = *line;
+                    for d in 0..MAX_RANK {
+                        child.base[d] += t0 * line.step[d];
+                    }
+                    child.base[dim] -= lo;
+                    self.eval_node(part, env, anchor, &child, &mut out[t0..t1], tmp);
+                }
+            }
+        }
+    }
+}
+
+/// Python's rule for a slice start: negative counts from the end, clamped.
+pub fn resolve_start(start: i64, size: usize) -> usize {
+    let size = size as i64;
+    let s = if start < 0 { start + size } else { start };
+    s.clamp(0, size) as usize
+}
+
+/// Elements of a row-major tensor of `shape` along `line`.
+fn load(data: &[f32], shape: &Shape, line: &Line, out: &mut [f32]) {
+    if out.is_empty() {
+        return;
+    }
+    let strides = shape.strides();
+    let rank = shape.rank();
+    let start: usize = (0..rank).map(|d| line.base[d] * strides[d]).sum();
+    let stride: usize = (0..rank).map(|d| line.step[d] * strides[d]).sum();
+    match stride {
+        0 => out.fill(data[start]),
+        1 => out.copy_from_slice(&data[start..start + out.len()]),
+        _ => {
+            // One bounds check for the whole line, then plain strided reads.
+            let last = start + stride * (out.len() - 1);
+            let data = &data[start..=last];
+            for (t, o) in out.iter_mut().enumerate() {
+                *o = data[t * stride];
+            }
+        }
+    }
+}
+
+fn operands(expr: &Expr) -> Vec<usize> {
+    match *expr {
+        Expr::Load | Expr::Anchor | Expr::Const(_) => vec![],
+        Expr::Unary { x, .. }
+        | Expr::Clamp { x, .. }
+        | Expr::Broadcast { x }
+        | Expr::View { x, .. }
+        | Expr::Slice { x, .. } => vec![x],
+        Expr::Binary { a, b, .. } => vec![a, b],
+        Expr::Where { cond, a, b } => vec![cond, a, b],
+        Expr::Cat { ref parts, .. } => parts.clone(),
+    }
+}

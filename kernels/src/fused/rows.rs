@@ -1,0 +1,259 @@
+//! How a conv or scan kernel reads a fused operand and writes through a
+//! fused epilogue, one row chunk at a time (the prologue / epilogue hooks).
+//!
+//! A kernel that supports fusion takes [`RowsIn`] and [`RowsOut`] instead
+//! of plain slices. Rows are the kernel's `(batch, channel)` rows, elements
+//! run along time, exactly as the kernel walks its data; a fused operand is
+//! then computed into a per-thread buffer right before the kernel reads it,
+//! and a fused result is finished and stored right after the kernel wrote
+//! it, while both are still in L1.
+
+#![allow(unsafe_code)]
+
+use std::marker::PhantomData;
+
+use super::program::{Env, Line, Program};
+use super::shape::{Shape, MAX_RANK};
+
+/// Computes elements of an operand on the fly (a fused prologue).
+pub trait RowSource: Sync {
+    /// Writes elements `t0 .. t0 + out.len()` of row `row` into `out`.
+    /// `tmp` holds at least `self.temporaries() * out.len()` elements.
+    fn fill(&self, row: usize, t0: usize, out: &mut [f32], tmp: &mut [f32]);
+    /// Line-sized temporaries `fill` needs.
+    fn temporaries(&self) -> usize;
+}
+
+/// Finishes and stores a kernel's output (a fused epilogue).
+pub trait RowSink: Sync {
+    /// Takes the kernel's elements `t0 .. t0 + values.len()` of row `row`.
+    /// `tmp` holds at least `self.temporaries() * values.len()` elements.
+    fn store(&self, row: usize, t0: usize, values: &[f32], tmp: &mut [f32]);
+    /// Line-sized temporaries `store` needs.
+    fn temporaries(&self) -> usize;
+}
+
+/// An operand of a fusable kernel: stored, or computed by a prologue.
+#[derive(Clone, Copy)]
+pub enum RowsIn<'a> {
+    /// Stored row-major, as the kernel's plain entry point takes it.
+    Slice(&'a [f32]),
+    /// Computed row chunk by row chunk.
+    Fused(&'a dyn RowSource),
+}
+
+/// A result of a fusable kernel: stored as is, or through an epilogue.
+pub enum RowsOut<'a> {
+    /// Stored row-major, as the kernel's plain entry point writes it.
+    Slice(&'a mut [f32]),
+    /// Handed over row chunk by row chunk.
+    Fused(&'a dyn RowSink),
+}
+
+impl RowsIn<'_> {
+    /// Line-sized temporaries reading this operand needs.
+    pub fn temporaries(&self) -> usize {
+        match self {
+            RowsIn::Slice(_) => 0,
+            RowsIn::Fused(s) => s.temporaries(),
+        }
+    }
+}
+
+/// A [`Program`] read as rows: the root's last dimension is time and every
+/// other dimension enumerates rows (`[B, C, N]`: row `b * C + c`), or, for
+/// a per-row scalar (a scan's `x0 [B, C]`), every dimension enumerates rows.
+pub struct ProgramRows<'a> {
+    program: &'a Program,
+    env: &'a dyn Env,
+    shape: Shape,
+    scalar_rows: bool,
+}
+
+impl<'a> ProgramRows<'a> {
+    /// Rows along the root's last dimension.
+    pub fn new(program: &'a Program, env: &'a dyn Env) -> Self {
+        let shape = env.shape(program.nodes()[program.root()].value);
+        ProgramRows {
+            program,
+            env,
+            shape,
+            scalar_rows: false,
+        }
+    }
+
+    /// One element per row: every dimension of the root enumerates rows.
+    pub fn scalar_rows(program: &'a Program, env: &'a dyn Env) -> Self {
+        ProgramRows {
+            scalar_rows: true,
+            ..Self::new(program, env)
+        }
+    }
+}
+
+/// `row` spread over the first `dims` dimensions of `shape`.
+fn unravel(mut row: usize, shape: &Shape, dims: usize) -> [usize; MAX_RANK] {
+    let mut base = [0; MAX_RANK];
+    for d in (0..dims).rev() {
+        base[d] = row % shape[d];
+        row /= shape[d];
+    }
+    base
+}
+
+impl RowSource for ProgramRows<'_> {
+    fn fill(&self, row: usize, t0: usize, out: &mut [f32], tmp: &mut [f32]) {
+        let rank = self.shape.rank();
+        let line = if self.scalar_rows {
+            Line {
+                base: unravel(row, &self.shape, rank),
+                step: [0; MAX_RANK],
+            }
+        } else {
+            let mut base = unravel(row, &self.shape, rank - 1);
+            base[rank - 1] = t0;
+            Line::along(base, rank - 1)
+        };
+        self.program.eval(self.env, &[], &line, out, tmp);
+    }
+
+    fn temporaries(&self) -> usize {
+        self.program.temporaries()
+    }
+}
+
+/// A view between an epilogue's elementwise result and the stored result
+/// (a permute, squeeze or unsqueeze): the view's dimension `d` is its
+/// input's dimension `map[d]`, or an inserted size-1 one (`None`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StoreView {
+    #[allow(missing_docs)]
+    pub map: [Option<u8>; MAX_RANK],
+    /// The view's rank.
+    pub rank: usize,
+}
+
+impl StoreView {
+    /// The line in the view's coordinates for a line in its input's.
+    fn forward(&self, line: &Line) -> Line {
+        let mut to = Line::default();
+        for d in 0..self.rank {
+            if let Some(f) = self.map[d] {
+                to.base[d] = line.base[f as usize];
+                to.step[d] = line.step[f as usize];
+            }
+        }
+        to
+    }
+}
+
+/// A row-major f32 tensor that tasks on several threads write disjoint
+/// elements of.
+pub struct SharedOut<'a> {
+    ptr: *mut f32,
+    len: usize,
+    _borrow: PhantomData<&'a mut [f32]>,
+}
+
+// SAFETY: `SharedOut` only writes through `store_line`, whose callers (the
+// epilogue sinks) write each element from exactly one task: the store views
+// are bijections from the anchor's output to the stored value, and kernels
+// hand every output element to the sink once.
+unsafe impl Sync for SharedOut<'_> {}
+unsafe impl Send for SharedOut<'_> {}
+
+impl<'a> SharedOut<'a> {
+    /// Borrows `data` for the duration of a kernel call.
+    pub fn new(data: &'a mut [f32]) -> Self {
+        SharedOut {
+            ptr: data.as_mut_ptr(),
+            len: data.len(),
+            _borrow: PhantomData,
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn store_line_for_test(&self, start: usize, stride: usize, values: &[f32]) {
+        self.store_line(start, stride, values)
+    }
+
+    /// Writes `values[t]` at offset `start + t * stride`.
+    ///
+    /// # Panics
+    /// If the line leaves the tensor (checked before any write).
+    fn store_line(&self, start: usize, stride: usize, values: &[f32]) {
+        let Some(n) = values.len().checked_sub(1) else {
+            return;
+        };
+        let last = start + stride * n;
+        assert!(
+            last < self.len,
+            "store past the end ({last} of {})",
+            self.len
+        );
+        for (t, &v) in values.iter().enumerate() {
+            // SAFETY: in bounds (checked above); no other task writes this
+            // element (see the Sync impl) and nothing reads it during the
+            // kernel call, which holds the `&mut` borrow.
+            unsafe { self.ptr.add(start + t * stride).write(v) };
+        }
+    }
+}
+
+/// An epilogue: the program's root (over the anchor's output coordinates,
+/// reading the anchor's chunk as [`crate::fused::Expr::Anchor`]) stored
+/// through `views` into `out` of shape `out_shape`.
+pub struct EpilogueSink<'a> {
+    program: &'a Program,
+    env: &'a dyn Env,
+    /// Shape of the anchor's output (rows over all but its last dimension).
+    anchor_shape: Shape,
+    views: &'a [StoreView],
+    out: SharedOut<'a>,
+    out_shape: Shape,
+}
+
+impl<'a> EpilogueSink<'a> {
+    #[allow(missing_docs)]
+    pub fn new(
+        program: &'a Program,
+        env: &'a dyn Env,
+        anchor_shape: Shape,
+        views: &'a [StoreView],
+        out: &'a mut [f32],
+        out_shape: Shape,
+    ) -> Self {
+        EpilogueSink {
+            program,
+            env,
+            anchor_shape,
+            views,
+            out: SharedOut::new(out),
+            out_shape,
+        }
+    }
+}
+
+impl RowSink for EpilogueSink<'_> {
+    fn store(&self, row: usize, t0: usize, values: &[f32], tmp: &mut [f32]) {
+        let rank = self.anchor_shape.rank();
+        let mut base = unravel(row, &self.anchor_shape, rank - 1);
+        base[rank - 1] = t0;
+        let line = Line::along(base, rank - 1);
+        let (buf, rest) = tmp.split_at_mut(values.len());
+        self.program.eval(self.env, values, &line, buf, rest);
+        let mut to = line;
+        for view in self.views {
+            to = view.forward(&to);
+        }
+        let strides = self.out_shape.strides();
+        let r = self.out_shape.rank();
+        let start = (0..r).map(|d| to.base[d] * strides[d]).sum();
+        let stride = (0..r).map(|d| to.step[d] * strides[d]).sum();
+        self.out.store_line(start, stride, buf);
+    }
+
+    fn temporaries(&self) -> usize {
+        1 + self.program.temporaries()
+    }
+}

@@ -1,0 +1,536 @@
+//! Programs against index-by-index references, and the fused conv and scan
+//! against the plain kernels on materialised operands.
+
+use super::*;
+use crate::conv1d::{Algorithm, Choice, Conv1dParams, PreparedConv1d};
+use crate::scan::{linear_scan_rows, scan_rows_scratch, ScanParams};
+use crate::scratch::Scratch;
+use crate::test_support::Rng;
+
+/// Values by index: shapes for all, data for the stored ones.
+struct TestEnv {
+    shapes: Vec<Shape>,
+    data: Vec<Vec<f32>>,
+}
+
+impl Env for TestEnv {
+    fn shape(&self, value: usize) -> Shape {
+        self.shapes[value]
+    }
+    fn data(&self, value: usize) -> &[f32] {
+        &self.data[value]
+    }
+}
+
+impl TestEnv {
+    fn new() -> Self {
+        TestEnv {
+            shapes: vec![],
+            data: vec![],
+        }
+    }
+    /// A stored value.
+    fn stored(&mut self, dims: &[usize], data: Vec<f32>) -> usize {
+        assert_eq!(Shape::new(dims).numel(), data.len());
+        self.shapes.push(Shape::new(dims));
+        self.data.push(data);
+        self.shapes.len() - 1
+    }
+    /// A computed (virtual) value.
+    fn virt(&mut self, dims: &[usize]) -> usize {
+        self.stored(dims, vec![0.0; Shape::new(dims).numel()])
+    }
+}
+
+fn at(shape: &Shape, idx: &[usize]) -> usize {
+    let st = shape.strides();
+    idx.iter().zip(st).map(|(i, s)| i * s).sum()
+}
+
+/// Evaluates `p` over every element of its root (lines along the last
+/// dimension, chunks of 7 to cross chunk edges).
+fn eval_all(p: &Program, env: &TestEnv) -> Vec<f32> {
+    let shape = env.shape(p.nodes()[p.root()].value);
+    let rank = shape.rank();
+    let len = shape[rank - 1];
+    let rows = shape.numel() / len.max(1);
+    let mut out = vec![0.0; shape.numel()];
+    let mut tmp = vec![0.0; 7 * p.temporaries()];
+    for r in 0..rows {
+        let mut base = [0; MAX_RANK];
+        let mut rest = r;
+        for d in (0..rank - 1).rev() {
+            base[d] = rest % shape[d];
+            rest /= shape[d];
+        }
+        for t0 in (0..len).step_by(7) {
+            let n = 7.min(len - t0);
+            base[rank - 1] = t0;
+            let line = Line::along(base, rank - 1);
+            p.eval(env, &[], &line, &mut out[r * len + t0..][..n], &mut tmp);
+        }
+    }
+    out
+}
+
+#[test]
+fn views_broadcasts_and_cat_read_the_right_elements() {
+    let mut rng = Rng::new(1);
+    let mut env = TestEnv::new();
+    // in [1, N, 3D] -> permute [1, 3D, N] -> chunk 3 along dim 1 (slices)
+    let (n, d) = (10, 4);
+    let input = env.stored(&[1, n, 3 * d], rng.vec(n * 3 * d, -1.0, 1.0));
+    let state = env.stored(&[1, d, 2], rng.vec(2 * d, -1.0, 1.0));
+    let scale = env.stored(&[d, 1], rng.vec(d, 0.5, 2.0));
+    let perm = env.virt(&[1, 3 * d, n]);
+    let b = env.virt(&[1, d, n]);
+    let x = env.virt(&[1, d, n]);
+    let bx = env.virt(&[1, d, n]);
+    let cat = env.virt(&[1, d, n + 2]);
+    let cond = env.virt(&[1, d, n + 2]);
+    let out = env.virt(&[1, d, n + 2]);
+
+    let mut p = Program::default();
+    let l = p.push(Expr::Load, input);
+    let pm = p.push(
+        Expr::View {
+            x: l,
+            map: [Some(0), Some(2), Some(1), None],
+        },
+        perm,
+    );
+    let bs = p.push(
+        Expr::Slice {
+            x: pm,
+            dim: 1,
+            start: 0,
+            step: 1,
+        },
+        b,
+    );
+    let xs = p.push(
+        Expr::Slice {
+            x: pm,
+            dim: 1,
+            start: -(d as i64),
+            step: 1,
+        },
+        x,
+    );
+    let m = p.push(
+        Expr::Binary {
+            op: BinaryOp::Mul,
+            a: bs,
+            b: xs,
+        },
+        bx,
+    );
+    let st = p.push(Expr::Load, state);
+    let c = p.push(
+        Expr::Cat {
+            parts: vec![st, m],
+            dim: 2,
+        },
+        cat,
+    );
+    let sc = p.push(Expr::Load, scale);
+    let scb = p.push(Expr::Broadcast { x: sc }, cat);
+    let zero = p.push(Expr::Const(0.0), cat);
+    let gt = p.push(
+        Expr::Binary {
+            op: BinaryOp::Gt,
+            a: c,
+            b: zero,
+        },
+        cond,
+    );
+    let scaled = p.push(
+        Expr::Binary {
+            op: BinaryOp::Mul,
+            a: c,
+            b: scb,
+        },
+        cat,
+    );
+    p.push(
+        Expr::Where {
+            cond: gt,
+            a: scaled,
+            b: c,
+        },
+        out,
+    );
+    assert_eq!(p.temporaries(), 3);
+
+    let got = eval_all(&p, &env);
+    let (si, ss, sc_) = (env.shapes[input], env.shapes[state], env.shapes[scale]);
+    for ch in 0..d {
+        for t in 0..n + 2 {
+            let v = if t < 2 {
+                env.data[state][at(&ss, &[0, ch, t])]
+            } else {
+                let t = t - 2;
+                env.data[input][at(&si, &[0, t, ch])]
+                    * env.data[input][at(&si, &[0, t, 2 * d + ch])]
+            };
+            let want = if v > 0.0 {
+                v * env.data[scale][at(&sc_, &[ch, 0])]
+            } else {
+                v
+            };
+            assert_eq!(got[ch * (n + 2) + t], want, "channel {ch}, time {t}");
+        }
+    }
+}
+
+#[test]
+fn strided_slices_and_a_cat_along_lines_of_another_dimension() {
+    let mut env = TestEnv::new();
+    let a = env.stored(&[2, 9], (0..18).map(|v| v as f32).collect());
+    let b = env.stored(&[1, 9], (100..109).map(|v| v as f32).collect());
+    let cat = env.virt(&[3, 9]);
+    let sl = env.virt(&[3, 4]);
+    let mut p = Program::default();
+    let la = p.push(Expr::Load, a);
+    let lb = p.push(Expr::Load, b);
+    let c = p.push(
+        Expr::Cat {
+            parts: vec![la, lb],
+            dim: 0,
+        },
+        cat,
+    );
+    p.push(
+        Expr::Slice {
+            x: c,
+            dim: 1,
+            start: 1,
+            step: 2,
+        },
+        sl,
+    );
+    let got = eval_all(&p, &env);
+    assert_eq!(
+        got,
+        [1., 3., 5., 7., 10., 12., 14., 16., 101., 103., 105., 107.]
+    );
+}
+
+/// A prologue `x1 * x2` read from `[B, N, C]` (transposed) and an epilogue
+/// `silu(y) * c` stored transposed again, around a depthwise conv: equal to
+/// the plain kernel on materialised tensors.
+#[test]
+fn fused_depthwise_matches_the_plain_kernel() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap();
+    let mut rng = Rng::new(7);
+    for &(batch, ch, n, k, (pl, pr), dil) in &[
+        (1, 5, 2500, 4, (3, 0), 1),
+        (2, 3, 40, 3, (2, 2), 2),
+        (1, 4, 1, 3, (2, 0), 1),
+        (1, 2, 3000, 32, (31, 0), 1),
+    ] {
+        let p = Conv1dParams {
+            batch,
+            in_channels: ch,
+            out_channels: ch,
+            in_len: n,
+            kernel_size: k,
+            stride: 1,
+            pad_left: pl,
+            pad_right: pr,
+            dilation: dil,
+            groups: ch,
+        };
+        let out_len = p.geometry().unwrap().out_len;
+        let mut env = TestEnv::new();
+        let x1 = env.stored(&[batch, n, ch], rng.vec(batch * n * ch, -1.0, 1.0));
+        let x2 = env.stored(&[batch, n, ch], rng.vec(batch * n * ch, -1.0, 1.0));
+        let c = env.stored(
+            &[batch, out_len, ch],
+            rng.vec(batch * out_len * ch, -1.0, 1.0),
+        );
+        let xt = env.virt(&[batch, n, ch]);
+        let x = env.virt(&[batch, ch, n]);
+        let y = env.virt(&[batch, ch, out_len]);
+        let ct = env.virt(&[batch, ch, out_len]);
+        let e = env.virt(&[batch, ch, out_len]);
+        let w = rng.vec(ch * k, -1.0, 1.0);
+        let bias = rng.vec(ch, -1.0, 1.0);
+        let transpose = [Some(0), Some(2), Some(1), None];
+
+        let mut pro = Program::default();
+        let a = pro.push(Expr::Load, x1);
+        let b = pro.push(Expr::Load, x2);
+        let m = pro.push(
+            Expr::Binary {
+                op: BinaryOp::Mul,
+                a,
+                b,
+            },
+            xt,
+        );
+        pro.push(
+            Expr::View {
+                x: m,
+                map: transpose,
+            },
+            x,
+        );
+        let mut epi = Program::default();
+        let an = epi.push(Expr::Anchor, y);
+        let s = epi.push(
+            Expr::Unary {
+                op: UnaryOp::Silu,
+                x: an,
+            },
+            y,
+        );
+        let lc = epi.push(Expr::Load, c);
+        let cv = epi.push(
+            Expr::View {
+                x: lc,
+                map: transpose,
+            },
+            ct,
+        );
+        epi.push(
+            Expr::Binary {
+                op: BinaryOp::Mul,
+                a: s,
+                b: cv,
+            },
+            e,
+        );
+
+        // Reference: materialise, run the plain kernel, finish by hand.
+        let xm = eval_all(&pro, &env);
+        let prepared =
+            PreparedConv1d::new(&p, &w, Choice::Force(Algorithm::DepthwiseSimd)).unwrap();
+        let mut yref = vec![0.0; batch * ch * out_len];
+        let scratch0 = Scratch::new(3, prepared.scratch_per_thread());
+        pool.install(|| prepared.run(&p, &xm, Some(&w), Some(&bias), &mut yref, &scratch0))
+            .unwrap();
+        let mut want = vec![0.0; batch * out_len * ch];
+        for bi in 0..batch {
+            for cc in 0..ch {
+                for t in 0..out_len {
+                    let v = yref[(bi * ch + cc) * out_len + t];
+                    let silu = v / (1.0 + (-v).exp());
+                    want[(bi * out_len + t) * ch + cc] =
+                        silu * env.data[c][(bi * out_len + t) * ch + cc];
+                }
+            }
+        }
+
+        let mut got = vec![0.0; want.len()];
+        let views = [StoreView {
+            map: transpose,
+            rank: 3,
+        }];
+        let source = ProgramRows::new(&pro, &env);
+        let sink = EpilogueSink::new(
+            &epi,
+            &env,
+            Shape::new(&[batch, ch, out_len]),
+            &views,
+            &mut got,
+            Shape::new(&[batch, out_len, ch]),
+        );
+        let (xt_, yt_) = (source.temporaries(), sink.temporaries());
+        let scratch = Scratch::new(3, prepared.rows_scratch_per_thread(xt_, yt_));
+        pool.install(|| {
+            prepared.run_rows(
+                &p,
+                RowsIn::Fused(&source),
+                Some(&w),
+                Some(&bias),
+                RowsOut::Fused(&sink),
+                xt_,
+                yt_,
+                &scratch,
+            )
+        })
+        .unwrap();
+        drop(sink);
+        for (i, (g, w_)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w_).abs() <= 1e-5 * (1.0 + w_.abs()),
+                "case n={n} k={k}: element {i}: {g} vs {w_}"
+            );
+        }
+    }
+}
+
+#[test]
+fn fused_scan_matches_the_plain_scan() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let mut rng = Rng::new(3);
+    let (b, c, n) = (2, 3, 2100);
+    let p = ScanParams {
+        batch: b,
+        channels: c,
+        len: n,
+    };
+    let mut env = TestEnv::new();
+    let pp = env.stored(&[b, c, n], rng.vec(b * c * n, -3.0, 3.0));
+    let xin = env.stored(&[b, c, n], rng.vec(b * c * n, -1.0, 1.0));
+    let big_a = env.stored(&[c, 1], rng.vec(c, 0.1, 1.0));
+    let z = env.stored(&[b, c, n], rng.vec(b * c * n, -2.0, 2.0));
+    let x0 = env.stored(&[b, c], rng.vec(b * c, -1.0, 1.0));
+    let full = env.virt(&[b, c, n]);
+    // dt = softplus(p); a = exp(-(dt * A)); u = dt * x; out = y * silu(z)
+    let mut pa = Program::default();
+    let lp = pa.push(Expr::Load, pp);
+    let dt = pa.push(
+        Expr::Unary {
+            op: UnaryOp::Softplus,
+            x: lp,
+        },
+        full,
+    );
+    let la = pa.push(Expr::Load, big_a);
+    let ab = pa.push(Expr::Broadcast { x: la }, full);
+    let m = pa.push(
+        Expr::Binary {
+            op: BinaryOp::Mul,
+            a: dt,
+            b: ab,
+        },
+        full,
+    );
+    let ng = pa.push(
+        Expr::Unary {
+            op: UnaryOp::Neg,
+            x: m,
+        },
+        full,
+    );
+    pa.push(
+        Expr::Unary {
+            op: UnaryOp::Exp,
+            x: ng,
+        },
+        full,
+    );
+    let mut pu = Program::default();
+    let lp = pu.push(Expr::Load, pp);
+    let dt = pu.push(
+        Expr::Unary {
+            op: UnaryOp::Softplus,
+            x: lp,
+        },
+        full,
+    );
+    let lx = pu.push(Expr::Load, xin);
+    pu.push(
+        Expr::Binary {
+            op: BinaryOp::Mul,
+            a: dt,
+            b: lx,
+        },
+        full,
+    );
+    let mut px0 = Program::default();
+    px0.push(Expr::Load, x0);
+    let mut epi = Program::default();
+    let an = epi.push(Expr::Anchor, full);
+    let lz = epi.push(Expr::Load, z);
+    let sz = epi.push(
+        Expr::Unary {
+            op: UnaryOp::Silu,
+            x: lz,
+        },
+        full,
+    );
+    epi.push(
+        Expr::Binary {
+            op: BinaryOp::Mul,
+            a: an,
+            b: sz,
+        },
+        full,
+    );
+
+    let (av, uv) = (eval_all(&pa, &env), eval_all(&pu, &env));
+    let mut y = vec![0.0; b * c * n];
+    crate::scan::linear_scan_f32(&p, &env.data[x0], &av, &uv, &mut y).unwrap();
+    let want: Vec<f32> = y
+        .iter()
+        .zip(&env.data[z])
+        .map(|(&y, &z)| y * z / (1.0 + (-z).exp()))
+        .collect();
+
+    let mut got = vec![0.0; want.len()];
+    let (sa, su, sx0) = (
+        ProgramRows::new(&pa, &env),
+        ProgramRows::new(&pu, &env),
+        ProgramRows::scalar_rows(&px0, &env),
+    );
+    let sink = EpilogueSink::new(
+        &epi,
+        &env,
+        Shape::new(&[b, c, n]),
+        &[],
+        &mut got,
+        Shape::new(&[b, c, n]),
+    );
+    let temps = [sa.temporaries(), su.temporaries(), sink.temporaries()]
+        .into_iter()
+        .max()
+        .unwrap();
+    let scratch = Scratch::new(2, scan_rows_scratch(temps));
+    pool.install(|| {
+        linear_scan_rows(
+            &p,
+            RowsIn::Fused(&sx0),
+            RowsIn::Fused(&sa),
+            RowsIn::Fused(&su),
+            RowsOut::Fused(&sink),
+            &scratch,
+        )
+    })
+    .unwrap();
+    drop(sink);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+            "element {i}: {g} vs {w}"
+        );
+    }
+    // Stored operands and a stored output through the same entry point.
+    let mut y2 = vec![0.0; want.len()];
+    let scratch = Scratch::new(2, scan_rows_scratch(0));
+    pool.install(|| {
+        linear_scan_rows(
+            &p,
+            RowsIn::Slice(&env.data[x0]),
+            RowsIn::Slice(&av),
+            RowsIn::Slice(&uv),
+            RowsOut::Slice(&mut y2),
+            &scratch,
+        )
+    })
+    .unwrap();
+    for (g, w) in y2.iter().zip(&y) {
+        assert!((g - w).abs() <= 1e-5 * (1.0 + w.abs()));
+    }
+}
+
+#[test]
+fn a_store_outside_the_output_panics_instead_of_writing() {
+    let mut data = vec![0.0; 4];
+    let out = SharedOut::new(&mut data);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        out.store_line_for_test(2, 1, &[1.0, 2.0, 3.0])
+    }));
+    assert!(r.is_err());
+    out.store_line_for_test(1, 2, &[5.0, 6.0]);
+    drop(out);
+    assert_eq!(data, [0.0, 5.0, 0.0, 6.0]);
+}
