@@ -9,36 +9,18 @@
 //! rest. When every constant is still read, they are used in place instead:
 //! a copy would only add an init-time peak.
 
-use crate::graph::{OpDesc, Role};
+use crate::graph::Role;
 use crate::memory::{AlignedBuf, ARENA_ALIGNMENT};
-use crate::plan::{Kernel, Location, Plan};
+use crate::plan::{Location, Plan};
 
 impl Plan {
-    /// For each value, whether some step reads its data during `execute`.
+    /// For each value, whether some step reads its data during `execute`
+    /// (a weight an algorithm transformed at init is not read).
     fn read_at_execute(&self) -> Vec<bool> {
         let mut read = vec![false; self.values.len()];
         for step in &self.steps {
-            match (&step.kernel, &step.node.op) {
-                (
-                    Kernel::Conv1d(prepared),
-                    &OpDesc::Conv1d {
-                        input,
-                        weight,
-                        bias,
-                        ..
-                    },
-                ) => {
-                    read[input] = true;
-                    read[weight] |= prepared.reads_weights();
-                    if let Some(bias) = bias {
-                        read[bias] = true;
-                    }
-                }
-                (_, op) => {
-                    for v in op.inputs() {
-                        read[v] = true;
-                    }
-                }
+            for &v in &step.reads {
+                read[v] = true;
             }
         }
         read

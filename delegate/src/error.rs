@@ -63,6 +63,12 @@ pub enum GraphError {
     UnknownOp { id: u32, name: String, kind: u8 },
     #[error("graph {what}: {reason}")]
     BadIo { what: &'static str, reason: String },
+    #[error("fused kernel {index} (from '{name}') cannot run: {reason}")]
+    BadKernel {
+        index: u32,
+        name: String,
+        reason: String,
+    },
 }
 
 /// A compile spec or runtime option the delegate cannot use.

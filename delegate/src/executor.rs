@@ -5,13 +5,17 @@
 use std::sync::Arc;
 
 use rayon::ThreadPool;
-use rustconv_kernels::{self as kernels, Scratch};
+use rustconv_kernels::fused::{
+    drain, materialise, Env, EpilogueSink, ProgramRows, RowsIn, RowsOut,
+};
+use rustconv_kernels::{self as kernels, KernelError, Scratch};
 
 use crate::error::{ArgError, DelegateError};
+use crate::fusion::Source;
 use crate::graph::{DType, OpDesc, Role, ValueDesc, MAX_RANK};
 use crate::memory::AlignedBuf;
 use crate::ops;
-use crate::plan::{Kernel, Location, Plan};
+use crate::plan::{Exec, Location, Plan, Step};
 use crate::shape::Shape;
 use crate::threads;
 
@@ -91,7 +95,7 @@ impl ExecState {
                     shapes[v] = bound_shape(plan, v);
                     std::ptr::null_mut()
                 }
-                Location::Arg(_) => std::ptr::null_mut(),
+                Location::Arg(_) | Location::Virtual => std::ptr::null_mut(),
             })
             .collect();
         ExecState {
@@ -129,16 +133,18 @@ impl Executable<'_> {
             state.shapes[v] = self.bind_arg(state, args, "input", position, v)?;
         }
 
-        for step in &plan.steps {
-            let node = &step.node;
+        // Every value's shape, stored or not, from the actual inputs.
+        for node in &plan.nodes {
             let out = node.op.output();
-            let shape = ops::infer_shape(&node.op, |v| state.shapes[v]).map_err(|reason| {
-                ArgError::Node {
-                    id: node.id,
-                    name: node.name.clone(),
-                    reason,
-                }
-            })?;
+            let rank = plan.values[out].dims.len();
+            let shape =
+                ops::infer_shape(&node.op, rank, |v| state.shapes[v]).map_err(|reason| {
+                    ArgError::Node {
+                        id: node.id,
+                        name: node.name.clone(),
+                        reason,
+                    }
+                })?;
             state.shapes[out] = shape;
             if let Role::Output(position) = plan.values[out].role {
                 let (sizes, rank) = crate::shape::to_i32(shape);
@@ -297,71 +303,231 @@ impl Executable<'_> {
             }
         }
         for step in &self.plan.steps {
-            let node = &step.node;
-            let kernel_error = |source| ArgError::Kernel {
-                id: node.id,
-                name: node.name.clone(),
-                source,
-            };
-            let view = |v: usize| -> &[f32] {
-                // SAFETY: `data[v]` points to `shapes[v].numel()` f32s: checked
-                // against nbytes and alignment for arguments, against the
-                // segment for constants, and planned within the arena for
-                // intermediates. Values read by one step are never written by it.
-                unsafe {
-                    std::slice::from_raw_parts(state.data[v] as *const f32, state.shapes[v].numel())
+            self.run_step(step, state)
+                .map_err(|source| ArgError::Kernel {
+                    id: step.kernel,
+                    name: step
+                        .absorbed
+                        .first()
+                        .map_or(String::new(), |a| a.name.clone()),
+                    source,
+                })?;
+            for &v in &step.writes {
+                if let (Role::Output(_), DType::F16) =
+                    (&self.plan.values[v].role, self.plan.values[v].dtype)
+                {
+                    // SAFETY: as for the inputs above, in the other direction.
+                    unsafe { f32_to_f16(state.data[v], state.args[v], state.shapes[v].numel()) };
                 }
-            };
-            let out = node.op.output();
-            // SAFETY: as for `view`; in addition the output's bytes overlap no
-            // operand of this step (arena: lifetimes overlap so the planner
-            // separated them; arguments: check_outputs_disjoint), so this is
-            // the only live reference to them.
-            let y = unsafe {
-                std::slice::from_raw_parts_mut(
-                    state.data[out] as *mut f32,
-                    state.shapes[out].numel(),
-                )
-            };
-            match (&step.kernel, &node.op) {
-                (
-                    Kernel::Conv1d(prepared),
-                    &OpDesc::Conv1d {
-                        input,
-                        weight,
-                        bias,
-                        ..
-                    },
-                ) => {
-                    let params =
-                        ops::conv1d_params(&node.op, state.shapes[input], state.shapes[weight]);
-                    let released = self.plan.locations[weight] == Location::Released;
-                    prepared
-                        .run(
-                            &params,
-                            view(input),
-                            (!released).then(|| view(weight)),
-                            bias.map(view),
-                            y,
-                            &state.scratch,
-                        )
-                        .map_err(kernel_error)?;
-                }
-                (Kernel::LinearScan, &OpDesc::LinearScan { x0, a, u, .. }) => {
-                    let params = ops::scan_params(state.shapes[a]);
-                    kernels::linear_scan_f32(&params, view(x0), view(a), view(u), y)
-                        .map_err(kernel_error)?;
-                }
-                (kernel, op) => unreachable!("plan paired {kernel:?} with {op:?}"),
-            }
-            if let (Role::Output(_), DType::F16) =
-                (&self.plan.values[out].role, self.plan.values[out].dtype)
-            {
-                // SAFETY: as for the inputs above, in the other direction.
-                unsafe { f32_to_f16(state.data[out], state.args[out], state.shapes[out].numel()) };
             }
         }
         Ok(())
+    }
+
+    /// Runs one step: the only place that dispatches on how a step runs.
+    fn run_step(&self, step: &Step, state: &ExecState) -> Result<(), KernelError> {
+        let env = CallEnv { state };
+        let view = |v: usize| env.data(v);
+        let shape = |v: usize| state.shapes[v];
+        let row_len = |v: usize| shape(v).dims().last().copied().unwrap_or(1);
+        // SAFETY: `data[v]` points to `shapes[v].numel()` f32s of a stored
+        // value this step writes (checked against nbytes and alignment for
+        // arguments, planned within the arena for intermediates). Nothing
+        // else reads or writes it during the step: programs never load a
+        // value their own kernel produces (fusion.rs), and the planner keeps
+        // values live at the same step apart (arguments:
+        // check_outputs_disjoint).
+        let out = |v: usize| -> &mut [f32] {
+            let n = shape(v).numel();
+            assert!(
+                !state.data[v].is_null() || n == 0,
+                "value {v} is not stored"
+            );
+            unsafe { std::slice::from_raw_parts_mut(state.data[v].cast::<f32>(), n) }
+        };
+        let scratch = &state.scratch;
+        match &step.exec {
+            Exec::Pass { results } => {
+                for (v, program) in results {
+                    materialise(
+                        &ProgramRows::new(program, &env),
+                        out(*v),
+                        row_len(*v),
+                        scratch,
+                    );
+                }
+            }
+            Exec::Conv1d {
+                prepared,
+                result,
+                op,
+                input,
+                epilogue,
+                staged,
+            } => {
+                let OpDesc::Conv1d {
+                    input: x,
+                    weight,
+                    bias,
+                    output,
+                    ..
+                } = *op
+                else {
+                    unreachable!("a conv step holds a conv")
+                };
+                let params = ops::conv1d_params(op, shape(x), shape(weight));
+                let released = self.plan.locations[weight] == Location::Released;
+                let w = (!released).then(|| view(weight));
+                let b = bias.map(view);
+                if *staged {
+                    if let Source::Computed(p) = input {
+                        materialise(&ProgramRows::new(p, &env), out(x), row_len(x), scratch);
+                    }
+                    let y = if epilogue.is_some() { output } else { *result };
+                    prepared.run(&params, view(x), w, b, out(y), scratch)?;
+                    if let Some(e) = epilogue {
+                        let sink = EpilogueSink::new(
+                            &e.program,
+                            &env,
+                            shape(output),
+                            &e.views,
+                            out(*result),
+                            shape(*result),
+                        );
+                        drain(&sink, view(output), row_len(output), scratch);
+                    }
+                } else {
+                    let source;
+                    let (x_in, x_temps) = match input {
+                        Source::Stored(v) => (RowsIn::Slice(view(*v)), 0),
+                        Source::Computed(p) => {
+                            source = ProgramRows::new(p, &env);
+                            (RowsIn::Fused(&source), p.temporaries())
+                        }
+                    };
+                    let sink;
+                    let (y_out, y_temps) = match epilogue {
+                        None => (RowsOut::Slice(out(*result)), 0),
+                        Some(e) => {
+                            sink = EpilogueSink::new(
+                                &e.program,
+                                &env,
+                                shape(output),
+                                &e.views,
+                                out(*result),
+                                shape(*result),
+                            );
+                            (RowsOut::Fused(&sink), 1 + e.program.temporaries())
+                        }
+                    };
+                    prepared.run_rows(&params, x_in, w, b, y_out, x_temps, y_temps, scratch)?;
+                }
+            }
+            Exec::LinearScan {
+                op,
+                result,
+                x0,
+                a,
+                u,
+                epilogue,
+            } => {
+                let OpDesc::LinearScan {
+                    a: a_value, output, ..
+                } = *op
+                else {
+                    unreachable!("a scan step holds a scan")
+                };
+                let params = ops::scan_params(shape(a_value));
+                match (x0, a, u, epilogue) {
+                    (Source::Stored(x0), Source::Stored(a), Source::Stored(u), None) => {
+                        kernels::linear_scan_f32(
+                            &params,
+                            view(*x0),
+                            view(*a),
+                            view(*u),
+                            out(*result),
+                        )?
+                    }
+                    _ => {
+                        let (r0, ra, ru) = (
+                            program_rows(x0, &env, true),
+                            program_rows(a, &env, false),
+                            program_rows(u, &env, false),
+                        );
+                        let sink;
+                        let y_out = match epilogue {
+                            None => RowsOut::Slice(out(*result)),
+                            Some(e) => {
+                                sink = EpilogueSink::new(
+                                    &e.program,
+                                    &env,
+                                    shape(output),
+                                    &e.views,
+                                    out(*result),
+                                    shape(*result),
+                                );
+                                RowsOut::Fused(&sink)
+                            }
+                        };
+                        kernels::linear_scan_rows(
+                            &params,
+                            rows_in(x0, &r0, &env),
+                            rows_in(a, &ra, &env),
+                            rows_in(u, &ru, &env),
+                            y_out,
+                            scratch,
+                        )?
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The rows of a computed scan operand (`scalar`: one per row, `x0`).
+fn program_rows<'a>(source: &'a Source, env: &'a dyn Env, scalar: bool) -> Option<ProgramRows<'a>> {
+    match source {
+        Source::Stored(_) => None,
+        Source::Computed(p) if scalar => Some(ProgramRows::scalar_rows(p, env)),
+        Source::Computed(p) => Some(ProgramRows::new(p, env)),
+    }
+}
+
+/// A scan operand as the kernel takes it.
+fn rows_in<'a>(
+    source: &Source,
+    rows: &'a Option<ProgramRows<'a>>,
+    env: &'a CallEnv<'a>,
+) -> RowsIn<'a> {
+    match (source, rows) {
+        (Source::Stored(v), _) => RowsIn::Slice(env.data(*v)),
+        (Source::Computed(_), Some(r)) => RowsIn::Fused(r),
+        (Source::Computed(_), None) => unreachable!("computed sources have rows"),
+    }
+}
+
+/// The values of one call, as fused programs read them.
+struct CallEnv<'a> {
+    state: &'a ExecState,
+}
+
+impl Env for CallEnv<'_> {
+    fn shape(&self, value: usize) -> Shape {
+        self.state.shapes[value]
+    }
+
+    fn data(&self, value: usize) -> &[f32] {
+        let n = self.state.shapes[value].numel();
+        let ptr = self.state.data[value];
+        // Programs load only stored values (fusion.rs); this turns a broken
+        // plan into a panic rather than a read through null.
+        assert!(!ptr.is_null() || n == 0, "value {value} is not stored");
+        // SAFETY: `ptr` points to `n` f32s (checked against nbytes and
+        // alignment for arguments, against the segment for constants,
+        // planned within the arena for intermediates), and no step writes a
+        // value while a program of the same step reads it.
+        unsafe { std::slice::from_raw_parts(ptr as *const f32, n) }
     }
 }
 

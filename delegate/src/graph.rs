@@ -7,9 +7,10 @@ use rustconv_schema as fb;
 
 use crate::blob::{BlobLayout, CONSTANT_ALIGNMENT};
 use crate::error::{BlobError, DelegateError, GraphError};
+pub use rustconv_kernels::fused::{BinaryOp, UnaryOp};
 
-/// Ranks above this are refused; every op here uses rank 2 or 3.
-pub const MAX_RANK: usize = 4;
+/// Ranks above this are refused; every op here uses rank 1 to 4.
+pub use rustconv_kernels::MAX_RANK;
 /// Dimensions above this are refused as corrupt (2^40 elements).
 const MAX_DIM: i64 = 1 << 40;
 
@@ -69,7 +70,25 @@ impl ValueDesc {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// An elementwise operand: a value, or a scalar the exporter folded in.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Operand {
+    Value(usize),
+    Scalar(f32),
+}
+
+impl Operand {
+    pub fn value(self) -> Option<usize> {
+        match self {
+            Operand::Value(v) => Some(v),
+            Operand::Scalar(_) => None,
+        }
+    }
+}
+
+/// One node's operation, with its operands as value indices (see
+/// schema/rustconv.fbs for each op's semantics).
+#[derive(Clone, Debug, PartialEq)]
 pub enum OpDesc {
     Conv1d {
         input: usize,
@@ -88,9 +107,66 @@ pub enum OpDesc {
         u: usize,
         output: usize,
     },
+    Unary {
+        op: UnaryOp,
+        input: usize,
+        output: usize,
+    },
+    Binary {
+        op: BinaryOp,
+        a: Operand,
+        b: Operand,
+        output: usize,
+    },
+    Where {
+        cond: usize,
+        a: Operand,
+        b: Operand,
+        output: usize,
+    },
+    /// Bounds are infinite where the blob has none.
+    Clamp {
+        input: usize,
+        output: usize,
+        min: f32,
+        max: f32,
+    },
+    /// `like` is read for its shape only.
+    Full {
+        like: usize,
+        output: usize,
+        value: f32,
+    },
+    Permute {
+        input: usize,
+        output: usize,
+        perm: Vec<usize>,
+    },
+    Slice {
+        input: usize,
+        output: usize,
+        dim: usize,
+        start: i64,
+        end: i64,
+        step: usize,
+    },
+    /// A squeeze / unsqueeze: output dimension `d` is input dimension
+    /// `map[d]`, or an inserted size-1 one. Derived from the declared dims
+    /// when the graph is decoded.
+    Reshape {
+        input: usize,
+        output: usize,
+        map: [Option<u8>; MAX_RANK],
+    },
+    Cat {
+        inputs: Vec<usize>,
+        output: usize,
+        dim: usize,
+    },
 }
 
 impl OpDesc {
+    /// The values the op reads (`Full`'s `like` only for its shape).
     pub fn inputs(&self) -> Vec<usize> {
         match *self {
             OpDesc::Conv1d {
@@ -103,12 +179,56 @@ impl OpDesc {
                 .flatten()
                 .collect(),
             OpDesc::LinearScan { x0, a, u, .. } => vec![x0, a, u],
+            OpDesc::Unary { input, .. }
+            | OpDesc::Clamp { input, .. }
+            | OpDesc::Permute { input, .. }
+            | OpDesc::Slice { input, .. }
+            | OpDesc::Reshape { input, .. } => vec![input],
+            OpDesc::Binary { a, b, .. } => [a.value(), b.value()].into_iter().flatten().collect(),
+            OpDesc::Where { cond, a, b, .. } => [Some(cond), a.value(), b.value()]
+                .into_iter()
+                .flatten()
+                .collect(),
+            OpDesc::Full { like, .. } => vec![like],
+            OpDesc::Cat { ref inputs, .. } => inputs.clone(),
         }
     }
 
     pub fn output(&self) -> usize {
         match *self {
-            OpDesc::Conv1d { output, .. } | OpDesc::LinearScan { output, .. } => output,
+            OpDesc::Conv1d { output, .. }
+            | OpDesc::LinearScan { output, .. }
+            | OpDesc::Unary { output, .. }
+            | OpDesc::Binary { output, .. }
+            | OpDesc::Where { output, .. }
+            | OpDesc::Clamp { output, .. }
+            | OpDesc::Full { output, .. }
+            | OpDesc::Permute { output, .. }
+            | OpDesc::Slice { output, .. }
+            | OpDesc::Reshape { output, .. }
+            | OpDesc::Cat { output, .. } => output,
+        }
+    }
+
+    /// A conv or scan: the op a fused kernel is built around.
+    pub fn is_anchor(&self) -> bool {
+        matches!(self, OpDesc::Conv1d { .. } | OpDesc::LinearScan { .. })
+    }
+
+    /// The op's name in plans and logs (PyTorch's spelling where it has one).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            OpDesc::Conv1d { .. } => "conv1d",
+            OpDesc::LinearScan { .. } => "linear_scan",
+            OpDesc::Unary { op, .. } => op.name(),
+            OpDesc::Binary { op, .. } => op.name(),
+            OpDesc::Where { .. } => "where",
+            OpDesc::Clamp { .. } => "clamp",
+            OpDesc::Full { .. } => "full_like",
+            OpDesc::Permute { .. } => "permute",
+            OpDesc::Slice { .. } => "slice",
+            OpDesc::Reshape { .. } => "reshape",
+            OpDesc::Cat { .. } => "cat",
         }
     }
 }
@@ -119,6 +239,9 @@ pub struct NodeDesc {
     pub name: String,
     pub debug_handles: Vec<u32>,
     pub op: OpDesc,
+    /// The fused kernel the exporter put the node in (`Node.kernel`); None
+    /// in blobs written before fusion.
+    pub kernel: Option<u32>,
 }
 
 #[derive(Clone, Debug)]
@@ -171,56 +294,18 @@ impl GraphDesc {
         for node in graph.nodes().into_iter().flatten() {
             let id = node.id();
             let name = node.name().unwrap_or("").to_owned();
-            let at = |field: &'static str| {
-                let name = name.clone();
-                move || format!("node {id} ('{name}') {field}")
-            };
-            let op = match node.op_type() {
-                fb::Op::Conv1d => {
-                    let c = node
-                        .op_as_conv_1d()
-                        .ok_or_else(|| bad_node(id, &name, "missing Conv1d table"))?;
-                    OpDesc::Conv1d {
-                        input: index(&at("input"), c.input().into())?,
-                        weight: index(&at("weight"), c.weight().into())?,
-                        bias: match c.bias() {
-                            -1 => None,
-                            b => Some(index(&at("bias"), b.into())?),
-                        },
-                        output: index(&at("output"), c.output().into())?,
-                        stride: c.stride() as usize,
-                        pad_left: c.pad_left() as usize,
-                        pad_right: c.pad_right() as usize,
-                        dilation: c.dilation() as usize,
-                        groups: c.groups() as usize,
-                    }
-                }
-                fb::Op::LinearScan => {
-                    let s = node
-                        .op_as_linear_scan()
-                        .ok_or_else(|| bad_node(id, &name, "missing LinearScan table"))?;
-                    OpDesc::LinearScan {
-                        x0: index(&at("x0"), s.x0().into())?,
-                        a: index(&at("a"), s.a().into())?,
-                        u: index(&at("u"), s.u().into())?,
-                        output: index(&at("output"), s.output().into())?,
-                    }
-                }
-                fb::Op::NONE => return Err(bad_node(id, &name, "has no op").into()),
-                other => {
-                    return Err(GraphError::UnknownOp {
-                        id,
-                        name,
-                        kind: other.0,
-                    }
-                    .into())
-                }
+            let op = decode_op(&node, id, &name, &values, &index)?;
+            let kernel = match node.kernel() {
+                -1 => None,
+                k if k >= 0 => Some(k as u32),
+                k => return Err(bad_node(id, &name, &format!("kernel index {k}")).into()),
             };
             nodes.push(NodeDesc {
                 id,
                 debug_handles: node.debug_handles().into_iter().flatten().collect(),
                 name,
                 op,
+                kernel,
             });
         }
         let graph = GraphDesc {
@@ -292,6 +377,243 @@ impl GraphDesc {
         }
         Ok(())
     }
+}
+
+type IndexFn<'a> = dyn Fn(&dyn Fn() -> String, i64) -> Result<usize, GraphError> + 'a;
+
+/// Decodes one node's op table, checking every value index.
+fn decode_op(
+    node: &fb::Node,
+    id: u32,
+    name: &str,
+    values: &[ValueDesc],
+    index: &IndexFn,
+) -> Result<OpDesc, DelegateError> {
+    let at = |field: &'static str| move || format!("node {id} ('{name}') {field}");
+    let missing = |table: &str| bad_node(id, name, &format!("missing {table} table"));
+    let operand = |field: &'static str, i: i32, scalar: f32| -> Result<Operand, GraphError> {
+        Ok(match i {
+            -1 => Operand::Scalar(scalar),
+            i => Operand::Value(index(&at(field), i.into())?),
+        })
+    };
+    Ok(match node.op_type() {
+        fb::Op::Conv1d => {
+            let c = node.op_as_conv_1d().ok_or_else(|| missing("Conv1d"))?;
+            OpDesc::Conv1d {
+                input: index(&at("input"), c.input().into())?,
+                weight: index(&at("weight"), c.weight().into())?,
+                bias: match c.bias() {
+                    -1 => None,
+                    b => Some(index(&at("bias"), b.into())?),
+                },
+                output: index(&at("output"), c.output().into())?,
+                stride: c.stride() as usize,
+                pad_left: c.pad_left() as usize,
+                pad_right: c.pad_right() as usize,
+                dilation: c.dilation() as usize,
+                groups: c.groups() as usize,
+            }
+        }
+        fb::Op::LinearScan => {
+            let s = node
+                .op_as_linear_scan()
+                .ok_or_else(|| missing("LinearScan"))?;
+            OpDesc::LinearScan {
+                x0: index(&at("x0"), s.x0().into())?,
+                a: index(&at("a"), s.a().into())?,
+                u: index(&at("u"), s.u().into())?,
+                output: index(&at("output"), s.output().into())?,
+            }
+        }
+        fb::Op::Unary => {
+            let u = node.op_as_unary().ok_or_else(|| missing("Unary"))?;
+            OpDesc::Unary {
+                op: unary_op(u.op()).ok_or_else(|| {
+                    bad_node(
+                        id,
+                        name,
+                        &format!("unknown unary op {}: update the runtime", u.op().0),
+                    )
+                })?,
+                input: index(&at("input"), u.input().into())?,
+                output: index(&at("output"), u.output().into())?,
+            }
+        }
+        fb::Op::Binary => {
+            let b = node.op_as_binary().ok_or_else(|| missing("Binary"))?;
+            OpDesc::Binary {
+                op: binary_op(b.op()).ok_or_else(|| {
+                    bad_node(
+                        id,
+                        name,
+                        &format!("unknown binary op {}: update the runtime", b.op().0),
+                    )
+                })?,
+                a: operand("a", b.a(), b.a_scalar())?,
+                b: operand("b", b.b(), b.b_scalar())?,
+                output: index(&at("output"), b.output().into())?,
+            }
+        }
+        fb::Op::Where => {
+            let w = node.op_as_where().ok_or_else(|| missing("Where"))?;
+            OpDesc::Where {
+                cond: index(&at("cond"), w.cond().into())?,
+                a: operand("a", w.a(), w.a_scalar())?,
+                b: operand("b", w.b(), w.b_scalar())?,
+                output: index(&at("output"), w.output().into())?,
+            }
+        }
+        fb::Op::Clamp => {
+            let c = node.op_as_clamp().ok_or_else(|| missing("Clamp"))?;
+            OpDesc::Clamp {
+                input: index(&at("input"), c.input().into())?,
+                output: index(&at("output"), c.output().into())?,
+                min: if c.has_min() {
+                    c.min()
+                } else {
+                    f32::NEG_INFINITY
+                },
+                max: if c.has_max() { c.max() } else { f32::INFINITY },
+            }
+        }
+        fb::Op::Full => {
+            let f = node.op_as_full().ok_or_else(|| missing("Full"))?;
+            OpDesc::Full {
+                like: index(&at("like"), f.like().into())?,
+                output: index(&at("output"), f.output().into())?,
+                value: f.value(),
+            }
+        }
+        fb::Op::Permute => {
+            let p = node.op_as_permute().ok_or_else(|| missing("Permute"))?;
+            OpDesc::Permute {
+                input: index(&at("input"), p.input().into())?,
+                output: index(&at("output"), p.output().into())?,
+                perm: p.perm().into_iter().flatten().map(usize::from).collect(),
+            }
+        }
+        fb::Op::Slice => {
+            let s = node.op_as_slice().ok_or_else(|| missing("Slice"))?;
+            if s.step() < 1 {
+                return Err(bad_node(
+                    id,
+                    name,
+                    &format!("slice step {} is not positive", s.step()),
+                )
+                .into());
+            }
+            OpDesc::Slice {
+                input: index(&at("input"), s.input().into())?,
+                output: index(&at("output"), s.output().into())?,
+                dim: s.dim().into(),
+                start: s.start(),
+                end: s.end(),
+                step: s.step() as usize,
+            }
+        }
+        fb::Op::Reshape => {
+            let r = node.op_as_reshape().ok_or_else(|| missing("Reshape"))?;
+            let input = index(&at("input"), r.input().into())?;
+            let output = index(&at("output"), r.output().into())?;
+            let map = reshape_map(&values[input].dims, &values[output].dims)
+                .map_err(|reason| bad_node(id, name, &reason))?;
+            OpDesc::Reshape { input, output, map }
+        }
+        fb::Op::Cat => {
+            let c = node.op_as_cat().ok_or_else(|| missing("Cat"))?;
+            let inputs = c
+                .inputs()
+                .into_iter()
+                .flatten()
+                .map(|i| index(&at("inputs"), i.into()))
+                .collect::<Result<Vec<_>, _>>()?;
+            if inputs.is_empty() {
+                return Err(bad_node(id, name, "cat of no tensors").into());
+            }
+            OpDesc::Cat {
+                inputs,
+                output: index(&at("output"), c.output().into())?,
+                dim: c.dim().into(),
+            }
+        }
+        fb::Op::NONE => return Err(bad_node(id, name, "has no op").into()),
+        other => {
+            return Err(GraphError::UnknownOp {
+                id,
+                name: name.to_owned(),
+                kind: other.0,
+            }
+            .into())
+        }
+    })
+}
+
+fn unary_op(op: fb::UnaryOp) -> Option<UnaryOp> {
+    Some(match op {
+        fb::UnaryOp::Identity => UnaryOp::Identity,
+        fb::UnaryOp::Neg => UnaryOp::Neg,
+        fb::UnaryOp::Abs => UnaryOp::Abs,
+        fb::UnaryOp::Relu => UnaryOp::Relu,
+        fb::UnaryOp::Sigmoid => UnaryOp::Sigmoid,
+        fb::UnaryOp::Tanh => UnaryOp::Tanh,
+        fb::UnaryOp::Silu => UnaryOp::Silu,
+        fb::UnaryOp::Gelu => UnaryOp::Gelu,
+        fb::UnaryOp::GeluTanh => UnaryOp::GeluTanh,
+        fb::UnaryOp::Exp => UnaryOp::Exp,
+        fb::UnaryOp::Log => UnaryOp::Log,
+        fb::UnaryOp::Log1p => UnaryOp::Log1p,
+        fb::UnaryOp::Softplus => UnaryOp::Softplus,
+        fb::UnaryOp::Sqrt => UnaryOp::Sqrt,
+        fb::UnaryOp::Rsqrt => UnaryOp::Rsqrt,
+        fb::UnaryOp::Reciprocal => UnaryOp::Reciprocal,
+        _ => return None,
+    })
+}
+
+fn binary_op(op: fb::BinaryOp) -> Option<BinaryOp> {
+    Some(match op {
+        fb::BinaryOp::Add => BinaryOp::Add,
+        fb::BinaryOp::Sub => BinaryOp::Sub,
+        fb::BinaryOp::Mul => BinaryOp::Mul,
+        fb::BinaryOp::Div => BinaryOp::Div,
+        fb::BinaryOp::Maximum => BinaryOp::Maximum,
+        fb::BinaryOp::Minimum => BinaryOp::Minimum,
+        fb::BinaryOp::Gt => BinaryOp::Gt,
+        fb::BinaryOp::Ge => BinaryOp::Ge,
+        fb::BinaryOp::Lt => BinaryOp::Lt,
+        fb::BinaryOp::Le => BinaryOp::Le,
+        fb::BinaryOp::Eq => BinaryOp::Eq,
+        fb::BinaryOp::Ne => BinaryOp::Ne,
+        _ => return None,
+    })
+}
+
+/// How a squeeze / unsqueeze maps output dimensions to input ones: the
+/// dimensions that are not a static 1 must pair up in order, equal in size
+/// and in being dynamic.
+pub fn reshape_map(
+    input: &[DimSpec],
+    output: &[DimSpec],
+) -> Result<[Option<u8>; MAX_RANK], String> {
+    let kept = |dims: &[DimSpec]| -> Vec<usize> {
+        (0..dims.len())
+            .filter(|&d| dims[d].dynamic || dims[d].size != 1)
+            .collect()
+    };
+    let (ki, ko) = (kept(input), kept(output));
+    let pairs = ki.len() == ko.len() && ki.iter().zip(&ko).all(|(&i, &o)| input[i] == output[o]);
+    if !pairs {
+        return Err(format!(
+            "reshape from {input:?} to {output:?} does more than remove or insert size-1 \
+             dimensions; the runtime reads only those as views"
+        ));
+    }
+    let mut map = [None; MAX_RANK];
+    for (&i, &o) in ki.iter().zip(&ko) {
+        map[o] = Some(i as u8);
+    }
+    Ok(map)
 }
 
 fn bad_node(id: u32, name: &str, reason: &str) -> GraphError {

@@ -14,6 +14,7 @@ pub mod delegate;
 pub mod error;
 pub mod executor;
 mod ffi;
+mod fusion;
 pub mod graph;
 pub mod memory;
 mod ops;

@@ -2,19 +2,26 @@
 //! execution (at the actual shapes): which ranks and dtypes an op takes and
 //! the shape it produces.
 
-use rustconv_kernels::{Conv1dParams, ScanParams};
+use rustconv_kernels::fused::resolve_start;
+use rustconv_kernels::{Conv1dParams, ScanParams, MAX_RANK};
 
-use crate::graph::{OpDesc, ValueDesc};
+use crate::graph::{DType, OpDesc, Operand, ValueDesc};
 use crate::shape::Shape;
 
 /// Checks what does not depend on runtime shapes: ranks, dtypes, which
 /// operands must be constant-shaped. Errors are reasons, worded for a node.
 pub fn check_static(op: &OpDesc, values: &[ValueDesc]) -> Result<(), String> {
     // Kernels compute in f32; float16 tensors are converted around them, so
-    // one node's tensors must share a dtype.
-    let dtype = values[op.output()].dtype;
+    // one node's tensors must share a dtype (`Full`'s `like` is read for its
+    // shape only).
+    let out = op.output();
+    let dtype: DType = values[out].dtype;
+    let like = match *op {
+        OpDesc::Full { like, .. } => Some(like),
+        _ => None,
+    };
     for v in op.inputs() {
-        if values[v].dtype != dtype {
+        if Some(v) != like && values[v].dtype != dtype {
             return Err(format!(
                 "'{}' is {} but the node's output is {}",
                 values[v].name,
@@ -23,8 +30,9 @@ pub fn check_static(op: &OpDesc, values: &[ValueDesc]) -> Result<(), String> {
             ));
         }
     }
+    let rank_of = |v: usize| values[v].dims.len();
     let rank = |v: usize, want: usize, what: &str| {
-        let got = values[v].dims.len();
+        let got = rank_of(v);
         if got == want {
             Ok(())
         } else {
@@ -34,6 +42,7 @@ pub fn check_static(op: &OpDesc, values: &[ValueDesc]) -> Result<(), String> {
             ))
         }
     };
+    let same_rank = |v: usize, what: &str| rank(v, rank_of(out), what);
     match *op {
         OpDesc::Conv1d {
             input,
@@ -62,6 +71,70 @@ pub fn check_static(op: &OpDesc, values: &[ValueDesc]) -> Result<(), String> {
             rank(a, 3, "a")?;
             rank(u, 3, "u")?;
             rank(output, 3, "output")?;
+        }
+        OpDesc::Unary { input, .. } | OpDesc::Clamp { input, .. } => same_rank(input, "input")?,
+        OpDesc::Binary { a, b, .. } => {
+            for v in [a, b].into_iter().filter_map(Operand::value) {
+                if rank_of(v) > rank_of(out) {
+                    return Err(format!(
+                        "operand '{}' has a higher rank than the output",
+                        values[v].name
+                    ));
+                }
+            }
+        }
+        OpDesc::Where { cond, a, b, .. } => {
+            for v in [Operand::Value(cond), a, b]
+                .into_iter()
+                .filter_map(Operand::value)
+            {
+                if rank_of(v) > rank_of(out) {
+                    return Err(format!(
+                        "operand '{}' has a higher rank than the output",
+                        values[v].name
+                    ));
+                }
+            }
+        }
+        OpDesc::Full { like, .. } => same_rank(like, "like")?,
+        OpDesc::Permute {
+            input, ref perm, ..
+        } => {
+            same_rank(input, "input")?;
+            let mut seen = [false; MAX_RANK];
+            let valid = perm.len() == rank_of(out)
+                && perm
+                    .iter()
+                    .all(|&p| p < perm.len() && !std::mem::replace(&mut seen[p], true));
+            if !valid {
+                return Err(format!(
+                    "{perm:?} is not a permutation of {} dimensions",
+                    rank_of(out)
+                ));
+            }
+        }
+        OpDesc::Slice { input, dim, .. } => {
+            same_rank(input, "input")?;
+            if dim >= rank_of(out) {
+                return Err(format!(
+                    "slice dimension {dim} of a rank-{} tensor",
+                    rank_of(out)
+                ));
+            }
+        }
+        OpDesc::Reshape { .. } => {} // its map was checked when decoded
+        OpDesc::Cat {
+            ref inputs, dim, ..
+        } => {
+            for &v in inputs {
+                same_rank(v, "cat input")?;
+            }
+            if dim >= rank_of(out) {
+                return Err(format!(
+                    "cat dimension {dim} of a rank-{} tensor",
+                    rank_of(out)
+                ));
+            }
         }
     }
     Ok(())
@@ -94,9 +167,46 @@ pub fn conv1d_params(op: &OpDesc, input: Shape, weight: Shape) -> Conv1dParams {
     }
 }
 
+/// NumPy broadcasting of `shapes` (trailing dimensions aligned) into a
+/// result of rank `rank`.
+fn broadcast(rank: usize, shapes: impl Iterator<Item = Shape>) -> Result<Shape, String> {
+    let mut dims = [1usize; MAX_RANK];
+    for s in shapes {
+        let lead = rank - s.rank();
+        for (d, &size) in s.dims().iter().enumerate() {
+            let have = &mut dims[lead + d];
+            if *have == 1 {
+                *have = size;
+            } else if size != 1 && size != *have {
+                return Err(format!(
+                    "operands do not broadcast: size {size} against {} in dimension {}",
+                    *have,
+                    lead + d
+                ));
+            }
+        }
+    }
+    Ok(Shape::new(&dims[..rank]))
+}
+
+/// Python's rule for a slice end: negative counts from the end, clamped.
+fn resolve_end(end: i64, size: usize) -> usize {
+    let size_i = size as i64;
+    let e = if end < 0 {
+        end.saturating_add(size_i)
+    } else {
+        end
+    };
+    e.clamp(0, size_i) as usize
+}
+
 /// The output shape of `op` given the shapes of its operands, checking that
-/// they fit together.
-pub fn infer_shape(op: &OpDesc, shape_of: impl Fn(usize) -> Shape) -> Result<Shape, String> {
+/// they fit together. `rank` is the output's declared rank.
+pub fn infer_shape(
+    op: &OpDesc,
+    rank: usize,
+    shape_of: impl Fn(usize) -> Shape,
+) -> Result<Shape, String> {
     match *op {
         OpDesc::Conv1d {
             input,
@@ -142,6 +252,76 @@ pub fn infer_shape(op: &OpDesc, shape_of: impl Fn(usize) -> Shape) -> Result<Sha
                 ));
             }
             Ok(a)
+        }
+        OpDesc::Unary { input, .. } | OpDesc::Clamp { input, .. } => Ok(shape_of(input)),
+        OpDesc::Full { like, .. } => Ok(shape_of(like)),
+        OpDesc::Binary { a, b, .. } => broadcast(
+            rank,
+            [a, b].into_iter().filter_map(Operand::value).map(&shape_of),
+        ),
+        OpDesc::Where { cond, a, b, .. } => broadcast(
+            rank,
+            [Operand::Value(cond), a, b]
+                .into_iter()
+                .filter_map(Operand::value)
+                .map(&shape_of),
+        ),
+        OpDesc::Permute {
+            input, ref perm, ..
+        } => {
+            let x = shape_of(input);
+            let dims: Vec<usize> = perm.iter().map(|&p| x[p]).collect();
+            Ok(Shape::new(&dims))
+        }
+        OpDesc::Slice {
+            input,
+            dim,
+            start,
+            end,
+            step,
+            ..
+        } => {
+            let x = shape_of(input);
+            let (s, e) = (resolve_start(start, x[dim]), resolve_end(end, x[dim]));
+            Ok(x.with(dim, e.saturating_sub(s).div_ceil(step)))
+        }
+        OpDesc::Reshape { input, map, .. } => {
+            let x = shape_of(input);
+            let mut dims = [1usize; MAX_RANK];
+            for (d, m) in map.iter().enumerate().take(rank) {
+                if let Some(m) = m {
+                    dims[d] = x[*m as usize];
+                }
+            }
+            let out = Shape::new(&dims[..rank]);
+            if out.numel() != x.numel() {
+                return Err(format!(
+                    "reshape of {:?} to {:?} (a dimension read as size 1 is not)",
+                    x.dims(),
+                    out.dims()
+                ));
+            }
+            Ok(out)
+        }
+        OpDesc::Cat {
+            ref inputs, dim, ..
+        } => {
+            let first = shape_of(inputs[0]);
+            let mut total = 0;
+            for &v in inputs {
+                let s = shape_of(v);
+                for d in (0..first.rank()).filter(|&d| d != dim) {
+                    if s[d] != first[d] {
+                        return Err(format!(
+                            "cat inputs {:?} and {:?} differ outside dimension {dim}",
+                            first.dims(),
+                            s.dims()
+                        ));
+                    }
+                }
+                total += s[dim];
+            }
+            Ok(first.with(dim, total))
         }
     }
 }

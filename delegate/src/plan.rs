@@ -1,9 +1,13 @@
-//! The execution plan built once at `init`: where every value lives, which
-//! kernel runs each node, and how big the arena is. `execute` only follows it.
+//! The execution plan built once at `init`: a list of self-describing
+//! [`Step`]s (one per fused kernel the exporter recorded), where every
+//! materialised value lives, and how big the arena is. `execute` only
+//! follows it.
 
-use rustconv_kernels::{self as kernels, Choice, PreparedConv1d};
+use rustconv_kernels::fused::{line_scratch, Program};
+use rustconv_kernels::{self as kernels, scan_rows_scratch, Choice, PreparedConv1d};
 
 use crate::error::{DelegateError, GraphError};
+use crate::fusion::{self, Epilogue, KernelBody, Source};
 use crate::graph::{DType, GraphDesc, NodeDesc, OpDesc, Role, ValueDesc};
 use crate::memory::{self, Lifetime};
 use crate::ops;
@@ -29,29 +33,75 @@ pub enum Location {
     /// A constant no step reads during `execute` (its kernel transformed it
     /// at init); its bytes were not kept (see constants.rs).
     Released,
+    /// Computed inside a fused kernel where it is read; never stored.
+    Virtual,
 }
 
-/// The kernel chosen for a node, at plan time, never per call.
-pub enum Kernel {
-    /// Prepared for the node's largest shape: algorithm chosen, weights
-    /// transformed where the algorithm wants it.
-    Conv1d(Box<PreparedConv1d>),
-    LinearScan,
+/// How a step runs: the anchor kernel (or a pass) and what is fused into it.
+pub enum Exec {
+    Conv1d {
+        /// Prepared for the node's largest shape: algorithm chosen, weights
+        /// transformed where the algorithm wants it.
+        prepared: Box<PreparedConv1d>,
+        /// The value the step stores: the conv's output, or the epilogue's.
+        result: usize,
+        /// The conv node's op (parameters and operand values).
+        op: OpDesc,
+        input: Source,
+        epilogue: Option<Epilogue>,
+        /// The algorithm cannot run the prologue and epilogue in its own
+        /// loops: the input is materialised first into its value's arena
+        /// slot, and the output into the anchor's, then drained through the
+        /// epilogue.
+        staged: bool,
+    },
+    LinearScan {
+        op: OpDesc,
+        result: usize,
+        x0: Source,
+        a: Source,
+        u: Source,
+        epilogue: Option<Epilogue>,
+    },
+    /// Every result computed by its program in one pass over memory.
+    Pass { results: Vec<(usize, Program)> },
 }
 
-impl std::fmt::Debug for Kernel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Kernel::Conv1d(k) => write!(f, "Conv1d({})", k.algorithm().name()),
-            Kernel::LinearScan => write!(f, "LinearScan"),
-        }
-    }
+/// An original op of the model that a step implements.
+#[derive(Clone, Debug)]
+pub struct Absorbed {
+    pub id: u32,
+    pub name: String,
+    pub op: &'static str,
+    pub debug_handles: Vec<u32>,
 }
 
-#[derive(Debug)]
+/// One fused kernel: what it reads and writes, how it runs, and which of
+/// the model's ops it absorbed.
 pub struct Step {
-    pub node: NodeDesc,
-    pub kernel: Kernel,
+    /// The kernel index recorded at export (stable from export to
+    /// profiling).
+    pub kernel: u32,
+    /// The algorithm it runs, for logs and plans.
+    pub algorithm: &'static str,
+    pub absorbed: Vec<Absorbed>,
+    /// Materialised values read during `execute`.
+    pub reads: Vec<usize>,
+    /// Materialised values written.
+    pub writes: Vec<usize>,
+    pub exec: Exec,
+}
+
+impl std::fmt::Debug for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Step")
+            .field("kernel", &self.kernel)
+            .field("algorithm", &self.algorithm)
+            .field("absorbed", &self.absorbed)
+            .field("reads", &self.reads)
+            .field("writes", &self.writes)
+            .finish()
+    }
 }
 
 #[derive(Debug)]
@@ -60,8 +110,13 @@ pub struct Plan {
     pub locations: Vec<Location>,
     pub inputs: Vec<usize>,
     pub outputs: Vec<usize>,
+    /// Every node, in order: `execute` derives every value's shape from them.
+    pub nodes: Vec<NodeDesc>,
     pub steps: Vec<Step>,
     pub arena_bytes: usize,
+    /// Step at which each arena value is written and last read (for plans
+    /// and tests): `(first, last)`, or None for values not in the arena.
+    pub lifetimes: Vec<Option<(usize, usize)>>,
     /// The most scratch any step needs per thread, in f32 elements.
     pub scratch_per_thread: usize,
     /// f32 copies of the float16 constants.
@@ -80,114 +135,337 @@ impl Plan {
         constants: &[u8],
         options: &CompileOptions,
     ) -> Result<Self, DelegateError> {
-        let GraphDesc {
-            values,
-            inputs,
-            outputs,
-            nodes,
-        } = graph;
-        check_shapes(&values, &nodes)?;
-
-        // Lifetimes in steps. Inputs are bound (and float16 ones converted)
-        // before step 0.
-        let mut first = vec![usize::MAX; values.len()];
-        let mut last = vec![0; values.len()];
-        for &v in &inputs {
-            first[v] = 0;
-        }
-        for (step, node) in nodes.iter().enumerate() {
-            first[node.op.output()] = step;
-            last[node.op.output()] = step;
-            for v in node.op.inputs() {
-                last[v] = last[v].max(step);
-            }
-        }
-        // Everything kernels see as f32 that is not an f32 argument or a
-        // constant lives in the arena: intermediates and float16 shadows.
-        let in_arena = |v: &ValueDesc| match v.role {
-            Role::Intermediate => true,
-            Role::Input(_) | Role::Output(_) => v.dtype == DType::F16,
-            Role::Constant { .. } => false,
-        };
-        let placed: Vec<usize> = (0..values.len())
-            .filter(|&v| in_arena(&values[v]) && first[v] != usize::MAX)
-            .collect();
-        let lifetimes: Vec<Lifetime> = placed
-            .iter()
-            .map(|&v| Lifetime {
-                bytes: values[v].max_numel() * std::mem::size_of::<f32>(),
-                first: first[v],
-                last: last[v],
-            })
-            .collect();
-        let (offsets, arena_bytes) = memory::place(&lifetimes);
+        check_shapes(&graph.values, &graph.nodes)?;
+        let (kernels, mut materialised) = fusion::build(&graph)?;
 
         let mut converted = Vec::new();
-        let mut locations: Vec<Location> = values
+        let mut locations: Vec<Location> = graph
+            .values
             .iter()
             .map(|v| match v.role {
                 Role::Input(i) => Location::Arg(i),
-                Role::Output(i) => Location::Arg(inputs.len() + i),
+                Role::Output(i) => Location::Arg(graph.inputs.len() + i),
                 Role::Constant { offset, len } if v.dtype == DType::F16 => {
                     let at = converted.len();
                     converted.extend(f16_bytes(&constants[offset..offset + len]).map(f32::from));
                     Location::Converted(at)
                 }
                 Role::Constant { offset, .. } => Location::Constant(offset),
-                // Unused intermediates (never produced) get an empty slot.
-                Role::Intermediate => Location::Arena(0),
+                Role::Intermediate => Location::Virtual,
             })
             .collect();
-        for (&v, &offset) in placed.iter().zip(&offsets) {
-            locations[v] = Location::Arena(offset);
-        }
 
         let mut report = Vec::new();
-        let steps = nodes
-            .into_iter()
-            .map(|node| {
-                let kernel = match node.op {
-                    OpDesc::Conv1d { .. } => prepare_conv(
-                        &node,
-                        &values,
+        let mut steps = Vec::with_capacity(kernels.len());
+        for kernel in kernels {
+            let absorbed = graph.nodes[kernel.nodes.clone()]
+                .iter()
+                .map(|n| Absorbed {
+                    id: n.id,
+                    name: n.name.clone(),
+                    op: n.op.kind(),
+                    debug_handles: n.debug_handles.clone(),
+                })
+                .collect();
+            let (exec, algorithm) = match kernel.body {
+                KernelBody::Conv1d {
+                    node,
+                    input,
+                    epilogue,
+                } => {
+                    let result = kernel.writes[0];
+                    let node = &graph.nodes[node];
+                    let prepared = prepare_conv(
+                        node,
+                        &graph.values,
                         &locations,
                         constants,
                         &converted,
                         options,
                         &mut report,
-                    )?,
-                    OpDesc::LinearScan { .. } => {
-                        // The scan picks rows-in-parallel or a chunked scan
-                        // along time per call, from the rows and the pool.
-                        report.push(format!(
-                            "plan: node {} '{}' linear_scan -> parallel_scan",
-                            node.id, node.name
-                        ));
-                        Kernel::LinearScan
+                    )?;
+                    let staged = !prepared.fuses_rows()
+                        && (matches!(input, Source::Computed(_)) || epilogue.is_some());
+                    if staged {
+                        // The algorithm reads and writes stored tensors.
+                        if let (Source::Computed(_), OpDesc::Conv1d { input, .. }) =
+                            (&input, &node.op)
+                        {
+                            materialised[*input] = true;
+                        }
+                        if epilogue.is_some() {
+                            materialised[node.op.output()] = true;
+                        }
                     }
-                };
-                Ok(Step { node, kernel })
+                    let algorithm = prepared.algorithm().name();
+                    let exec = Exec::Conv1d {
+                        prepared: Box::new(prepared),
+                        result,
+                        op: node.op.clone(),
+                        input,
+                        epilogue,
+                        staged,
+                    };
+                    (exec, algorithm)
+                }
+                KernelBody::LinearScan {
+                    node,
+                    x0,
+                    a,
+                    u,
+                    epilogue,
+                } => (
+                    Exec::LinearScan {
+                        op: graph.nodes[node].op.clone(),
+                        result: kernel.writes[0],
+                        x0,
+                        a,
+                        u,
+                        epilogue,
+                    },
+                    "parallel_scan",
+                ),
+                KernelBody::Pass { results } => (Exec::Pass { results }, "elementwise"),
+            };
+            let mut step = Step {
+                kernel: kernel.index,
+                algorithm,
+                absorbed,
+                reads: Vec::new(),
+                writes: kernel.writes,
+                exec,
+            };
+            step.reads = step.values_read(&materialised);
+            if let Exec::Conv1d {
+                staged: true,
+                op,
+                epilogue,
+                ..
+            } = &step.exec
+            {
+                if let OpDesc::Conv1d { input, output, .. } = *op {
+                    if materialised[input] && !step.reads.contains(&input) {
+                        step.writes.insert(0, input);
+                    }
+                    if epilogue.is_some() {
+                        step.writes.insert(0, output);
+                    }
+                }
+            }
+            report.push(step.describe(&graph.values));
+            steps.push(step);
+        }
+
+        // Arena: every materialised value kernels see as f32 that is not an
+        // f32 argument or a constant. Lifetimes in steps; inputs are bound
+        // (and float16 ones converted) before step 0.
+        let mut first = vec![usize::MAX; graph.values.len()];
+        let mut last = vec![0; graph.values.len()];
+        for &v in &graph.inputs {
+            first[v] = 0;
+        }
+        for (s, step) in steps.iter().enumerate() {
+            for &v in &step.writes {
+                first[v] = first[v].min(s);
+                last[v] = last[v].max(s);
+            }
+            for &v in &step.reads {
+                last[v] = last[v].max(s);
+            }
+        }
+        let in_arena = |v: usize| {
+            let value = &graph.values[v];
+            materialised[v]
+                && first[v] != usize::MAX
+                && match value.role {
+                    Role::Intermediate => true,
+                    Role::Input(_) | Role::Output(_) => value.dtype == DType::F16,
+                    Role::Constant { .. } => false,
+                }
+        };
+        let placed: Vec<usize> = (0..graph.values.len()).filter(|&v| in_arena(v)).collect();
+        let buffers: Vec<Lifetime> = placed
+            .iter()
+            .map(|&v| Lifetime {
+                bytes: graph.values[v].max_numel() * std::mem::size_of::<f32>(),
+                first: first[v],
+                last: last[v],
             })
-            .collect::<Result<Vec<_>, DelegateError>>()?;
+            .collect();
+        let (offsets, arena_bytes) = memory::place(&buffers);
+        let mut lifetimes = vec![None; graph.values.len()];
+        for ((&v, &offset), b) in placed.iter().zip(&offsets).zip(&buffers) {
+            locations[v] = Location::Arena(offset);
+            lifetimes[v] = Some((b.first, b.last));
+        }
+
         let scratch_per_thread = steps
             .iter()
-            .map(|s| match &s.kernel {
-                Kernel::Conv1d(k) => k.scratch_per_thread(),
-                Kernel::LinearScan => 0,
-            })
+            .map(Step::scratch_per_thread)
             .max()
             .unwrap_or(0);
         Ok(Plan {
-            values,
+            values: graph.values,
             locations,
-            inputs,
-            outputs,
+            inputs: graph.inputs,
+            outputs: graph.outputs,
+            nodes: graph.nodes,
             steps,
             arena_bytes,
+            lifetimes,
             scratch_per_thread,
             converted,
             report,
         })
+    }
+}
+
+fn source_loads(source: &Source) -> Vec<usize> {
+    match source {
+        Source::Stored(v) => vec![*v],
+        Source::Computed(p) => p.loads().collect(),
+    }
+}
+
+fn program_temps(source: &Source) -> usize {
+    match source {
+        Source::Stored(_) => 0,
+        Source::Computed(p) => p.temporaries(),
+    }
+}
+
+/// Line-sized temporaries an epilogue's sink needs (its result buffer too).
+fn epilogue_temps(epilogue: &Option<Epilogue>) -> usize {
+    epilogue.as_ref().map_or(0, |e| 1 + e.program.temporaries())
+}
+
+impl Step {
+    /// The materialised values the step reads during `execute`.
+    fn values_read(&self, materialised: &[bool]) -> Vec<usize> {
+        let mut reads: Vec<usize> = match &self.exec {
+            Exec::Conv1d {
+                prepared,
+                op,
+                input,
+                epilogue,
+                ..
+            } => {
+                let OpDesc::Conv1d { weight, bias, .. } = *op else {
+                    unreachable!("conv step holds a conv")
+                };
+                let mut r = source_loads(input);
+                if prepared.reads_weights() {
+                    r.push(weight);
+                }
+                r.extend(bias);
+                r.extend(epilogue.iter().flat_map(|e| e.program.loads()));
+                r
+            }
+            Exec::LinearScan {
+                x0, a, u, epilogue, ..
+            } => {
+                let mut r: Vec<usize> = [x0, a, u].into_iter().flat_map(source_loads).collect();
+                r.extend(epilogue.iter().flat_map(|e| e.program.loads()));
+                r
+            }
+            Exec::Pass { results } => results.iter().flat_map(|(_, p)| p.loads()).collect(),
+        };
+        reads.retain(|&v| materialised[v]);
+        reads.sort_unstable();
+        reads.dedup();
+        reads
+    }
+
+    fn scratch_per_thread(&self) -> usize {
+        match &self.exec {
+            Exec::Conv1d {
+                prepared,
+                input,
+                epilogue,
+                staged,
+                ..
+            } => {
+                let (x, y) = (program_temps(input), epilogue_temps(epilogue));
+                if *staged {
+                    prepared.scratch_per_thread().max(line_scratch(x.max(y)))
+                } else {
+                    prepared.rows_scratch_per_thread(x, y)
+                }
+            }
+            Exec::LinearScan {
+                x0, a, u, epilogue, ..
+            } => {
+                let temps = [x0, a, u].into_iter().map(program_temps).max().unwrap_or(0);
+                scan_rows_scratch(temps.max(epilogue_temps(epilogue)))
+            }
+            Exec::Pass { results } => line_scratch(
+                results
+                    .iter()
+                    .map(|(_, p)| p.temporaries())
+                    .max()
+                    .unwrap_or(0),
+            ),
+        }
+    }
+
+    /// The plan's log line for this step.
+    fn describe(&self, values: &[ValueDesc]) -> String {
+        let ops: Vec<String> = self
+            .absorbed
+            .iter()
+            .map(|a| format!("{} '{}'", a.op, a.name))
+            .collect();
+        let fused = match &self.exec {
+            Exec::Conv1d {
+                input,
+                epilogue,
+                staged,
+                ..
+            } => {
+                let mut parts = Vec::new();
+                if matches!(input, Source::Computed(_)) {
+                    parts.push("prologue");
+                }
+                if epilogue.is_some() {
+                    parts.push("epilogue");
+                }
+                match (parts.is_empty(), staged) {
+                    (true, _) => String::new(),
+                    (false, true) => format!(", {} staged through memory", parts.join(" and ")),
+                    (false, false) => format!(", {} in its loops", parts.join(" and ")),
+                }
+            }
+            Exec::LinearScan {
+                x0, a, u, epilogue, ..
+            } => {
+                let computed = [x0, a, u]
+                    .iter()
+                    .filter(|s| matches!(s, Source::Computed(_)))
+                    .count();
+                format!(
+                    ", {computed} operand(s) computed in its loops{}",
+                    if epilogue.is_some() {
+                        ", epilogue in its loops"
+                    } else {
+                        ""
+                    }
+                )
+            }
+            Exec::Pass { .. } => String::new(),
+        };
+        let writes: Vec<&str> = self
+            .writes
+            .iter()
+            .map(|&v| values[v].name.as_str())
+            .collect();
+        format!(
+            "plan: kernel {} -> {}{fused}; writes {}; absorbs {} op(s): {}",
+            self.kernel,
+            self.algorithm,
+            writes.join(", "),
+            self.absorbed.len(),
+            ops.join(", ")
+        )
     }
 }
 
@@ -201,7 +479,7 @@ fn prepare_conv(
     converted: &[f32],
     options: &CompileOptions,
     report: &mut Vec<String>,
-) -> Result<Kernel, DelegateError> {
+) -> Result<PreparedConv1d, DelegateError> {
     let OpDesc::Conv1d { input, weight, .. } = node.op else {
         unreachable!("prepare_conv on {:?}", node.op)
     };
@@ -258,7 +536,7 @@ fn prepare_conv(
         estimates.join(", "),
         prepared.prepared_bytes() as f64 / (1 << 20) as f64
     ));
-    Ok(Kernel::Conv1d(Box::new(prepared)))
+    Ok(prepared)
 }
 
 /// The cheapest algorithm that reads the weights in place.
@@ -271,7 +549,7 @@ fn cheapest_in_place(max: &kernels::Conv1dParams) -> kernels::Algorithm {
         .map_or(Algorithm::Direct, |(a, _)| a)
 }
 
-fn bound_shape(value: &ValueDesc) -> Shape {
+pub(crate) fn bound_shape(value: &ValueDesc) -> Shape {
     Shape::new(&value.dims.iter().map(|d| d.size).collect::<Vec<_>>())
 }
 
@@ -308,8 +586,8 @@ fn check_shapes(values: &[ValueDesc], nodes: &[NodeDesc]) -> Result<(), GraphErr
             reason,
         };
         ops::check_static(&node.op, values).map_err(bad)?;
-        let inferred = ops::infer_shape(&node.op, |v| bounds[v]).map_err(bad)?;
         let out = &values[node.op.output()];
+        let inferred = ops::infer_shape(&node.op, out.dims.len(), |v| bounds[v]).map_err(bad)?;
         let fits = inferred.rank() == out.dims.len()
             && inferred.dims().iter().zip(&out.dims).all(|(&got, d)| {
                 if d.dynamic {

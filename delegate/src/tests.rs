@@ -178,6 +178,7 @@ fn build_blob(values: &[V], inputs: &[u32], outputs: &[u32], nodes: &[N]) -> Vec
                     id: i as u32,
                     debug_handles: Some(handles),
                     name: Some(name),
+                    kernel: -1,
                 },
             )
         })
@@ -411,7 +412,7 @@ fn plan_places_intermediates_in_the_arena() {
     assert_eq!(plan.locations[3], Location::Arena(0));
     assert_eq!(plan.arena_bytes, C_OUT * N_MAX * 4);
     assert!(matches!(plan.locations[1], Location::Constant(_)));
-    assert_eq!(plan.steps[1].node.debug_handles, vec![101]);
+    assert_eq!(plan.steps[1].absorbed[0].debug_handles, vec![101]);
 }
 
 #[test]

@@ -257,3 +257,60 @@ impl RowSink for EpilogueSink<'_> {
         1 + self.program.temporaries()
     }
 }
+
+/// Elements per line chunk of [`materialise`] and [`drain`].
+pub const LINE_CHUNK: usize = 1024;
+
+/// Fewest elements per task of [`materialise`] and [`drain`].
+const MIN_TASK_ELEMS: usize = 16 * 1024;
+
+/// f32 elements of per-thread scratch [`materialise`] or [`drain`] needs
+/// for a source or sink needing `temporaries` line-sized temporaries.
+pub fn line_scratch(temporaries: usize) -> usize {
+    temporaries * LINE_CHUNK
+}
+
+/// Stores `source`'s rows (`row_len` elements each) into `out`, in
+/// parallel on the current pool: one pass over memory for a whole fused
+/// elementwise program.
+pub fn materialise(
+    source: &dyn RowSource,
+    out: &mut [f32],
+    row_len: usize,
+    scratch: &crate::Scratch,
+) {
+    use rayon::prelude::*;
+    if out.is_empty() || row_len == 0 {
+        return;
+    }
+    out.par_chunks_mut(row_len)
+        .enumerate()
+        .with_min_len(MIN_TASK_ELEMS.div_ceil(row_len))
+        .for_each(|(row, out)| {
+            scratch.with_slot(|tmp| {
+                for (i, chunk) in out.chunks_mut(LINE_CHUNK).enumerate() {
+                    source.fill(row, i * LINE_CHUNK, chunk, tmp);
+                }
+            })
+        });
+}
+
+/// Hands stored rows of a kernel's output (`row_len` elements each) to
+/// `sink`: the epilogue of a kernel that cannot run it in its own loops.
+pub fn drain(sink: &dyn RowSink, values: &[f32], row_len: usize, scratch: &crate::Scratch) {
+    use rayon::prelude::*;
+    if values.is_empty() || row_len == 0 {
+        return;
+    }
+    values
+        .par_chunks(row_len)
+        .enumerate()
+        .with_min_len(MIN_TASK_ELEMS.div_ceil(row_len))
+        .for_each(|(row, values)| {
+            scratch.with_slot(|tmp| {
+                for (i, chunk) in values.chunks(LINE_CHUNK).enumerate() {
+                    sink.store(row, i * LINE_CHUNK, chunk, tmp);
+                }
+            })
+        });
+}

@@ -41,4 +41,13 @@ pub mod bridge {
         fn set_num_threads(num_threads: u32) -> Result<()>;
         fn registered_backends() -> Vec<String>;
     }
+
+    #[namespace = "rustconv::ffi"]
+    unsafe extern "C++" {
+        include!("delegate/cpp/scan_kernel.h");
+
+        /// Whether ExecuTorch has a `rustconv::linear_scan.out` kernel
+        /// (delegate/cpp/scan_kernel.cpp), for scans no delegate took.
+        fn linear_scan_kernel_registered() -> bool;
+    }
 }

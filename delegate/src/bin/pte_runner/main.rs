@@ -1,6 +1,7 @@
-//! pte_runner: runs a `.pte` with RustConvBackend, XNNPACK and ExecuTorch's
-//! optimized CPU kernels linked in, times it, and optionally writes the
-//! outputs (npz) and an ETDump trace for `executorch.devtools.Inspector`.
+//! pte_runner: runs a `.pte` with RustConvBackend, XNNPACK, ExecuTorch's
+//! optimized CPU kernels and the `rustconv::linear_scan.out` kernel (for scans
+//! no delegate took) linked in, times it, and optionally writes the outputs
+//! (npz) and an ETDump trace for `executorch.devtools.Inspector`.
 //!
 //! Any failure exits non-zero with one line on stderr.
 
@@ -34,14 +35,30 @@ fn run(argv: impl IntoIterator<Item = String>) -> Result<(), String> {
         println!("{}", args::USAGE);
         return Ok(());
     }
-    if !rustconv_backend::register() {
-        return Err("could not register RustConvBackend with ExecuTorch".into());
-    }
+    // Registers RustConvBackend and the `rustconv::linear_scan.out` kernel
+    // that runs scans left outside any delegate (delegate/cpp/scan_kernel.cpp).
+    // False also when ExecuTorch refused a registration because another copy
+    // of this code got there first (librustconv_backend.so, preloaded): then
+    // that copy's backend and kernel serve, so what is checked is that both
+    // are registered.
+    let registered_here = rustconv_backend::register();
+    let failed_here = if registered_here {
+        ""
+    } else {
+        "; registering it failed, see the log above"
+    };
     let backends = et::registered_backends();
     for needed in ["RustConvBackend", "XnnpackBackend"] {
         if !backends.iter().any(|b| b == needed) {
-            return Err(format!("{needed} is not registered (have: {backends:?})"));
+            return Err(format!(
+                "{needed} is not registered (have: {backends:?}){failed_here}"
+            ));
         }
+    }
+    if !et::linear_scan_kernel_registered() {
+        return Err(format!(
+            "the rustconv::linear_scan.out kernel is not registered{failed_here}"
+        ));
     }
     if !args.model_path.is_file() {
         return Err(format!(

@@ -1,0 +1,481 @@
+//! From the fused kernels the exporter recorded (`Node.kernel`) to what
+//! each runs: which values are materialised, the anchor's operands as
+//! stored values or prologue programs, the epilogue, or the programs of a
+//! pass. The rules are schema/README.md's "Fused kernels"; a grouping that
+//! breaks them is refused here, at init, naming the kernel and the reason.
+
+use std::collections::HashMap;
+use std::ops::Range;
+
+use rustconv_kernels::fused::{Expr, Program, StoreView};
+
+use crate::error::GraphError;
+use crate::graph::{GraphDesc, NodeDesc, OpDesc, Operand, Role};
+
+/// An anchor operand: a stored value, or a program computing it.
+#[derive(Debug)]
+pub enum Source {
+    Stored(usize),
+    Computed(Program),
+}
+
+/// What an anchor's output goes through before it is stored.
+#[derive(Debug)]
+pub struct Epilogue {
+    /// Over the anchor output's coordinates, reading it as `Expr::Anchor`.
+    pub program: Program,
+    /// Views from the program's result to the stored result, in order.
+    pub views: Vec<StoreView>,
+}
+
+#[derive(Debug)]
+pub enum KernelBody {
+    Conv1d {
+        /// The conv node (its parameters and operands).
+        node: usize,
+        input: Source,
+        epilogue: Option<Epilogue>,
+    },
+    LinearScan {
+        node: usize,
+        x0: Source,
+        a: Source,
+        u: Source,
+        epilogue: Option<Epilogue>,
+    },
+    /// Each materialised result computed by its program, in one pass.
+    Pass { results: Vec<(usize, Program)> },
+}
+
+/// One fused kernel, as recorded in the blob and checked.
+#[derive(Debug)]
+pub struct Kernel {
+    /// The exporter's kernel index (the node's position when the blob has
+    /// no grouping).
+    pub index: u32,
+    /// Positions of its nodes in `GraphDesc::nodes`.
+    pub nodes: Range<usize>,
+    /// The materialised values it writes.
+    pub writes: Vec<usize>,
+    pub body: KernelBody,
+}
+
+/// Splits the graph's nodes into kernels and builds each.
+/// Returns the kernels and, per value, whether it is materialised.
+pub fn build(graph: &GraphDesc) -> Result<(Vec<Kernel>, Vec<bool>), GraphError> {
+    let ranges = kernel_ranges(&graph.nodes)?;
+    let mut kernel_of_node = vec![0; graph.nodes.len()];
+    for (k, r) in ranges.iter().enumerate() {
+        kernel_of_node[r.clone()].fill(k);
+    }
+    let mut producer = vec![None; graph.values.len()];
+    for (n, node) in graph.nodes.iter().enumerate() {
+        producer[node.op.output()] = Some(n);
+    }
+    // Materialised: inputs, outputs, constants, and values read by a node
+    // of another kernel than their producer's.
+    let mut materialised: Vec<bool> = graph
+        .values
+        .iter()
+        .map(|v| !matches!(v.role, Role::Intermediate))
+        .collect();
+    for (n, node) in graph.nodes.iter().enumerate() {
+        for v in node.op.inputs() {
+            if let Some(p) = producer[v] {
+                if kernel_of_node[p] != kernel_of_node[n] {
+                    materialised[v] = true;
+                }
+            }
+        }
+    }
+    let ctx = Context {
+        graph,
+        producer: &producer,
+        materialised: &materialised,
+    };
+    let kernels = ranges
+        .into_iter()
+        .map(|nodes| ctx.kernel(nodes))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((kernels, materialised))
+}
+
+/// The node ranges of the kernels; each node alone when the blob records
+/// no grouping.
+fn kernel_ranges(nodes: &[NodeDesc]) -> Result<Vec<Range<usize>>, GraphError> {
+    let bad = |reason: String| GraphError::BadIo {
+        what: "fused kernels",
+        reason,
+    };
+    if nodes.iter().all(|n| n.kernel.is_none()) {
+        return Ok((0..nodes.len()).map(|n| n..n + 1).collect());
+    }
+    let mut ranges: Vec<Range<usize>> = Vec::new();
+    for (n, node) in nodes.iter().enumerate() {
+        let Some(k) = node.kernel else {
+            return Err(bad(format!(
+                "node {} ('{}') has no kernel index while others do",
+                node.id, node.name
+            )));
+        };
+        match ranges.len() as u32 {
+            next if k == next => ranges.push(n..n + 1),
+            next if k + 1 == next => ranges.last_mut().expect("k + 1 >= 1").end = n + 1,
+            next => {
+                return Err(bad(format!(
+                    "node {} ('{}') is in kernel {k} but the kernels so far are 0..{next}: a \
+                     kernel's nodes must be consecutive and kernels numbered in order",
+                    node.id, node.name
+                )))
+            }
+        }
+    }
+    Ok(ranges)
+}
+
+struct Context<'a> {
+    graph: &'a GraphDesc,
+    producer: &'a [Option<usize>],
+    materialised: &'a [bool],
+}
+
+impl Context<'_> {
+    fn kernel(&self, nodes: Range<usize>) -> Result<Kernel, GraphError> {
+        let graph = self.graph;
+        let first = &graph.nodes[nodes.start];
+        let index = first.kernel.unwrap_or(nodes.start as u32);
+        let bad = |reason: String| GraphError::BadKernel {
+            index,
+            name: first.name.clone(),
+            reason,
+        };
+        let writes: Vec<usize> = nodes
+            .clone()
+            .map(|n| graph.nodes[n].op.output())
+            .filter(|&v| self.materialised[v])
+            .collect();
+        let anchors: Vec<usize> = nodes
+            .clone()
+            .filter(|&n| graph.nodes[n].op.is_anchor())
+            .collect();
+        let body = match anchors[..] {
+            [] => {
+                if writes.is_empty() {
+                    return Err(bad("computes nothing that is read".into()));
+                }
+                let mut results = Vec::new();
+                for &v in &writes {
+                    let program = self.program(&nodes, None, v).map_err(&bad)?;
+                    results.push((v, program));
+                }
+                KernelBody::Pass { results }
+            }
+            [anchor] => {
+                let [result] = writes[..] else {
+                    return Err(bad(format!(
+                        "an anchor kernel stores one result, this one {} ({})",
+                        writes.len(),
+                        self.names(&writes)
+                    )));
+                };
+                let node = &graph.nodes[anchor];
+                let anchor_out = node.op.output();
+                let epilogue = self.epilogue(&nodes, anchor_out, result).map_err(&bad)?;
+                let source = |v: usize| self.source(&nodes, v).map_err(&bad);
+                match node.op {
+                    OpDesc::Conv1d {
+                        input,
+                        weight,
+                        bias,
+                        ..
+                    } => {
+                        for v in [Some(weight), bias].into_iter().flatten() {
+                            if !self.materialised[v] || self.produced_in(&nodes, v) {
+                                return Err(bad(format!(
+                                    "the conv's weight or bias '{}' is computed inside the kernel; \
+                                     it must be a constant or come from outside",
+                                    graph.values[v].name
+                                )));
+                            }
+                        }
+                        KernelBody::Conv1d {
+                            node: anchor,
+                            input: source(input)?,
+                            epilogue,
+                        }
+                    }
+                    OpDesc::LinearScan { x0, a, u, .. } => KernelBody::LinearScan {
+                        node: anchor,
+                        x0: source(x0)?,
+                        a: source(a)?,
+                        u: source(u)?,
+                        epilogue,
+                    },
+                    _ => unreachable!("anchors are convs and scans"),
+                }
+            }
+            _ => {
+                return Err(bad(format!(
+                    "holds {} convs or scans; a kernel holds one",
+                    anchors.len()
+                )))
+            }
+        };
+        Ok(Kernel {
+            index,
+            nodes,
+            writes,
+            body,
+        })
+    }
+
+    fn names(&self, values: &[usize]) -> String {
+        let names: Vec<String> = values
+            .iter()
+            .map(|&v| format!("'{}'", self.graph.values[v].name))
+            .collect();
+        names.join(", ")
+    }
+
+    fn produced_in(&self, nodes: &Range<usize>, v: usize) -> bool {
+        self.producer[v].is_some_and(|p| nodes.contains(&p))
+    }
+
+    /// An anchor operand: stored where materialised outside the kernel.
+    fn source(&self, nodes: &Range<usize>, v: usize) -> Result<Source, String> {
+        if self.materialised[v] && !self.produced_in(nodes, v) {
+            Ok(Source::Stored(v))
+        } else {
+            self.program(nodes, None, v).map(Source::Computed)
+        }
+    }
+
+    /// The anchor's epilogue up to `result`, or None when the anchor's
+    /// output is the result itself.
+    fn epilogue(
+        &self,
+        nodes: &Range<usize>,
+        anchor_out: usize,
+        result: usize,
+    ) -> Result<Option<Epilogue>, String> {
+        if result == anchor_out {
+            return Ok(None);
+        }
+        let graph = self.graph;
+        let mut views = Vec::new();
+        let mut e = result;
+        while e != anchor_out {
+            let Some(n) = self.producer[e].filter(|n| nodes.contains(n)) else {
+                break;
+            };
+            let (input, map) = match graph.nodes[n].op {
+                OpDesc::Permute {
+                    input, ref perm, ..
+                } => {
+                    let mut map = [None; rustconv_kernels::MAX_RANK];
+                    for (d, &p) in perm.iter().enumerate() {
+                        map[d] = Some(p as u8);
+                    }
+                    (input, map)
+                }
+                OpDesc::Reshape { input, map, .. } => (input, map),
+                _ => break,
+            };
+            views.push(StoreView {
+                map,
+                rank: graph.values[e].dims.len(),
+            });
+            e = input;
+        }
+        views.reverse();
+        if graph.values[e].dims != graph.values[anchor_out].dims {
+            return Err(format!(
+                "the epilogue's elementwise result '{}' {:?} does not have the shape of the \
+                 anchor's output '{}' {:?}",
+                graph.values[e].name,
+                graph.values[e].dims,
+                graph.values[anchor_out].name,
+                graph.values[anchor_out].dims
+            ));
+        }
+        let program = self.program(nodes, Some(anchor_out), e)?;
+        if !program.reads_anchor() {
+            return Err(format!(
+                "the result '{}' does not depend on the anchor",
+                graph.values[result].name
+            ));
+        }
+        Ok(Some(Epilogue { program, views }))
+    }
+
+    /// The program computing value `root` from the kernel's nodes, with
+    /// `anchor_out` (in an epilogue) read as the anchor's chunk.
+    fn program(
+        &self,
+        nodes: &Range<usize>,
+        anchor_out: Option<usize>,
+        root: usize,
+    ) -> Result<Program, String> {
+        let mut b = ProgramBuilder {
+            ctx: self,
+            nodes,
+            anchor_out,
+            program: Program::default(),
+            memo: HashMap::new(),
+            through_anchor: Vec::new(),
+        };
+        b.value(root)?;
+        Ok(b.program)
+    }
+}
+
+struct ProgramBuilder<'a> {
+    ctx: &'a Context<'a>,
+    nodes: &'a Range<usize>,
+    anchor_out: Option<usize>,
+    program: Program,
+    memo: HashMap<usize, usize>,
+    /// Per program node: whether it depends on the anchor's chunk.
+    through_anchor: Vec<bool>,
+}
+
+impl ProgramBuilder<'_> {
+    fn push(&mut self, expr: Expr, value: usize) -> Result<usize, String> {
+        let operands_read_anchor = match &expr {
+            Expr::Load | Expr::Anchor | Expr::Const(_) => expr == Expr::Anchor,
+            Expr::Unary { x, .. } | Expr::Clamp { x, .. } => self.through_anchor[*x],
+            Expr::Binary { a, b, .. } => self.through_anchor[*a] || self.through_anchor[*b],
+            Expr::Where { cond, a, b } => {
+                self.through_anchor[*cond] || self.through_anchor[*a] || self.through_anchor[*b]
+            }
+            Expr::Broadcast { x } | Expr::View { x, .. } | Expr::Slice { x, .. } => {
+                if self.through_anchor[*x] {
+                    return Err(format!(
+                        "the epilogue reads the anchor's output through a view or broadcast \
+                         (at '{}'); it may only apply elementwise ops to it",
+                        self.ctx.graph.values[value].name
+                    ));
+                }
+                false
+            }
+            Expr::Cat { parts, .. } => {
+                if parts.iter().any(|&p| self.through_anchor[p]) {
+                    return Err("the epilogue concatenates the anchor's output".into());
+                }
+                false
+            }
+        };
+        self.through_anchor.push(operands_read_anchor);
+        Ok(self.program.push(expr, value))
+    }
+
+    /// Program node for value `v`.
+    fn value(&mut self, v: usize) -> Result<usize, String> {
+        if let Some(&i) = self.memo.get(&v) {
+            return Ok(i);
+        }
+        let i = if Some(v) == self.anchor_out {
+            self.push(Expr::Anchor, v)?
+        } else {
+            // A value of this kernel is computed, even where it is also
+            // stored (a pass's earlier result): never read back while the
+            // kernel writes it.
+            match self.ctx.producer[v].filter(|p| self.nodes.contains(p)) {
+                None => self.push(Expr::Load, v)?,
+                Some(n) => self.node(n)?,
+            }
+        };
+        self.memo.insert(v, i);
+        Ok(i)
+    }
+
+    /// An elementwise operand, broadcast to `out` where the declared shapes
+    /// differ.
+    fn operand(&mut self, operand: Operand, out: usize) -> Result<usize, String> {
+        match operand {
+            Operand::Scalar(c) => self.push(Expr::Const(c), out),
+            Operand::Value(v) => {
+                let x = self.value(v)?;
+                if self.ctx.graph.values[v].dims == self.ctx.graph.values[out].dims {
+                    Ok(x)
+                } else {
+                    self.push(Expr::Broadcast { x }, out)
+                }
+            }
+        }
+    }
+
+    fn node(&mut self, n: usize) -> Result<usize, String> {
+        let node = &self.ctx.graph.nodes[n];
+        let out = node.op.output();
+        let expr = match node.op {
+            OpDesc::Conv1d { .. } | OpDesc::LinearScan { .. } => {
+                return Err(format!(
+                    "'{}' ({}) is read inside its own kernel other than by its epilogue",
+                    node.name,
+                    node.op.kind()
+                ))
+            }
+            OpDesc::Unary { op, input, .. } => Expr::Unary {
+                op,
+                x: self.value(input)?,
+            },
+            OpDesc::Clamp {
+                input, min, max, ..
+            } => Expr::Clamp {
+                x: self.value(input)?,
+                min,
+                max,
+            },
+            OpDesc::Binary { op, a, b, .. } => Expr::Binary {
+                op,
+                a: self.operand(a, out)?,
+                b: self.operand(b, out)?,
+            },
+            OpDesc::Where { cond, a, b, .. } => Expr::Where {
+                cond: self.operand(Operand::Value(cond), out)?,
+                a: self.operand(a, out)?,
+                b: self.operand(b, out)?,
+            },
+            OpDesc::Full { value, .. } => Expr::Const(value),
+            OpDesc::Permute {
+                input, ref perm, ..
+            } => {
+                let mut map = [None; rustconv_kernels::MAX_RANK];
+                for (d, &p) in perm.iter().enumerate() {
+                    map[d] = Some(p as u8);
+                }
+                Expr::View {
+                    x: self.value(input)?,
+                    map,
+                }
+            }
+            OpDesc::Reshape { input, map, .. } => Expr::View {
+                x: self.value(input)?,
+                map,
+            },
+            OpDesc::Slice {
+                input,
+                dim,
+                start,
+                step,
+                ..
+            } => Expr::Slice {
+                x: self.value(input)?,
+                dim,
+                start,
+                step,
+            },
+            OpDesc::Cat {
+                ref inputs, dim, ..
+            } => {
+                let parts = inputs
+                    .iter()
+                    .map(|&v| self.value(v))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Expr::Cat { parts, dim }
+            }
+        };
+        self.push(expr, out)
+    }
+}
