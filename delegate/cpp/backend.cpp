@@ -1,4 +1,5 @@
 #include "delegate/cpp/backend.h"
+#include "delegate/cpp/scan_kernel.h"
 
 #include <new>
 #include <utility>
@@ -207,7 +208,11 @@ bool register_backend() {
   static RustConvBackend backend;
   static const Error status = executorch::runtime::register_backend(
       executorch::runtime::Backend{"RustConvBackend", &backend});
-  return status == Error::Ok;
+  // With it, the operator kernel for scans left outside any delegate
+  // (scan_kernel.cpp): this is the one entry point both the shared library's
+  // load-time constructor and pte_runner call.
+  const bool kernel_registered = register_linear_scan_kernel();
+  return status == Error::Ok && kernel_registered;
 }
 
 } // namespace ffi

@@ -236,20 +236,20 @@ impl Plan {
                 exec,
             };
             step.reads = step.values_read(&materialised);
+            // A staged conv also writes its input and output buffers.
             if let Exec::Conv1d {
                 staged: true,
-                op,
+                op: OpDesc::Conv1d { input, output, .. },
                 epilogue,
                 ..
             } = &step.exec
             {
-                if let OpDesc::Conv1d { input, output, .. } = *op {
-                    if materialised[input] && !step.reads.contains(&input) {
-                        step.writes.insert(0, input);
-                    }
-                    if epilogue.is_some() {
-                        step.writes.insert(0, output);
-                    }
+                let (input, output) = (*input, *output);
+                if materialised[input] && !step.reads.contains(&input) {
+                    step.writes.insert(0, input);
+                }
+                if epilogue.is_some() {
+                    step.writes.insert(0, output);
                 }
             }
             report.push(step.describe(&graph.values));

@@ -11,10 +11,26 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use rustconv_kernels::{
-    conv1d_f32, linear_scan_f32, Algorithm, Choice, Conv1dParams, PreparedConv1d, ScanParams,
-    Scratch,
+use rustconv_kernels::fused::{
+    drain, line_scratch, materialise, BinaryOp, Env, EpilogueSink, Expr, Program, ProgramRows,
+    RowSink, RowSource, RowsIn, RowsOut, StoreView, UnaryOp,
 };
+use rustconv_kernels::{
+    conv1d_f32, linear_scan_f32, linear_scan_rows, scan_rows_scratch, Algorithm, Choice,
+    Conv1dParams, PreparedConv1d, ScanParams, Scratch, Shape,
+};
+
+/// Stored tensors by index, for the fused programs.
+struct Tensors(Vec<(Shape, Vec<f32>)>);
+
+impl Env for Tensors {
+    fn shape(&self, value: usize) -> Shape {
+        self.0[value].0
+    }
+    fn data(&self, value: usize) -> &[f32] {
+        &self.0[value].1
+    }
+}
 
 /// Forwards to the system allocator, counting allocations.
 struct CountingAlloc;
@@ -160,6 +176,158 @@ fn main() {
         .collect();
     let mut gemm_runs = gemm_runs;
 
+    // Fused: a depthwise conv reading `x1 * x2` from [B, N, C] tensors and
+    // storing `silu(y) * g` transposed back; a scan computing `a` and `u`
+    // from softplus and exp, its output gated; a pass materialising a
+    // program; an epilogue drained over a stored output.
+    let (fc, fn_) = (8, 3000);
+    let fdw = PreparedConv1d::new(
+        &Conv1dParams {
+            in_len: fn_,
+            in_channels: fc,
+            out_channels: fc,
+            groups: fc,
+            kernel_size: 4,
+            pad_left: 3,
+            ..depthwise
+        },
+        &vec![0.25; fc * 4],
+        Choice::Force(Algorithm::DepthwiseSimd),
+    )
+    .unwrap();
+    let fparams = Conv1dParams {
+        in_len: fn_,
+        in_channels: fc,
+        out_channels: fc,
+        groups: fc,
+        kernel_size: 4,
+        pad_left: 3,
+        ..depthwise
+    };
+    let fw = vec![0.25; fc * 4];
+    let t = |dims: &[usize], v: f32| (Shape::new(dims), vec![v; dims.iter().product()]);
+    let env = Tensors(vec![
+        t(&[1, fn_, fc], 0.5), // 0: x1
+        t(&[1, fn_, fc], 2.0), // 1: x2
+        t(&[1, fn_, fc], 1.0), // 2: g
+        t(&[1, fc, fn_], 0.0), // 3: [1, C, N] (virtual)
+        t(&[1, fn_, fc], 0.0), // 4: [1, N, C] (virtual)
+        t(&[fc, 1], 0.5),      // 5: A
+        t(&[1, 1, fc], 0.0),   // 6: A viewed as [1, 1, C] (virtual)
+    ]);
+    let transpose = [Some(0), Some(2), Some(1), None];
+    let mut pro = Program::default();
+    let (a1, a2) = (pro.push(Expr::Load, 0), pro.push(Expr::Load, 1));
+    let m = pro.push(
+        Expr::Binary {
+            op: BinaryOp::Mul,
+            a: a1,
+            b: a2,
+        },
+        4,
+    );
+    pro.push(
+        Expr::View {
+            x: m,
+            map: transpose,
+        },
+        3,
+    );
+    let mut epi = Program::default();
+    let an = epi.push(Expr::Anchor, 3);
+    let si = epi.push(
+        Expr::Unary {
+            op: UnaryOp::Silu,
+            x: an,
+        },
+        3,
+    );
+    let g = epi.push(Expr::Load, 2);
+    let gt = epi.push(
+        Expr::View {
+            x: g,
+            map: transpose,
+        },
+        3,
+    );
+    epi.push(
+        Expr::Binary {
+            op: BinaryOp::Mul,
+            a: si,
+            b: gt,
+        },
+        3,
+    );
+    let mut coef = Program::default();
+    let l = coef.push(Expr::Load, 0);
+    let sp = coef.push(
+        Expr::Unary {
+            op: UnaryOp::Softplus,
+            x: l,
+        },
+        4,
+    );
+    let la = coef.push(Expr::Load, 5);
+    let lt = coef.push(
+        Expr::View {
+            x: la,
+            map: [None, Some(1), Some(0), None],
+        },
+        6,
+    );
+    let bc = coef.push(Expr::Broadcast { x: lt }, 4);
+    let mu = coef.push(
+        Expr::Binary {
+            op: BinaryOp::Mul,
+            a: sp,
+            b: bc,
+        },
+        4,
+    );
+    let ng = coef.push(
+        Expr::Unary {
+            op: UnaryOp::Neg,
+            x: mu,
+        },
+        4,
+    );
+    let ex = coef.push(
+        Expr::Unary {
+            op: UnaryOp::Exp,
+            x: ng,
+        },
+        4,
+    );
+    coef.push(
+        Expr::View {
+            x: ex,
+            map: transpose,
+        },
+        3,
+    );
+    let views = [StoreView {
+        map: transpose,
+        rank: 3,
+    }];
+    let mut fused_out = vec![0.0; fc * fn_];
+    let mut scan_out = vec![0.0; fc * fn_];
+    let mut pass_out = vec![0.0; fc * fn_];
+    let mut drained = vec![0.0; fc * fn_];
+    let fscan = ScanParams {
+        batch: 1,
+        channels: fc,
+        len: fn_,
+    };
+    let fx0 = vec![0.0; fc];
+    let temps = [pro.temporaries(), 1 + epi.temporaries(), coef.temporaries()]
+        .into_iter()
+        .max()
+        .unwrap();
+    let fused_scratch = fdw
+        .rows_scratch_per_thread(temps, temps)
+        .max(scan_rows_scratch(temps))
+        .max(line_scratch(temps));
+
     let scratch = Scratch::new(
         2,
         prepared
@@ -167,7 +335,8 @@ fn main() {
             .chain(gemm_runs.iter().map(|r| &r.1))
             .map(|p| p.scratch_per_thread())
             .max()
-            .unwrap(),
+            .unwrap()
+            .max(fused_scratch),
     );
 
     let pool = rayon::ThreadPoolBuilder::new()
@@ -187,6 +356,57 @@ fn main() {
             for (p, conv, x, b, y) in gemm_runs.iter_mut() {
                 conv.run(p, x, None, Some(b), y, &scratch).unwrap();
             }
+            let source = ProgramRows::new(&pro, &env);
+            let (xt, yt) = (source.temporaries(), 1 + epi.temporaries());
+            let sink = EpilogueSink::new(
+                &epi,
+                &env,
+                Shape::new(&[1, fc, fn_]),
+                &views,
+                &mut fused_out,
+                Shape::new(&[1, fn_, fc]),
+            );
+            fdw.run_rows(
+                &fparams,
+                RowsIn::Fused(&source),
+                Some(&fw),
+                None,
+                RowsOut::Fused(&sink),
+                xt,
+                yt,
+                &scratch,
+            )
+            .unwrap();
+            let a_rows = ProgramRows::new(&coef, &env);
+            let u_rows = ProgramRows::new(&pro, &env);
+            let gate = EpilogueSink::new(
+                &epi,
+                &env,
+                Shape::new(&[1, fc, fn_]),
+                &[],
+                &mut scan_out,
+                Shape::new(&[1, fc, fn_]),
+            );
+            linear_scan_rows(
+                &fscan,
+                RowsIn::Slice(&fx0),
+                RowsIn::Fused(&a_rows),
+                RowsIn::Fused(&u_rows),
+                RowsOut::Fused(&gate),
+                &scratch,
+            )
+            .unwrap();
+            materialise(&ProgramRows::new(&coef, &env), &mut pass_out, fn_, &scratch);
+            let sink = EpilogueSink::new(
+                &epi,
+                &env,
+                Shape::new(&[1, fc, fn_]),
+                &views,
+                &mut drained,
+                Shape::new(&[1, fn_, fc]),
+            );
+            assert!(sink.temporaries() > 0);
+            drain(&sink, &pass_out, fn_, &scratch);
         })
     };
 
@@ -222,5 +442,8 @@ fn main() {
         assert!(y.iter().all(|v| v.is_finite() && *v >= 1.0), "{p:?}");
         assert!(y.iter().any(|v| *v > 1.0), "{p:?}");
     }
-    println!("no_alloc: kernels made no heap allocation");
+    for out in [&fused_out, &scan_out, &pass_out, &drained] {
+        assert!(out.iter().all(|v| v.is_finite() && *v > 0.0));
+    }
+    println!("no_alloc: kernels made no heap allocation, fused ones included");
 }

@@ -8,6 +8,10 @@
 //! functions within a few ulp of their definitions: far inside the 1e-4
 //! the delegate is held to.
 
+// The polynomial coefficients are written as published (Cephes), with
+// more digits than f32 holds.
+#![allow(clippy::excessive_precision)]
+
 /// `e^x`; below about -87.3 it returns the smallest normal (about 1.2e-38)
 /// instead of a subnormal or 0, and infinity above 88.7.
 #[inline(always)]
@@ -66,12 +70,10 @@ pub(crate) fn ln(x: f32) -> f32 {
         f32::INFINITY
     } else if x == 0.0 {
         f32::NEG_INFINITY
-    } else if !(x >= f32::MIN_POSITIVE) {
-        if x > 0.0 {
-            ln_subnormal(x)
-        } else {
-            f32::NAN
-        }
+    } else if x.is_nan() || x < 0.0 {
+        f32::NAN
+    } else if x < f32::MIN_POSITIVE {
+        ln_subnormal(x)
     } else {
         y
     }

@@ -103,6 +103,9 @@ impl Line {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Program {
     nodes: Vec<Node>,
+    /// Per node, the line-sized temporaries evaluating it needs (kept as
+    /// nodes are pushed, so asking costs nothing at run time).
+    temporaries: Vec<usize>,
 }
 
 impl Program {
@@ -115,6 +118,19 @@ impl Program {
         for operand in operands(&expr) {
             assert!(operand < n, "operand {operand} of node {n} is not earlier");
         }
+        let need = &self.temporaries;
+        self.temporaries.push(match expr {
+            Expr::Load | Expr::Anchor | Expr::Const(_) => 0,
+            Expr::Unary { x, .. }
+            | Expr::Clamp { x, .. }
+            | Expr::Broadcast { x }
+            | Expr::View { x, .. }
+            | Expr::Slice { x, .. } => need[x],
+            // `b` is evaluated while `a`'s values wait in the output.
+            Expr::Binary { a, b, .. } => need[a].max(1 + need[b]),
+            Expr::Where { cond, a, b } => need[a].max(1 + need[b]).max(2 + need[cond]),
+            Expr::Cat { ref parts, .. } => parts.iter().map(|&p| need[p]).max().unwrap_or(0),
+        });
         self.nodes.push(Node { expr, value });
         n
     }
@@ -147,21 +163,7 @@ impl Program {
 
     /// How many line-sized temporaries [`Self::eval`] needs for the root.
     pub fn temporaries(&self) -> usize {
-        let mut need = vec![0usize; self.nodes.len()];
-        for (i, node) in self.nodes.iter().enumerate() {
-            need[i] = match node.expr {
-                Expr::Load | Expr::Anchor | Expr::Const(_) => 0,
-                Expr::Unary { x, .. }
-                | Expr::Clamp { x, .. }
-                | Expr::Broadcast { x }
-                | Expr::View { x, .. }
-                | Expr::Slice { x, .. } => need[x],
-                Expr::Binary { a, b, .. } => need[a].max(1 + need[b]),
-                Expr::Where { cond, a, b } => need[a].max(1 + need[b]).max(2 + need[cond]),
-                Expr::Cat { ref parts, .. } => parts.iter().map(|&p| need[p]).max().unwrap_or(0),
-            };
-        }
-        need.last().copied().unwrap_or(0)
+        self.temporaries.last().copied().unwrap_or(0)
     }
 
     /// Writes the root's elements along `line` (in the root's coordinates)

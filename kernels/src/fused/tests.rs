@@ -354,7 +354,6 @@ fn fused_depthwise_matches_the_plain_kernel() {
             )
         })
         .unwrap();
-        drop(sink);
         for (i, (g, w_)) in got.iter().zip(&want).enumerate() {
             assert!(
                 (g - w_).abs() <= 1e-5 * (1.0 + w_.abs()),
@@ -496,7 +495,6 @@ fn fused_scan_matches_the_plain_scan() {
         )
     })
     .unwrap();
-    drop(sink);
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert!(
             (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
@@ -531,6 +529,5 @@ fn a_store_outside_the_output_panics_instead_of_writing() {
     }));
     assert!(r.is_err());
     out.store_line_for_test(1, 2, &[5.0, 6.0]);
-    drop(out);
     assert_eq!(data, [0.0, 5.0, 0.0, 6.0]);
 }

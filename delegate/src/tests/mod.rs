@@ -70,6 +70,8 @@ fn dynamic(bound: i64) -> (i64, bool) {
     (bound, true)
 }
 
+mod fused;
+
 #[derive(Clone, Copy)]
 enum N {
     Conv {
@@ -88,9 +90,50 @@ enum N {
         u: u32,
         output: u32,
     },
+    Unary {
+        op: fb::UnaryOp,
+        input: u32,
+        output: u32,
+    },
+    /// Operand -1: the scalar beside it.
+    Binary {
+        op: fb::BinaryOp,
+        a: i32,
+        b: i32,
+        b_scalar: f32,
+        output: u32,
+    },
+    Permute {
+        input: u32,
+        output: u32,
+        perm: &'static [u8],
+    },
+    Slice {
+        input: u32,
+        output: u32,
+        dim: u8,
+        start: i64,
+        end: i64,
+    },
+    Cat {
+        inputs: &'static [u32],
+        output: u32,
+        dim: u8,
+    },
 }
 
 fn build_blob(values: &[V], inputs: &[u32], outputs: &[u32], nodes: &[N]) -> Vec<u8> {
+    build_blob_grouped(values, inputs, outputs, nodes, &vec![-1; nodes.len()])
+}
+
+/// A blob whose node `i` is in fused kernel `kernels[i]` (-1: no grouping).
+fn build_blob_grouped(
+    values: &[V],
+    inputs: &[u32],
+    outputs: &[u32],
+    nodes: &[N],
+    kernels: &[i32],
+) -> Vec<u8> {
     let mut segment = Vec::new();
     let mut offsets = Vec::new();
     for v in values {
@@ -167,6 +210,91 @@ fn build_blob(values: &[V], inputs: &[u32], outputs: &[u32], nodes: &[N]) -> Vec
                     fb::LinearScan::create(&mut b, &fb::LinearScanArgs { x0, a, u, output })
                         .as_union_value(),
                 ),
+                N::Unary { op, input, output } => (
+                    fb::Op::Unary,
+                    fb::Unary::create(&mut b, &fb::UnaryArgs { input, output, op })
+                        .as_union_value(),
+                ),
+                N::Binary {
+                    op,
+                    a,
+                    b: rhs,
+                    b_scalar,
+                    output,
+                } => (
+                    fb::Op::Binary,
+                    fb::Binary::create(
+                        &mut b,
+                        &fb::BinaryArgs {
+                            op,
+                            a,
+                            b: rhs,
+                            a_scalar: 0.0,
+                            b_scalar,
+                            output,
+                        },
+                    )
+                    .as_union_value(),
+                ),
+                N::Permute {
+                    input,
+                    output,
+                    perm,
+                } => {
+                    let perm = b.create_vector(perm);
+                    (
+                        fb::Op::Permute,
+                        fb::Permute::create(
+                            &mut b,
+                            &fb::PermuteArgs {
+                                input,
+                                output,
+                                perm: Some(perm),
+                            },
+                        )
+                        .as_union_value(),
+                    )
+                }
+                N::Slice {
+                    input,
+                    output,
+                    dim,
+                    start,
+                    end,
+                } => (
+                    fb::Op::Slice,
+                    fb::Slice::create(
+                        &mut b,
+                        &fb::SliceArgs {
+                            input,
+                            output,
+                            dim,
+                            start,
+                            end,
+                            step: 1,
+                        },
+                    )
+                    .as_union_value(),
+                ),
+                N::Cat {
+                    inputs,
+                    output,
+                    dim,
+                } => {
+                    let inputs = b.create_vector(inputs);
+                    (
+                        fb::Op::Cat,
+                        fb::Cat::create(
+                            &mut b,
+                            &fb::CatArgs {
+                                inputs: Some(inputs),
+                                output,
+                                dim,
+                            },
+                        )
+                        .as_union_value(),
+                    )
+                }
             };
             let name = b.create_string(&format!("node{i}"));
             let handles = b.create_vector(&[i as u32 + 100]);
@@ -178,7 +306,7 @@ fn build_blob(values: &[V], inputs: &[u32], outputs: &[u32], nodes: &[N]) -> Vec
                     id: i as u32,
                     debug_handles: Some(handles),
                     name: Some(name),
-                    kernel: -1,
+                    kernel: kernels[i],
                 },
             )
         })

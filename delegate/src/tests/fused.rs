@@ -1,0 +1,449 @@
+//! Fused kernels: blobs whose nodes the exporter grouped (`Node.kernel`),
+//! run against references computed here index by index, grouped and
+//! ungrouped; and groupings the runtime must refuse.
+
+use super::*;
+
+const D: usize = 4;
+const KW: usize = 3;
+const NMAX: usize = 32;
+
+fn conv_weights() -> Vec<f32> {
+    ramp(D * KW, 0.1)
+}
+
+/// transformers' Lfm2ShortConv between its projections: `bcx [1, N, 3D]`
+/// -> transpose -> chunk(3) -> `b * x` -> causal depthwise conv -> `c * y`
+/// -> transpose -> `[1, N, D]`.
+fn lfm2_blob(kernels: &[i32]) -> Vec<u8> {
+    let n = dynamic(NMAX as i64);
+    let d = s(D as i64);
+    build_blob_grouped(
+        &[
+            input("bcx", 0, &[s(1), n, s(3 * D as i64)]),
+            constant("w", &[D as i64, 1, KW as i64], conv_weights()),
+            inter("bcx_t", &[s(1), s(3 * D as i64), n]),
+            inter("b", &[s(1), d, n]),
+            inter("c", &[s(1), d, n]),
+            inter("x", &[s(1), d, n]),
+            inter("bx", &[s(1), d, n]),
+            inter("y", &[s(1), d, n]),
+            inter("cy", &[s(1), d, n]),
+            output("out", 0, &[s(1), n, d]),
+        ],
+        &[0],
+        &[9],
+        &[
+            N::Permute {
+                input: 0,
+                output: 2,
+                perm: &[0, 2, 1],
+            },
+            N::Slice {
+                input: 2,
+                output: 3,
+                dim: 1,
+                start: 0,
+                end: D as i64,
+            },
+            N::Slice {
+                input: 2,
+                output: 4,
+                dim: 1,
+                start: D as i64,
+                end: 2 * D as i64,
+            },
+            N::Slice {
+                input: 2,
+                output: 5,
+                dim: 1,
+                start: 2 * D as i64,
+                end: i64::MAX,
+            },
+            N::Binary {
+                op: fb::BinaryOp::Mul,
+                a: 3,
+                b: 5,
+                b_scalar: 0.0,
+                output: 6,
+            },
+            N::Conv {
+                input: 6,
+                weight: 1,
+                bias: -1,
+                output: 7,
+                stride: 1,
+                pad: (KW as u32 - 1, 0),
+                dilation: 1,
+                groups: D as u32,
+            },
+            N::Binary {
+                op: fb::BinaryOp::Mul,
+                a: 4,
+                b: 7,
+                b_scalar: 0.0,
+                output: 8,
+            },
+            N::Permute {
+                input: 8,
+                output: 9,
+                perm: &[0, 2, 1],
+            },
+        ],
+        kernels,
+    )
+}
+
+fn lfm2_reference(bcx: &[f32], n: usize) -> Vec<f32> {
+    let w = conv_weights();
+    let at = |t: usize, ch: usize| bcx[t * 3 * D + ch];
+    let mut out = vec![0.0; n * D];
+    for t in 0..n {
+        for c in 0..D {
+            let mut y = 0.0;
+            for k in 0..KW {
+                if let Some(ti) = (t + k).checked_sub(KW - 1) {
+                    y += w[c * KW + k] * at(ti, c) * at(ti, 2 * D + c);
+                }
+            }
+            out[t * D + c] = at(t, D + c) * y;
+        }
+    }
+    out
+}
+
+fn run(d: &Delegate, inputs: Vec<T>, outputs: Vec<T>) -> Args {
+    let mut args = Args(inputs.into_iter().chain(outputs).collect());
+    d.execute(&mut args).unwrap();
+    args
+}
+
+#[test]
+fn lfm2_block_is_one_step_and_matches_the_reference_at_every_length() {
+    let fused = init(&lfm2_blob(&[0; 8])).unwrap();
+    let plan = fused.plan().unwrap();
+    assert_eq!(plan.steps.len(), 1, "{:?}", plan.steps);
+    assert_eq!(plan.steps[0].absorbed.len(), 8);
+    assert_eq!(plan.steps[0].algorithm, "depthwise_simd");
+    assert_eq!(
+        plan.arena_bytes, 0,
+        "nothing between the projections is stored"
+    );
+    assert!(
+        plan.report
+            .iter()
+            .any(|l| l.contains("prologue and epilogue in its loops")),
+        "{:?}",
+        plan.report
+    );
+
+    let unfused = init(&lfm2_blob(&[-1; 8])).unwrap();
+    assert_eq!(unfused.plan().unwrap().steps.len(), 8);
+    for n in [1, 2, 5, NMAX] {
+        let bcx = ramp(n * 3 * D, 0.05);
+        let want = lfm2_reference(&bcx, n);
+        for d in [&fused, &unfused] {
+            let args = run(
+                d,
+                vec![tensor(&[1, n as i32, 3 * D as i32], bcx.clone())],
+                vec![out_tensor(&[1, NMAX as i32, D as i32])],
+            );
+            assert_eq!(args.0[1].sizes, vec![1, n as i32, D as i32]);
+            assert_close(&args.0[1].data[..n * D], &want);
+        }
+    }
+}
+
+/// `dt = softplus(p)`, `a = exp(-(dt * A))`, `u = dt * x`,
+/// `y = scan(x0, a, u)`, `out = y * silu(z)`, in one kernel.
+#[test]
+fn ssm_block_runs_its_coefficients_and_gate_inside_the_scan() {
+    let n = dynamic(NMAX as i64);
+    let d = s(D as i64);
+    let big_a = vec![0.5, 1.0, 1.5, 2.0];
+    let blob = build_blob_grouped(
+        &[
+            input("p", 0, &[s(1), d, n]),
+            input("x", 1, &[s(1), d, n]),
+            input("z", 2, &[s(1), d, n]),
+            input("x0", 3, &[s(1), d]),
+            constant("A", &[D as i64, 1], big_a.clone()),
+            inter("dt", &[s(1), d, n]),
+            inter("dtA", &[s(1), d, n]),
+            inter("neg", &[s(1), d, n]),
+            inter("a", &[s(1), d, n]),
+            inter("u", &[s(1), d, n]),
+            inter("y", &[s(1), d, n]),
+            inter("sz", &[s(1), d, n]),
+            output("out", 0, &[s(1), d, n]),
+        ],
+        &[0, 1, 2, 3],
+        &[12],
+        &[
+            N::Unary {
+                op: fb::UnaryOp::Softplus,
+                input: 0,
+                output: 5,
+            },
+            N::Binary {
+                op: fb::BinaryOp::Mul,
+                a: 5,
+                b: 4,
+                b_scalar: 0.0,
+                output: 6,
+            },
+            N::Binary {
+                op: fb::BinaryOp::Mul,
+                a: 6,
+                b: -1,
+                b_scalar: -1.0,
+                output: 7,
+            },
+            N::Unary {
+                op: fb::UnaryOp::Exp,
+                input: 7,
+                output: 8,
+            },
+            N::Binary {
+                op: fb::BinaryOp::Mul,
+                a: 5,
+                b: 1,
+                b_scalar: 0.0,
+                output: 9,
+            },
+            N::Scan {
+                x0: 3,
+                a: 8,
+                u: 9,
+                output: 10,
+            },
+            N::Unary {
+                op: fb::UnaryOp::Silu,
+                input: 2,
+                output: 11,
+            },
+            N::Binary {
+                op: fb::BinaryOp::Mul,
+                a: 10,
+                b: 11,
+                b_scalar: 0.0,
+                output: 12,
+            },
+        ],
+        &[0; 8],
+    );
+    let dl = init(&blob).unwrap();
+    let plan = dl.plan().unwrap();
+    assert_eq!(plan.steps.len(), 1);
+    assert_eq!(plan.arena_bytes, 0);
+    for len in [1, 7, NMAX] {
+        let p = ramp(D * len, 0.3);
+        let x = ramp(D * len, -0.2);
+        let z = ramp(D * len, 0.25);
+        let x0 = vec![0.1, -0.2, 0.3, 0.0];
+        let mut want = vec![0.0; D * len];
+        for c in 0..D {
+            let mut h = x0[c] as f64;
+            for t in 0..len {
+                let i = c * len + t;
+                let dt = (p[i] as f64).exp().ln_1p();
+                h = (-dt * big_a[c] as f64).exp() * h + dt * x[i] as f64;
+                let zi = z[i] as f64;
+                want[i] = (h * zi / (1.0 + (-zi).exp())) as f32;
+            }
+        }
+        let dims = [1, D as i32, len as i32];
+        let args = run(
+            &dl,
+            vec![
+                tensor(&dims, p),
+                tensor(&dims, x),
+                tensor(&dims, z),
+                tensor(&[1, D as i32], x0),
+            ],
+            vec![out_tensor(&[1, D as i32, NMAX as i32])],
+        );
+        assert_close(&args.0[4].data[..D * len], &want);
+    }
+}
+
+/// ExecuTorch's LFM2 example: the conv reads `cat([state, bx], -1)` in
+/// place, and the new state `bx[..., -2:]` is a second, pass kernel.
+#[test]
+fn cat_of_the_state_is_read_in_place_as_the_left_context() {
+    let n = dynamic(NMAX as i64);
+    let d = s(D as i64);
+    let blob = build_blob_grouped(
+        &[
+            input("state", 0, &[s(1), d, s(KW as i64 - 1)]),
+            input("bx", 1, &[s(1), d, n]),
+            constant("w", &[D as i64, 1, KW as i64], conv_weights()),
+            inter("cat", &[s(1), d, dynamic((NMAX + KW - 1) as i64)]),
+            output("y", 0, &[s(1), d, n]),
+            output("new_state", 1, &[s(1), d, s(KW as i64 - 1)]),
+        ],
+        &[0, 1],
+        &[4, 5],
+        &[
+            N::Cat {
+                inputs: &[0, 1],
+                output: 3,
+                dim: 2,
+            },
+            N::Conv {
+                input: 3,
+                weight: 2,
+                bias: -1,
+                output: 4,
+                stride: 1,
+                pad: (0, 0),
+                dilation: 1,
+                groups: D as u32,
+            },
+            N::Slice {
+                input: 1,
+                output: 5,
+                dim: 2,
+                start: 1 - KW as i64,
+                end: i64::MAX,
+            },
+        ],
+        &[0, 0, 1],
+    );
+    let dl = init(&blob).unwrap();
+    assert_eq!(dl.plan().unwrap().steps.len(), 2);
+    let len = 9;
+    let state = ramp(D * (KW - 1), 0.5);
+    let bx = ramp(D * len, 0.1);
+    let args = run(
+        &dl,
+        vec![
+            tensor(&[1, D as i32, KW as i32 - 1], state.clone()),
+            tensor(&[1, D as i32, len as i32], bx.clone()),
+        ],
+        vec![
+            out_tensor(&[1, D as i32, NMAX as i32]),
+            out_tensor(&[1, D as i32, KW as i32 - 1]),
+        ],
+    );
+    let w = conv_weights();
+    let mut want = vec![0.0; D * len];
+    for c in 0..D {
+        let row: Vec<f32> = state[c * 2..c * 2 + 2]
+            .iter()
+            .chain(&bx[c * len..(c + 1) * len])
+            .copied()
+            .collect();
+        for t in 0..len {
+            want[c * len + t] = (0..KW).map(|k| w[c * KW + k] * row[t + k]).sum();
+        }
+    }
+    assert_close(&args.0[2].data[..D * len], &want);
+    let new_state: Vec<f32> = (0..D)
+        .flat_map(|c| bx[c * len + len - 2..c * len + len].to_vec())
+        .collect();
+    assert_eq!(args.0[3].data, new_state);
+}
+
+fn kernel_error(blob: &[u8]) -> String {
+    match init(blob) {
+        Err(e) => {
+            assert_eq!(e.status(), Status::InvalidProgram, "{e}");
+            e.to_string()
+        }
+        Ok(_) => panic!("the grouping was accepted"),
+    }
+}
+
+#[test]
+fn groupings_the_runtime_cannot_run_are_refused_with_the_reason() {
+    // Kernels not numbered in order.
+    let e = kernel_error(&lfm2_blob(&[0, 0, 0, 0, 0, 2, 2, 2]));
+    assert!(e.contains("consecutive"), "{e}");
+    // Some nodes grouped, others not.
+    let e = kernel_error(&lfm2_blob(&[0, 0, 0, 0, 0, 0, 0, -1]));
+    assert!(e.contains("no kernel index"), "{e}");
+    // The permute back into [1, N, D] in its own pass kernel makes `cy`
+    // stored: still valid. But the epilogue may not read the conv's output
+    // through a view: put the first permute after the conv instead.
+    let n = dynamic(NMAX as i64);
+    let d = s(D as i64);
+    let blob = build_blob_grouped(
+        &[
+            input("x", 0, &[s(1), d, n]),
+            constant("w", &[D as i64, 1, KW as i64], conv_weights()),
+            inter("y", &[s(1), d, n]),
+            inter("yt", &[s(1), n, d]),
+            input("g", 1, &[s(1), n, d]),
+            output("out", 0, &[s(1), n, d]),
+        ],
+        &[0, 4],
+        &[5],
+        &[
+            N::Conv {
+                input: 0,
+                weight: 1,
+                bias: -1,
+                output: 2,
+                stride: 1,
+                pad: (2, 0),
+                dilation: 1,
+                groups: D as u32,
+            },
+            N::Permute {
+                input: 2,
+                output: 3,
+                perm: &[0, 2, 1],
+            },
+            N::Binary {
+                op: fb::BinaryOp::Mul,
+                a: 3,
+                b: 4,
+                b_scalar: 0.0,
+                output: 5,
+            },
+        ],
+        &[0, 0, 0],
+    );
+    let e = kernel_error(&blob);
+    assert!(
+        e.contains("fused kernel 0") && e.contains("shape of the anchor"),
+        "{e}"
+    );
+    // Two anchors in one kernel.
+    let blob = build_blob_grouped(
+        &[
+            input("x", 0, &[s(1), d, n]),
+            constant("w", &[D as i64, 1, KW as i64], conv_weights()),
+            inter("y", &[s(1), d, n]),
+            output("z", 0, &[s(1), d, n]),
+        ],
+        &[0],
+        &[3],
+        &[
+            N::Conv {
+                input: 0,
+                weight: 1,
+                bias: -1,
+                output: 2,
+                stride: 1,
+                pad: (2, 0),
+                dilation: 1,
+                groups: D as u32,
+            },
+            N::Conv {
+                input: 2,
+                weight: 1,
+                bias: -1,
+                output: 3,
+                stride: 1,
+                pad: (2, 0),
+                dilation: 1,
+                groups: D as u32,
+            },
+        ],
+        &[0, 0],
+    );
+    let e = kernel_error(&blob);
+    assert!(e.contains("holds 2 convs or scans"), "{e}");
+}
