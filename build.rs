@@ -1,6 +1,7 @@
-//! Compiles the C++ side of the delegate (the `BackendInterface` shim and the
-//! pte_runner driver) with cxx against the headers of the pinned executorch
-//! wheel, and links the wheel's shared libraries with an rpath.
+//! Compiles the C++ side of the delegate (the `BackendInterface` shim, the
+//! `rustconv::linear_scan.out` operator kernel and the pte_runner driver) with
+//! cxx against the headers of the pinned executorch wheel, and links the
+//! wheel's shared libraries with an rpath.
 //!
 //! The wheel is found through the project's Python: `$RUSTCONV_PYTHON`, else
 //! `.venv/bin/python` (the link `scripts/common.sh` makes to the cached env).
@@ -49,6 +50,7 @@ fn main() {
     build
         .file("delegate/cpp/backend.cpp")
         .file("delegate/cpp/runner.cpp")
+        .file("delegate/cpp/scan_kernel.cpp")
         .include(&root)
         .include(&include)
         .include(&c10_include)
@@ -75,6 +77,8 @@ fn main() {
         "delegate/cpp/backend.h",
         "delegate/cpp/runner.cpp",
         "delegate/cpp/runner.h",
+        "delegate/cpp/scan_kernel.cpp",
+        "delegate/cpp/scan_kernel.h",
     ] {
         println!("cargo:rerun-if-changed={path}");
     }

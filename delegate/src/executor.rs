@@ -363,7 +363,8 @@ impl Executable<'_> {
                 op,
                 input,
                 epilogue,
-                staged,
+                stage_input,
+                stage_output,
             } => {
                 let OpDesc::Conv1d {
                     input: x,
@@ -379,14 +380,24 @@ impl Executable<'_> {
                 let released = self.plan.locations[weight] == Location::Released;
                 let w = (!released).then(|| view(weight));
                 let b = bias.map(view);
-                if *staged {
-                    if let Source::Computed(p) = input {
+                let source;
+                let (x_in, x_temps) = match input {
+                    Source::Stored(v) => (RowsIn::Slice(view(*v)), 0),
+                    Source::Computed(p) if *stage_input => {
                         materialise(&ProgramRows::new(p, &env), out(x), row_len(x), scratch);
+                        (RowsIn::Slice(view(x)), 0)
                     }
-                    let y = if epilogue.is_some() { output } else { *result };
-                    prepared.run(&params, view(x), w, b, out(y), scratch)?;
-                    if let Some(e) = epilogue {
-                        let sink = EpilogueSink::new(
+                    Source::Computed(p) => {
+                        source = ProgramRows::new(p, &env);
+                        (RowsIn::Fused(&source), p.temporaries())
+                    }
+                };
+                let sink;
+                let (y_out, y_temps) = match epilogue {
+                    None => (RowsOut::Slice(out(*result)), 0),
+                    Some(_) if *stage_output => (RowsOut::Slice(out(output)), 0),
+                    Some(e) => {
+                        sink = EpilogueSink::new(
                             &e.program,
                             &env,
                             shape(output),
@@ -394,33 +405,20 @@ impl Executable<'_> {
                             out(*result),
                             shape(*result),
                         );
-                        drain(&sink, view(output), row_len(output), scratch);
+                        (RowsOut::Fused(&sink), 1 + e.program.temporaries())
                     }
-                } else {
-                    let source;
-                    let (x_in, x_temps) = match input {
-                        Source::Stored(v) => (RowsIn::Slice(view(*v)), 0),
-                        Source::Computed(p) => {
-                            source = ProgramRows::new(p, &env);
-                            (RowsIn::Fused(&source), p.temporaries())
-                        }
-                    };
-                    let sink;
-                    let (y_out, y_temps) = match epilogue {
-                        None => (RowsOut::Slice(out(*result)), 0),
-                        Some(e) => {
-                            sink = EpilogueSink::new(
-                                &e.program,
-                                &env,
-                                shape(output),
-                                &e.views,
-                                out(*result),
-                                shape(*result),
-                            );
-                            (RowsOut::Fused(&sink), 1 + e.program.temporaries())
-                        }
-                    };
-                    prepared.run_rows(&params, x_in, w, b, y_out, x_temps, y_temps, scratch)?;
+                };
+                prepared.run_rows(&params, x_in, w, b, y_out, x_temps, y_temps, scratch)?;
+                if let (Some(e), true) = (epilogue, *stage_output) {
+                    let sink = EpilogueSink::new(
+                        &e.program,
+                        &env,
+                        shape(output),
+                        &e.views,
+                        out(*result),
+                        shape(*result),
+                    );
+                    drain(&sink, view(output), row_len(output), scratch);
                 }
             }
             Exec::LinearScan {

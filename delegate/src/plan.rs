@@ -49,11 +49,13 @@ pub enum Exec {
         op: OpDesc,
         input: Source,
         epilogue: Option<Epilogue>,
-        /// The algorithm cannot run the prologue and epilogue in its own
-        /// loops: the input is materialised first into its value's arena
-        /// slot, and the output into the anchor's, then drained through the
-        /// epilogue.
-        staged: bool,
+        /// The algorithm cannot compute the input in its own loops: it is
+        /// materialised first, into its value's arena slot.
+        stage_input: bool,
+        /// The algorithm cannot hand its output to the epilogue in its own
+        /// loops: it is stored into the anchor's arena slot, then drained
+        /// through the epilogue.
+        stage_output: bool,
     },
     LinearScan {
         op: OpDesc,
@@ -184,18 +186,14 @@ impl Plan {
                         options,
                         &mut report,
                     )?;
-                    let staged = !prepared.fuses_rows()
-                        && (matches!(input, Source::Computed(_)) || epilogue.is_some());
-                    if staged {
-                        // The algorithm reads and writes stored tensors.
-                        if let (Source::Computed(_), OpDesc::Conv1d { input, .. }) =
-                            (&input, &node.op)
-                        {
-                            materialised[*input] = true;
-                        }
-                        if epilogue.is_some() {
-                            materialised[node.op.output()] = true;
-                        }
+                    let stage_input =
+                        matches!(input, Source::Computed(_)) && !prepared.fuses_input();
+                    let stage_output = epilogue.is_some() && !prepared.fuses_output();
+                    if let (true, OpDesc::Conv1d { input, .. }) = (stage_input, &node.op) {
+                        materialised[*input] = true;
+                    }
+                    if stage_output {
+                        materialised[node.op.output()] = true;
                     }
                     let algorithm = prepared.algorithm().name();
                     let exec = Exec::Conv1d {
@@ -204,7 +202,8 @@ impl Plan {
                         op: node.op.clone(),
                         input,
                         epilogue,
-                        staged,
+                        stage_input,
+                        stage_output,
                     };
                     (exec, algorithm)
                 }
@@ -238,18 +237,17 @@ impl Plan {
             step.reads = step.values_read(&materialised);
             // A staged conv also writes its input and output buffers.
             if let Exec::Conv1d {
-                staged: true,
                 op: OpDesc::Conv1d { input, output, .. },
-                epilogue,
+                stage_input,
+                stage_output,
                 ..
             } = &step.exec
             {
-                let (input, output) = (*input, *output);
-                if materialised[input] && !step.reads.contains(&input) {
-                    step.writes.insert(0, input);
+                if *stage_input {
+                    step.writes.insert(0, *input);
                 }
-                if epilogue.is_some() {
-                    step.writes.insert(0, output);
+                if *stage_output {
+                    step.writes.insert(0, *output);
                 }
             }
             report.push(step.describe(&graph.values));
@@ -382,15 +380,21 @@ impl Step {
                 prepared,
                 input,
                 epilogue,
-                staged,
+                stage_input,
+                stage_output,
                 ..
             } => {
                 let (x, y) = (program_temps(input), epilogue_temps(epilogue));
-                if *staged {
-                    prepared.scratch_per_thread().max(line_scratch(x.max(y)))
+                let staged = line_scratch(if *stage_input { x } else { 0 }.max(if *stage_output {
+                    y
                 } else {
-                    prepared.rows_scratch_per_thread(x, y)
-                }
+                    0
+                }));
+                let fused = prepared.rows_scratch_per_thread(
+                    if *stage_input { 0 } else { x },
+                    if *stage_output { 0 } else { y },
+                );
+                staged.max(fused)
             }
             Exec::LinearScan {
                 x0, a, u, epilogue, ..
@@ -419,21 +423,20 @@ impl Step {
             Exec::Conv1d {
                 input,
                 epilogue,
-                staged,
+                stage_input,
+                stage_output,
                 ..
             } => {
-                let mut parts = Vec::new();
-                if matches!(input, Source::Computed(_)) {
-                    parts.push("prologue");
-                }
-                if epilogue.is_some() {
-                    parts.push("epilogue");
-                }
-                match (parts.is_empty(), staged) {
-                    (true, _) => String::new(),
-                    (false, true) => format!(", {} staged through memory", parts.join(" and ")),
-                    (false, false) => format!(", {} in its loops", parts.join(" and ")),
-                }
+                let part = |what: &str, present: bool, staged: bool| match (present, staged) {
+                    (false, _) => String::new(),
+                    (true, false) => format!(", {what} in its loops"),
+                    (true, true) => format!(", {what} staged through memory"),
+                };
+                part(
+                    "prologue",
+                    matches!(input, Source::Computed(_)),
+                    *stage_input,
+                ) + &part("epilogue", epilogue.is_some(), *stage_output)
             }
             Exec::LinearScan {
                 x0, a, u, epilogue, ..

@@ -6,7 +6,23 @@ custom op. ``torch.export`` then keeps it as a single
 ``torch.ops.rustconv.linear_scan.default`` node, which the RustConv partitioner
 delegates and the Rust runtime implements.
 
-Importing this module registers the op; ``import rustconv`` does so.
+A scan left outside the delegate (a program lowered with XNNPACK alone, an
+fp64 scan, which RustConv does not delegate, or a scan another partitioner
+leaves out) runs as an ordinary ExecuTorch operator instead. For that,
+``to_executorch()`` needs an out variant, declared here too::
+
+    rustconv::linear_scan.out(Tensor x0, Tensor a, Tensor u, *, Tensor(a!) out) -> Tensor(a!)
+
+``to_executorch()`` swaps the functional node for it (ExecuTorch pairs the two
+by schema, see ``executorch.exir.operator.convert.to_out_variant``), and the
+program then calls the kernel registered under ``"rustconv::linear_scan.out"``.
+That kernel (``delegate/cpp/scan_kernel.cpp``, a plain scalar loop for
+float32, float16, bfloat16 and float64) is linked into both
+``librustconv_backend.so``, so ``import rustconv.runtime`` registers it, and
+``pte_runner``. The out variant does not change what the RustConv partitioner
+delegates: it only ever sees the functional ``linear_scan.default``.
+
+Importing this module registers both overloads; ``import rustconv`` does so.
 
 Semantics, for ``x0 [B, C]`` and ``a, u [B, C, N]``::
 
@@ -20,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["linear_scan", "EAGER_DTYPES"]
+__all__ = ["linear_scan", "linear_scan_out", "EAGER_DTYPES", "OUT_SCHEMA"]
 
 #: Floating dtypes the eager kernel and the fake kernel accept. The RustConv
 #: backend delegates a subset (``rustconv.support.SUPPORTED_DTYPES``).
@@ -97,3 +113,52 @@ def _linear_scan_fake(x0: torch.Tensor, a: torch.Tensor, u: torch.Tensor) -> tor
     """Shape function for export/FakeTensor tracing; works with a symbolic ``N``."""
     _validate(x0, a, u)
     return a.new_empty(a.shape)
+
+
+#: Schema of the out variant that ``to_executorch()`` substitutes for a scan
+#: left outside any delegate. Argument names and types must match the
+#: functional op's, or ExecuTorch does not pair the two.
+OUT_SCHEMA = "linear_scan.out(Tensor x0, Tensor a, Tensor u, *, Tensor(a!) out) -> Tensor(a!)"
+
+# A fragment of the ``rustconv`` namespace that ``custom_op`` above created.
+_lib = torch.library.Library("rustconv", "FRAGMENT")
+_lib.define(OUT_SCHEMA)
+
+
+def _check_out(a: torch.Tensor, out: torch.Tensor) -> None:
+    if out.dtype != a.dtype:
+        raise TypeError(
+            f"rustconv.linear_scan.out: out must have the dtype of a ({a.dtype}), got {out.dtype}"
+        )
+    if out.device != a.device:
+        raise ValueError(
+            f"rustconv.linear_scan.out: out must be on the device of a ({a.device}), "
+            f"got {out.device}"
+        )
+
+
+@torch.library.impl(_lib, "linear_scan.out", "CompositeExplicitAutograd")
+def linear_scan_out(
+    x0: torch.Tensor, a: torch.Tensor, u: torch.Tensor, *, out: torch.Tensor
+) -> torch.Tensor:
+    """Eager out variant: the functional kernel's result, written into ``out``.
+
+    ``out`` is resized to ``a``'s shape (like the runtime kernel does) and
+    must have ``a``'s dtype. Returns ``out``.
+    """
+    _check_out(a, out)
+    result = torch.ops.rustconv.linear_scan.default(x0, a, u)
+    if out.shape != result.shape:
+        out.resize_(result.shape)
+    out.copy_(result)
+    return out
+
+
+@torch.library.register_fake("rustconv::linear_scan.out", lib=_lib)
+def _linear_scan_out_fake(
+    x0: torch.Tensor, a: torch.Tensor, u: torch.Tensor, *, out: torch.Tensor
+) -> torch.Tensor:
+    """Fake/meta kernel of the out variant: checks the arguments, returns ``out``."""
+    _validate(x0, a, u)
+    _check_out(a, out)
+    return out

@@ -1,15 +1,25 @@
 """Loads the RustConv runtime into ExecuTorch's Python runtime.
 
 ``import rustconv.runtime`` makes ``executorch.runtime`` able to run programs
-containing ``RustConvBackend`` delegates. The Rust backend is a shared library
-whose static initialiser registers the backend with the ExecuTorch runtime that
-is already in the process, so the order matters:
+containing ``RustConvBackend`` delegates, and programs that call the
+``rustconv::linear_scan.out`` operator: the out variant (see ``rustconv.ops``)
+that ``to_executorch()`` emits for a linear scan no delegate took, e.g. one
+lowered with XNNPACK alone or an fp64 scan. The Rust backend is a shared
+library whose static initialiser registers both, the backend and that
+operator's kernel (``delegate/cpp/scan_kernel.cpp``), with the ExecuTorch
+runtime that is already in the process, so the order matters:
 
 1. ``import executorch.runtime`` first, so ExecuTorch's shared library (and its
-   backend registry) is loaded;
+   backend and operator registries) is loaded;
 2. ``ctypes.CDLL(path, RTLD_GLOBAL)`` the backend library, which resolves its
    ExecuTorch symbols against that library and registers itself;
-3. check that ``"RustConvBackend"`` is now a registered backend.
+3. check that ``"RustConvBackend"`` is now a registered backend and
+   ``"rustconv::linear_scan.out"`` a registered operator.
+
+``pte_runner`` links the same code and registers the same two. Registering the
+kernel is idempotent, and a kernel already registered under that name (say by
+a second copy of the library) is kept rather than registered again, which
+ExecuTorch would treat as a fatal error.
 
 The library is looked up, in order, at:
 
@@ -27,9 +37,19 @@ from pathlib import Path
 
 import executorch.runtime  # noqa: F401  (must precede loading the backend)
 
-__all__ = ["BACKEND_NAME", "ENV_VAR", "library_path", "is_loaded", "candidate_paths"]
+__all__ = [
+    "BACKEND_NAME",
+    "SCAN_KERNEL_NAME",
+    "ENV_VAR",
+    "library_path",
+    "is_loaded",
+    "has_scan_kernel",
+    "candidate_paths",
+]
 
 BACKEND_NAME = "RustConvBackend"
+#: The operator kernel for scans outside any delegate (``rustconv.ops``).
+SCAN_KERNEL_NAME = "rustconv::linear_scan.out"
 ENV_VAR = "RUSTCONV_BACKEND_LIB"
 _LIB_NAME = "librustconv_backend.so"
 _BUILD_COMMAND = "cargo build --release  (in the repository root)"
@@ -55,6 +75,12 @@ def _registered_backends() -> list[str]:
     from executorch.runtime import Runtime
 
     return list(Runtime.get().backend_registry.registered_backend_names)
+
+
+def _registered_operators() -> set[str]:
+    from executorch.runtime import Runtime
+
+    return set(Runtime.get().operator_registry.operator_names)
 
 
 def _load() -> None:
@@ -83,6 +109,12 @@ def _load() -> None:
             "been built against a different ExecuTorch than the one installed; "
             f"rebuild it with: {_BUILD_COMMAND}"
         )
+    if SCAN_KERNEL_NAME not in _registered_operators():
+        raise ImportError(
+            f"loaded {path}, which registered {BACKEND_NAME!r} but not the "
+            f"{SCAN_KERNEL_NAME!r} kernel; it was built from older sources, so "
+            f"rebuild it with: {_BUILD_COMMAND}"
+        )
     _library, _library_path = library, path
 
 
@@ -94,6 +126,11 @@ def library_path() -> Path | None:
 def is_loaded() -> bool:
     """Whether ``RustConvBackend`` is registered with the ExecuTorch runtime."""
     return BACKEND_NAME in _registered_backends()
+
+
+def has_scan_kernel() -> bool:
+    """Whether ``rustconv::linear_scan.out`` is a registered ExecuTorch operator."""
+    return SCAN_KERNEL_NAME in _registered_operators()
 
 
 _load()

@@ -213,10 +213,16 @@ impl PreparedConv1d {
         matches!(self.imp, Imp::Direct | Imp::Depthwise(_))
     }
 
-    /// Whether [`Self::run_rows`] fuses a prologue and an epilogue into this
-    /// algorithm's loops. The others need their input and output stored.
-    pub fn fuses_rows(&self) -> bool {
+    /// Whether [`Self::run_rows`] takes a computed input (a prologue run in
+    /// this algorithm's loops); otherwise the input must be stored.
+    pub fn fuses_input(&self) -> bool {
         matches!(self.imp, Imp::Depthwise(_))
+    }
+
+    /// Whether [`Self::run_rows`] hands its output to an epilogue inside
+    /// its loops; otherwise the output must be stored.
+    pub fn fuses_output(&self) -> bool {
+        matches!(self.imp, Imp::Depthwise(_) | Imp::Gemm(_))
     }
 
     /// `f32` elements of scratch each thread needs for [`Self::run_rows`]
@@ -227,14 +233,15 @@ impl PreparedConv1d {
             Imp::Depthwise(_) => {
                 depthwise::DepthwiseConv::rows_scratch(&self.max, x_temps, y_temps)
             }
+            Imp::Gemm(k) => k.rows_scratch(&self.max, y_temps),
             _ => self.scratch_per_thread(),
         }
     }
 
     /// [`Self::run`] with the input computed by a prologue and / or the
     /// output handed to an epilogue, row chunk by row chunk (see
-    /// [`crate::fused`]). Only where [`Self::fuses_rows`]; a stored input
-    /// and output always work. `scratch` needs
+    /// [`crate::fused`]), where [`Self::fuses_input`] / [`Self::fuses_output`]
+    /// allow; a stored input and output always work. `scratch` needs
     /// [`Self::rows_scratch_per_thread`] elements per thread.
     ///
     /// # Errors
@@ -255,10 +262,8 @@ impl PreparedConv1d {
         match (x, y) {
             (RowsIn::Slice(x), RowsOut::Slice(y)) => self.run(p, x, w, bias, y, scratch),
             (x, y) => {
-                let Imp::Depthwise(k) = &self.imp else {
-                    return Err(KernelError::NotFusable {
-                        algorithm: self.algorithm().name(),
-                    });
+                let not_fusable = || KernelError::NotFusable {
+                    algorithm: self.algorithm().name(),
                 };
                 let g = self.check_call(p, w, bias)?;
                 if let RowsIn::Slice(x) = x {
@@ -275,7 +280,15 @@ impl PreparedConv1d {
                         actual: scratch.per_thread(),
                     });
                 }
-                k.run_rows(&g, x, w.unwrap_or_default(), bias, y, scratch);
+                match (&self.imp, x, y) {
+                    (Imp::Depthwise(k), x, y) => {
+                        k.run_rows(&g, x, w.unwrap_or_default(), bias, y, scratch)
+                    }
+                    (Imp::Gemm(k), RowsIn::Slice(x), RowsOut::Fused(sink)) => {
+                        k.run_into(&g, x, bias, sink, scratch)
+                    }
+                    _ => return Err(not_fusable()),
+                }
                 Ok(())
             }
         }

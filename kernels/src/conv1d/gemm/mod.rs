@@ -80,6 +80,7 @@ use rayon::prelude::*;
 
 use super::cost::direct_macs;
 use super::params::Conv1dGeometry;
+use crate::fused::RowSink;
 use crate::scratch::Scratch;
 use crate::simd::Backend;
 use kernel::{choose_block, Block, TileArgs, TileKernel, Window};
@@ -238,9 +239,45 @@ impl GemmConv {
         y: &mut [f32],
         scratch: &Scratch,
     ) {
+        debug_assert_eq!(y.len(), g.output_elems);
+        self.run_tiles(g, x, bias, Dest::Stored(OutPtr(y.as_mut_ptr())), scratch);
+    }
+
+    /// f32 elements of per-thread scratch [`Self::run_into`] needs: the
+    /// window, the largest tile, and the sink's temporaries.
+    pub(crate) fn rows_scratch(&self, g: &Conv1dGeometry, y_temps: usize) -> usize {
+        let block = self.kernel.block();
+        let chunk = CHUNK_MAX.next_multiple_of(block.cols());
+        self.scratch_per_thread()
+            + g.out_per_group.next_multiple_of(block.mr) * chunk
+            + y_temps * chunk
+    }
+
+    /// [`Self::run`] with the output handed to an epilogue: each tile is
+    /// computed into the thread's scratch and passed on row by row while it
+    /// is in cache (a fused activation never makes a pass of its own).
+    /// `scratch` has [`Self::rows_scratch`] floats per thread.
+    pub(crate) fn run_into(
+        &self,
+        g: &Conv1dGeometry,
+        x: &[f32],
+        bias: Option<&[f32]>,
+        sink: &dyn RowSink,
+        scratch: &Scratch,
+    ) {
+        self.run_tiles(g, x, bias, Dest::Sink(sink), scratch);
+    }
+
+    fn run_tiles(
+        &self,
+        g: &Conv1dGeometry,
+        x: &[f32],
+        bias: Option<&[f32]>,
+        dest: Dest<'_>,
+        scratch: &Scratch,
+    ) {
         let p = &g.params;
         debug_assert_eq!(x.len(), g.input_elems);
-        debug_assert_eq!(y.len(), g.output_elems);
         debug_assert!(bias.is_none_or(|b| b.len() == p.out_channels));
         let (cin, cout) = (g.in_per_group, g.out_per_group);
         assert_eq!(cin, self.cin, "prepared for another shape");
@@ -253,7 +290,7 @@ impl GemmConv {
         let tiling = Tiling::new(g, block);
         let per_item = p.groups * tiling.row_blocks * tiling.chunks;
         let tiles = p.batch * per_item;
-        let out = OutPtr(y.as_mut_ptr());
+        let window_len = self.scratch_per_thread();
         (0..tiles).into_par_iter().for_each(|t| {
             let (b, rest) = (t / per_item, t % per_item);
             let per_group = tiling.row_blocks * tiling.chunks;
@@ -262,7 +299,7 @@ impl GemmConv {
             let rows = block * tiling.rows..((block + 1) * tiling.rows).min(cout);
             let cols = chunk * tiling.chunk..((chunk + 1) * tiling.chunk).min(g.out_len);
             let o0 = group * cout + rows.start;
-            let args = TileArgs {
+            let mut args = TileArgs {
                 x: &x[(b * p.in_channels + group * cin) * p.in_len..][..cin * p.in_len],
                 in_len: p.in_len,
                 pad_left: p.pad_left,
@@ -275,19 +312,49 @@ impl GemmConv {
                 rows: rows.len(),
                 l0: cols.start,
                 n: cols.len(),
-                y: out.at((b * p.out_channels + o0) * g.out_len + cols.start),
-                y_stride: g.out_len,
+                y: std::ptr::null_mut(),
+                y_stride: 0,
             };
-            scratch.with_slot(|window| {
-                // SAFETY: `args.y` addresses rows `rows` of group `group`,
-                // batch item `b`, columns `cols`, all inside `y`, which
-                // outlives the loop; tiles partition the output (distinct
-                // (b, group, rows, cols) cover disjoint elements), so no
-                // other task touches them.
-                unsafe { self.kernel.tile(&args, window) }
+            scratch.with_slot(|slot| match dest {
+                Dest::Stored(out) => {
+                    args.y = out.at((b * p.out_channels + o0) * g.out_len + cols.start);
+                    args.y_stride = g.out_len;
+                    // SAFETY: `args.y` addresses rows `rows` of group
+                    // `group`, batch item `b`, columns `cols`, all inside
+                    // `y`, which outlives the loop; tiles partition the
+                    // output (distinct (b, group, rows, cols) cover disjoint
+                    // elements), so no other task touches them.
+                    unsafe { self.kernel.tile(&args, slot) }
+                }
+                Dest::Sink(sink) => {
+                    let (window, rest) = slot.split_at_mut(window_len);
+                    let n = cols.len();
+                    let (tile, tmp) = rest.split_at_mut(rows.len() * n);
+                    args.y = tile.as_mut_ptr();
+                    args.y_stride = n;
+                    // SAFETY: `args.y` addresses `rows × n` floats of this
+                    // thread's own scratch slot (`tile`), borrowed mutably
+                    // here and nowhere else.
+                    unsafe { self.kernel.tile(&args, window) }
+                    for r in 0..rows.len() {
+                        sink.store(
+                            b * p.out_channels + o0 + r,
+                            cols.start,
+                            &tile[r * n..][..n],
+                            tmp,
+                        );
+                    }
+                }
             });
         });
     }
+}
+
+/// Where tiles go: the output tensor, or an epilogue.
+#[derive(Clone, Copy)]
+enum Dest<'a> {
+    Stored(OutPtr),
+    Sink(&'a dyn RowSink),
 }
 
 /// The output pointer, shared by the tile tasks (each writes only its own tile).
