@@ -120,7 +120,9 @@ fn run(d: &Delegate, inputs: Vec<T>, outputs: Vec<T>) -> Args {
 
 #[test]
 fn lfm2_block_is_one_step_and_matches_the_reference_at_every_length() {
-    let fused = init(&lfm2_blob(&[0; 8])).unwrap();
+    // The delegate may read the blob's constants in place: keep it alive.
+    let (fused_blob, unfused_blob) = (lfm2_blob(&[0; 8]), lfm2_blob(&[-1; 8]));
+    let fused = init(&fused_blob).unwrap();
     let plan = fused.plan().unwrap();
     assert_eq!(plan.steps.len(), 1, "{:?}", plan.steps);
     assert_eq!(plan.steps[0].absorbed.len(), 8);
@@ -137,7 +139,7 @@ fn lfm2_block_is_one_step_and_matches_the_reference_at_every_length() {
         plan.report
     );
 
-    let unfused = init(&lfm2_blob(&[-1; 8])).unwrap();
+    let unfused = init(&unfused_blob).unwrap();
     assert_eq!(unfused.plan().unwrap().steps.len(), 8);
     for n in [1, 2, 5, NMAX] {
         let bcx = ramp(n * 3 * D, 0.05);
