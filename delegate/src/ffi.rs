@@ -173,3 +173,56 @@ impl CallArgs for CxxArgs<'_> {
 pub fn register() -> bool {
     bridge::register_backend()
 }
+
+/// `python -m rustconv.inspect`'s entry point (loaded with ctypes): plans
+/// the blob at `blob` (`blob_len` bytes) with the compile specs in
+/// `specs_json` (see [`crate::inspect::parse_specs`]) and returns a
+/// NUL-terminated JSON document `{"plan": ...}` or `{"error": "..."}`,
+/// owned by the caller, who frees it with [`rustconv_free_string`]. Never
+/// unwinds.
+///
+/// # Safety
+/// `blob` and `specs_json` point to `blob_len` and `specs_len` readable
+/// bytes (either may be null when its length is 0).
+#[no_mangle]
+pub unsafe extern "C" fn rustconv_inspect_plan(
+    blob: *const u8,
+    blob_len: usize,
+    specs_json: *const u8,
+    specs_len: usize,
+) -> *mut std::ffi::c_char {
+    let bytes = |p: *const u8, n: usize| -> &[u8] {
+        if n == 0 {
+            &[]
+        } else {
+            // SAFETY: the caller guarantees `n` readable bytes at `p`.
+            unsafe { std::slice::from_raw_parts(p, n) }
+        }
+    };
+    let (blob, specs) = (bytes(blob, blob_len), bytes(specs_json, specs_len));
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        let specs = crate::inspect::parse_specs(specs)?;
+        let doc = crate::inspect::describe(blob, &specs).map_err(|e| e.to_string())?;
+        serde_json::to_string(&serde_json::json!({ "plan": doc })).map_err(|e| e.to_string())
+    }));
+    let json = match result {
+        Ok(Ok(json)) => json,
+        Ok(Err(message)) => serde_json::json!({ "error": message }).to_string(),
+        Err(_) => serde_json::json!({ "error": "the planner panicked" }).to_string(),
+    };
+    // JSON text has no interior NUL (serde_json escapes control characters).
+    std::ffi::CString::new(json).map_or(std::ptr::null_mut(), std::ffi::CString::into_raw)
+}
+
+/// Frees a string [`rustconv_inspect_plan`] returned.
+///
+/// # Safety
+/// `s` came from [`rustconv_inspect_plan`] and is freed once (null is
+/// ignored).
+#[no_mangle]
+pub unsafe extern "C" fn rustconv_free_string(s: *mut std::ffi::c_char) {
+    if !s.is_null() {
+        // SAFETY: `s` came from `CString::into_raw` (the caller's promise).
+        drop(unsafe { std::ffi::CString::from_raw(s) });
+    }
+}

@@ -16,6 +16,7 @@ pub mod executor;
 mod ffi;
 mod fusion;
 pub mod graph;
+pub mod inspect;
 pub mod memory;
 mod ops;
 mod options;

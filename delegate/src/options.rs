@@ -48,6 +48,8 @@ impl CompileOptions {
                     ),
                 };
             }
+            // Export-time only: the exporter already grouped the kernels.
+            "fusion" => {}
             // Newer exporters may add keys; an older runtime keeps working.
             other => log(
                 LogLevel::Info,

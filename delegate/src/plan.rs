@@ -419,7 +419,27 @@ impl Step {
             .iter()
             .map(|a| format!("{} '{}'", a.op, a.name))
             .collect();
-        let fused = match &self.exec {
+        let writes: Vec<&str> = self
+            .writes
+            .iter()
+            .map(|&v| values[v].name.as_str())
+            .collect();
+        format!(
+            "plan: kernel {} -> {}{}; writes {}; absorbs {} op(s): {}",
+            self.kernel,
+            self.algorithm,
+            self.fusion_summary(),
+            writes.join(", "),
+            self.absorbed.len(),
+            ops.join(", ")
+        )
+    }
+
+    /// What runs inside the kernel's loops and what goes through memory,
+    /// as ", prologue in its loops, epilogue staged through memory" (empty
+    /// for a kernel with nothing fused).
+    pub fn fusion_summary(&self) -> String {
+        match &self.exec {
             Exec::Conv1d {
                 input,
                 epilogue,
@@ -445,30 +465,19 @@ impl Step {
                     .iter()
                     .filter(|s| matches!(s, Source::Computed(_)))
                     .count();
-                format!(
-                    ", {computed} operand(s) computed in its loops{}",
-                    if epilogue.is_some() {
-                        ", epilogue in its loops"
-                    } else {
-                        ""
-                    }
-                )
+                let prologue = match computed {
+                    0 => String::new(),
+                    n => format!(", prologue of {n} operand(s) in its loops"),
+                };
+                let epilogue = if epilogue.is_some() {
+                    ", epilogue in its loops"
+                } else {
+                    ""
+                };
+                prologue + epilogue
             }
             Exec::Pass { .. } => String::new(),
-        };
-        let writes: Vec<&str> = self
-            .writes
-            .iter()
-            .map(|&v| values[v].name.as_str())
-            .collect();
-        format!(
-            "plan: kernel {} -> {}{fused}; writes {}; absorbs {} op(s): {}",
-            self.kernel,
-            self.algorithm,
-            writes.join(", "),
-            self.absorbed.len(),
-            ops.join(", ")
-        )
+        }
     }
 }
 

@@ -449,3 +449,56 @@ fn groupings_the_runtime_cannot_run_are_refused_with_the_reason() {
     let e = kernel_error(&blob);
     assert!(e.contains("holds 2 convs or scans"), "{e}");
 }
+
+#[test]
+fn inspect_entry_point_returns_the_plan_or_the_error_as_json() {
+    use std::ffi::CStr;
+    let call = |blob: &[u8], specs: &[u8]| -> serde_json::Value {
+        // SAFETY: both slices are valid for their lengths during the call;
+        // the returned string is read once and freed once.
+        unsafe {
+            let raw = crate::ffi::rustconv_inspect_plan(
+                blob.as_ptr(),
+                blob.len(),
+                specs.as_ptr(),
+                specs.len(),
+            );
+            assert!(!raw.is_null());
+            let doc = serde_json::from_str(CStr::from_ptr(raw).to_str().unwrap()).unwrap();
+            crate::ffi::rustconv_free_string(raw);
+            doc
+        }
+    };
+    let blob = lfm2_blob(&[0; 8]);
+    let doc = call(&blob, br#"[["num_threads", "01000000"]]"#);
+    let plan = &doc["plan"];
+    assert_eq!(plan["threads"], 1);
+    assert_eq!(plan["kernels"].as_array().unwrap().len(), 1);
+    assert_eq!(plan["kernels"][0]["absorbed"].as_array().unwrap().len(), 8);
+    assert_eq!(plan["arena_bytes"], 0);
+    let virtual_values = plan["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["location"] == "virtual")
+        .count();
+    assert_eq!(
+        virtual_values, 7,
+        "everything between input and output stays in registers"
+    );
+    let doc = call(&blob[..40], b"[]");
+    assert!(doc["error"].as_str().unwrap().contains("shorter"), "{doc}");
+    let doc = call(&blob, b"[[\"num_threads\", \"00000000\"]]");
+    assert!(
+        doc["error"].as_str().unwrap().contains("num_threads"),
+        "{doc}"
+    );
+    // Null pointers with zero lengths are valid input, and get an error.
+    // SAFETY: zero lengths, never read; the result is freed once.
+    unsafe {
+        let raw = crate::ffi::rustconv_inspect_plan(std::ptr::null(), 0, std::ptr::null(), 0);
+        assert!(CStr::from_ptr(raw).to_str().unwrap().contains("error"));
+        crate::ffi::rustconv_free_string(raw);
+        crate::ffi::rustconv_free_string(std::ptr::null_mut());
+    }
+}
