@@ -22,7 +22,12 @@ pub(crate) fn exp(x: f32) -> f32 {
     const LN2_LO: f32 = -2.121_944_4e-4;
     // Above 88.73 e^x overflows f32: 89 gives n = 128 and infinity below.
     let x = x.clamp(-87.336_55, 89.0);
-    let n = (x * std::f32::consts::LOG2_E).round();
+    // Round to nearest by adding and removing 1.5 * 2^23 (f32::round is a
+    // libm call on baseline x86_64, and `as i32` a saturating conversion:
+    // either would stop vectorisation). The sum's low mantissa bits hold n.
+    const ROUND: f32 = 12_582_912.0;
+    let shifted = x * std::f32::consts::LOG2_E + ROUND;
+    let n = shifted - ROUND;
     let r = x - n * LN2_HI - n * LN2_LO;
     let p = 1.987_569_1e-4_f32;
     let p = p * r + 1.398_199_9e-3;
@@ -34,7 +39,7 @@ pub(crate) fn exp(x: f32) -> f32 {
     // 2^n as two factors 2^n1 * 2^n2 (each within [-63, 64]), so that
     // n = 128 (x near the clamp) overflows to infinity and n = -126 stays
     // exact, with no branch.
-    let n = n as i32;
+    let n = shifted.to_bits().wrapping_sub(ROUND.to_bits()) as i32;
     let n1 = n >> 1;
     let n2 = n - n1;
     let pow2 = |k: i32| f32::from_bits(((k + 127) as u32) << 23);
@@ -46,8 +51,11 @@ pub(crate) fn exp(x: f32) -> f32 {
 pub(crate) fn ln(x: f32) -> f32 {
     // x = m * 2^e with m in [sqrt(1/2), sqrt(2)); ln x = e ln 2 + ln m, with
     // ln m from the Cephes logf polynomial in f = m - 1.
-    let bits = x.to_bits();
-    let mut e = ((bits >> 23) & 0xff) as i32 - 127;
+    // Subnormals: scale into the normal range first (no call, no branch).
+    let subnormal = x < f32::MIN_POSITIVE;
+    let xs = if subnormal { x * 8_388_608.0 } else { x };
+    let bits = xs.to_bits();
+    let mut e = ((bits >> 23) & 0xff) as i32 - 127 - if subnormal { 23 } else { 0 };
     let mut m = f32::from_bits((bits & 0x007f_ffff) | 0x3f80_0000);
     let shift = m > std::f32::consts::SQRT_2;
     m = if shift { m * 0.5 } else { m };
@@ -64,40 +72,28 @@ pub(crate) fn ln(x: f32) -> f32 {
     let p = p * f - 2.499_999_4e-1;
     let p = p * f + 3.333_333e-1;
     let y = f + (p * f * z - 0.5 * z) + e as f32 * std::f32::consts::LN_2;
-    // Subnormals, zero, negatives, infinity and NaN, where the bit trick
-    // above does not hold.
+    // Zero, negatives, infinity and NaN, where the bit trick does not hold.
     if x == f32::INFINITY {
         f32::INFINITY
     } else if x == 0.0 {
         f32::NEG_INFINITY
     } else if x.is_nan() || x < 0.0 {
         f32::NAN
-    } else if x < f32::MIN_POSITIVE {
-        ln_subnormal(x)
     } else {
         y
     }
 }
 
-#[inline(always)]
-fn ln_subnormal(x: f32) -> f32 {
-    // Only reached for x < 2^-126, where f64 is exact enough and speed moot.
-    (x as f64).ln() as f32
-}
-
-/// `ln(1 + x)`, accurate for small `x` (the correction term keeps the
-/// rounding of `1 + x` out of the result, as in Goldberg's method).
+/// `ln(1 + x)`, accurate for small `x`: `ln(u) - ((u - 1) - x) / u` with
+/// `u = 1 + x` removes the rounding of `1 + x` to first order.
 #[inline(always)]
 pub(crate) fn log1p(x: f32) -> f32 {
     let u = 1.0 + x;
-    let d = u - 1.0;
-    let l = ln(u);
-    if d == 0.0 {
-        x
-    } else if u == f32::INFINITY {
-        l
+    let y = ln(u) - ((u - 1.0) - x) / u;
+    if u == f32::INFINITY {
+        u
     } else {
-        l * (x / d)
+        y
     }
 }
 
@@ -123,18 +119,6 @@ pub(crate) fn tanh(x: f32) -> f32 {
         small
     } else {
         big
-    }
-}
-
-/// PyTorch's softplus with beta 1 and threshold 20: `x` above 20,
-/// `log1p(e^x)` below.
-#[inline(always)]
-pub(crate) fn softplus(x: f32) -> f32 {
-    let y = log1p(exp(x));
-    if x > 20.0 {
-        x
-    } else {
-        y
     }
 }
 
@@ -218,6 +202,12 @@ mod tests {
             1e-6,
         );
         check("tanh", tanh, f64::tanh, -20.0, 20.0, 2e-6);
+        // Softplus lives in ops.rs (three loops over a block).
+        let softplus = |x: f32| {
+            let mut v = [x];
+            super::super::ops::UnaryOp::Softplus.apply(&mut v);
+            v[0]
+        };
         let softplus64 = |x: f64| if x > 20.0 { x } else { x.exp().ln_1p() };
         check("softplus", softplus, softplus64, -80.0, 80.0, 1e-6);
         assert_eq!(tanh(100.0), 1.0);

@@ -2,7 +2,41 @@
 //! chunks of values (what the delegate's `Unary`, `Binary`, `Where` and
 //! `Clamp` nodes compute).
 
+// The instruction-set variants are `unsafe fn`s with target features,
+// called only after detecting those features.
+#![allow(unsafe_code)]
+
 use super::math;
+
+/// The widest vectors the elementwise loops are compiled for, detected once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Isa {
+    Baseline,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+impl Isa {
+    #[inline]
+    fn detect() -> Isa {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // std caches the CPUID results; these are a load and a test.
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+            {
+                return Isa::Avx512;
+            }
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                return Isa::Avx2;
+            }
+        }
+        Isa::Baseline
+    }
+}
 
 /// One-operand elementwise functions (the schema's `UnaryOp`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -71,9 +105,41 @@ impl UnaryOp {
         }
     }
 
-    /// Applies the function to every element of `x` in place.
+    /// Applies the function to every element of `x` in place, with the
+    /// widest vectors this CPU has (the loops are written to auto-vectorise;
+    /// see `math.rs`).
     pub fn apply(self, x: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if Isa::detect() == Isa::Avx512 {
+                // SAFETY: the CPU has AVX-512F (just detected).
+                return unsafe { self.apply_avx512(x) };
+            }
+            if Isa::detect() == Isa::Avx2 {
+                // SAFETY: the CPU has AVX2 and FMA (just detected).
+                return unsafe { self.apply_avx2(x) };
+            }
+        }
+        self.apply_generic(x)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    unsafe fn apply_avx512(self, x: &mut [f32]) {
+        self.apply_generic(x)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn apply_avx2(self, x: &mut [f32]) {
+        self.apply_generic(x)
+    }
+
+    /// The loops, inlined into each instruction-set variant above.
+    #[inline(always)]
+    fn apply_generic(self, x: &mut [f32]) {
         // One loop per op so each compiles to its own vector loop.
+        #[inline(always)]
         fn each(x: &mut [f32], f: impl Fn(f32) -> f32) {
             for v in x {
                 *v = f(*v);
@@ -93,7 +159,24 @@ impl UnaryOp {
             UnaryOp::Exp => each(x, math::exp),
             UnaryOp::Log => each(x, math::ln),
             UnaryOp::Log1p => each(x, math::log1p),
-            UnaryOp::Softplus => each(x, math::softplus),
+            // As `max(x, 0) + log1p(e^-|x|)` (math::softplus) in three loops
+            // over a stack block: composed in one loop body it does not
+            // vectorise (measured 25 ns against 1 ns per element).
+            UnaryOp::Softplus => {
+                for chunk in x.chunks_mut(64) {
+                    let mut block = [0f32; 64];
+                    let t = &mut block[..chunk.len()];
+                    for (t, &v) in t.iter_mut().zip(chunk.iter()) {
+                        *t = math::exp(-v.abs());
+                    }
+                    for t in t.iter_mut() {
+                        *t = math::log1p(*t);
+                    }
+                    for (v, &t) in chunk.iter_mut().zip(t.iter()) {
+                        *v = if *v > 0.0 { *v } else { 0.0 } + t;
+                    }
+                }
+            }
             UnaryOp::Sqrt => each(x, f32::sqrt),
             UnaryOp::Rsqrt => each(x, |v| 1.0 / v.sqrt()),
             UnaryOp::Reciprocal => each(x, |v| 1.0 / v),
@@ -122,6 +205,23 @@ impl BinaryOp {
 
     /// `a[i] = a[i] op b[i]` for every element (`a` and `b` equally long).
     pub fn apply(self, a: &mut [f32], b: &[f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if Isa::detect() != Isa::Baseline {
+            // SAFETY: the CPU has AVX2 and FMA (detected).
+            return unsafe { self.apply_avx2(a, b) };
+        }
+        self.apply_generic(a, b)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn apply_avx2(self, a: &mut [f32], b: &[f32]) {
+        self.apply_generic(a, b)
+    }
+
+    #[inline(always)]
+    fn apply_generic(self, a: &mut [f32], b: &[f32]) {
+        #[inline(always)]
         fn each(a: &mut [f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
             for (x, &y) in a.iter_mut().zip(b) {
                 *x = f(*x, y);
@@ -190,6 +290,44 @@ mod tests {
         let mut x = [4.0];
         UnaryOp::Rsqrt.apply(&mut x);
         assert_eq!(x, [0.5]);
+    }
+
+    #[test]
+    fn vector_variants_equal_the_scalar_loop_for_every_op() {
+        use UnaryOp::*;
+        let x: Vec<f32> = (0..1000).map(|i| (i as f32 - 500.0) * 0.037).collect();
+        for op in [
+            Identity, Neg, Abs, Relu, Sigmoid, Tanh, Silu, Gelu, GeluTanh, Exp, Log, Log1p,
+            Softplus, Sqrt, Rsqrt, Reciprocal,
+        ] {
+            let mut fast = x.clone();
+            op.apply(&mut fast); // the detected variant (AVX-512 or AVX2 here)
+            let mut slow = x.clone();
+            for v in &mut slow {
+                let mut one = [*v];
+                op.apply_generic(&mut one);
+                *v = one[0];
+            }
+            for (f, s) in fast.iter().zip(&slow) {
+                assert!(
+                    f.to_bits() == s.to_bits() || (f.is_nan() && s.is_nan()),
+                    "{op:?}: {f} vs {s}"
+                );
+            }
+        }
+        let b: Vec<f32> = x.iter().map(|v| v * 0.5 + 1.0).collect();
+        for op in [
+            BinaryOp::Add,
+            BinaryOp::Div,
+            BinaryOp::Maximum,
+            BinaryOp::Ge,
+        ] {
+            let mut fast = x.clone();
+            op.apply(&mut fast, &b);
+            let mut slow = x.clone();
+            op.apply_generic(&mut slow, &b);
+            assert_eq!(fast, slow, "{op:?}");
+        }
     }
 
     #[test]
