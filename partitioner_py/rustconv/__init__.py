@@ -1,4 +1,5 @@
-"""RustConv: an ExecuTorch delegate for 1-D convolutions and linear scans.
+"""RustConv: an ExecuTorch delegate for 1-D convolutions and linear scans,
+with the elementwise and view ops around them fused into their kernels.
 
 Export side::
 

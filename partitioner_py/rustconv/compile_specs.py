@@ -19,6 +19,12 @@ Keys:
     once at load and keep the fastest), or one algorithm by name (``direct``,
     ``depthwise_simd``, ``fft``, ``gemm``), used wherever it applies; other
     convolutions fall back to ``auto``.
+
+``fusion``
+    Whether the runtime runs the fused kernels the blob records (one byte:
+    1, the default, or 0). With 0, ``preprocess`` gives every blob node its
+    own kernel: the same partition, unfused (the benchmark's "ours unfused").
+    The runtime may read the key too; the blob already says everything.
 """
 
 from __future__ import annotations
@@ -38,18 +44,23 @@ __all__ = [
     "CONV1D_ALGORITHMS",
     "algorithm",
     "decode_algorithm",
+    "FUSION",
+    "fusion",
+    "decode_fusion",
+    "fusion_enabled",
     "validate_compile_specs",
 ]
 
 NUM_THREADS = "num_threads"
 CONV1D_ALGORITHM = "conv1d_algorithm"
+FUSION = "fusion"
 
 #: Values of ``conv1d_algorithm`` (the runtime's ``Algorithm::name``s plus the
 #: two policies).
 CONV1D_ALGORITHMS = ("auto", "measure", "direct", "depthwise_simd", "fft", "gemm")
 
 #: Every key this version of the export side knows how to produce.
-KNOWN_KEYS = frozenset({NUM_THREADS, CONV1D_ALGORITHM})
+KNOWN_KEYS = frozenset({NUM_THREADS, CONV1D_ALGORITHM, FUSION})
 
 _U32_MAX = 2**32 - 1
 
@@ -100,7 +111,36 @@ def decode_algorithm(spec: CompileSpec) -> str:
     return name
 
 
-_DECODERS = {NUM_THREADS: decode_num_threads, CONV1D_ALGORITHM: decode_algorithm}
+def fusion(enabled: bool) -> CompileSpec:
+    """Compile spec turning kernel fusion on (the default) or off."""
+    if not isinstance(enabled, bool):
+        raise CompileSpecError(f"fusion must be a bool, got {type(enabled).__name__}")
+    return CompileSpec(FUSION, bytes([int(enabled)]))
+
+
+def decode_fusion(spec: CompileSpec) -> bool:
+    """Inverse of :func:`fusion`, for tests and tooling."""
+    if spec.key != FUSION:
+        raise CompileSpecError(f"expected key {FUSION!r}, got {spec.key!r}")
+    value = bytes(spec.value)
+    if value not in (b"\x00", b"\x01"):
+        raise CompileSpecError(f"{FUSION} must be one byte, 0 or 1, got {value!r}")
+    return value == b"\x01"
+
+
+def fusion_enabled(specs: Iterable[CompileSpec]) -> bool:
+    """The ``fusion`` setting in ``specs`` (validated), True when absent."""
+    for spec in specs:
+        if spec.key == FUSION:
+            return decode_fusion(spec)
+    return True
+
+
+_DECODERS = {
+    NUM_THREADS: decode_num_threads,
+    CONV1D_ALGORITHM: decode_algorithm,
+    FUSION: decode_fusion,
+}
 
 
 def validate_compile_specs(specs: Iterable[CompileSpec]) -> list[CompileSpec]:

@@ -1,23 +1,20 @@
 """``RustConvPartitioner``: tags the nodes the RustConv runtime can execute.
 
-It delegates
-
-* every 1-D convolution (``aten.convolution`` on a 3-D input, not transposed,
-  or ``aten.conv1d`` in either overload), any stride/padding/dilation/groups,
-  with or without bias;
-* every ``rustconv.linear_scan``;
-* a zero ``constant_pad_nd`` of the last dimension whose only user is such a
-  convolution (it becomes the convolution's ``pad_left``/``pad_right``);
-
-when all their tensors have a dtype in :data:`rustconv.support.SUPPORTED_DTYPES`
-(float32 and float16). Connected supported nodes are grouped by torch.fx's
-``CapabilityBasedPartitioner``; each group gets its own delegation tag and
-becomes one ``RustConvBackend`` delegate call.
+Partitions grow from every supported 1-D convolution and
+``rustconv.linear_scan`` across the ops around them (elementwise math, gates,
+pads, slices, transposes, chunks, concatenations; see
+:mod:`rustconv.ops_lowering` for the list), so that a whole block becomes one
+``RustConvBackend`` delegate call whose blob records how the runtime fuses it
+(:mod:`rustconv.fusion`). Linears, matmuls and anything else are left to the
+next partitioner. The grouping rules are in :mod:`rustconv.partition_proposal`;
+:meth:`RustConvPartitioner.explain` says why each node was not taken.
 
 Weights and biases that are constants (parameters, buffers, lifted tensors)
 are tagged with ``tag_constant_data`` so the delegate owns them: they go into
 the blob's constant segment. A weight that is a graph input, or is computed by
-ops outside the delegate, stays a regular delegate input.
+ops outside the delegate, stays a regular delegate input. A mutated buffer
+(a convolution state updated with ``copy_``) is never delegate-owned: it stays
+a delegate input and its new value a delegate output.
 """
 
 from __future__ import annotations
@@ -35,19 +32,11 @@ from executorch.exir.backend.partitioner import (
 from executorch.exir.backend.utils import tag_constant_data
 from torch.export import ExportedProgram
 from torch.fx import Node
-from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partition
-from torch.fx.passes.operator_support import OperatorSupportBase
 
 from rustconv.backend import RustConvBackend
 from rustconv.compile_specs import validate_compile_specs
-from rustconv.support import (
-    conv_unsupported_reason,
-    is_conv,
-    is_pad,
-    is_scan,
-    pad_unsupported_reason,
-    unsupported_reason,
-)
+from rustconv.ops_lowering import GraphContext, aten_op, lowering_for
+from rustconv.partition_proposal import Proposal, propose, propose_graph
 
 __all__ = ["RustConvPartitioner", "TAG_PREFIX"]
 
@@ -56,28 +45,11 @@ logger = logging.getLogger(__name__)
 #: Delegation tags are ``f"{TAG_PREFIX}{partition id}"``.
 TAG_PREFIX = "rustconv_"
 
-# The conv1d overloads ``ops_to_not_decompose`` preserves. ``aten.convolution``
-# is core ATen and never decomposed, so it needs no entry.
-_CONV1D_OVERLOADS = [torch.ops.aten.conv1d.default, torch.ops.aten.conv1d.padding]
-
-
-class _RustConvSupport(OperatorSupportBase):
-    """Adapter from :func:`rustconv.support.unsupported_reason` to torch.fx."""
-
-    def __init__(self, fuse_pads: bool = True) -> None:
-        super().__init__()
-        self._fuse_pads = fuse_pads
-
-    def is_node_supported(self, submodules, node: Node) -> bool:
-        if node.op != "call_function":
-            return False
-        if is_pad(node) and not self._fuse_pads:
-            return False
-        reason = unsupported_reason(node)
-        if reason is not None and (is_conv(node) or is_scan(node)):
-            # Only our own op kinds: "aten.add is not a RustConv op" is noise.
-            logger.info("RustConv does not take %s: %s", node.name, reason)
-        return reason is None
+_aten = torch.ops.aten
+# Ops ``ops_to_not_decompose`` may keep whole. ``aten.convolution`` is core
+# ATen and never decomposed, so it needs no entry; softplus would otherwise
+# decompose into exp, log1p, gt and where.
+_KEEP_WHOLE = [_aten.conv1d.default, _aten.conv1d.padding, _aten.softplus.default]
 
 
 class RustConvPartitioner(Partitioner):
@@ -101,85 +73,99 @@ class RustConvPartitioner(Partitioner):
         )
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
-        graph_module = exported_program.graph_module
-        partitions = self._propose(graph_module, fuse_pads=True)
-        if not _pads_share_partition_with_user(partitions):
-            # Cannot happen with the current CapabilityBasedPartitioner (a
-            # single-user pad always merges with its user), but if a future
-            # version splits them, fall back to a layout that is always valid
-            # instead of producing a subgraph preprocess must reject.
-            logger.warning(
-                "RustConv: a fused pad landed outside its convolution's partition; "
-                "re-partitioning with pads attached afterwards"
-            )
-            partitions = self._propose(graph_module, fuse_pads=False)
-            _absorb_pads(partitions, graph_module)
-
+        proposal = propose(exported_program)
+        _log_rejections(proposal)
         partition_tags: dict[str, DelegationSpec] = {}
-        for partition in partitions:
+        for partition in proposal.partitions:
             tag = f"{TAG_PREFIX}{partition.id}"
             for node in partition.nodes:
                 node.meta["delegation_tag"] = tag
             partition_tags[tag] = self.delegation_spec
 
         # Constant weights/biases used only by our nodes become delegate-owned.
+        # (tag_constant_data skips mutated buffers; they stay delegate inputs.)
         tag_constant_data(exported_program)
+        _untag_mutated_buffers(exported_program, partition_tags)
         return PartitionResult(
             tagged_exported_program=exported_program, partition_tags=partition_tags
         )
 
-    @staticmethod
-    def _propose(graph_module: torch.fx.GraphModule, fuse_pads: bool) -> list[Partition]:
-        return CapabilityBasedPartitioner(
-            graph_module,
-            _RustConvSupport(fuse_pads=fuse_pads),
-            # A lone convolution is worth delegating.
-            allows_single_node_partition=True,
-        ).propose_partitions()
+    def explain(self, exported_program: ExportedProgram) -> dict[str, str]:
+        """For every ``call_function`` node not taken: its name -> why not.
+
+        Runs the same grouping as :meth:`partition` without tagging anything,
+        so it can be called on the edge program before ``to_backend``. Reasons
+        name the op ("aten.mm.default is not a RustConv op"), a dtype, a view
+        the blob cannot express, a boundary rule, or "elementwise island
+        without a conv or scan".
+        """
+        proposal = propose(exported_program)
+        return {node.name: reason for node, reason in proposal.rejected.items()}
 
     def ops_to_not_decompose(
         self, ep: ExportedProgram
     ) -> tuple[list[torch._ops.OpOverload], Callable[[Node], bool] | None]:
-        """Keeps supported ``aten.conv1d`` nodes whole in ``to_edge_transform_and_lower``.
+        """Keeps ``aten.conv1d`` and ``aten.softplus`` whole where they will be delegated.
 
         Without this, ``aten.conv1d`` (a CompositeImplicitAutograd op) is
-        decomposed to ``aten.convolution``, and ``padding="same"`` with an even
-        kernel extent additionally to a ``constant_pad_nd``. The filter keeps
-        only nodes this partitioner will tag: ExecuTorch raises after lowering
-        if a preserved node is left undelegated, so unsupported ones (fp64, 2-D
-        inputs) must decompose as usual for other backends or the portable
-        kernels.
+        decomposed to ``aten.convolution``, ``padding="same"`` with an even
+        kernel extent additionally to a ``constant_pad_nd``, and softplus to
+        ``where(x > 20, x, log1p(exp(x)))`` (which RustConv also handles, in
+        four nodes instead of one).
+
+        ExecuTorch raises after lowering if a preserved node is left
+        undelegated, and has no portable kernel for softplus, so the filter
+        keeps a node only if this partitioner will take it: it runs the same
+        grouping (:mod:`rustconv.partition_proposal`) on the program it is
+        given, which at that point is decomposed except for these ops. After
+        lowering, ExecuTorch calls it again on the lowered program to check
+        that nothing preserved was left behind; there an edge-dialect node of
+        ours that is still supported on its own is reported, so a prediction
+        that failed is an error at export rather than a missing kernel at run
+        time.
 
         ExecuTorch 1.5.1 runs one decomposition pass per partitioner, each
         sparing only that partitioner's own ops. With another partitioner in
-        the list (in either order) its pass decomposes conv1d anyway, so the
-        partitioner then sees ``aten.convolution`` (plus a pad for even
-        "same"), which it handles too; and our pass likewise decomposes the
-        other partitioner's preserved ops (XNNPACK's ``aten.linear``).
+        the list (in either order) its pass decomposes conv1d and softplus
+        anyway, so the partitioner then sees ``aten.convolution`` (plus a pad
+        for even "same") and the decomposed softplus, which it handles too;
+        and our pass likewise decomposes the other partitioner's preserved ops
+        (XNNPACK's ``aten.linear``).
         """
-        return list(_CONV1D_OVERLOADS), _keep_conv1d_whole
+        claimed: dict[int, set[Node]] = {}  # per graph, computed on first use
+
+        def context(node: Node) -> GraphContext:
+            return GraphContext(ep if node.graph is ep.graph else None)
+
+        def keep(node: Node) -> bool:
+            if aten_op(node) not in _KEEP_WHOLE:
+                return False
+            if node.target is not aten_op(node):
+                # An edge op: the post-lowering check on the lowered program.
+                lowering = lowering_for(node)
+                return (
+                    lowering is not None
+                    and lowering.unsupported_reason(node, context(node)) is None
+                )
+            key = id(node.graph)
+            if key not in claimed:
+                module = node.graph.owning_module
+                claimed[key] = propose_graph(module, context(node)).taken()
+            return node in claimed[key]
+
+        return list(_KEEP_WHOLE), keep
 
 
-def _keep_conv1d_whole(node: Node) -> bool:
-    return is_conv(node) and conv_unsupported_reason(node) is None
+def _log_rejections(proposal: Proposal) -> None:
+    for node, reason in proposal.rejected.items():
+        if lowering_for(node) is not None:
+            # Only our own op kinds: "aten.mm is not a RustConv op" is noise.
+            logger.info("RustConv does not take %s: %s", node.name, reason)
 
 
-def _pads_share_partition_with_user(partitions: list[Partition]) -> bool:
-    owner = {node: p.id for p in partitions for node in p.nodes}
-    return all(owner.get(next(iter(node.users))) == owner[node] for node in owner if is_pad(node))
-
-
-def _absorb_pads(partitions: list[Partition], graph_module: torch.fx.GraphModule) -> None:
-    """Adds each fusable pad to the partition of its single consuming conv.
-
-    This never creates a cycle: the pad's only edge into the partition is its
-    user, so a path from the partition back into the pad would already be a
-    path leaving and re-entering the partition, which the partitioner rules out.
-    """
-    by_node = {node: p for p in partitions for node in p.nodes}
-    for node in graph_module.graph.nodes:
-        if node.op == "call_function" and is_pad(node):
-            if pad_unsupported_reason(node) is None:
-                user = next(iter(node.users))
-                if user in by_node:
-                    by_node[user].add_node(node)
+def _untag_mutated_buffers(ep: ExportedProgram, tags: dict[str, DelegationSpec]) -> None:
+    """The delegate does not own mutable state: a mutated buffer stays an input."""
+    ctx = GraphContext(ep)
+    for node in ep.graph.nodes:
+        if ctx.is_mutable_buffer(node) and node.meta.get("delegation_tag") in tags:
+            del node.meta["delegation_tag"]

@@ -119,3 +119,77 @@ def count(items: Iterable, predicate) -> int:
 
 def ops_named(names: Sequence[str], needle: str) -> int:
     return count(names, lambda n: needle in n)
+
+
+# -- whole programs, with RustConv delegates run by the reference interpreter --
+
+
+def blob_graph(lm: LoweredBackendModule):
+    from rustconv.blob import read_blob
+    from rustconv.fb.Graph import GraphT
+
+    return GraphT.InitFromObj(read_blob(lm.processed_bytes).graph)
+
+
+def kernel_count(lm: LoweredBackendModule) -> int:
+    return len({node.kernel for node in blob_graph(lm).nodes})
+
+
+class _ReferenceInterpreter(torch.fx.Interpreter):
+    """Runs a lowered program: RustConv delegates through ``run_blob``, other
+    delegates (XNNPACK) through the subgraph they were made from."""
+
+    def call_function(self, target, args, kwargs):
+        if target is torch.ops.higher_order.executorch_call_delegate:
+            lm, *inputs = args
+            if lm.backend_id == BACKEND_ID:
+                return tuple(run_blob(lm.processed_bytes, inputs))
+            result = lm.original_module.module()(*inputs)
+            return tuple(result) if isinstance(result, (list, tuple)) else (result,)
+        return super().call_function(target, args, kwargs)
+
+
+def run_lowered(
+    edge: EdgeProgramManager, inputs: Sequence[torch.Tensor], buffers: dict | None = None
+) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    """(user outputs, new values of mutated buffers) of the lowered program.
+
+    ``buffers`` overrides buffer values by name (e.g. a convolution state);
+    others come from the program.
+    """
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    ep = edge.exported_program()
+    buffers = buffers or {}
+    user = iter(inputs)
+    flat = []
+    for spec in ep.graph_signature.input_specs:
+        if spec.kind == InputKind.USER_INPUT:
+            flat.append(next(user))
+        elif spec.kind == InputKind.BUFFER and spec.target in buffers:
+            flat.append(buffers[spec.target].clone())
+        elif spec.target in ep.state_dict:
+            flat.append(ep.state_dict[spec.target])
+        else:
+            flat.append(ep.constants[spec.target])
+    results = _ReferenceInterpreter(ep.graph_module).run(*flat)
+    outputs, mutated = [], {}
+    for spec, value in zip(ep.graph_signature.output_specs, results, strict=True):
+        if spec.kind == OutputKind.BUFFER_MUTATION:
+            mutated[spec.target] = value
+        else:
+            outputs.append(value)
+    return outputs, mutated
+
+
+def structured_inputs(shapes: Sequence[Sequence[int]], dtype=torch.float32, seed: int = 0):
+    """Random, all-ones and ramp inputs (ramps span [-1, 1])."""
+    gen = torch.Generator().manual_seed(seed)
+    sets = {
+        "random": [torch.randn(s, generator=gen) for s in shapes],
+        "ones": [torch.ones(s) for s in shapes],
+        "ramp": [
+            torch.linspace(-1, 1, max(1, int(torch.Size(s).numel()))).reshape(s) for s in shapes
+        ],
+    }
+    return {name: [t.to(dtype) for t in ts] for name, ts in sets.items()}

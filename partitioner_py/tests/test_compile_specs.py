@@ -55,3 +55,20 @@ def test_algorithm_spec_round_trips_and_rejects_unknown_names():
     with pytest.raises(CompileSpecError, match="must be one of"):
         algorithm("winograd")
     assert validate_compile_specs([algorithm("fft"), num_threads(2)])
+
+
+def test_fusion_spec_is_one_byte_and_defaults_to_on():
+    from rustconv.compile_specs import FUSION, decode_fusion, fusion, fusion_enabled
+
+    assert fusion(True) == CompileSpec(FUSION, b"\x01")
+    assert fusion(False).value == b"\x00" and FUSION == "fusion"
+    assert decode_fusion(fusion(False)) is False
+    assert fusion_enabled([]) is True
+    assert fusion_enabled([num_threads(2), fusion(False)]) is False
+    assert validate_compile_specs([fusion(True), num_threads(1)])
+    with pytest.raises(CompileSpecError, match="bool"):
+        fusion(1)
+    with pytest.raises(CompileSpecError, match="one byte"):
+        validate_compile_specs([CompileSpec(FUSION, b"\x02")])
+    with pytest.raises(CompileSpecError, match="more than once"):
+        validate_compile_specs([fusion(True), fusion(False)])

@@ -151,7 +151,8 @@ def test_nonzero_pad_is_not_fused():
 
 
 class Branchy(nn.Module):
-    """conv -> conv (one group), relu breaks the chain (second group)."""
+    """conv -> conv (one group), an op RustConv does not run (cumsum) breaks the
+    chain (second group)."""
 
     def __init__(self):
         super().__init__()
@@ -160,7 +161,7 @@ class Branchy(nn.Module):
         self.c = nn.Conv1d(4, 4, 3)
 
     def forward(self, x):
-        return self.c(torch.relu(self.b(self.a(x))))
+        return self.c(torch.cumsum(self.b(self.a(x)), -1))
 
 
 def _tags(edge_program):
@@ -181,7 +182,7 @@ def test_tags_per_connected_group_and_constants_owned():
     assert first == second != third
     assert all(t.startswith(TAG_PREFIX) for t in (first, third))
     assert set(result.partition_tags) == {first, third}
-    assert tags["aten_relu_default"] is None
+    assert tags["aten_cumsum_default"] is None
     # Weights/biases follow their convolution's tag (delegate-owned constants).
     assert tags["p_a_weight"] == tags["p_a_bias"] == first
     assert tags["p_c_weight"] == third
@@ -248,14 +249,3 @@ def test_pad_with_two_users_is_not_fused():
     pads, convs = _pad_and_conv_tags(RustConvPartitioner().partition(ep).tagged_exported_program)
     assert pads == [None]
     assert len(convs) == 2 and None not in convs
-
-
-def test_fallback_attaches_pads_after_partitioning(monkeypatch):
-    from rustconv import partitioner as partitioner_module
-
-    monkeypatch.setattr(partitioner_module, "_pads_share_partition_with_user", lambda _: False)
-    model = nn.Sequential(nn.Conv1d(4, 4, 2, padding="same"), nn.ReLU(), nn.Conv1d(4, 4, 3))
-    ep = to_edge(export(model, (torch.randn(1, 4, 8),))).exported_program()
-    pads, convs = _pad_and_conv_tags(RustConvPartitioner().partition(ep).tagged_exported_program)
-    assert len(convs) == 2 and None not in convs and convs[0] != convs[1]
-    assert pads == [convs[0]]

@@ -292,6 +292,80 @@ impl Program {
     }
 }
 
+impl Program {
+    /// The largest element stride of the stored tensors the root's `line`
+    /// reads (0 where it reads none): 1 is contiguous, larger means a
+    /// strided gather. Walks the tree as [`Self::eval`] does, reading no
+    /// data.
+    pub fn max_load_stride(&self, env: &dyn Env, line: &Line) -> usize {
+        self.stride_of(self.root(), env, line)
+    }
+
+    fn stride_of(&self, i: usize, env: &dyn Env, line: &Line) -> usize {
+        let node = &self.nodes[i];
+        let child_line = |x: usize| -> Line {
+            let mut child = Line::default();
+            match node.expr {
+                Expr::Broadcast { .. } => {
+                    let (to, from) = (env.shape(node.value), env.shape(self.nodes[x].value));
+                    let lead = to.rank() - from.rank();
+                    for d in 0..from.rank() {
+                        if from[d] != 1 {
+                            child.base[d] = line.base[d + lead];
+                            child.step[d] = line.step[d + lead];
+                        }
+                    }
+                }
+                Expr::View { map, .. } => {
+                    for (d, m) in map.iter().enumerate().take(env.shape(node.value).rank()) {
+                        if let Some(m) = *m {
+                            child.base[m as usize] = line.base[d];
+                            child.step[m as usize] = line.step[d];
+                        }
+                    }
+                }
+                Expr::Slice { dim, step, .. } => {
+                    child = *line;
+                    child.base[dim] = 0;
+                    child.step[dim] = step * line.step[dim];
+                }
+                _ => child = *line,
+            }
+            child
+        };
+        match node.expr {
+            Expr::Load => {
+                let strides = env.shape(node.value).strides();
+                (0..env.shape(node.value).rank())
+                    .map(|d| line.step[d] * strides[d])
+                    .sum()
+            }
+            Expr::Anchor | Expr::Const(_) => 0,
+            Expr::Unary { x, .. }
+            | Expr::Clamp { x, .. }
+            | Expr::Broadcast { x }
+            | Expr::View { x, .. }
+            | Expr::Slice { x, .. } => self.stride_of(x, env, &child_line(x)),
+            Expr::Binary { a, b, .. } => self
+                .stride_of(a, env, line)
+                .max(self.stride_of(b, env, line)),
+            Expr::Where { cond, a, b } => self
+                .stride_of(cond, env, line)
+                .max(self.stride_of(a, env, line))
+                .max(self.stride_of(b, env, line)),
+            Expr::Cat { ref parts, dim } => parts
+                .iter()
+                .map(|&p| {
+                    let mut child = *line;
+                    child.base[dim] = 0;
+                    self.stride_of(p, env, &child)
+                })
+                .max()
+                .unwrap_or(0),
+        }
+    }
+}
+
 /// Python's rule for a slice start: negative counts from the end, clamped.
 pub fn resolve_start(start: i64, size: usize) -> usize {
     let size = size as i64;

@@ -22,6 +22,24 @@ pub trait RowSource: Sync {
     fn fill(&self, row: usize, t0: usize, out: &mut [f32], tmp: &mut [f32]);
     /// Line-sized temporaries `fill` needs.
     fn temporaries(&self) -> usize;
+    /// Writes elements `t0 .. t0 + len` of rows `row0 .. row0 + rows` (rows
+    /// of one batch item, consecutive channels) into `out`, row after row
+    /// (`rows * len` elements). `tmp` holds at least [`block_tmp`]`(temporaries,
+    /// len)` elements. By default row by row; a source whose rows are far
+    /// apart in memory (a transposed tensor) reads across them instead.
+    fn fill_rows(
+        &self,
+        row0: usize,
+        rows: usize,
+        t0: usize,
+        len: usize,
+        out: &mut [f32],
+        tmp: &mut [f32],
+    ) {
+        for (r, out) in out.chunks_exact_mut(len).take(rows).enumerate() {
+            self.fill(row0 + r, t0, out, tmp);
+        }
+    }
 }
 
 /// Finishes and stores a kernel's output (a fused epilogue).
@@ -31,6 +49,40 @@ pub trait RowSink: Sync {
     fn store(&self, row: usize, t0: usize, values: &[f32], tmp: &mut [f32]);
     /// Line-sized temporaries `store` needs.
     fn temporaries(&self) -> usize;
+    /// Takes elements `t0 .. t0 + len` of rows `row0 .. row0 + rows` (as
+    /// [`RowSource::fill_rows`] lays them out). By default row by row.
+    fn store_rows(
+        &self,
+        row0: usize,
+        rows: usize,
+        t0: usize,
+        len: usize,
+        values: &[f32],
+        tmp: &mut [f32],
+    ) {
+        for (r, values) in values.chunks_exact(len).take(rows).enumerate() {
+            self.store(row0 + r, t0, values, tmp);
+        }
+    }
+}
+
+/// Rows [`RowSource::fill_rows`] and [`RowSink::store_rows`] take at most.
+/// Long enough that walking a program per line costs little against its
+/// arithmetic; short enough that a block's window stays in L2.
+pub const ROW_BLOCK: usize = 64;
+
+/// Scratch elements `fill_rows` / `store_rows` need for lines of `len`
+/// elements and programs needing `temporaries` temporaries: room for the
+/// row-by-row default and for reading across [`ROW_BLOCK`] rows.
+pub fn block_tmp(temporaries: usize, len: usize) -> usize {
+    (temporaries + 2) * len.max(ROW_BLOCK)
+}
+
+/// Whether a program reads its rows better across them: a line along time
+/// gathers with a stride while a line across rows (the dimension before
+/// time) reads contiguously.
+fn prefers_across(stride_along: usize, stride_across: usize) -> bool {
+    stride_along > 1 && stride_across <= 1
 }
 
 /// An operand of a fusable kernel: stored, or computed by a prologue.
@@ -68,17 +120,26 @@ pub struct ProgramRows<'a> {
     env: &'a dyn Env,
     shape: Shape,
     scalar_rows: bool,
+    /// Blocks of rows are read across them (see [`prefers_across`]).
+    across: bool,
 }
 
 impl<'a> ProgramRows<'a> {
     /// Rows along the root's last dimension.
     pub fn new(program: &'a Program, env: &'a dyn Env) -> Self {
         let shape = env.shape(program.nodes()[program.root()].value);
+        let rank = shape.rank();
+        let across = rank >= 2 && {
+            let along = program.max_load_stride(env, &Line::along([0; MAX_RANK], rank - 1));
+            let over = program.max_load_stride(env, &Line::along([0; MAX_RANK], rank - 2));
+            prefers_across(along, over)
+        };
         ProgramRows {
             program,
             env,
             shape,
             scalar_rows: false,
+            across,
         }
     }
 
@@ -86,6 +147,7 @@ impl<'a> ProgramRows<'a> {
     pub fn scalar_rows(program: &'a Program, env: &'a dyn Env) -> Self {
         ProgramRows {
             scalar_rows: true,
+            across: false,
             ..Self::new(program, env)
         }
     }
@@ -119,6 +181,35 @@ impl RowSource for ProgramRows<'_> {
 
     fn temporaries(&self) -> usize {
         self.program.temporaries()
+    }
+
+    fn fill_rows(
+        &self,
+        row0: usize,
+        rows: usize,
+        t0: usize,
+        len: usize,
+        out: &mut [f32],
+        tmp: &mut [f32],
+    ) {
+        if !self.across || self.scalar_rows {
+            for (r, out) in out.chunks_exact_mut(len).take(rows).enumerate() {
+                self.fill(r + row0, t0, out, tmp);
+            }
+            return;
+        }
+        // One line across the rows per time step, scattered into the rows.
+        let rank = self.shape.rank();
+        let (line_buf, tmp) = tmp.split_at_mut(rows);
+        let mut base = unravel(row0, &self.shape, rank - 1);
+        for t in 0..len {
+            base[rank - 1] = t0 + t;
+            self.program
+                .eval(self.env, &[], &Line::along(base, rank - 2), line_buf, tmp);
+            for (r, &v) in line_buf.iter().enumerate() {
+                out[r * len + t] = v;
+            }
+        }
     }
 }
 
@@ -211,6 +302,8 @@ pub struct EpilogueSink<'a> {
     views: &'a [StoreView],
     out: SharedOut<'a>,
     out_shape: Shape,
+    /// Blocks of rows are finished and stored across them.
+    across: bool,
 }
 
 impl<'a> EpilogueSink<'a> {
@@ -223,14 +316,40 @@ impl<'a> EpilogueSink<'a> {
         out: &'a mut [f32],
         out_shape: Shape,
     ) -> Self {
-        EpilogueSink {
+        let mut sink = EpilogueSink {
             program,
             env,
             anchor_shape,
             views,
             out: SharedOut::new(out),
             out_shape,
+            across: false,
+        };
+        let rank = anchor_shape.rank();
+        if rank >= 2 {
+            let stride = |dim: usize| {
+                let line = Line::along([0; MAX_RANK], dim);
+                sink.store_at(&line)
+                    .1
+                    .max(program.max_load_stride(env, &line))
+            };
+            sink.across = prefers_across(stride(rank - 1), stride(rank - 2));
         }
+        sink
+    }
+
+    /// Start and stride in the stored result of a line in the anchor's
+    /// coordinates.
+    fn store_at(&self, line: &Line) -> (usize, usize) {
+        let mut to = *line;
+        for view in self.views {
+            to = view.forward(&to);
+        }
+        let strides = self.out_shape.strides();
+        let r = self.out_shape.rank();
+        let start = (0..r).map(|d| to.base[d] * strides[d]).sum();
+        let stride = (0..r).map(|d| to.step[d] * strides[d]).sum();
+        (start, stride)
     }
 }
 
@@ -242,19 +361,45 @@ impl RowSink for EpilogueSink<'_> {
         let line = Line::along(base, rank - 1);
         let (buf, rest) = tmp.split_at_mut(values.len());
         self.program.eval(self.env, values, &line, buf, rest);
-        let mut to = line;
-        for view in self.views {
-            to = view.forward(&to);
-        }
-        let strides = self.out_shape.strides();
-        let r = self.out_shape.rank();
-        let start = (0..r).map(|d| to.base[d] * strides[d]).sum();
-        let stride = (0..r).map(|d| to.step[d] * strides[d]).sum();
+        let (start, stride) = self.store_at(&line);
         self.out.store_line(start, stride, buf);
     }
 
     fn temporaries(&self) -> usize {
         1 + self.program.temporaries()
+    }
+
+    fn store_rows(
+        &self,
+        row0: usize,
+        rows: usize,
+        t0: usize,
+        len: usize,
+        values: &[f32],
+        tmp: &mut [f32],
+    ) {
+        if !self.across {
+            for (r, values) in values.chunks_exact(len).take(rows).enumerate() {
+                self.store(row0 + r, t0, values, tmp);
+            }
+            return;
+        }
+        // Per time step: the rows' values gathered into one line across
+        // them, finished, and stored (contiguously, in a transposed result).
+        let rank = self.anchor_shape.rank();
+        let (anchor, tmp) = tmp.split_at_mut(rows);
+        let (buf, tmp) = tmp.split_at_mut(rows);
+        let mut base = unravel(row0, &self.anchor_shape, rank - 1);
+        for t in 0..len {
+            for (r, a) in anchor.iter_mut().enumerate() {
+                *a = values[r * len + t];
+            }
+            base[rank - 1] = t0 + t;
+            let line = Line::along(base, rank - 2);
+            self.program.eval(self.env, anchor, &line, buf, tmp);
+            let (start, stride) = self.store_at(&line);
+            self.out.store_line(start, stride, buf);
+        }
     }
 }
 

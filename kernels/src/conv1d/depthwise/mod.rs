@@ -24,7 +24,7 @@ use rayon::prelude::*;
 
 use super::cost::{compulsory_bytes, direct_macs};
 use super::params::Conv1dGeometry;
-use crate::fused::{RowsIn, RowsOut};
+use crate::fused::{block_tmp, RowSink, RowsIn, RowsOut, ROW_BLOCK};
 use crate::scratch::Scratch;
 use simd::{Backend, RowGeom, RowKernel};
 
@@ -226,13 +226,22 @@ impl DepthwiseConv {
 /// (this plus the filter's span) and the outputs stay in L1.
 pub(crate) const FUSED_CHUNK: usize = 1024;
 
+/// Outputs per row in a step of a task that handles [`ROW_BLOCK`] rows at
+/// once (when the epilogue takes blocks of rows).
+const BLOCK_CHUNK: usize = 128;
+
 impl DepthwiseConv {
     /// f32 elements of per-thread scratch [`Self::run_rows`] needs, for an
     /// input and an output needing `x_temps` and `y_temps` line-sized
     /// temporaries.
     pub(crate) fn rows_scratch(g: &Conv1dGeometry, x_temps: usize, y_temps: usize) -> usize {
-        let window = FUSED_CHUNK + (g.params.kernel_size - 1) * g.params.dilation;
-        window + FUSED_CHUNK + (x_temps * window).max(y_temps * FUSED_CHUNK)
+        let span = (g.params.kernel_size - 1) * g.params.dilation;
+        let window = FUSED_CHUNK + span;
+        let per_row = window + FUSED_CHUNK + (x_temps * window).max(y_temps * FUSED_CHUNK);
+        let block_window = BLOCK_CHUNK + span;
+        let per_block = ROW_BLOCK * (block_window + BLOCK_CHUNK)
+            + block_tmp(x_temps, block_window).max(block_tmp(y_temps, BLOCK_CHUNK));
+        per_row.max(per_block)
     }
 
     /// [`Self::run`] with a fused input and / or output: each task computes
@@ -329,15 +338,95 @@ impl DepthwiseConv {
                             .for_each(|(i, part)| task(row, i * chunk, part.len(), Some(part)));
                     }
                 }),
-            None => (0..rows)
-                .into_par_iter()
-                .with_min_len(min_rows)
-                .for_each(|row| {
-                    (0..out_len.div_ceil(chunk))
-                        .into_par_iter()
-                        .for_each(|i| task(row, i * chunk, chunk.min(out_len - i * chunk), None));
-                }),
+            None => {
+                let sink = sink.expect("a fused output has a sink");
+                self.run_blocks(g, x, w, bias, sink, scratch)
+            }
         }
+    }
+}
+
+impl DepthwiseConv {
+    /// The fused-output path: tasks of up to [`ROW_BLOCK`] channels of one
+    /// batch item and a time chunk, so that a source or sink whose rows are
+    /// far apart in memory (a transposed `[B, N, C]` tensor) reads and
+    /// writes across the rows, contiguously.
+    fn run_blocks(
+        &self,
+        g: &Conv1dGeometry,
+        x: RowsIn,
+        w: &[f32],
+        bias: Option<&[f32]>,
+        sink: &dyn RowSink,
+        scratch: &Scratch,
+    ) {
+        let p = &g.params;
+        let (channels, in_len, out_len, k) = (p.in_channels, p.in_len, g.out_len, p.kernel_size);
+        let span = (k - 1) * p.dilation;
+        let window = BLOCK_CHUNK + span;
+        let blocks_per_item = channels.div_ceil(ROW_BLOCK);
+        let chunks = out_len.div_ceil(BLOCK_CHUNK);
+        let kernel = &self.kernel;
+        // Chunks of time a task computes one after the other, so that the
+        // windows' overlap (the filter's span) is read once per group.
+        let chunks_per_task = chunks
+            .div_ceil((4 * rayon::current_num_threads()).div_ceil(p.batch * blocks_per_item))
+            .max(1);
+        let groups = chunks.div_ceil(chunks_per_task);
+        let tasks = p.batch * blocks_per_item * groups;
+        (0..tasks).into_par_iter().for_each(|task| {
+            let (item_block, group) = (task / groups, task % groups);
+            let (b, block) = (item_block / blocks_per_item, item_block % blocks_per_item);
+            let c0 = block * ROW_BLOCK;
+            let rows = ROW_BLOCK.min(channels - c0);
+            let row0 = b * channels + c0;
+            scratch.with_slot(|slot| {
+                let (x_win, rest) = slot.split_at_mut(ROW_BLOCK * window);
+                let (y_buf, tmp) = rest.split_at_mut(ROW_BLOCK * BLOCK_CHUNK);
+                for chunk in group * chunks_per_task..((group + 1) * chunks_per_task).min(chunks) {
+                    let l = chunk * BLOCK_CHUNK;
+                    let m = BLOCK_CHUNK.min(out_len - l);
+                    // Inputs `s .. e` feed outputs `l .. l + m`.
+                    let s = l.saturating_sub(p.pad_left).min(in_len);
+                    let e = (l + m + span).saturating_sub(p.pad_left).min(in_len).max(s);
+                    if let RowsIn::Fused(source) = x {
+                        source.fill_rows(row0, rows, s, e - s, &mut x_win[..rows * (e - s)], tmp);
+                    }
+                    for r in 0..rows {
+                        let c = c0 + r;
+                        let (x_row, geom, at) = match x {
+                            RowsIn::Slice(x) => (
+                                &x[(row0 + r) * in_len..][..in_len],
+                                RowGeom {
+                                    in_len,
+                                    pad_left: p.pad_left,
+                                    dilation: p.dilation,
+                                },
+                                l,
+                            ),
+                            RowsIn::Fused(_) => (
+                                &x_win[r * (e - s)..][..e - s],
+                                RowGeom {
+                                    in_len: e - s,
+                                    pad_left: p.pad_left,
+                                    dilation: p.dilation,
+                                },
+                                l - s,
+                            ),
+                        };
+                        kernel.row(
+                            &geom,
+                            x_row,
+                            &w[c * k..][..k],
+                            bias.map_or(0.0, |b| b[c]),
+                            at,
+                            &mut y_buf[r * m..][..m],
+                        );
+                    }
+                    sink.store_rows(row0, rows, l, m, &y_buf[..rows * m], tmp);
+                }
+            })
+        });
     }
 }
 

@@ -1,0 +1,62 @@
+"""Every op kind RustConv lowers, one module per family, found through a registry.
+
+========================  =============================================  ============
+module                    ATen ops                                       blob op
+========================  =============================================  ============
+:mod:`.conv`              convolution, conv1d; zero constant_pad_nd      Conv1d
+:mod:`.scan`              rustconv.linear_scan                           LinearScan
+:mod:`.unary`             neg, abs, relu, sigmoid, tanh, silu, gelu,     Unary
+                          exp, log, log1p, softplus, sqrt, rsqrt,
+                          reciprocal; clone/alias/_to_copy (Identity)
+:mod:`.binary`            add, sub, rsub, mul, div, maximum, minimum,    Binary
+                          gt, ge, lt, le, eq, ne
+:mod:`.where`             where                                          Where
+:mod:`.clamp`             clamp, clamp_min/max, hardtanh, relu6          Clamp
+:mod:`.full`              full_like, zeros_like, ones_like;              Full
+                          scalar_tensor (folded)
+:mod:`.permute`           permute, transpose                             Permute
+:mod:`.slices`            slice (or folded into a conv)                  Slice
+:mod:`.split`             split, split_with_sizes, chunk + getitem       Slice
+:mod:`.reshape`           view, reshape, squeeze, unsqueeze              Reshape
+:mod:`.cat`               cat                                            Cat
+:mod:`.symint`            sym_size and SymInt arithmetic                 (none)
+========================  =============================================  ============
+
+Importing this package registers them all.
+"""
+
+from rustconv.ops_lowering import (  # noqa: F401  (each module registers its lowerings)
+    binary,
+    cat,
+    clamp,
+    conv,
+    full,
+    permute,
+    reshape,
+    scan,
+    slices,
+    split,
+    symint,
+    unary,
+    where,
+)
+from rustconv.ops_lowering.common import SUPPORTED_DTYPES, GraphContext, NotSupported, aten_op
+from rustconv.ops_lowering.registry import (
+    OpLowering,
+    lowering_for,
+    reason_for,
+    register,
+    registered,
+)
+
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "GraphContext",
+    "NotSupported",
+    "OpLowering",
+    "aten_op",
+    "lowering_for",
+    "reason_for",
+    "register",
+    "registered",
+]

@@ -1,0 +1,126 @@
+"""The op registry: one :class:`OpLowering` per op kind, found by target.
+
+Like the node visitors of ExecuTorch's XNNPACK backend
+(``backends/xnnpack/operators/``) together with its partitioner configs, each
+lowering class owns everything about one kind of op: the ATen overloads it
+accepts (edge-dialect wrappers are unwrapped to them), the support check the
+partitioner runs on the whole program, and the emitter ``preprocess`` runs on
+the partition. Keeping the two in one class is what keeps "tagged" and
+"lowerable" the same decision.
+
+Registering a class (``@register``) is all it takes for the partitioner,
+``explain()`` and ``preprocess`` to know the op.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch.fx import Node
+
+from rustconv.ops_lowering.common import GraphContext, NotSupported, target_key
+
+if TYPE_CHECKING:
+    from rustconv.lowering import LoweringBuilder
+
+__all__ = ["OpLowering", "register", "lowering_for", "registered"]
+
+
+class OpLowering:
+    """One op kind: its targets, its support check and its blob emitter.
+
+    Subclasses set :attr:`kind` and :attr:`targets` and implement
+    :meth:`check` and :meth:`emit`; the rest has defaults that fit most ops.
+    """
+
+    #: Short name of the op kind, used in reasons and logs ("conv1d", "unary").
+    kind: ClassVar[str] = ""
+    #: ATen overloads (or Python callables such as ``operator.getitem``).
+    targets: ClassVar[Iterable[Any]] = ()
+    #: Conv1d and LinearScan: a partition needs one, and each starts a kernel.
+    is_anchor: ClassVar[bool] = False
+
+    def check(self, node: Node, ctx: GraphContext) -> None:
+        """Raises :class:`NotSupported` if RustConv cannot run ``node``."""
+        raise NotImplementedError
+
+    def unsupported_reason(self, node: Node, ctx: GraphContext) -> str | None:
+        """``None`` if RustConv can run ``node``, else a human-readable reason."""
+        try:
+            self.check(node, ctx)
+        except NotSupported as e:
+            return str(e)
+        return None
+
+    def inline_only(self, node: Node, ctx: GraphContext) -> bool:
+        """True if ``node`` produces nothing the delegate could return.
+
+        Such a node (a pad folded into its convolution, a split whose pieces
+        become slices, a SymInt, a scalar constant, a comparison's bool mask)
+        is only taken together with all of its users.
+        """
+        return False
+
+    def outside_operands(self, node: Node) -> list[Node]:
+        """Operands that must come from outside the delegate (constants or inputs)."""
+        return []
+
+    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+        """Adds the blob nodes implementing ``node`` to ``builder``."""
+        raise NotImplementedError
+
+
+_BY_TARGET: dict[Any, OpLowering] = {}
+_ALL: list[OpLowering] = []
+
+
+def register(cls: type[OpLowering]) -> type[OpLowering]:
+    """Class decorator: makes ``cls`` the lowering of each of its targets."""
+    instance = cls()
+    for target in cls.targets:
+        if target in _BY_TARGET:
+            raise ValueError(
+                f"{target} is registered by both {type(_BY_TARGET[target]).__name__} "
+                f"and {cls.__name__}"
+            )
+        _BY_TARGET[target] = instance
+    _ALL.append(instance)
+    return cls
+
+
+def lowering_for(node: Node) -> OpLowering | None:
+    """The lowering of a ``call_function`` node, or ``None`` if no kind claims it."""
+    if node.op != "call_function":
+        return None
+    try:
+        return _BY_TARGET.get(target_key(node))
+    except TypeError:  # an unhashable target
+        return None
+
+
+def registered() -> list[OpLowering]:
+    """Every registered lowering, in registration order."""
+    return list(_ALL)
+
+
+def reason_for(node: Node, ctx: GraphContext) -> str | None:
+    """``None`` if some lowering accepts ``node``; otherwise why not."""
+    if node.op != "call_function":
+        return f"{node.op} nodes are not delegated"
+    lowering = lowering_for(node)
+    if lowering is None:
+        return f"{op_name(node)} is not a RustConv op"
+    return lowering.unsupported_reason(node, ctx)
+
+
+def op_name(node: Node) -> str:
+    """``aten.mm.default`` for plain and edge ops alike; the target's name otherwise."""
+    key = target_key(node)
+    if isinstance(key, torch._ops.OpOverload):
+        return str(key)
+    return getattr(key, "__name__", str(key))
+
+
+__all__ += ["reason_for", "op_name", "NotSupported"]
