@@ -69,7 +69,7 @@ pub trait RowSink: Sync {
 /// Rows [`RowSource::fill_rows`] and [`RowSink::store_rows`] take at most.
 /// Long enough that walking a program per line costs little against its
 /// arithmetic; short enough that a block's window stays in L2.
-pub const ROW_BLOCK: usize = 64;
+pub const ROW_BLOCK: usize = 256;
 
 /// Scratch elements `fill_rows` / `store_rows` need for lines of `len`
 /// elements and programs needing `temporaries` temporaries: room for the
@@ -79,10 +79,11 @@ pub fn block_tmp(temporaries: usize, len: usize) -> usize {
 }
 
 /// Whether a program reads its rows better across them: a line along time
-/// gathers with a stride while a line across rows (the dimension before
-/// time) reads contiguously.
+/// gathers with a stride, and a line across rows (the dimension before
+/// time) with a shorter one (a small part of a cat may be strided either
+/// way).
 fn prefers_across(stride_along: usize, stride_across: usize) -> bool {
-    stride_along > 1 && stride_across <= 1
+    stride_along > 1 && stride_across < stride_along
 }
 
 /// An operand of a fusable kernel: stored, or computed by a prologue.

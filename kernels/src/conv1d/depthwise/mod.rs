@@ -228,7 +228,7 @@ pub(crate) const FUSED_CHUNK: usize = 1024;
 
 /// Outputs per row in a step of a task that handles [`ROW_BLOCK`] rows at
 /// once (when the epilogue takes blocks of rows).
-const BLOCK_CHUNK: usize = 128;
+const BLOCK_CHUNK: usize = 64;
 
 impl DepthwiseConv {
     /// f32 elements of per-thread scratch [`Self::run_rows`] needs, for an
