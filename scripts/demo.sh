@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job: set up, export a small conv + scan model through
-# RustConvPartitioner, run it in pte_runner and check it against PyTorch eager.
+# The main job: set up, lower two real blocks (LFM2's gated short conv, a
+# diagonal SSM) with RustConvPartitioner and with XNNPACK alone, run them in
+# pte_runner, check them against PyTorch eager and show what was fused.
 source "$(dirname "$0")/common.sh"
 ensure_venv
 build_all
