@@ -102,3 +102,18 @@ def test_v1_program_still_loads_and_matches():
         x, a, expected = (torch.from_numpy(data[k]) for k in ("x", "a", "expected"))
     got = run_runtime(fixtures / "v1_causal_conv_scan.pte", (x, a))[0]
     assert_close(got, expected, "v1 fixture")
+
+
+@pytest.mark.parametrize("name", ["lfm2_hf_core", "hyena", "diagonal_ssm", "conv_stack"])
+def test_block_in_float16(name, tmp_path):
+    """Tensors stay float16 between the delegate and ExecuTorch; the kernels
+    compute in float32, so the result is float32 eager's up to fp16 rounding."""
+    model = _model(name)
+    example = model.make_inputs(dtype=torch.float16)
+    program = _program(copy.deepcopy(model).half(), example, "to_edge")
+    assert delegate_backends(program).count("RustConvBackend") == 1
+    got = run_runtime(save(program, tmp_path), example)[0]
+    assert got.dtype == torch.float16
+    want = _eager(model, tuple(t.float() for t in example))
+    scale = max(1.0, want.abs().max().item())
+    assert_close(got.float(), want, f"{name} fp16", 2e-2 * scale)
