@@ -8,33 +8,31 @@
 
 use super::math;
 
-/// The widest vectors the elementwise loops are compiled for, detected once.
+/// The widest vectors the elementwise loops are compiled for (on other
+/// architectures they compile for the target's baseline: NEON on aarch64).
+#[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Isa {
     Baseline,
-    #[cfg(target_arch = "x86_64")]
     Avx2,
-    #[cfg(target_arch = "x86_64")]
     Avx512,
 }
 
+#[cfg(target_arch = "x86_64")]
 impl Isa {
     #[inline]
     fn detect() -> Isa {
-        #[cfg(target_arch = "x86_64")]
+        // std caches the CPUID results; these are a load and a test.
+        if is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
         {
-            // std caches the CPUID results; these are a load and a test.
-            if is_x86_feature_detected!("avx512f")
-                && is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-            {
-                return Isa::Avx512;
-            }
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                return Isa::Avx2;
-            }
+            Isa::Avx512
+        } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            Isa::Avx2
+        } else {
+            Isa::Baseline
         }
-        Isa::Baseline
     }
 }
 
