@@ -269,9 +269,13 @@ pub fn infer_shape(
         OpDesc::Permute {
             input, ref perm, ..
         } => {
+            // A fixed array: execute allocates nothing.
             let x = shape_of(input);
-            let dims: Vec<usize> = perm.iter().map(|&p| x[p]).collect();
-            Ok(Shape::new(&dims))
+            let mut dims = [0usize; MAX_RANK];
+            for (d, &p) in dims.iter_mut().zip(perm) {
+                *d = x[p];
+            }
+            Ok(Shape::new(&dims[..perm.len()]))
         }
         OpDesc::Slice {
             input,

@@ -63,7 +63,14 @@ pub fn resolve(compile_spec: Option<usize>) -> Result<usize, ConfigError> {
     if let Some(n) = env_threads()? {
         return Ok(n);
     }
-    Ok(compile_spec.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())))
+    Ok(compile_spec.unwrap_or_else(machine_threads))
+}
+
+/// The machine's cores, read once: `available_parallelism` reads cgroup
+/// files and allocates, and `execute` must not.
+fn machine_threads() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// Names of the threads pools spawn (the calling thread keeps its own).

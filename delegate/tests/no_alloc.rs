@@ -1,0 +1,144 @@
+//! `execute` allocates nothing, fused blocks included: blobs exported from
+//! the reference blocks (an LFM2 short conv between its projections, a
+//! diagonal SSM; `tests/fixtures/*.blob`, made by `RustConvBackend.preprocess`)
+//! run through the delegate under a counting global allocator.
+//!
+//! Its own test binary without the libtest harness (`harness = false`), so
+//! that only this thread and the delegate's pool are alive (see the kernels'
+//! `tests/no_alloc.rs`).
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use rustconv_backend::blob::{BlobBytes, BlobLayout};
+use rustconv_backend::executor::{ArgTensor, CallArgs};
+use rustconv_backend::graph::{DType, GraphDesc};
+use rustconv_backend::Delegate;
+
+struct CountingAlloc;
+
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every method forwards its arguments unchanged to `System`, which
+// upholds the `GlobalAlloc` contract; the counter never touches memory
+// handed out.
+unsafe impl GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: our caller guarantees `layout` is valid for `alloc`.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: our caller guarantees `layout` is valid for `alloc_zeroed`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: our caller guarantees `ptr` came from this allocator (so
+        // from `System`) with `layout`, and that `new_size` is valid.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: our caller guarantees `ptr` came from this allocator (so
+        // from `System`) with `layout`.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: CountingAlloc = CountingAlloc;
+
+/// The call's tensors: inputs then outputs, float32 at their bound shapes.
+struct Args {
+    sizes: Vec<Vec<i32>>,
+    data: Vec<Vec<f32>>,
+}
+
+impl CallArgs for Args {
+    fn count(&self) -> usize {
+        self.data.len()
+    }
+
+    fn tensor(&self, i: usize) -> Option<ArgTensor<'_>> {
+        Some(ArgTensor {
+            dtype: Some(DType::F32),
+            sizes: &self.sizes[i],
+            contiguous: true,
+            nbytes: self.data[i].len() * 4,
+            data: self.data[i].as_ptr() as *mut u8,
+        })
+    }
+
+    fn resize(&mut self, i: usize, sizes: &[i32]) -> bool {
+        sizes == self.sizes[i].as_slice()
+    }
+}
+
+fn run_block(name: &str) {
+    let path = format!(
+        "{}/delegate/tests/fixtures/{name}.blob",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let blob = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let layout = BlobLayout::parse(&blob).unwrap();
+    let graph = GraphDesc::decode(&blob, &layout).unwrap();
+    let mut sizes = Vec::new();
+    let mut data = Vec::new();
+    for &v in graph.inputs.iter().chain(&graph.outputs) {
+        let dims: Vec<i32> = graph.values[v].dims.iter().map(|d| d.size as i32).collect();
+        let n: i32 = dims.iter().product();
+        data.push(
+            (0..n)
+                .map(|i| ((i * 37 % 17) as f32 - 8.0) * 0.05)
+                .collect(),
+        );
+        sizes.push(dims);
+    }
+    let mut args = Args { sizes, data };
+    let mut delegate = Delegate::default();
+    // SAFETY: `blob` outlives `delegate` (dropped at the end of this
+    // function, before `blob`) and is not modified.
+    delegate
+        .init(unsafe { BlobBytes::new(blob.as_ptr(), blob.len()) })
+        .unwrap();
+
+    // Warm-up: the pool's threads start and every thread-local is set.
+    for _ in 0..3 {
+        delegate.execute(&mut args).unwrap();
+    }
+    // Rayon's deques may grow now and then under load (amortised, not the
+    // delegate's); a delegate that allocates does so on every call.
+    let rounds: Vec<usize> = (0..5)
+        .map(|_| {
+            let before = ALLOCATIONS.load(Ordering::SeqCst);
+            for _ in 0..10 {
+                delegate.execute(&mut args).unwrap();
+            }
+            ALLOCATIONS.load(Ordering::SeqCst) - before
+        })
+        .collect();
+    assert!(
+        rounds.contains(&0),
+        "{name}: execute allocated in every round: {rounds:?} per 10 calls"
+    );
+    let outputs = &args.data[graph.inputs.len()..];
+    assert!(
+        outputs.iter().flatten().all(|v| v.is_finite()),
+        "{name}: non-finite output"
+    );
+    assert!(
+        outputs.iter().flatten().any(|v| *v != 0.0),
+        "{name}: the outputs were not written"
+    );
+}
+
+fn main() {
+    for name in ["fused_lfm2_hf_core", "fused_ssm", "v1_causal_conv_scan"] {
+        run_block(name);
+    }
+    println!("no_alloc: the delegate's execute made no heap allocation (fused blocks included)");
+}
