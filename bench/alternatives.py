@@ -7,7 +7,14 @@ thread count for all):
 * ``ours:<algorithm>``: the same with ``compile_specs.algorithm(name)``, for
   every candidate the plan log line lists (conv only);
 * ``xnnpack``: XnnpackPartitioner;
-* ``et_cpu``: no delegate, ExecuTorch's optimized/portable CPU kernels.
+* ``et_cpu``: no delegate, ExecuTorch's optimized/portable CPU kernels;
+* blocks only: ``ours`` is RustConvPartitioner then XnnpackPartitioner (the
+  linears go to XNNPACK), ``ours_unfused`` the same with
+  ``compile_specs.fusion(False)``.
+
+Blocks also get an ``io_floor`` row, not a run: the bytes the block must read
+and write once (inputs, output, weights, state buffers) / the copy bandwidth
+measured in the same run.
 
 Run in this process (time.perf_counter around each call, at
 ``torch.set_num_threads(T)``):
@@ -40,32 +47,54 @@ ACCURACY_ATOL = 1e-3
 #: Display names, in report order.
 LABELS = {
     "ours": "RustConv (ours)",
+    "ours_unfused": "RustConv, fusion off",
     "xnnpack": "XNNPACK",
     "et_cpu": "ExecuTorch CPU kernels",
     "eager": "PyTorch eager",
     "torch_fft": "PyTorch FFT conv",
     "c_scan": "plain C scan",
+    "io_floor": "I/O floor",
 }
 #: The alternatives ours is compared against, per workload.
 BASELINES = {
     "conv": ("xnnpack", "et_cpu", "eager", "torch_fft"),
     "scan": ("xnnpack", "et_cpu", "eager", "c_scan"),
+    "blocks": ("ours_unfused", "xnnpack", "et_cpu", "eager"),
 }
 #: Run order within a setting: eager first, its output is the reference.
-ORDER = ("eager", "ours", "candidates", "xnnpack", "et_cpu", "torch_fft", "c_scan")
-RUNS_IN_RUNNER = ("ours", "xnnpack", "et_cpu")
+ORDER = (
+    "eager",
+    "ours",
+    "ours_unfused",
+    "candidates",
+    "xnnpack",
+    "et_cpu",
+    "torch_fft",
+    "c_scan",
+    "io_floor",
+)
+RUNS_IN_RUNNER = ("ours", "ours_unfused", "xnnpack", "et_cpu")
 NOT_APPLICABLE = {
     ("xnnpack", "scan"): "XNNPACK has no kernel for the custom op rustconv::linear_scan",
     ("et_cpu", "scan"): "ExecuTorch has no kernel for the custom op rustconv::linear_scan",
     ("torch_fft", "scan"): None,  # not part of the scan comparison at all
     ("c_scan", "conv"): None,
     ("candidates", "scan"): None,
+    ("ours_unfused", "conv"): None,
+    ("ours_unfused", "scan"): None,
+    ("io_floor", "conv"): None,
+    ("io_floor", "scan"): None,
+    ("candidates", "blocks"): None,
+    ("torch_fft", "blocks"): None,
+    ("c_scan", "blocks"): None,
 }
 #: Conv algorithms the runtime knows, if the plan line does not list them.
 KNOWN_ALGORITHMS = ("direct", "depthwise_simd", "fft", "gemm")
 
 
 def work_model(alt: str, kind: str) -> str:
+    if kind == "blocks":
+        return "block"
     if kind == "scan":
         return "scan_loop" if alt == "eager" else "stream"
     if alt == "ours":
@@ -100,6 +129,7 @@ class Context:
     projector: Projector
     ram_bytes: int | None
     planned_inputs: bool = False
+    bandwidth: float | None = None  # bytes/s, for the blocks' I/O floor
 
 
 def new_row(setting: Setting, alt: str) -> dict:
@@ -109,6 +139,7 @@ def new_row(setting: Setting, alt: str) -> dict:
         "N": setting.N,
         "K": setting.K,
         "K_label": setting.K_label,
+        "block": setting.block,
         "setting": setting.name,
         "alternative": alt,
         "status": "ok",
@@ -125,6 +156,9 @@ def new_row(setting: Setting, alt: str) -> dict:
         "prepared_mib": None,
         "estimates": None,
         "delegated": None,
+        "rustconv_calls": None,
+        "xnnpack_calls": None,
+        "io_bytes": None,
         "projected_s": None,
         "projection_basis": None,
         "lower_s": None,
@@ -172,6 +206,8 @@ class SettingBench:
     def run(self, alt: str) -> list[dict]:
         if alt == "candidates":
             return self.run_candidates()
+        if alt == "io_floor":
+            return [self.io_floor_row()]
         reason = NOT_APPLICABLE.get((alt, self.s.kind))
         if reason:
             row = new_row(self.s, alt)
@@ -225,6 +261,8 @@ class SettingBench:
             return self.reference
         self.reference_tried = True
         s = self.s
+        if s.kind == "blocks":
+            return None  # eager is the blocks' only reference
         if self.ctx.ram_bytes and (
             measure.rss_bytes() + projection.reference_f64_bytes(s)
             > MEMORY_FRACTION * self.ctx.ram_bytes
@@ -262,10 +300,17 @@ class SettingBench:
             return row
         row["lower_s"] = lowered.lower_s
         row["delegated"] = lowered.describe()
-        if alt.startswith("ours") and not lowered.delegated_to("RustConvBackend"):
+        row["rustconv_calls"] = lowered.calls("RustConvBackend")
+        row["xnnpack_calls"] = lowered.calls("XnnpackBackend")
+        if s.kind == "blocks":
+            row["io_bytes"] = self.io_bytes
+            if alt.startswith("ours") and not row["rustconv_calls"]:
+                row["status"] = f"error: not delegated to RustConvBackend ({lowered.describe()})"
+                return row
+        elif alt.startswith("ours") and not lowered.delegated_to("RustConvBackend"):
             row["status"] = f"error: not delegated to RustConvBackend ({lowered.describe()})"
             return row
-        if alt == "xnnpack" and not lowered.delegated_to("XnnpackBackend"):
+        elif alt == "xnnpack" and not lowered.delegated_to("XnnpackBackend"):
             row["note"] = "XNNPACK did not take the conv; it ran on ExecuTorch's kernels"
 
         out_npz = ctx.work_dir / f"out-{s.slug}-{alt.replace(':', '-')}.npz"
@@ -281,6 +326,12 @@ class SettingBench:
                 if projected > ctx.time_limit_s:
                     self._fill_runner_row(row, alt, probe)
                     row["note"] = f"one call only: it took {projected:.1f} s (> time limit)"
+                    return row
+                if s.kind == "blocks" and projected > ctx.budget_s:
+                    # A block call longer than the budget (Hyena's K=N direct
+                    # conv): the probe is the one timed call.
+                    self._fill_runner_row(row, alt, probe)
+                    row["note"] = f"one call only: it took {projected:.1f} s (> budget)"
                     return row
             warm, reps = measure.plan_repeats(projected, ctx.warmup, ctx.repeats, ctx.budget_s)
             timeout = 4 * (warm + reps) * max(projected, 0.05) + 120
@@ -319,11 +370,32 @@ class SettingBench:
                 row["note"] = f"{len(result.plans)} plan lines; the first is recorded"
             if alt == "ours":
                 self.ours_plan = plan
-            elif plan.chosen != alt.split(":", 1)[1]:
+            elif alt.startswith("ours:") and plan.chosen != alt.split(":", 1)[1]:
                 row["status"] = (
                     f"error: forced {alt.split(':', 1)[1]} but the plan chose {plan.chosen}"
                 )
         self._check(row, result.output)
+
+    # Blocks ---------------------------------------------------------------------
+    @property
+    def io_bytes(self) -> int:
+        if getattr(self, "_io_bytes", None) is None:
+            self._io_bytes = self.data.io_bytes()
+        return self._io_bytes
+
+    def io_floor_row(self) -> dict:
+        """Not a run: the block's bytes read and written once / copy bandwidth."""
+        row = new_row(self.s, "io_floor")
+        row["io_bytes"] = self.io_bytes
+        if not self.ctx.bandwidth:
+            row.update(status="n/a", note="copy bandwidth not measured")
+            return row
+        row["median_ms"] = self.io_bytes / self.ctx.bandwidth * 1e3
+        row["note"] = (
+            f"not a run: {self.io_bytes / 1e6:.3g} MB (inputs, output, weights, state) / "
+            f"{self.ctx.bandwidth / 1e9:.1f} GB/s copy bandwidth"
+        )
+        return row
 
     # Candidates ------------------------------------------------------------------
     def run_candidates(self) -> list[dict]:
@@ -363,6 +435,8 @@ class SettingBench:
     # In process -------------------------------------------------------------------
     def _memory_model(self, alt: str) -> float:
         s = self.s
+        if s.kind == "blocks":
+            return projection.runner_bytes(s, fft=False)
         if alt == "eager":
             return projection.eager_conv_bytes(s) if s.kind == "conv" else projection.scan_bytes(s)
         if alt == "torch_fft":
@@ -427,6 +501,8 @@ class SettingBench:
             note=timing.note,
         )
         ctx.projector.record(alt, work_model(alt, s.kind), s, timing.median_ms / 1e3, True)
+        if s.kind == "blocks":
+            row["io_bytes"] = self.io_bytes
         if alt == "eager":
             self.reference = np.ascontiguousarray(output)
             self.reference_name = "eager"

@@ -6,7 +6,11 @@
 * xnnpack: ``to_edge_transform_and_lower(export(m), [XnnpackPartitioner()])``;
 * et_cpu: ``to_edge(export(m)).to_executorch()``, no delegate.
 
-All three are serialized with ``MemoryPlanningPass(alloc_graph_input=False)``
+Blocks (``rustconv.blocks``) have their linears, so there ours is
+``to_edge_transform_and_lower(export(m), [RustConvPartitioner(specs),
+XnnpackPartitioner()])`` (``ours_unfused``: specs ``[compile_specs.fusion(False)]``).
+
+All are serialized with ``MemoryPlanningPass(alloc_graph_input=False)``
 unless ``planned_inputs`` is set: the method then reads its inputs where the
 caller put them instead of copying them into planned memory, so pte_runner's
 "peak memory above the inputs" holds no second copy of the inputs, as for the
@@ -15,8 +19,11 @@ them; ``--planned-inputs`` measures that instead).
 
 A .pte is cached under ``<cache>/pte/<setting>/`` keyed by the alternative,
 the torch/executorch versions, the seed and, for ours, a hash of the export
-side's sources, so a changed partitioner or serializer re-exports. A JSON
-sidecar keeps the delegate ids and ops left outside them.
+side's sources (for blocks always: the block modules live there), so a changed
+partitioner or serializer re-exports. A JSON sidecar keeps the delegate ids,
+the number of delegate calls per backend (``DelegateCall`` instructions of
+the program, i.e. ``executorch_call_delegate`` nodes of the lowered graph) and
+the ops left outside them.
 """
 
 from __future__ import annotations
@@ -66,6 +73,13 @@ class Lowered:
     ops_outside: list[str]  # workload ops (conv, scan) the program runs outside any delegate
     lower_s: float
     cached: bool
+    delegate_calls: dict[str, int] | None = None  # backend id -> DelegateCall instructions
+
+    def calls(self, backend: str) -> int:
+        calls = self.delegate_calls
+        if calls is None:
+            return self.delegates.count(backend)
+        return calls.get(backend, 0)
 
     def delegated_to(self, backend: str) -> bool:
         return backend in self.delegates and not self.ops_outside
@@ -85,6 +99,16 @@ def _lower(alt: str, data: SettingData, planned_inputs: bool):
     config = ExecutorchBackendConfig(
         memory_planning_pass=MemoryPlanningPass(alloc_graph_input=planned_inputs)
     )
+    if data.setting.kind == "blocks" and alt in ("ours", "ours_unfused"):
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
+            XnnpackPartitioner,
+        )
+        from rustconv import RustConvPartitioner, compile_specs
+
+        specs = [compile_specs.fusion(False)] if alt == "ours_unfused" else []
+        partitioners = [RustConvPartitioner(compile_specs=specs), XnnpackPartitioner()]
+        lowered = to_edge_transform_and_lower(ep, partitioner=partitioners)
+        return lowered.to_executorch(config)
     if alt == "et_cpu":
         return to_edge(ep).to_executorch(config)
     if alt == "xnnpack":
@@ -113,7 +137,7 @@ def lowered_pte(
     alt: str, data: SettingData, seed: int, cache_dir: Path, planned_inputs: bool = False
 ) -> Lowered:
     key = f"{alt}|{_versions()}|seed {seed}|planned inputs {planned_inputs}"
-    if alt.startswith("ours"):
+    if alt.startswith("ours") or data.setting.kind == "blocks":
         key += f"|export side {_export_side_hash()}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     folder = cache_dir / "pte" / data.setting.key(seed)
@@ -121,12 +145,26 @@ def lowered_pte(
     sidecar = pte.with_suffix(".json")
     if pte.is_file() and sidecar.is_file():
         info = json.loads(sidecar.read_text())
-        return Lowered(pte, info["delegates"], info["ops_outside"], info["lower_s"], True)
+        return Lowered(
+            pte,
+            info["delegates"],
+            info["ops_outside"],
+            info["lower_s"],
+            True,
+            info.get("delegate_calls"),
+        )
 
     t0 = time.perf_counter()
     program = _lower(alt, data, planned_inputs)
     plan = program.executorch_program.execution_plan[0]
     delegates = [d.id for d in plan.delegates]
+    calls: dict[str, int] = {}
+    for chain in plan.chains:
+        for instruction in chain.instructions:
+            args = instruction.instr_args
+            if type(args).__name__ == "DelegateCall":
+                backend = delegates[args.delegate_index]
+                calls[backend] = calls.get(backend, 0) + 1
     outside = sorted({op.name for op in plan.operators if any(o in op.name for o in WORKLOAD_OPS)})
     folder.mkdir(parents=True, exist_ok=True)
     tmp = pte.with_suffix(f".{os.getpid()}.tmp")
@@ -135,9 +173,16 @@ def lowered_pte(
     lower_s = time.perf_counter() - t0
     del program
     sidecar.write_text(
-        json.dumps({"delegates": delegates, "ops_outside": outside, "lower_s": lower_s})
+        json.dumps(
+            {
+                "delegates": delegates,
+                "ops_outside": outside,
+                "lower_s": lower_s,
+                "delegate_calls": calls,
+            }
+        )
     )
-    return Lowered(pte, delegates, outside, lower_s, False)
+    return Lowered(pte, delegates, outside, lower_s, False, calls)
 
 
 def inputs_npz(data: SettingData, seed: int, cache_dir: Path) -> Path:

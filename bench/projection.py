@@ -3,7 +3,8 @@
 Time: each alternative has a work model (direct conv: C*N*K; FFT conv:
 C*n*log2(n) with n the FFT size; our backend, which picks its own algorithm:
 C*N*min(K, 16*log2(n)); scans: C*N, except the eager scan, a Python loop over
-time: N). A setting's time is projected from the same alternative's nearest
+time: N; blocks: the direct definition's flops, each block on its own). A
+setting's time is projected from the same alternative's nearest
 setting of no larger work already measured (or projected), scaled by the work
 ratio; failing that, from the nearest larger measured one; failing that, from
 a deliberately rough prior rate. A call projected over ``--time-limit`` is
@@ -29,6 +30,7 @@ PRIOR_DIRECT_FLOPS_PER_THREAD = 0.5e9
 PRIOR_FFT_FLOPS_PER_THREAD = 1e9
 PRIOR_EAGER_SCAN_STEP_S = 30e-6
 PRIOR_STREAM_BYTES_PER_S = 1e9
+PRIOR_BLOCK_FLOPS_PER_THREAD = 1e9
 
 
 def _log2n(s: Setting) -> float:
@@ -36,6 +38,8 @@ def _log2n(s: Setting) -> float:
 
 
 def work(model: str, s: Setting) -> float:
+    if model == "block":  # a block: its direct definition's flops
+        return float(s.block_flops)
     if model == "direct":
         return float(s.C * s.N * s.K)
     if model == "fft":
@@ -50,6 +54,8 @@ def work(model: str, s: Setting) -> float:
 
 
 def prior_seconds(model: str, s: Setting, threads: int) -> float:
+    if model == "block":
+        return s.block_flops / (PRIOR_BLOCK_FLOPS_PER_THREAD * threads)
     direct = s.direct_flops / (PRIOR_DIRECT_FLOPS_PER_THREAD * threads) if s.K else 0.0
     fft = 8 * s.C * s.fft_size * _log2n(s) / (PRIOR_FFT_FLOPS_PER_THREAD * threads)
     if model == "direct":
@@ -80,16 +86,16 @@ class Projector:
 
     def __init__(self, threads: int):
         self.threads = threads
-        # (alternative, kind) -> [(work, seconds, measured, setting name)]
+        # (alternative, kind or block) -> [(work, seconds, measured, setting name)]
         self._points: dict[tuple[str, str], list[tuple[float, float, bool, str]]] = {}
 
     def record(self, alt: str, model: str, s: Setting, seconds: float, measured: bool) -> None:
         point = (work(model, s), seconds, measured, s.name)
-        self._points.setdefault((alt, s.kind), []).append(point)
+        self._points.setdefault((alt, s.group), []).append(point)
 
     def project(self, alt: str, model: str, s: Setting) -> Projection:
         w = work(model, s)
-        points = [p for p in self._points.get((alt, s.kind), []) if p[0] > 0]
+        points = [p for p in self._points.get((alt, s.group), []) if p[0] > 0]
         below = [p for p in points if p[0] <= w]
         if below:
             pw, ps, measured, name = max(below, key=lambda p: (p[0], p[2]))

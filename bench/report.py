@@ -16,10 +16,11 @@ from bench.alternatives import ACCURACY_ATOL, BASELINES, LABELS
 from bench.measure import MAX_REPEATS
 
 COLUMNS = [
-    "kind", "C", "N", "K", "K_label", "setting", "alternative", "status",
+    "kind", "C", "N", "K", "K_label", "block", "setting", "alternative", "status",
     "median_ms", "p10_ms", "p90_ms", "warmup", "iters", "peak_mib",
     "max_abs_err", "reference", "chosen_kernel", "estimate_ms", "prepared_mib",
-    "estimates", "delegated", "projected_s", "projection_basis", "lower_s", "note",
+    "estimates", "delegated", "rustconv_calls", "xnnpack_calls", "io_bytes",
+    "projected_s", "projection_basis", "lower_s", "note",
 ]  # fmt: skip
 
 #: Goals from the issue.
@@ -29,6 +30,22 @@ GOAL_SHORT_ROOFLINE = 0.5  # K <= 32 at N >= 1024
 GOAL_SCAN_ROOFLINE = 0.7  # N >= 1024
 GOAL_SCAN_VS_C = 2.0
 MEMORY_TOLERANCE_MIB = 1.0  # resident-memory measurement granularity and noise
+
+#: Block goals from the issue: block -> (goals, description); each goal is
+#: ("calls", 1): exactly that many RustConv delegate calls in ours;
+#: ("vs", alt, x): ours at least x times faster than alt;
+#: ("floor", x): ours within x times the I/O floor.
+BLOCK_GOALS = {
+    "ssm": [("calls", 1), ("vs", "xnnpack", 5.0), ("floor", 2.0)],
+    "lfm2_hf_core": [("calls", 1), ("vs", "xnnpack", 3.0)],
+    "lfm2_example_core": [("calls", 1), ("vs", "xnnpack", 3.0)],
+    "lfm2_hf": [("vs", "xnnpack", 1.0)],
+    "lfm2_example": [("vs", "xnnpack", 1.0)],
+    "hyena": [("calls", 1), ("vs", "ours_unfused", 1.3)],
+    "conv_stack": [("calls", 1), ("vs", "xnnpack", 1.3)],
+}
+#: Block peak memory is compared against these alternatives.
+BLOCK_MEMORY_VS = ("ours_unfused", "xnnpack")
 
 
 def write_rows(out: Path, meta: dict, rows: list[dict]) -> None:
@@ -87,6 +104,7 @@ class SettingResult:
     roofline_frac: float | None = None
     gflops: float | None = None
     memory_allowance_mib: float = 0.0
+    block: str | None = None
 
 
 def _ok(row: dict | None) -> bool:
@@ -102,6 +120,7 @@ def analyze(meta: dict, rows: list[dict]) -> dict:
             r = by_setting[row["setting"]] = SettingResult(
                 row["kind"], row["setting"], row["C"], row["N"], row["K"], row["K_label"], None, {}
             )
+            r.block = row.get("block")
         if row["alternative"] == "ours":
             r.ours = row
         elif row["alternative"].startswith("ours:"):
@@ -130,7 +149,12 @@ def analyze(meta: dict, rows: list[dict]) -> dict:
                     r.speedups[row["alternative"]] = (row["median_ms"] / ours_ms, False)
                 elif row["status"] == "DNF" and row["projected_s"]:
                     r.speedups[row["alternative"]] = (row["projected_s"] * 1e3 / ours_ms, True)
-            if bandwidth:
+            if r.kind == "blocks":
+                floor = r.rows.get("io_floor")
+                if _ok(floor):
+                    r.roofline_ms = floor["median_ms"]
+                    r.roofline_frac = r.roofline_ms / ours_ms
+            elif bandwidth:
                 nbytes = _roofline_bytes(r)
                 r.roofline_ms = nbytes / bandwidth * 1e3
                 r.roofline_frac = r.roofline_ms / ours_ms
@@ -141,13 +165,21 @@ def analyze(meta: dict, rows: list[dict]) -> dict:
             r.memory_allowance_mib = prepared if prepared is not None else r.C * r.K * 4 / 2**20
 
     results = list(by_setting.values())
+    blocks = [r for r in results if r.kind == "blocks"]
+    results = [r for r in results if r.kind != "blocks"]
     conv_speedups = [r.speedup_best for r in results if r.kind == "conv" and r.speedup_best]
     geomean = (
         math.exp(sum(math.log(x) for x in conv_speedups) / len(conv_speedups))
         if conv_speedups
         else None
     )
-    return {"settings": results, "geomean": geomean, "goals": goals(results, geomean)}
+    return {
+        "settings": results,
+        "geomean": geomean,
+        "goals": goals(results, geomean) if results else [],
+        "blocks": blocks,
+        "block_goals": block_goals(blocks),
+    }
 
 
 def _roofline_bytes(r: SettingResult) -> int:
@@ -306,6 +338,68 @@ def goals(results: list[SettingResult], geomean: float | None) -> list[Goal]:
     return out
 
 
+def block_goals(blocks: list[SettingResult]) -> list[Goal]:
+    """The issue's per-block goals, then peak memory over all blocks."""
+    out = []
+    for block, wanted in BLOCK_GOALS.items():
+        for r in [r for r in blocks if r.block == block]:
+            parts, fails = [], []
+            for goal in wanted:
+                if goal[0] == "calls":
+                    calls = r.ours.get("rustconv_calls") if r.ours else None
+                    parts.append(f"{goal[1]} RustConv call")
+                    if calls != goal[1]:
+                        fails.append(f"{'no' if calls is None else calls} RustConv calls")
+                elif goal[0] == "vs":
+                    alt, want = goal[1], goal[2]
+                    parts.append(
+                        f"never slower than {LABELS[alt]}"
+                        if want == 1.0
+                        else f">= {want:g}x {LABELS[alt]}"
+                    )
+                    got = r.speedups.get(alt)
+                    if got is None:
+                        fails.append(f"no comparison with {alt} ({_ours_status(r)})")
+                    elif got[0] < want:
+                        fails.append(f"{_x(got[0])} vs {alt}")
+                    else:
+                        note = " (vs a projected time)" if got[1] else ""
+                        parts[-1] += f" ({_x(got[0])}{note})"
+                elif goal[0] == "floor":
+                    parts.append(f"within {goal[1]:g}x the I/O floor")
+                    ratio = 1 / r.roofline_frac if r.roofline_frac else None
+                    if ratio is None or ratio > goal[1]:
+                        fails.append(f"{_x(ratio)} the I/O floor")
+                    else:
+                        parts[-1] += f" ({_x(ratio)})"
+            detail = "failing: " + "; ".join(fails) if fails else "all met"
+            out.append(Goal(f"{r.name}: " + "; ".join(parts), "FAIL" if fails else "PASS", detail))
+    fails, checked = [], 0
+    for r in blocks:
+        ours = r.ours.get("peak_mib") if _ok(r.ours) else None
+        checked += 1
+        if ours is None:
+            fails.append(f"{r.name} (ours: {_ours_status(r)})")
+            continue
+        for alt in BLOCK_MEMORY_VS:
+            theirs = r.rows.get(alt, {}).get("peak_mib") if _ok(r.rows.get(alt)) else None
+            if theirs is None:
+                fails.append(f"{r.name} (no {alt} measurement)")
+            elif ours > theirs + MEMORY_TOLERANCE_MIB:
+                fails.append(f"{r.name} ({ours:.1f} MiB vs {theirs:.1f} MiB {alt})")
+    if blocks:
+        out.append(
+            Goal(
+                "peak memory of every block at or below both ours_unfused's and xnnpack's "
+                f"(tolerance {MEMORY_TOLERANCE_MIB:g} MiB)",
+                _verdict(checked, fails),
+                f"{checked - len(fails)}/{checked} blocks pass"
+                + ("; over: " + "; ".join(fails) if fails else ""),
+            )
+        )
+    return out
+
+
 def _ours_status(r: SettingResult) -> str:
     if r.ours is None:
         return "ours not run"
@@ -410,16 +504,19 @@ def markdown(meta: dict, analysis: dict, rows: list[dict], images: list[str]) ->
     if meta.get("plots_error"):
         lines += [f"*{meta['plots_error']}*", ""]
 
-    lines += ["## Goals", ""]
-    for g in analysis["goals"]:
-        box = {"PASS": "[x]", "FAIL": "[ ]", "n/a": "[-]"}[g.status]
-        lines.append(f"- {box} **{g.status}**: {g.name}. {g.detail}")
-    geo = analysis["geomean"]
-    lines += [
-        "",
-        f"Geometric mean of the conv speed-ups vs the best alternative: **{_x(geo)}**.",
-        "",
-    ]
+    if conv or scan:
+        lines += ["## Goals", ""]
+        for g in analysis["goals"]:
+            box = {"PASS": "[x]", "FAIL": "[ ]", "n/a": "[-]"}[g.status]
+            lines.append(f"- {box} **{g.status}**: {g.name}. {g.detail}")
+        geo = analysis["geomean"]
+        lines += [
+            "",
+            f"Geometric mean of the conv speed-ups vs the best alternative: **{_x(geo)}**.",
+            "",
+        ]
+    if analysis["blocks"]:
+        lines += _blocks_markdown(analysis)
 
     if conv:
         lines += [
@@ -513,7 +610,7 @@ def markdown(meta: dict, analysis: dict, rows: list[dict], images: list[str]) ->
     lines += ["## All measurements (median per call)", ""]
     order = [a for a in LABELS if a in {row["alternative"] for row in rows}]
     body = []
-    for r in results:
+    for r in results + analysis["blocks"]:
         body.append([r.name] + [cell(r.ours if a == "ours" else r.rows.get(a)) for a in order])
     lines += _table(["setting", *[LABELS[a] for a in order]], body) + [""]
     xnn = [
@@ -529,8 +626,11 @@ def markdown(meta: dict, analysis: dict, rows: list[dict], images: list[str]) ->
     problems = [
         row
         for row in rows
-        if row["status"] not in ("ok", "n/a")
-        or (row["note"] and not row["note"].startswith("the cost model's choice"))
+        if row["alternative"] != "io_floor"
+        and (
+            row["status"] not in ("ok", "n/a")
+            or (row["note"] and not row["note"].startswith("the cost model's choice"))
+        )
     ]
     if problems:
         lines += ["## Notes, errors and skipped runs", ""]
@@ -580,6 +680,62 @@ def markdown(meta: dict, analysis: dict, rows: list[dict], images: list[str]) ->
     if images:
         lines += ["## Plots", ""] + [f"![{Path(i).stem}]({i})" for i in images] + [""]
     return "\n".join(lines)
+
+
+def _calls_cell(row: dict | None) -> str:
+    if row is None or row.get("rustconv_calls") is None:
+        return "–"
+    return f"{row['rustconv_calls']} / {row['xnnpack_calls']}"
+
+
+def _blocks_markdown(analysis: dict) -> list[str]:
+    blocks: list[SettingResult] = analysis["blocks"]
+    lines = [
+        "## Blocks",
+        "",
+        "The reference blocks of `rustconv.blocks` (C: width, N: length). *ours*: "
+        "`to_edge_transform_and_lower(ep, partitioner=[RustConvPartitioner(), "
+        "XnnpackPartitioner()])` (the linears go to XNNPACK); *fusion off*: the same with "
+        "`compile_specs.fusion(False)`. Speed-up = alternative's median / ours (> 1: ours "
+        "is faster). I/O floor = bytes read and written once (inputs, output, weights, "
+        "state buffers twice) / the copy bandwidth of this run; *ours / floor* is how many "
+        "times the floor ours takes. Calls: delegate calls in the lowered program, "
+        "RustConv / XNNPACK. Peak memory: MiB above the inputs. Max err: ours vs eager.",
+        "",
+    ]
+    alts = BASELINES["blocks"]
+    header = ["block", "ours", *[f"vs {LABELS[a]}" for a in alts], "I/O floor", "ours / floor"]
+    header += ["calls ours", "calls fusion off", "calls XNNPACK"]
+    header += ["peak MiB ours / fusion off / XNNPACK", "max err"]
+    body = []
+    for r in blocks:
+        floor = r.rows.get("io_floor")
+        peaks = [
+            _mib(r.ours.get("peak_mib") if _ok(r.ours) else None),
+            *[_mib(r.rows[a].get("peak_mib")) if _ok(r.rows.get(a)) else "–" for a in alts[:2]],
+        ]
+        body.append(
+            [
+                r.name,
+                _ours_cell(r),
+                *[_speedup_cell(r, a) for a in alts],
+                cell(floor) if floor else "–",
+                _x(1 / r.roofline_frac) if r.roofline_frac else "–",
+                _calls_cell(r.ours),
+                _calls_cell(r.rows.get("ours_unfused")),
+                _calls_cell(r.rows.get("xnnpack")),
+                " / ".join(peaks),
+                _err(r.ours),
+            ]
+        )
+    lines += _table(header, body) + [""]
+    lines += ["### Goals (blocks)", ""]
+    for g in analysis["block_goals"]:
+        box = {"PASS": "[x]", "FAIL": "[ ]", "n/a": "[-]"}[g.status]
+        lines.append(f"- {box} **{g.status}**: {g.name}. {g.detail}")
+    passed = sum(g.status == "PASS" for g in analysis["block_goals"])
+    lines += ["", f"{passed}/{len(analysis['block_goals'])} block goals pass.", ""]
+    return lines
 
 
 def _ours_cell(r: SettingResult) -> str:

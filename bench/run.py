@@ -10,6 +10,11 @@ pick workloads and alternatives, e.g.::
     bench/run.py --full C=2048 N=65536 scan   # one scan setting
     bench/run.py C=8 N=64 K=4                 # any shape, not only the matrix's
     bench/run.py --quick alt=ours,xnnpack     # only these alternatives
+    bench/run.py blocks                       # the reference blocks at the issue's sizes
+    bench/run.py blocks C=16 N=64 block=ssm   # tiny sizes, one block
+
+Blocks run only when named (``blocks`` or ``block=..``); C= and N= then
+replace every block's width and length.
 """
 
 from __future__ import annotations
@@ -34,7 +39,17 @@ from bench import alternatives, measure, report, workload  # noqa: E402
 from bench.native import Native  # noqa: E402
 from bench.projection import Projector  # noqa: E402
 
-ALL_ALTERNATIVES = ("ours", "candidates", "xnnpack", "et_cpu", "eager", "torch_fft", "c_scan")
+ALL_ALTERNATIVES = (
+    "ours",
+    "ours_unfused",
+    "candidates",
+    "xnnpack",
+    "et_cpu",
+    "eager",
+    "torch_fft",
+    "c_scan",
+    "io_floor",
+)
 
 
 def parse_filters(tokens: list[str], full: bool) -> tuple[list[workload.Setting], tuple[str, ...]]:
@@ -43,6 +58,8 @@ def parse_filters(tokens: list[str], full: bool) -> tuple[list[workload.Setting]
     ns = workload.FULL_N if full else workload.QUICK_N
     ks = workload.FULL_K if full else workload.QUICK_K
     alts = ALL_ALTERNATIVES
+    blocks = tuple(workload.BLOCKS)
+    block_c = block_n = None  # explicit C= / N= also size the blocks
     for token in tokens:
         if token in workload.KINDS:
             kinds.append(token)
@@ -50,12 +67,14 @@ def parse_filters(tokens: list[str], full: bool) -> tuple[list[workload.Setting]
         key, sep, value = token.partition("=")
         values = [v.strip() for v in value.split(",") if v.strip()]
         if not sep or not values:
-            raise SystemExit(f"bad filter {token!r}: use conv, scan, C=.., N=.., K=.., alt=..")
+            raise SystemExit(
+                f"bad filter {token!r}: use conv, scan, blocks, C=.., N=.., K=.., block=.., alt=.."
+            )
         try:
             if key == "C":
-                cs = tuple(int(v) for v in values)
+                cs = block_c = tuple(int(v) for v in values)
             elif key == "N":
-                ns = tuple(int(v) for v in values)
+                ns = block_n = tuple(int(v) for v in values)
             elif key == "K":
                 ks = tuple("N" if v.upper() == "N" else str(int(v)) for v in values)
             elif key == "alt":
@@ -65,13 +84,24 @@ def parse_filters(tokens: list[str], full: bool) -> tuple[list[workload.Setting]
                         f"unknown alternative(s) {sorted(unknown)}: {ALL_ALTERNATIVES}"
                     )
                 alts = tuple(a for a in ALL_ALTERNATIVES if a in values)
+            elif key == "block":
+                unknown = set(values) - set(workload.BLOCKS)
+                if unknown:
+                    raise SystemExit(
+                        f"unknown block(s) {sorted(unknown)}: {tuple(workload.BLOCKS)}"
+                    )
+                blocks = tuple(b for b in workload.BLOCKS if b in values)
+                if "blocks" not in kinds:
+                    kinds.append("blocks")
             else:
                 raise SystemExit(f"unknown filter key {key!r} in {token!r}")
         except ValueError as e:
             raise SystemExit(f"bad filter {token!r}: {e}") from e
     if any(v <= 0 for v in (*cs, *ns)) or any(k != "N" and int(k) <= 0 for k in ks):
         raise SystemExit("C, N and K must be positive")
-    settings = workload.make_settings(tuple(kinds) or workload.KINDS, cs, ns, ks)
+    settings = workload.make_settings(
+        tuple(kinds) or workload.DEFAULT_KINDS, cs, ns, ks, blocks, block_c, block_n
+    )
     return settings, alts
 
 
@@ -82,7 +112,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true", help="quick subset (the default)")
     size.add_argument("--full", action="store_true", help="the whole matrix (70 settings)")
-    p.add_argument("filters", nargs="*", help="conv | scan | C=.. | N=.. | K=..(or N) | alt=..")
+    p.add_argument(
+        "filters",
+        nargs="*",
+        help="conv | scan | blocks | C=.. | N=.. | K=..(or N) | block=.. | alt=..",
+    )
     cores = len(os.sched_getaffinity(0))
     p.add_argument("--threads", type=int, default=cores, help=f"threads (default {cores})")
     p.add_argument("--out", type=Path, help="output dir (default out/bench/<timestamp>)")
@@ -121,6 +155,9 @@ def _describe(settings: list[workload.Setting]) -> str:
             continue
         text = f"{len(group)} {kind}: C in {sorted({s.C for s in group})}, "
         text += f"N in {sorted({s.N for s in group})}"
+        if kind == "blocks":
+            parts.append(f"{len(group)} blocks: " + ", ".join(s.name for s in group))
+            continue
         if kind == "conv":
             labels = sorted({s.K_label for s in group}, key=lambda k: (k == "N", len(k), k))
             text += f", K in [{', '.join(labels)}]"
@@ -210,6 +247,7 @@ def main(argv=None) -> int:
         projector=Projector(args.threads),
         ram_bytes=int(args.ram_gib * 2**30) if args.ram_gib else measure.ram_bytes(),
         planned_inputs=args.planned_inputs,
+        bandwidth=bandwidth,
     )
 
     steps = [(s, a) for s in settings for a in alternatives.steps_for(s, alts)]

@@ -96,3 +96,47 @@ def test_end_to_end_tiny(tmp_path):
     summary = (out / "summary.md").read_text()
     assert "## Goals" in summary and "conv C=8 N=64 K=4" in summary
     assert summary.count("**PASS**") + summary.count("**FAIL**") + summary.count("**n/a**") == 6
+
+
+def test_blocks_filters():
+    settings, alts = run.parse_filters(["blocks"], full=False)
+    assert {s.block for s in settings} == set(workload.BLOCKS)
+    assert all(s.kind == "blocks" for s in settings) and "io_floor" in alts
+    ssm = next(s for s in settings if s.block == "ssm")
+    assert (ssm.C, ssm.N) == (2048, 4096)
+    settings, _ = run.parse_filters(["block=ssm,hyena", "C=16", "N=64"], full=False)
+    assert [(s.block, s.C, s.N) for s in settings] == [("hyena", 16, 64), ("ssm", 16, 64)]
+    default, _ = run.parse_filters([], full=False)
+    assert not any(s.kind == "blocks" for s in default)
+
+
+@pytest.mark.skipif(not RUNNER.is_file(), reason="pte_runner not built (scripts/setup.sh)")
+def test_end_to_end_blocks_tiny(tmp_path):
+    out = tmp_path / "out"
+    argv = [
+        "blocks", "block=lfm2_hf,hyena,ssm", "C=16", "N=64", "--warmup", "1", "--repeats", "2",
+        "--bandwidth-mib", "16", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+        "--runner", str(RUNNER), "--no-plots",
+    ]  # fmt: skip
+    assert run.main(argv) == 0
+    with open(out / "results.csv") as f:
+        rows = {(r["block"], r["alternative"]): r for r in csv.DictReader(f)}
+    for block in ("lfm2_hf", "hyena", "ssm"):
+        for alt in ("ours", "ours_unfused", "xnnpack", "et_cpu", "eager"):
+            row = rows[(block, alt)]
+            assert row["status"] == "ok", (block, alt, row["status"], row["note"])
+            assert float(row["median_ms"]) > 0 and row["peak_mib"] != "", (block, alt)
+            assert float(row["max_abs_err"]) <= 1e-3, (block, alt)
+        floor = rows[(block, "io_floor")]
+        assert float(floor["median_ms"]) > 0 and int(floor["io_bytes"]) > 0
+        assert int(rows[(block, "ours")]["rustconv_calls"]) >= 1
+        assert int(rows[(block, "xnnpack")]["rustconv_calls"]) == 0
+        assert int(rows[(block, "et_cpu")]["xnnpack_calls"]) == 0
+    # The whole LFM2 block's linears go to XNNPACK in ours too.
+    assert int(rows[("lfm2_hf", "ours")]["xnnpack_calls"]) >= 1
+    summary = (out / "summary.md").read_text()
+    assert "## Blocks" in summary and "### Goals (blocks)" in summary
+    assert "## Goals\n" not in summary  # no conv/scan goals in a blocks-only run
+    goals = summary.split("### Goals (blocks)")[1].split("block goals pass")[0]
+    # ssm, lfm2_hf, hyena, and peak memory.
+    assert goals.count("**PASS**") + goals.count("**FAIL**") == 4

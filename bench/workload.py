@@ -6,6 +6,9 @@ Two workloads (batch 1, C channels, length N):
 * ``conv``: causal depthwise conv1d, ``F.pad(x, (K-1, 0))`` then
   ``nn.Conv1d(C, C, K, groups=C, bias=False)``; x [1,C,N], weight [C,1,K].
 * ``scan``: ``torch.ops.rustconv.linear_scan(x0 [1,C], a [1,C,N], u [1,C,N])``.
+* ``blocks`` (only when asked): the reference blocks of ``rustconv.blocks``
+  (LFM2's short convolution, Hyena, a diagonal SSM, a conv stack) at the
+  issue's sizes, ``C`` being the block's width and ``N`` its length.
 
 Inputs and weights are drawn from a ``torch.Generator`` seeded from the
 setting, so every run (and every cached .pte) sees the same numbers.
@@ -33,20 +36,43 @@ QUICK_C = (512,)
 QUICK_N = (1024, 4096)
 QUICK_K = ("4", "128")
 
-KINDS = ("conv", "scan")
+KINDS = ("conv", "scan", "blocks")
+#: What runs when no workload is named: blocks run only when asked for.
+DEFAULT_KINDS = ("conv", "scan")
+
+#: The blocks workload: name -> (rustconv.blocks class, width C, length N) at
+#: the issue's sizes. ``C=``/``N=`` filters replace both for every block.
+BLOCKS = {
+    "lfm2_hf_core": ("Lfm2ShortConvHFCore", 1024, 2048),
+    "lfm2_example_core": ("Lfm2ShortConvExampleCore", 1024, 2048),
+    "lfm2_hf": ("Lfm2ShortConvHF", 1024, 2048),
+    "lfm2_example": ("Lfm2ShortConvExample", 1024, 2048),
+    "hyena": ("HyenaLongConv", 512, 8192),
+    "ssm": ("DiagonalSSM", 2048, 4096),
+    "conv_stack": ("ConvStack", 250, 4096),
+}
+CONV_STACK_K, CONV_STACK_LAYERS, LFM2_K = 11, 12, 3
 BYTES_PER_ELEMENT = 4  # float32
 
 
 @dataclass(frozen=True, order=True)
 class Setting:
-    kind: str  # "conv" or "scan"
+    kind: str  # "conv", "scan" or "blocks"
     C: int
     N: int
     K: int | None = None  # conv only: the actual filter length
     K_label: str | None = None  # conv only: "4", "32", "128" or "N"
+    block: str | None = None  # blocks only: a key of BLOCKS
+
+    @property
+    def group(self) -> str:
+        """What projections scale within: the workload, or the block."""
+        return f"blocks:{self.block}" if self.kind == "blocks" else self.kind
 
     @property
     def name(self) -> str:
+        if self.kind == "blocks":
+            return f"{self.block} C={self.C} N={self.N}"
         if self.kind == "scan":
             return f"scan C={self.C} N={self.N}"
         return f"conv C={self.C} N={self.N} K={self.K_label_text}"
@@ -57,6 +83,8 @@ class Setting:
 
     @property
     def slug(self) -> str:
+        if self.kind == "blocks":
+            return f"blocks_{self.block}_C{self.C}_N{self.N}"
         if self.kind == "scan":
             return f"scan_C{self.C}_N{self.N}"
         return f"conv_C{self.C}_N{self.N}_K{self.K}"
@@ -64,6 +92,9 @@ class Setting:
     # Sizes in bytes -------------------------------------------------------
     @property
     def input_bytes(self) -> int:
+        if self.kind == "blocks":
+            one = self.C * self.N * BYTES_PER_ELEMENT
+            return one if self.block in ("lfm2_hf", "lfm2_example", "conv_stack") else 3 * one
         if self.kind == "scan":
             return (2 * self.C * self.N + self.C) * BYTES_PER_ELEMENT
         return self.C * self.N * BYTES_PER_ELEMENT
@@ -74,7 +105,25 @@ class Setting:
 
     @property
     def weight_bytes(self) -> int:
+        if self.kind == "blocks":
+            return block_weight_elements(self.block, self.C, self.N) * BYTES_PER_ELEMENT
         return self.C * self.K * BYTES_PER_ELEMENT if self.kind == "conv" else 0
+
+    @property
+    def block_flops(self) -> float:
+        """Blocks: a direct definition's flops (linears, convs as written,
+        ~10 per element for the rest); what the projections scale by."""
+        c, n = self.C, self.N
+        elementwise = 10.0 * c * n
+        return {
+            "lfm2_hf_core": 2 * c * n * LFM2_K + elementwise,
+            "lfm2_example_core": 2 * c * n * LFM2_K + elementwise,
+            "lfm2_hf": 2 * n * c * 4 * c + 2 * c * n * LFM2_K + elementwise,
+            "lfm2_example": 2 * n * c * 4 * c + 2 * c * n * LFM2_K + elementwise,
+            "hyena": 2.0 * c * n * n + elementwise,
+            "ssm": 2 * elementwise,
+            "conv_stack": 2.0 * CONV_STACK_LAYERS * c * c * CONV_STACK_K * n,
+        }[self.block]
 
     @property
     def roofline_bytes(self) -> int:
@@ -116,13 +165,39 @@ def next_fast_len(n: int) -> int:
     return best
 
 
+def block_weight_elements(block: str, c: int, n: int) -> int:
+    """Parameters and buffers of a block (float32 elements)."""
+    return {
+        "lfm2_hf_core": c * LFM2_K,
+        "lfm2_example_core": c * LFM2_K + c * (LFM2_K - 1),
+        "lfm2_hf": c * LFM2_K + 4 * c * c,
+        "lfm2_example": c * LFM2_K + c * (LFM2_K - 1) + 4 * c * c,
+        "hyena": c * n + c,
+        "ssm": 2 * c,
+        "conv_stack": CONV_STACK_LAYERS * (c * c * CONV_STACK_K + c),
+    }[block]
+
+
 def make_settings(
-    kinds: tuple[str, ...], cs: tuple[int, ...], ns: tuple[int, ...], ks: tuple[str, ...]
+    kinds: tuple[str, ...],
+    cs: tuple[int, ...],
+    ns: tuple[int, ...],
+    ks: tuple[str, ...],
+    blocks: tuple[str, ...] = tuple(BLOCKS),
+    block_c: tuple[int, ...] | None = None,
+    block_n: tuple[int, ...] | None = None,
 ) -> list[Setting]:
     """The product of the given values, deduplicated, small work first (so
-    projections of large settings can use measured smaller ones)."""
+    projections of large settings can use measured smaller ones). Blocks run
+    at their own sizes unless ``block_c``/``block_n`` replace them."""
     settings = set()
     for kind in kinds:
+        if kind == "blocks":
+            for b in blocks:
+                _, c0, n0 = BLOCKS[b]
+                for c, n in product(block_c or (c0,), block_n or (n0,)):
+                    settings.add(Setting("blocks", c, n, block=b))
+            continue
         if kind == "scan":
             settings.update(Setting("scan", c, n) for c, n in product(cs, ns))
             continue
@@ -131,10 +206,17 @@ def make_settings(
     # Two labels for one filter length (K=N=64 and K=64) are one setting.
     unique = {}
     for s in sorted(settings, key=lambda s: s.K_label != "N"):
-        unique.setdefault((s.kind, s.C, s.N, s.K), s)
+        unique.setdefault((s.kind, s.C, s.N, s.K, s.block), s)
+    blocks_order = list(BLOCKS)
     return sorted(
         unique.values(),
-        key=lambda s: (KINDS.index(s.kind), s.C * s.N * (s.K or 1), s.N, s.C),
+        key=lambda s: (
+            KINDS.index(s.kind),
+            blocks_order.index(s.block) if s.block else 0,
+            s.C * s.N * (s.K or 1),
+            s.N,
+            s.C,
+        ),
     )
 
 
@@ -166,14 +248,45 @@ class SettingData:
     setting: Setting
     inputs: list[np.ndarray]
     weight: np.ndarray | None
+    module_seed: int = 0  # blocks: the seed their parameters are drawn from
 
     def model(self) -> torch.nn.Module:
+        """A fresh module each call (blocks with state start from zero state)."""
+        if self.setting.kind == "blocks":
+            return make_block(self.setting, self.module_seed)
         if self.setting.kind == "scan":
             return LinearScan().eval()
         return CausalDepthwiseConv(torch.from_numpy(self.weight)).eval()
 
     def torch_inputs(self) -> tuple[torch.Tensor, ...]:
         return tuple(torch.from_numpy(a) for a in self.inputs)
+
+    def io_bytes(self) -> int:
+        """The bytes a block must read and write once: its inputs, its output
+        (C*N floats for every block), its parameters and buffers once, and
+        its state buffers (persistent buffers, updated in place) once more."""
+        s = self.setting
+        model = self.model()
+        total = sum(a.nbytes for a in self.inputs) + s.C * s.N * BYTES_PER_ELEMENT
+        total += sum(p.numel() * p.element_size() for p in model.parameters())
+        persistent = set(model.state_dict())
+        for name, b in model.named_buffers():
+            total += b.numel() * b.element_size() * (2 if name in persistent else 1)
+        return total
+
+
+def make_block(setting: Setting, seed: int) -> torch.nn.Module:
+    from rustconv import blocks
+
+    cls_name, _, _ = BLOCKS[setting.block]
+    cls = getattr(blocks, cls_name)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        if setting.block == "hyena":
+            return cls(setting.C, setting.N).eval()
+        if setting.block == "conv_stack":
+            return cls(setting.C, CONV_STACK_K, CONV_STACK_LAYERS).eval()
+        return cls(setting.C).eval()
 
 
 def _seed_for(setting: Setting, seed: int) -> int:
@@ -187,6 +300,17 @@ def make_data(setting: Setting, seed: int) -> SettingData:
     range); scan x0, u ~ N(0,1) and decays a ~ U(0, 1) (a stable recurrence)."""
     gen = torch.Generator().manual_seed(_seed_for(setting, seed))
     c, n = setting.C, setting.N
+    if setting.kind == "blocks":
+        # Parameters: the modules' own initialisation (O(1) outputs); inputs:
+        # the block's make_inputs, N(0,1).
+        module_seed = _seed_for(setting, seed) % (1 << 31)
+        model = make_block(setting, module_seed)
+        if setting.block == "hyena":
+            inputs = model.make_inputs(seed=module_seed)
+        else:
+            inputs = model.make_inputs(seq=n, seed=module_seed)
+        arrays = [t.contiguous().numpy() for t in inputs]
+        return SettingData(setting, arrays, None, module_seed)
     if setting.kind == "scan":
         x0 = torch.randn(1, c, generator=gen)
         a = torch.rand(1, c, n, generator=gen)
