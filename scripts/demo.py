@@ -112,7 +112,9 @@ def main() -> int:
     ok &= demo_block("diagonal_ssm", ssm, ssm.make_inputs(seq=2048), args)
     verdict = "match" if ok else "DO NOT match"
     print(f"all outputs {verdict} PyTorch eager within {TOLERANCE:.0e}")
-    print(f"`python -m rustconv.inspect {args.out / 'lfm2_short_conv' / 'ours.pte'}` shows the plan")
+    print(
+        f"`python -m rustconv.inspect {args.out / 'lfm2_short_conv' / 'ours.pte'}` shows the plan"
+    )
     return 0 if ok else 1
 
 
