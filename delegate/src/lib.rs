@@ -3,10 +3,14 @@
 //!
 //! A delegate blob (schema/README.md) goes through
 //! [`blob`] (framing) → [`graph`] (flatbuffer, structural checks) →
-//! [`plan`] (shapes at their bounds, kernel choice, arena placement, the
+//! `fusion` (the fused kernels recorded at export, checked and built:
+//! stored values, prologue and epilogue programs) →
+//! [`plan`] (self-describing steps, kernel choice, arena placement, the
 //! constants kept once the blob is freed) →
-//! [`executor`] (per-call checks and kernels). [`ffi`] is the cxx bridge to
-//! the C++ `BackendInterface` in delegate/cpp/.
+//! [`executor`] (per-call checks, shapes, and the one dispatch on a step).
+//! [`inspect`] describes a plan for `python -m rustconv.inspect`. `ffi` is
+//! the cxx bridge to the C++ `BackendInterface` in delegate/cpp/ and the
+//! C entry point of `inspect`.
 
 pub mod blob;
 mod constants;

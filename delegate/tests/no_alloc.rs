@@ -7,50 +7,17 @@
 //! that only this thread and the delegate's pool are alive (see the kernels'
 //! `tests/no_alloc.rs`).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+#[path = "../../kernels/tests/common/counting_alloc.rs"]
+mod counting_alloc;
+
+use std::sync::atomic::Ordering;
+
+use counting_alloc::ALLOCATIONS;
 
 use rustconv_backend::blob::{BlobBytes, BlobLayout};
 use rustconv_backend::executor::{ArgTensor, CallArgs};
 use rustconv_backend::graph::{DType, GraphDesc};
 use rustconv_backend::Delegate;
-
-struct CountingAlloc;
-
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every method forwards its arguments unchanged to `System`, which
-// upholds the `GlobalAlloc` contract; the counter never touches memory
-// handed out.
-unsafe impl GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: our caller guarantees `layout` is valid for `alloc`.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: our caller guarantees `layout` is valid for `alloc_zeroed`.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: our caller guarantees `ptr` came from this allocator (so
-        // from `System`) with `layout`, and that `new_size` is valid.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: our caller guarantees `ptr` came from this allocator (so
-        // from `System`) with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: CountingAlloc = CountingAlloc;
 
 /// The call's tensors: inputs then outputs, float32 at their bound shapes.
 struct Args {

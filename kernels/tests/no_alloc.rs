@@ -8,8 +8,12 @@
 //! rayon's scheduling. Rayon allocates while starting its threads and on
 //! first use of its thread-locals, so those happen in a warm-up phase.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
+
+use std::sync::atomic::Ordering;
+
+use counting_alloc::ALLOCATIONS;
 
 use rustconv_kernels::fused::{
     drain, line_scratch, materialise, BinaryOp, Env, EpilogueSink, Expr, Program, ProgramRows,
@@ -31,44 +35,6 @@ impl Env for Tensors {
         &self.0[value].1
     }
 }
-
-/// Forwards to the system allocator, counting allocations.
-struct CountingAlloc;
-
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: every method forwards its arguments unchanged to `System`, which
-// upholds the `GlobalAlloc` contract; the counter never touches memory
-// handed out.
-unsafe impl GlobalAlloc for CountingAlloc {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: our caller guarantees `layout` is valid for `alloc`.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: our caller guarantees `layout` is valid for `alloc_zeroed`.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: our caller guarantees `ptr` came from this allocator (so from
-        // `System`) with `layout`, and that `new_size` is valid.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: our caller guarantees `ptr` came from this allocator (so
-        // from `System`) with `layout`.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static GLOBAL: CountingAlloc = CountingAlloc;
 
 fn main() {
     let conv = Conv1dParams {
