@@ -160,9 +160,11 @@ pub enum ArgError {
         name: String,
         reason: String,
     },
-    #[error("node {id} ('{name}'): {source}")]
+    /// A fused kernel's kernel refused the call (`kernel`: its index as
+    /// recorded at export, `name`: its first op).
+    #[error("fused kernel {kernel} ('{name}'): {source}")]
     Kernel {
-        id: u32,
+        kernel: u32,
         name: String,
         source: KernelError,
     },

@@ -305,7 +305,7 @@ impl Executable<'_> {
         for step in &self.plan.steps {
             self.run_step(step, state)
                 .map_err(|source| ArgError::Kernel {
-                    id: step.kernel,
+                    kernel: step.kernel,
                     name: step
                         .absorbed
                         .first()
