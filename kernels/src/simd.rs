@@ -31,6 +31,21 @@ pub(crate) enum Backend {
     Neon,
 }
 
+/// The vector instructions the conv kernels run with on this CPU (`"avx512"`,
+/// `"avx2"`, `"neon"` or `"portable"`), chosen at run time; for the plan's log,
+/// so a run on a device (or under emulation) shows which code it took.
+pub fn vector_instructions() -> &'static str {
+    match Backend::detect() {
+        Backend::Portable => "portable",
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2 => "avx2",
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx512 => "avx512",
+        #[cfg(target_arch = "aarch64")]
+        Backend::Neon => "neon",
+    }
+}
+
 impl Backend {
     /// The fastest backend this CPU supports.
     pub(crate) fn detect() -> Backend {

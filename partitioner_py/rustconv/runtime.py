@@ -24,9 +24,14 @@ ExecuTorch would treat as a fatal error.
 The library is looked up, in order, at:
 
 * ``$RUSTCONV_BACKEND_LIB``, if set (then it must exist);
-* ``<repo>/target/release/librustconv_backend.so`` (a source checkout, built
-  with ``cargo build --release``);
+* ``<repo>/target/release/librustconv_backend.so`` when this package is a
+  source checkout's ``partitioner_py/rustconv`` (built with
+  ``cargo build --release``);
 * ``librustconv_backend.so`` inside this package (an installed wheel).
+
+Before loading it, the executorch version the library was built for is
+compared with the installed one (``rustconv.native``); a mismatch is an
+``ImportError`` naming both.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ import os
 from pathlib import Path
 
 import executorch.runtime  # noqa: F401  (must precede loading the backend)
+
+from rustconv import native
 
 __all__ = [
     "BACKEND_NAME",
@@ -51,10 +58,7 @@ BACKEND_NAME = "RustConvBackend"
 #: The operator kernel for scans outside any delegate (``rustconv.ops``).
 SCAN_KERNEL_NAME = "rustconv::linear_scan.out"
 ENV_VAR = "RUSTCONV_BACKEND_LIB"
-_LIB_NAME = "librustconv_backend.so"
-_BUILD_COMMAND = "cargo build --release  (in the repository root)"
-
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_BUILD_COMMAND = "cargo build --release  (in the repository root), or pip install ."
 _library: ctypes.CDLL | None = None
 _library_path: Path | None = None
 
@@ -65,10 +69,10 @@ def candidate_paths() -> list[Path]:
     if env:
         # An explicit choice is not silently replaced by another build.
         return [Path(env)]
-    return [
-        _PACKAGE_DIR.parent.parent / "target" / "release" / _LIB_NAME,
-        _PACKAGE_DIR / _LIB_NAME,
-    ]
+    paths = []
+    if native.PACKAGE_DIR.parent.name == "partitioner_py":
+        paths.append(native.PACKAGE_DIR.parent.parent / "target" / "release" / native.LIB_NAME)
+    return [*paths, native.PACKAGE_DIR / native.LIB_NAME]
 
 
 def _registered_backends() -> list[str]:
@@ -97,6 +101,7 @@ def _load() -> None:
             + "".join(f"  {p}\n" for p in tried)
             + f"Build it with: {_BUILD_COMMAND}, or set {ENV_VAR} to its path."
         )
+    native.check_executorch(path)
     try:
         library = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
     except OSError as e:
