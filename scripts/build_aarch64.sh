@@ -11,8 +11,9 @@
 # Leaves target/aarch64-unknown-linux-gnu/release/{pte_runner,librustconv_backend.so}
 # (RUNPATH: the unpacked aarch64 executorch, for qemu-aarch64 on this machine)
 # and the wheel (RUNPATH relative to the installed executorch, for the device).
-# Prints `AARCH64_PTE_RUNNER=<path>` last. Exits 3, saying why, when the
-# toolchain or the wheel cannot be had.
+# Prints `AARCH64_PTE_RUNNER=`, `AARCH64_WHEEL=` and `AARCH64_EXECUTORCH_DIR=`
+# lines last (what tests/test_aarch64.py runs). Exits 3, saying why, when the
+# toolchain or the executorch wheel cannot be had.
 source "$(dirname "$0")/common.sh"
 ensure_venv
 cd "$ROOT"
@@ -32,5 +33,8 @@ cargo build --release --quiet --target "$AARCH64" --lib --bin pte_runner
 log "building the $AARCH64 wheel into $wheel_dir"
 ensure_build_tools
 PYTHONPATH="$BUILD_TOOLS_DIR" CARGO_BUILD_TARGET=$AARCH64 build_wheel "$wheel_dir" "$RUSTCONV_PYTHON"
-ls -l "$wheel_dir"/rustconv-*linux_aarch64.whl >&2
+wheel=$(ls -t "$wheel_dir"/rustconv-*-linux_aarch64.whl | head -1)
+log "aarch64 wheel: $wheel, $(stat -c %s "$wheel") bytes"
 echo "AARCH64_PTE_RUNNER=$ROOT/target/$AARCH64/release/pte_runner"
+echo "AARCH64_WHEEL=$wheel"
+echo "AARCH64_EXECUTORCH_DIR=$ET_AARCH64"

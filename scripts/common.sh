@@ -109,11 +109,10 @@ ensure_build_tools() {
 # there leaves the cached environment untouched and downloads no torch.
 # (venv --system-site-packages would layer on the base interpreter instead.)
 layered_venv() {
-    local dir=$1
-    "$RUSTCONV_PYTHON" -c 'import sys; print(sys._base_executable)' | xargs -I{} {} -m venv --without-pip "$dir"
-    local site
+    local dir=$1 base_python site base
+    base_python=$("$RUSTCONV_PYTHON" -c 'import sys; print(sys._base_executable)')
+    "$base_python" -m venv --without-pip "$dir"
     site=$("$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-    local base
     base=$("$RUSTCONV_PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     printf '%s\n%s\n' "$base" "$BUILD_TOOLS_DIR" >"$site/rustconv-layers.pth"
 }

@@ -14,8 +14,8 @@ log "schema bindings"
 
 log "formatting and lints"
 cargo fmt --all --check
-"$RUFF" format --check partitioner_py tests scripts bench
-"$RUFF" check partitioner_py tests scripts bench
+"$RUFF" format --check partitioner_py tests scripts bench setup.py
+"$RUFF" check partitioner_py tests scripts bench setup.py
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings
 
 build_all
@@ -39,7 +39,12 @@ else
     elif [ "$status" != 0 ]; then
         exit "$status"
     else
-        export RUSTCONV_AARCH64_PTE_RUNNER=${built##*AARCH64_PTE_RUNNER=}
+        # Its KEY=VALUE lines, as RUSTCONV_AARCH64_* for tests/test_aarch64.py.
+        while IFS='=' read -r key value; do
+            case $key in AARCH64_*) export "RUSTCONV_$key=$value" ;; esac
+        done <<<"$built"
+        RUSTCONV_EXECUTORCH_DIR=$RUSTCONV_AARCH64_EXECUTORCH_DIR CXX_aarch64_unknown_linux_gnu=aarch64-linux-gnu-g++ \
+            cargo clippy --release --quiet -p rustconv --lib --bin pte_runner --target "$AARCH64" -- -D warnings
     fi
 fi
 
@@ -49,7 +54,8 @@ wheel_tmp=$(mktemp -d)
 trap 'rm -rf "$wheel_tmp"' EXIT
 PYTHONPATH="$BUILD_TOOLS_DIR" build_wheel "$wheel_tmp/dist" "$RUSTCONV_PYTHON"
 layered_venv "$wheel_tmp/env"
-"$wheel_tmp/env/bin/python" -m pip install --quiet --no-index "$wheel_tmp"/dist/rustconv-*.whl
+# Without the checkout's PYTHONPATH, where the build left rustconv's egg-info.
+env -u PYTHONPATH "$wheel_tmp/env/bin/python" -m pip install --quiet --no-index "$wheel_tmp"/dist/rustconv-*.whl
 cp "$ROOT/tests/wheel_smoke.py" "$wheel_tmp/"
 (cd "$wheel_tmp" && env -u PYTHONPATH -u RUSTCONV_BACKEND_LIB -u PTE_RUNNER \
     "$wheel_tmp/env/bin/python" wheel_smoke.py "$wheel_tmp")

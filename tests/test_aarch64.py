@@ -10,6 +10,7 @@ timing.
 
 import os
 import subprocess
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -33,14 +34,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def run_aarch64(pte: Path, inputs, tmp_path: Path, *extra: str) -> list[np.ndarray]:
+def run_aarch64(
+    pte: Path, inputs, tmp_path: Path, *extra: str, runner=RUNNER, env=None
+) -> list[np.ndarray]:
     """Runs the aarch64 pte_runner under QEMU; checks the plan used NEON."""
     in_npz, out_npz = tmp_path / "in.npz", tmp_path / "out.npz"
     np.savez(in_npz, **{str(i): t.numpy() for i, t in enumerate(inputs)})
     run = subprocess.run(
-        [*QEMU, RUNNER, "-model_path", str(pte), "-inputs_npz_path", str(in_npz),
+        [*QEMU, str(runner), "-model_path", str(pte), "-inputs_npz_path", str(in_npz),
          "-output_npz_path", str(out_npz), *extra],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True, text=True, timeout=600, env=env,
     )  # fmt: skip
     assert run.returncode == 0, f"aarch64 pte_runner failed: {run.stderr[-2000:]}"
     assert NEON in run.stderr, f"no NEON plan line in:\n{run.stderr[-2000:]}"
@@ -151,3 +154,27 @@ def test_fused_block(name, tmp_path):
     got = run_aarch64(save(program, tmp_path), inputs, tmp_path)[0]
     want = _eager(model, inputs)
     assert_close(got, want, name, _atol(want))
+
+
+WHEEL = os.environ.get("RUSTCONV_AARCH64_WHEEL")
+EXECUTORCH_DIR = os.environ.get("RUSTCONV_AARCH64_EXECUTORCH_DIR")
+
+
+@pytest.mark.skipif(not (WHEEL and EXECUTORCH_DIR), reason="no aarch64 wheel built")
+def test_the_aarch64_wheel_runs_where_it_is_installed(tmp_path):
+    """The wheel's pte_runner, unpacked into a site-packages beside the
+    aarch64 executorch package, finds ExecuTorch through its relative
+    RUNPATH alone (no LD_LIBRARY_PATH; QEMU's -L only supplies glibc)."""
+    site = tmp_path / "site-packages"
+    with zipfile.ZipFile(WHEEL) as wheel:
+        wheel.extractall(site)
+    (site / "executorch").symlink_to(EXECUTORCH_DIR, target_is_directory=True)
+    runner = site / "rustconv" / "bin" / "pte_runner"
+    runner.chmod(0o755)
+    model = ConvScan().eval()
+    inputs = (torch.randn(1, 8, 64), torch.rand(1, 8, 64), torch.randn(1, 8))
+    program = to_edge(export(model, inputs)).to_backend(RustConvPartitioner()).to_executorch()
+    pte = save(program, tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    got = run_aarch64(pte, inputs, tmp_path, runner=runner, env=env)[0]
+    assert_close(got, model(*inputs), "installed aarch64 wheel")
