@@ -110,6 +110,11 @@ fn main() {
     }
     println!("cargo:rerun-if-env-changed=RUSTCONV_PYTHON");
     println!("cargo:rerun-if-env-changed=RUSTCONV_EXECUTORCH_DIR");
+    // Another executorch installed in the same place: new version, new library.
+    println!(
+        "cargo:rerun-if-changed={}",
+        lib_dir.join("libexecutorch.so").display()
+    );
     println!(
         "cargo:rustc-env=RUSTCONV_EXECUTORCH_LIB_DIR={}",
         lib_dir.display()
