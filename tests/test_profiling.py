@@ -128,3 +128,78 @@ def test_kernel_count_follows_fusion(tmp_path, fused):
         (k["kernel"], k["algorithm"]) for k in plan["kernels"]
     ]
     assert (len(call.kernels) == 1) == fused
+
+
+KERNEL_FIELDS = {
+    "kind", "call", "backend", "kernel", "name", "algorithm", "op_types", "median_ms", "p90_ms",
+    "share", "iterations", "times_ms", "bytes", "flops", "gbps", "gflops", "copy_fraction",
+}  # fmt: skip
+
+
+def test_profile_command_reports_kernels_beside_other_work(tmp_path):
+    import json
+    import os
+    import sys
+
+    from conftest import ROOT
+
+    # RustConv only: the projections run as ExecuTorch's CPU kernels, beside it.
+    torch.manual_seed(0)
+    model = blocks.Lfm2ShortConvHF(64).eval()
+    inputs = model.make_inputs(seq=256)
+    pte, etrecord = tmp_path / "m.pte", tmp_path / "m.etrecord"
+    lower_with_etrecord(export(model, inputs), [RustConvPartitioner()], pte, etrecord)
+    in_npz = tmp_path / "in.npz"
+    np.savez(in_npz, **{str(i): t.numpy() for i, t in enumerate(inputs)})
+    out_json, out_png, etdump = tmp_path / "p.json", tmp_path / "p.png", tmp_path / "p.etdump"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "partitioner_py"),
+           "PTE_RUNNER": str(pte_runner_path())}  # fmt: skip
+    cmd = [sys.executable, "-m", "rustconv.profile", str(pte), "--inputs", str(in_npz),
+           "--iter", "6", "--threads", "2", "--etrecord", str(etrecord), "--etdump", str(etdump),
+           "--json", str(out_json), "--png", str(out_png)]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "kernel 0" in run.stdout and "depthwise_simd" in run.stdout, run.stdout
+    assert "copy bandwidth" in run.stdout
+
+    doc = json.loads(out_json.read_text())
+    assert doc["method"]["iterations"] == 6  # the warm-up iterations are dropped
+    assert doc["method"]["median_ms"] > 0 and doc["copy_bandwidth_gbps"] > 0
+    kinds = [r["kind"] for r in doc["rows"]]
+    assert kinds.count("delegate_call") == 1 and kinds.count("kernel") == 1
+    assert kinds.count("operator") >= 2, kinds  # the two linears, at least
+    (kernel,) = [r for r in doc["rows"] if r["kind"] == "kernel"]
+    assert set(kernel) == KERNEL_FIELDS
+    assert kernel["algorithm"] == "depthwise_simd" and kernel["iterations"] == 6
+    assert kernel["bytes"] == (256 * 192 + 256 * 64 + 64 * 3) * 4
+    assert kernel["flops"] == 2 * 64 * 256 * 3
+    seconds = kernel["median_ms"] / 1e3
+    assert kernel["gbps"] == pytest.approx(kernel["bytes"] / seconds / 1e9)
+    assert kernel["copy_fraction"] == pytest.approx(kernel["gbps"] / doc["copy_bandwidth_gbps"])
+    assert kernel["gflops"] == pytest.approx(kernel["flops"] / seconds / 1e9)
+    assert kernel["share"] == pytest.approx(kernel["median_ms"] / doc["method"]["median_ms"])
+    assert kernel["p90_ms"] >= kernel["median_ms"]
+    assert any("conv" in op for op in kernel["op_types"]), kernel["op_types"]
+    assert out_png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # An ETDump made elsewhere is read, not re-run: every iteration kept.
+    again = subprocess.run(cmd[:-4] + ["--json", str(out_json)], capture_output=True,
+                           text=True, timeout=300, env=env)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert json.loads(out_json.read_text())["method"]["iterations"] == 6 + 2
+
+
+def test_report_puts_other_delegates_beside_the_kernels(tmp_path):
+    from rustconv.profile import report
+
+    torch.manual_seed(0)
+    model = blocks.Lfm2ShortConvHF(32).eval()
+    _, etdump, etrecord = profile_block(
+        model, model.make_inputs(seq=64), tmp_path, [RustConvPartitioner(), XnnpackPartitioner()]
+    )
+    doc = report(read_profile(etdump, etrecord), copy_gbps=10.0)
+    calls = [(r["backend"], r["call"]) for r in doc["rows"] if r["kind"] == "delegate_call"]
+    assert calls == [("XnnpackBackend", 0), ("RustConvBackend", 1), ("XnnpackBackend", 2)]
+    xnn_ops = [r for r in doc["rows"] if r["kind"] == "delegated_op"]
+    assert len(xnn_ops) == 2 and all(r["backend"] == "XnnpackBackend" for r in xnn_ops)
+    assert [r["call"] for r in doc["rows"] if r["kind"] == "kernel"] == [1]

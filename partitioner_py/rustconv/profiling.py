@@ -97,6 +97,20 @@ class Profile:
     #: Execution order of `calls` and `ops`: ("call", i) or ("op", i).
     order: list[tuple[str, int]]
 
+    def drop_first(self, n: int) -> None:
+        """Drops the first ``n`` iterations of every event (warm-up runs)."""
+        if n <= 0:
+            return
+        self.method_ms = self.method_ms[n:]
+        for call in self.calls:
+            call.times_ms = call.times_ms[n:]
+            for k in call.kernels:
+                k.times_ms, k.bytes, k.flops = k.times_ms[n:], k.bytes[n:], k.flops[n:]
+            for inner in call.inner:
+                inner.times_ms = inner.times_ms[n:]
+        for op in self.ops:
+            op.times_ms = op.times_ms[n:]
+
 
 def read_profile(etdump: str | Path, etrecord: str | Path | None = None) -> Profile:
     """Reads an ETDump (and optionally the ETRecord saved at export) into a
