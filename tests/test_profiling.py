@@ -131,7 +131,8 @@ def test_kernel_count_follows_fusion(tmp_path, fused):
 
 
 KERNEL_FIELDS = {
-    "kind", "call", "backend", "kernel", "name", "algorithm", "op_types", "median_ms", "p90_ms",
+    "kind", "call", "backend", "kernel", "name", "algorithm", "op_types", "median_ms", "mean_ms",
+    "p90_ms",
     "share", "iterations", "times_ms", "bytes", "flops", "gbps", "gflops", "copy_fraction",
 }  # fmt: skip
 

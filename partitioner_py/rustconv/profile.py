@@ -115,6 +115,7 @@ def report(profile: Profile, copy_gbps: float | None) -> dict[str, Any]:
         median = _median(times)
         return {
             "median_ms": median,
+            "mean_ms": statistics.fmean(times) if times else None,
             "p90_ms": _p90(times),
             "share": median / method_ms if median is not None and method_ms else None,
             "iterations": len(times),
@@ -198,8 +199,9 @@ def format_table(doc: dict[str, Any]) -> str:
 
 
 def chart(doc: dict[str, Any], path: Path, title: str) -> None:
-    """Median time per kernel, stacked per delegate call (other delegates'
-    calls and non-delegated ops as single bars)."""
+    """Mean time per kernel, stacked per delegate call (in grey: the rest of
+    the call's time; means, unlike medians, add up); other delegates' calls
+    and non-delegated ops as single grey bars."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -208,19 +210,29 @@ def chart(doc: dict[str, Any], path: Path, title: str) -> None:
     bars: list[tuple[str, list[tuple[str, float]]]] = []
     current: list[tuple[str, float]] | None = None
     for r in doc["rows"]:
-        ms = r["median_ms"] or 0.0
+        ms = r["mean_ms"] or 0.0
         if r["kind"] == "delegate_call":
             label = f"{r['backend'].replace('Backend', '')} {r['call']}"
             current = []
             bars.append((label, current))
             if r["backend"] != BACKEND_ID:
                 current.append(("call", ms))
+
         elif r["kind"] == "kernel" and current is not None:
             ops = "+".join(dict.fromkeys(_short(o) for o in r["op_types"]))
             label = f"RustConv {r['call']} k{r['kernel']} {r['algorithm']}: {ops}"
             current.append((label[:70], ms))
         elif r["kind"] == "operator":
             bars.append((r["name"][:20], [("op", ms)]))
+    for label, segments in bars:
+        if label.startswith("RustConv"):
+            call = int(label.split()[-1])
+            total = next(
+                r["mean_ms"] or 0.0
+                for r in doc["rows"]
+                if r["kind"] == "delegate_call" and r["call"] == call
+            )
+            segments.append(("call", max(total - sum(ms for _, ms in segments), 0.0)))
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(bars) + 4), 5))
     cmap = plt.get_cmap("tab20")
     color = 0
@@ -234,7 +246,7 @@ def chart(doc: dict[str, Any], path: Path, title: str) -> None:
                 color += 1
             bottom += ms
     ax.set_xticks(range(len(bars)), [b[0] for b in bars], rotation=30, ha="right")
-    ax.set_ylabel("median time per iteration (ms)")
+    ax.set_ylabel("mean time per iteration (ms)")
     ax.set_title(title)
     if color:
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
