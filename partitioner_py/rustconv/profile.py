@@ -35,11 +35,13 @@ WARMUP = 2
 
 
 def _pte_runner() -> Path:
+    """``$PTE_RUNNER``, else beside ``$RUSTCONV_BACKEND_LIB``, else the
+    repository's release build (the package is ``partitioner_py/rustconv``)."""
     if path := os.environ.get("PTE_RUNNER"):
         return Path(path)
-    import rustconv.runtime as runtime
-
-    return runtime.library_path().parent / "pte_runner"
+    if lib := os.environ.get("RUSTCONV_BACKEND_LIB"):
+        return Path(lib).parent / "pte_runner"
+    return Path(__file__).resolve().parents[2] / "target" / "release" / "pte_runner"
 
 
 def run_pte(
