@@ -5,7 +5,9 @@
 #include <utility>
 
 #include <executorch/runtime/backend/interface.h>
+#include <executorch/runtime/core/event_tracer_hooks_delegate.h>
 #include <executorch/runtime/core/exec_aten/util/tensor_util.h>
+#include <executorch/runtime/platform/platform.h>
 #include <executorch/runtime/platform/log.h>
 
 #include "rustconv/delegate/src/ffi.rs.h"
@@ -75,6 +77,26 @@ bool ExecuteArgs::resize(
       args_[i]->toTensor(),
       ArrayRef<executorch::aten::SizesType>(sizes.data(), sizes.size()));
   return err == Error::Ok;
+}
+
+void KernelEventLog::log_kernel(
+    std::uint32_t kernel,
+    std::uint64_t start,
+    std::uint64_t end,
+    rust::Slice<const std::uint8_t> metadata) {
+  // Identified by index, not name: exactly one of the two is set.
+  executorch::runtime::event_tracer_log_profiling_delegate(
+      tracer_,
+      /*name=*/nullptr,
+      static_cast<executorch::runtime::DelegateDebugIntId>(kernel),
+      static_cast<et_timestamp_t>(start),
+      static_cast<et_timestamp_t>(end),
+      metadata.data(),
+      metadata.size());
+}
+
+std::uint64_t current_ticks() {
+  return static_cast<std::uint64_t>(executorch::runtime::pal_current_ticks());
 }
 
 void log(LogLevel level, rust::Str message) {
@@ -161,7 +183,7 @@ class RustConvBackend final : public BackendInterface {
   }
 
   Error execute(
-      BackendExecutionContext& /*context*/,
+      BackendExecutionContext& context,
       DelegateHandle* raw_handle,
       Span<EValue*> args) const override {
     if (raw_handle == nullptr) {
@@ -169,7 +191,8 @@ class RustConvBackend final : public BackendInterface {
     }
     auto* handle = static_cast<Handle*>(raw_handle);
     ExecuteArgs execute_args(args);
-    return to_error(handle->delegate->execute(execute_args));
+    KernelEventLog events(context.event_tracer());
+    return to_error(handle->delegate->execute(execute_args, events));
   }
 
   Error set_option(

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include <executorch/runtime/core/evalue.h>
+#include <executorch/runtime/core/event_tracer.h>
 #include <executorch/runtime/core/span.h>
 
 #include "rust/cxx.h"
@@ -39,6 +40,29 @@ class ExecuteArgs {
  private:
   executorch::runtime::Span<executorch::runtime::EValue*> args_;
 };
+
+// Where the Rust delegate reports each fused kernel's span after a call:
+// the execution context's event tracer, or nothing (then Rust times nothing).
+class KernelEventLog {
+ public:
+  explicit KernelEventLog(executorch::runtime::EventTracer* tracer)
+      : tracer_(tracer) {}
+
+  bool enabled() const { return tracer_ != nullptr; }
+  // Logs one delegate event identified by its kernel index (the key of the
+  // debug-handle map preprocess returned), with its metadata.
+  void log_kernel(
+      std::uint32_t kernel,
+      std::uint64_t start,
+      std::uint64_t end,
+      rust::Slice<const std::uint8_t> metadata);
+
+ private:
+  executorch::runtime::EventTracer* tracer_;
+};
+
+// The runtime's clock, which the event tracer times everything else with.
+std::uint64_t current_ticks();
 
 // Writes one line to ExecuTorch's log (ET_LOG).
 void log(LogLevel level, rust::Str message);

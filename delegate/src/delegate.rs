@@ -12,6 +12,7 @@ use crate::graph::GraphDesc;
 use crate::memory::AlignedBuf;
 use crate::options::CompileOptions;
 use crate::plan::Plan;
+use crate::profiling::EventSink;
 use crate::threads;
 
 #[derive(Default)]
@@ -114,6 +115,17 @@ impl Delegate {
     }
 
     pub fn execute(&self, args: &mut dyn CallArgs) -> Result<(), DelegateError> {
+        self.execute_traced(args, None)
+    }
+
+    /// Like [`Self::execute`]; with a `sink` (the host attached an event
+    /// tracer), times every fused kernel and reports them to it once the
+    /// call succeeded, from this thread (see profiling.rs).
+    pub fn execute_traced(
+        &self,
+        args: &mut dyn CallArgs,
+        sink: Option<&mut dyn EventSink>,
+    ) -> Result<(), DelegateError> {
         let loaded = self.loaded.as_ref().ok_or(DelegateError::NotInitialized)?;
         // ExecuTorch never runs one method concurrently; refuse rather than wait
         // if a host does.
@@ -127,7 +139,17 @@ impl Delegate {
             plan: &loaded.plan,
             spec_threads: self.options.num_threads,
         }
-        .run(&mut state, args)
+        .run(&mut state, args, sink.as_ref().map(|s| s.clock()))?;
+        if let Some(sink) = sink {
+            state.report_events(&loaded.plan, sink);
+        }
+        Ok(())
+    }
+
+    #[cfg(test)]
+    pub(crate) fn recorded_spans(&self) -> Vec<(u64, u64)> {
+        let loaded = self.loaded.as_ref().expect("initialised");
+        loaded.state.lock().unwrap().events.spans.clone()
     }
 
     #[cfg(test)]

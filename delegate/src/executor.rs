@@ -16,6 +16,7 @@ use crate::graph::{DType, OpDesc, Role, ValueDesc, MAX_RANK};
 use crate::memory::AlignedBuf;
 use crate::ops;
 use crate::plan::{Exec, Location, Plan, Step};
+use crate::profiling::{Clock, EventSink, KernelEvents};
 use crate::shape::Shape;
 use crate::threads;
 
@@ -52,6 +53,8 @@ pub struct ExecState {
     /// plan and the pool.
     scratch: Scratch,
     pool: Option<(usize, std::thread::ThreadId, Arc<ThreadPool>)>,
+    /// Each step's span when the call is profiled.
+    pub(crate) events: KernelEvents,
 }
 
 // SAFETY: the raw pointers in `data` are only written and read inside one
@@ -105,7 +108,15 @@ impl ExecState {
             _arena: arena,
             scratch: Scratch::default(),
             pool: None,
+            events: KernelEvents::new(plan.steps.len()),
         }
+    }
+}
+
+impl ExecState {
+    /// Reports the spans the last call recorded, at its shapes.
+    pub(crate) fn report_events(&mut self, plan: &Plan, sink: &mut dyn EventSink) {
+        self.events.report(plan, &self.shapes, sink);
     }
 }
 
@@ -116,7 +127,14 @@ pub struct Executable<'a> {
 }
 
 impl Executable<'_> {
-    pub fn run(&self, state: &mut ExecState, args: &mut dyn CallArgs) -> Result<(), DelegateError> {
+    /// Runs the call; with a `clock`, records each step's span in
+    /// `state.events` (read on the thread running the steps, the caller's).
+    pub fn run(
+        &self,
+        state: &mut ExecState,
+        args: &mut dyn CallArgs,
+        clock: Option<Clock>,
+    ) -> Result<(), DelegateError> {
         let plan = self.plan;
         let n_in = plan.inputs.len();
         let expected = n_in + plan.outputs.len();
@@ -176,7 +194,15 @@ impl Executable<'_> {
                 pool
             }
         };
-        pool.install(|| self.run_steps(state))
+        // The spans leave the state for the call: the steps see the state
+        // only through a shared reference. Moving a Vec allocates nothing.
+        let mut spans = std::mem::take(&mut state.events.spans);
+        let result = {
+            let state = &*state;
+            pool.install(|| self.run_steps(state, clock, &mut spans))
+        };
+        state.events.spans = spans;
+        result
     }
 
     /// Checks argument `position` of kind `which` against value `v` and
@@ -293,7 +319,12 @@ impl Executable<'_> {
         Ok(())
     }
 
-    fn run_steps(&self, state: &ExecState) -> Result<(), DelegateError> {
+    fn run_steps(
+        &self,
+        state: &ExecState,
+        clock: Option<Clock>,
+        spans: &mut [(u64, u64)],
+    ) -> Result<(), DelegateError> {
         for &v in &self.plan.inputs {
             if self.plan.values[v].dtype == DType::F16 {
                 // SAFETY: `args[v]` holds `numel` f16s (checked in bind_arg)
@@ -302,7 +333,8 @@ impl Executable<'_> {
                 unsafe { f16_to_f32(state.args[v], state.data[v], state.shapes[v].numel()) };
             }
         }
-        for step in &self.plan.steps {
+        for (step, span) in self.plan.steps.iter().zip(spans) {
+            let start = clock.map(|now| now());
             self.run_step(step, state)
                 .map_err(|source| ArgError::Kernel {
                     kernel: step.kernel,
@@ -312,6 +344,9 @@ impl Executable<'_> {
                         .map_or(String::new(), |a| a.name.clone()),
                     source,
                 })?;
+            if let (Some(now), Some(start)) = (clock, start) {
+                *span = (start, now());
+            }
             for &v in &step.writes {
                 if let (Role::Output(_), DType::F16) =
                     (&self.plan.values[v].role, self.plan.values[v].dtype)

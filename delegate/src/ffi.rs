@@ -12,6 +12,7 @@ use crate::delegate::Delegate;
 use crate::error::DelegateError;
 use crate::executor::{ArgTensor, CallArgs};
 use crate::graph::DType;
+use crate::profiling::{Clock, EventSink};
 
 #[cxx::bridge(namespace = "rustconv::ffi")]
 pub(crate) mod bridge {
@@ -51,7 +52,11 @@ pub(crate) mod bridge {
         fn ffi_init(self: &mut Delegate, blob: &[u8]) -> Status;
         fn keeps_blob(self: &Delegate) -> bool;
         #[cxx_name = "execute"]
-        fn ffi_execute(self: &Delegate, args: Pin<&mut ExecuteArgs>) -> Status;
+        fn ffi_execute(
+            self: &Delegate,
+            args: Pin<&mut ExecuteArgs>,
+            events: Pin<&mut KernelEventLog>,
+        ) -> Status;
         fn set_num_threads(num_threads: i32) -> Status;
     }
 
@@ -67,6 +72,17 @@ pub(crate) mod bridge {
         fn nbytes(self: &ExecuteArgs, i: usize) -> usize;
         fn data_ptr(self: &ExecuteArgs, i: usize) -> *mut u8;
         fn resize(self: Pin<&mut ExecuteArgs>, i: usize, sizes: &[i32]) -> bool;
+
+        type KernelEventLog;
+        fn enabled(self: &KernelEventLog) -> bool;
+        fn log_kernel(
+            self: Pin<&mut KernelEventLog>,
+            kernel: u32,
+            start: u64,
+            end: u64,
+            metadata: &[u8],
+        );
+        fn current_ticks() -> u64;
 
         fn log(level: LogLevel, message: &str);
         fn register_backend() -> bool;
@@ -127,8 +143,19 @@ impl Delegate {
         guarded("init", || self.init(blob))
     }
 
-    fn ffi_execute(&self, args: Pin<&mut bridge::ExecuteArgs>) -> Status {
-        guarded("execute", || self.execute(&mut CxxArgs(args)))
+    fn ffi_execute(
+        &self,
+        args: Pin<&mut bridge::ExecuteArgs>,
+        events: Pin<&mut bridge::KernelEventLog>,
+    ) -> Status {
+        guarded("execute", || {
+            // One branch when no tracer is attached.
+            if events.enabled() {
+                self.execute_traced(&mut CxxArgs(args), Some(&mut TracerSink(events)))
+            } else {
+                self.execute(&mut CxxArgs(args))
+            }
+        })
     }
 }
 
@@ -136,6 +163,19 @@ fn set_num_threads(num_threads: i32) -> Status {
     guarded("set_option(num_threads)", || {
         crate::threads::set_runtime_threads(num_threads).map_err(DelegateError::from)
     })
+}
+
+/// The execution context's event tracer, as the delegate reports to it.
+struct TracerSink<'a>(Pin<&'a mut bridge::KernelEventLog>);
+
+impl EventSink for TracerSink<'_> {
+    fn clock(&self) -> Clock {
+        bridge::current_ticks
+    }
+
+    fn log(&mut self, kernel: u32, start: u64, end: u64, metadata: &[u8]) {
+        self.0.as_mut().log_kernel(kernel, start, end, metadata);
+    }
 }
 
 /// The delegate call's arguments, read through the C++ `ExecuteArgs`.

@@ -8,6 +8,7 @@
 //! [`plan`] (self-describing steps, kernel choice, arena placement, the
 //! constants kept once the blob is freed) →
 //! [`executor`] (per-call checks, shapes, and the one dispatch on a step).
+//! [`profiling`] times each fused kernel for ExecuTorch's event tracer.
 //! [`inspect`] describes a plan for `python -m rustconv.inspect`. `ffi` is
 //! the cxx bridge to the C++ `BackendInterface` in delegate/cpp/ and the
 //! C entry point of `inspect`.
@@ -25,6 +26,7 @@ pub mod memory;
 mod ops;
 mod options;
 pub mod plan;
+pub mod profiling;
 mod shape;
 pub mod threads;
 

@@ -3,6 +3,8 @@
 //! diagonal SSM; `tests/fixtures/*.blob`, made by `RustConvBackend.preprocess`)
 //! run through the delegate under a counting global allocator.
 //!
+//! Profiled calls (an event sink attached) allocate nothing either.
+//!
 //! Its own test binary without the libtest harness (`harness = false`), so
 //! that only this thread and the delegate's pool are alive (see the kernels'
 //! `tests/no_alloc.rs`).
@@ -17,7 +19,36 @@ use counting_alloc::ALLOCATIONS;
 use rustconv_backend::blob::{BlobBytes, BlobLayout};
 use rustconv_backend::executor::{ArgTensor, CallArgs};
 use rustconv_backend::graph::{DType, GraphDesc};
+use rustconv_backend::profiling::{Clock, EventSink};
 use rustconv_backend::Delegate;
+
+/// Counts the events and their bytes, as a host's event tracer would keep
+/// them (in memory it owns).
+#[derive(Default)]
+struct CountingSink {
+    events: usize,
+    metadata_bytes: usize,
+}
+
+fn ticks() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as u64
+}
+
+impl EventSink for CountingSink {
+    fn clock(&self) -> Clock {
+        ticks
+    }
+
+    fn log(&mut self, _kernel: u32, start: u64, end: u64, metadata: &[u8]) {
+        assert!(start <= end);
+        self.events += 1;
+        self.metadata_bytes += metadata.len();
+    }
+}
 
 /// The call's tensors: inputs then outputs, float32 at their bound shapes.
 struct Args {
@@ -74,16 +105,20 @@ fn run_block(name: &str) {
         .unwrap();
 
     // Warm-up: the pool's threads start and every thread-local is set.
+    let mut sink = CountingSink::default();
     for _ in 0..3 {
         delegate.execute(&mut args).unwrap();
+        delegate.execute_traced(&mut args, Some(&mut sink)).unwrap();
     }
     // Rayon's deques may grow now and then under load (amortised, not the
     // delegate's); a delegate that allocates does so on every call.
     let rounds: Vec<usize> = (0..5)
         .map(|_| {
             let before = ALLOCATIONS.load(Ordering::SeqCst);
-            for _ in 0..10 {
+            for _ in 0..5 {
                 delegate.execute(&mut args).unwrap();
+                // Profiled: spans and metadata go to preallocated slots.
+                delegate.execute_traced(&mut args, Some(&mut sink)).unwrap();
             }
             ALLOCATIONS.load(Ordering::SeqCst) - before
         })
@@ -91,6 +126,11 @@ fn run_block(name: &str) {
     assert!(
         rounds.contains(&0),
         "{name}: execute allocated in every round: {rounds:?} per 10 calls"
+    );
+    assert!(
+        sink.events >= 28 && sink.events.is_multiple_of(28) && sink.metadata_bytes > 0,
+        "{name}: {} events",
+        sink.events
     );
     let outputs = &args.data[graph.inputs.len()..];
     assert!(

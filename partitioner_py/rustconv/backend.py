@@ -23,10 +23,12 @@ Contract with the runtime (the Rust side relies on every point):
   order: output ``i`` is the ``Value`` with kind ``Output`` and
   ``io_index == i``, and ``Graph.outputs[i]``.
 * **Nodes** are in execution (topological) order, grouped by kernel;
-  ``Node.id`` is the node's position and the key of the ``debug_handle_map``
-  this returns, so the runtime should log profiling events with ``Node.id`` as
-  the delegate debug index. ``Node.debug_handles`` holds the same handles; a
-  duplicated node's copies share them.
+  ``Node.id`` is the node's position. ``Node.kernel`` is the key of the
+  ``debug_handle_map`` this returns, whose entry holds the debug handles of
+  every op the kernel absorbed: the runtime logs one profiling event per
+  fused kernel with that index as the delegate debug id.
+  ``Node.debug_handles`` holds each node's own handles; a duplicated node's
+  copies share them.
 * A ``constant_pad_nd`` or a padding-only ``slice`` folded into a convolution
   produces no ``Value`` and no ``Node``; its amounts change the convolution's
   ``pad_left``/``pad_right`` and its debug handle joins the convolution's.

@@ -4,7 +4,10 @@ This is where values and nodes get their numbers: values in IR order, keeping
 every delegate input (its ``io_index`` is fixed by the call) and dropping
 values nothing reads any more (constants folded into scalars, originals of
 duplicated nodes); nodes in their final order, ``Node.id`` being the position.
-The debug-handle map has one entry per node, keyed by ``Node.id``.
+The debug-handle map has one entry per fused kernel, keyed by its index
+(``Node.kernel``), holding the debug handles of every op the kernel absorbed:
+the runtime logs each kernel's profiling event with that index, so the
+Inspector names the model's ops under it.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ def write_graph(graph: IRGraph) -> tuple[GraphT, list[bytes], dict[int, tuple[in
         index[vid] = len(values)
         values.append(out)
 
-    debug_map = DelegateMappingBuilder(generated_identifiers=False)
+    kernel_handles: dict[int, list[int]] = {}
     nodes = []
     for position, node in enumerate(graph.nodes):
         renumbered = node.remapped(index, output=index[node.output])
@@ -66,8 +69,13 @@ def write_graph(graph: IRGraph) -> tuple[GraphT, list[bytes], dict[int, tuple[in
         fb_node.name = node.name
         fb_node.kernel = node.kernel
         nodes.append(fb_node)
-        if node.debug_handles:
-            debug_map.insert_delegate_mapping_entry(handles=node.debug_handles, identifier=position)
+        handles = kernel_handles.setdefault(node.kernel, [])
+        handles.extend(h for h in node.debug_handles if h not in handles)
+
+    debug_map = DelegateMappingBuilder(generated_identifiers=False)
+    for kernel, handles in kernel_handles.items():
+        if handles:
+            debug_map.insert_delegate_mapping_entry(handles=handles, identifier=kernel)
 
     result = GraphT()
     result.values = values

@@ -39,7 +39,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from rustconv.ops_lowering import SUPPORTED_DTYPES, GraphContext, lowering_for, reason_for
 
-__all__ = ["ISLAND_REASON", "Proposal", "propose", "propose_graph"]
+__all__ = ["ISLAND_REASON", "Proposal", "partition_key", "propose", "propose_graph"]
 
 ISLAND_REASON = "elementwise island without a conv or scan"
 
@@ -62,6 +62,11 @@ class _Support(OperatorSupportBase):
 
     def is_node_supported(self, submodules, node: Node) -> bool:
         return node in self._allowed
+
+
+def partition_key(nodes) -> str:
+    """A candidate's identity across exports of one model: its nodes' names."""
+    return ",".join(sorted(n.name for n in nodes))
 
 
 def propose(ep: ExportedProgram) -> Proposal:

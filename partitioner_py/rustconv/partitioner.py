@@ -19,8 +19,10 @@ a delegate input and its new value a delegate output.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from executorch.exir.backend.compile_spec_schema import CompileSpec
@@ -36,7 +38,7 @@ from torch.fx import Node
 from rustconv.backend import RustConvBackend
 from rustconv.compile_specs import validate_compile_specs
 from rustconv.ops_lowering import GraphContext, aten_op, lowering_for
-from rustconv.partition_proposal import Proposal, propose, propose_graph
+from rustconv.partition_proposal import Proposal, partition_key, propose, propose_graph
 
 __all__ = ["RustConvPartitioner", "TAG_PREFIX"]
 
@@ -59,6 +61,20 @@ class RustConvPartitioner(Partitioner):
         compile_specs: passed unchanged to every delegate; build them with
             :mod:`rustconv.compile_specs` (e.g. ``num_threads(4)``). Unknown
             keys are refused here rather than at load time.
+        profile: profile-guided partitioning (:mod:`rustconv.guided`): a
+            profile file (a decision saved by an earlier run, e.g. measured on
+            the target) or its dict, or ``"measure"`` to time every candidate
+            here, delegated and left to ``rest`` (lowered from ``program``,
+            the exported ATen program); only the candidates that are faster
+            in RustConv are taken. The decision is printed.
+        rest: the partitioners that follow this one (what a candidate is
+            left to when measuring; none: ExecuTorch's CPU kernels).
+        decision_path: where to save the decision and its measurements (JSON,
+            readable back as ``profile``).
+        measure_iters, measure_threads: pte_runner iterations and threads
+            for ``profile="measure"``.
+        candidates: take only these candidates (keys from
+            :func:`rustconv.guided.candidate_keys`); used by the measurements.
 
     Works with both lowering flows::
 
@@ -66,17 +82,74 @@ class RustConvPartitioner(Partitioner):
         to_edge_transform_and_lower(ep, partitioner=[RustConvPartitioner(), ...])
     """
 
-    def __init__(self, compile_specs: list[CompileSpec] | None = None) -> None:
+    def __init__(
+        self,
+        compile_specs: list[CompileSpec] | None = None,
+        *,
+        profile: str | Path | dict | None = None,
+        rest: list[Partitioner] | None = None,
+        decision_path: str | Path | None = None,
+        measure_iters: int = 10,
+        measure_threads: int | None = None,
+        candidates: set[str] | None = None,
+        program: ExportedProgram | None = None,
+    ) -> None:
         super().__init__()
+        self.compile_specs = list(compile_specs or [])
         self.delegation_spec = DelegationSpec(
-            RustConvBackend.__name__, validate_compile_specs(compile_specs or [])
+            RustConvBackend.__name__, validate_compile_specs(self.compile_specs)
         )
+        self.profile = profile
+        self.rest = list(rest or [])
+        self.decision_path = decision_path
+        self.measure = {"iters": measure_iters, "threads": measure_threads}
+        self.candidates = candidates
+        self.program = program
+        if profile == "measure" and program is None:
+            raise ValueError(
+                'profile="measure" lowers variants of the exported program: pass it as '
+                "program=, or use rustconv.guided.lower_guided"
+            )
+        #: The last profile-guided decision (rustconv.guided.Decision).
+        self.decision = None
+        #: The candidates of the last partitioned program, in execution order.
+        self.last_candidates: list[str] = []
+
+    def _chosen(self, exported_program: ExportedProgram) -> set[str] | None:
+        """The candidates to take, when the choice is not "all of them"."""
+        if self.candidates is not None:
+            return self.candidates
+        if self.profile is None:
+            return None
+        from rustconv import guided
+
+        if self.profile == "measure":
+            decision = guided.measure(self.program, self.compile_specs, self.rest, **self.measure)
+            self.profile = decision.to_json()  # measured once, even if called again
+            if decision.keys != guided.candidate_keys(exported_program):
+                raise ValueError("the measured candidates differ from this program's")
+        else:
+            doc = self.profile
+            if not isinstance(doc, dict):
+                doc = json.loads(Path(doc).read_text())
+            decision = guided.from_profile(doc, guided.candidate_keys(exported_program))
+        print(decision.format())
+        if self.decision_path is not None:
+            guided.save(decision, self.decision_path)
+        self.decision = decision
+        return decision.delegated()
 
     def partition(self, exported_program: ExportedProgram) -> PartitionResult:
         proposal = propose(exported_program)
         _log_rejections(proposal)
+        from rustconv.guided import candidate_keys
+
+        self.last_candidates = candidate_keys(exported_program)
+        chosen = self._chosen(exported_program)
         partition_tags: dict[str, DelegationSpec] = {}
         for partition in proposal.partitions:
+            if chosen is not None and partition_key(partition.nodes) not in chosen:
+                continue
             tag = f"{TAG_PREFIX}{partition.id}"
             for node in partition.nodes:
                 node.meta["delegation_tag"] = tag
@@ -132,6 +205,10 @@ class RustConvPartitioner(Partitioner):
         and our pass likewise decomposes the other partitioner's preserved ops
         (XNNPACK's ``aten.linear``).
         """
+        if self.profile is not None or self.candidates is not None:
+            # Candidates may be left out: keeping an op whole that nothing then
+            # takes is an error, and the decomposed forms are all supported.
+            return [], None
         claimed: dict[int, set[Node]] = {}  # per graph, computed on first use
 
         def context(node: Node) -> GraphContext:

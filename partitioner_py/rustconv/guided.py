@@ -1,0 +1,270 @@
+"""Profile-guided partitioning: delegate a candidate only where it is faster.
+
+Every group of ops :mod:`rustconv.partition_proposal` proposes (one delegate
+call each, in execution order) is a *candidate*. Whether it should run in
+RustConv or be left to the rest of the pipeline (the partitioners after ours,
+e.g. XNNPACK, else ExecuTorch's CPU kernels) is decided from measurements
+taken where the program will run, by timing whole programs, so every cost
+of crossing between delegates is in the numbers:
+
+* ``T_all``: every candidate delegated; its ETDump gives each candidate's own
+  delegate call time, ``rustconv_ms[i]``;
+* ``T_-i``: every candidate but ``i``; ``rest_ms[i] = rustconv_ms[i] + T_-i -
+  T_all`` is what the same ops cost left to the rest, the change in crossings
+  included;
+* ``T_-i,-(i+1)`` for neighbouring candidates: the interaction of leaving
+  both out (e.g. XNNPACK taking both in one call), ``rest_rest_ms[i] =
+  T_-i,-(i+1) - T_-i - T_-(i+1) + T_all``.
+
+The choice is the cheapest sequence over the chain of candidates by dynamic
+programming, each step costing its time under its choice plus the
+transition from the previous choice (``rest_rest_ms`` between two candidates
+both left out, zero otherwise). The decision and the measurements are
+printed, saved (``decision_path``) and can be given back as a profile file
+(``RustConvPartitioner(profile="decision.json")``): a profile measured on the
+target decides an export on the workstation.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch.export import ExportedProgram
+
+__all__ = ["Decision", "candidate_keys", "decide", "lower_guided", "measure"]
+
+DELEGATE, REST = "rustconv", "rest"
+
+
+def candidate_keys(ep: ExportedProgram) -> list[str]:
+    """The candidates of ``ep`` in execution order, each named by its nodes."""
+    from rustconv.partition_proposal import partition_key, propose
+
+    position = {node: i for i, node in enumerate(ep.graph.nodes)}
+    partitions = sorted(propose(ep).partitions, key=lambda p: min(position[n] for n in p.nodes))
+    return [partition_key(p.nodes) for p in partitions]
+
+
+@dataclass
+class Decision:
+    """What was measured (or read) and what was chosen, per candidate."""
+
+    keys: list[str]
+    rustconv_ms: list[float]
+    rest_ms: list[float]
+    rest_rest_ms: list[float]
+    choice: list[str]
+    measurements: dict[str, Any]
+
+    def delegated(self) -> set[str]:
+        return {k for k, c in zip(self.keys, self.choice, strict=True) if c == DELEGATE}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "candidates": [
+                {"index": i, "nodes": k.split(","), "rustconv_ms": r, "rest_ms": x, "choice": c}
+                for i, (k, r, x, c) in enumerate(
+                    zip(self.keys, self.rustconv_ms, self.rest_ms, self.choice, strict=True)
+                )
+            ],
+            "transitions": [
+                {"between": [i, i + 1], "rest_rest_ms": e} for i, e in enumerate(self.rest_rest_ms)
+            ],
+            "measurements": self.measurements,
+        }
+
+    def format(self) -> str:
+        lines = ["RustConv profile-guided partitioning:"]
+        for i, (k, r, x, c) in enumerate(
+            zip(self.keys, self.rustconv_ms, self.rest_ms, self.choice, strict=True)
+        ):
+            ops = k if len(k) <= 70 else k[:67] + "..."
+            where = "RustConv" if c == DELEGATE else "the rest"
+            lines.append(
+                f"  candidate {i}: RustConv {r:.3f} ms, left to the rest {x:.3f} ms -> {where}"
+                f"  [{ops}]"
+            )
+        for i, e in enumerate(self.rest_rest_ms):
+            if e:
+                lines.append(f"  candidates {i} and {i + 1} both left out: {e:+.3f} ms")
+        return "\n".join(lines)
+
+
+def decide(
+    keys: list[str],
+    rustconv_ms: list[float],
+    rest_ms: list[float],
+    rest_rest_ms: list[float] | None = None,
+    measurements: dict[str, Any] | None = None,
+) -> Decision:
+    """The cheapest choice per candidate, by dynamic programming over the chain."""
+    n = len(keys)
+    rest_rest_ms = list(rest_rest_ms or [0.0] * max(n - 1, 0))
+    step = [{DELEGATE: rustconv_ms[i], REST: rest_ms[i]} for i in range(n)]
+
+    def transition(i: int, previous: str, current: str) -> float:
+        return rest_rest_ms[i - 1] if previous == current == REST else 0.0
+
+    best: list[dict[str, tuple[float, str | None]]] = []
+    for i in range(n):
+        row = {}
+        for current in (DELEGATE, REST):
+            if i == 0:
+                row[current] = (step[0][current], None)
+                continue
+            row[current] = min(
+                (
+                    best[i - 1][previous][0] + transition(i, previous, current) + step[i][current],
+                    previous,
+                )
+                for previous in (DELEGATE, REST)
+            )
+        best.append(row)
+    choice: list[str] = []
+    if n:
+        # Ties go to RustConv (the measured cost is the same; fewer crossings).
+        current = min((DELEGATE, REST), key=lambda s: (best[-1][s][0], s != DELEGATE))
+        for i in range(n - 1, -1, -1):
+            choice.append(current)
+            current = best[i][current][1] or DELEGATE
+        choice.reverse()
+    return Decision(
+        keys, list(rustconv_ms), list(rest_ms), rest_rest_ms, choice, measurements or {}
+    )
+
+
+def from_profile(doc: dict[str, Any], keys: list[str]) -> Decision:
+    """A decision for ``keys`` from a profile file (a saved decision)."""
+    by_key = {",".join(c["nodes"]): c for c in doc["candidates"]}
+    missing = [k for k in keys if k not in by_key]
+    if missing:
+        raise ValueError(
+            f"the profile has no measurement for candidate(s) {missing}; it was made for "
+            "another program (re-measure with profile='measure')"
+        )
+    index = {k: by_key[k]["index"] for k in keys}
+    pairs = {tuple(t["between"]): t["rest_rest_ms"] for t in doc.get("transitions", [])}
+    rest_rest = [pairs.get((index[a], index[b]), 0.0) for a, b in zip(keys, keys[1:], strict=False)]
+    return decide(
+        keys,
+        [by_key[k]["rustconv_ms"] for k in keys],
+        [by_key[k]["rest_ms"] for k in keys],
+        rest_rest,
+        doc.get("measurements", {}),
+    )
+
+
+def _lower(ep: ExportedProgram, keep: set[str] | None, compile_specs, rest: list, etrecord):
+    from executorch.exir import to_edge_transform_and_lower
+
+    from rustconv.partitioner import RustConvPartitioner
+
+    ours = RustConvPartitioner(compile_specs, candidates=keep)
+    edge = to_edge_transform_and_lower(
+        ep, partitioner=[ours, *rest], generate_etrecord=etrecord is not None
+    )
+    program = edge.to_executorch()
+    if etrecord is not None:
+        # The Inspector names each call's backend from it.
+        program.get_etrecord().save(str(etrecord))
+    return program, ours.last_candidates
+
+
+def measure(
+    ep: ExportedProgram,
+    compile_specs=None,
+    rest: list | None = None,
+    iters: int = 10,
+    threads: int | None = None,
+) -> Decision:
+    """Times the variants described in the module docs on this machine.
+
+    ``ep`` is the exported (ATen) program; each variant is lowered from it
+    (``to_edge_transform_and_lower`` with RustConv first, then ``rest``)."""
+    from rustconv.profile import WARMUP, run_pte
+    from rustconv.profiling import BACKEND_ID, read_profile
+
+    rest = rest or []
+    with tempfile.TemporaryDirectory() as tmp:
+
+        def run(keep: set[str] | None, name: str):
+            etrecord = Path(tmp) / f"{name}.etrecord" if keep is None else None
+            program, keys = _lower(ep, keep, compile_specs, rest, etrecord)
+            pte, trace = Path(tmp) / f"{name}.pte", Path(tmp) / f"{name}.etdump"
+            pte.write_bytes(program.buffer)
+            run_pte(pte, trace, iters=iters, threads=threads, warmup=WARMUP)
+            profile = read_profile(trace, etrecord)
+            profile.drop_first(WARMUP)
+            return profile, keys
+
+        full, keys = run(None, "all")
+        all_keys = set(keys)
+        t_all = statistics.median(full.method_ms)
+        calls = [c for c in full.calls if c.backend == BACKEND_ID]
+        if len(calls) != len(keys):
+            raise RuntimeError(
+                f"expected {len(keys)} RustConv calls, the program made {len(calls)}"
+            )
+        rustconv_ms = [statistics.median(c.times_ms) for c in calls]
+        without = [
+            statistics.median(run(all_keys - {k}, f"without_{i}")[0].method_ms)
+            for i, k in enumerate(keys)
+        ]
+        pairs = [
+            statistics.median(run(all_keys - {a, b}, f"without_{i}_{i + 1}")[0].method_ms)
+            for i, (a, b) in enumerate(zip(keys, keys[1:], strict=False))
+        ]
+    rest_ms = [r + w - t_all for r, w in zip(rustconv_ms, without, strict=True)]
+    rest_rest = [p - without[i] - without[i + 1] + t_all for i, p in enumerate(pairs)]
+    measurements = {
+        "iterations": iters,
+        "threads": threads,
+        "rest": [type(p).__name__ for p in rest] or ["ExecuTorch CPU kernels"],
+        "method_ms_all_delegated": t_all,
+        "method_ms_without": without,
+        "method_ms_without_pair": pairs,
+    }
+    return decide(keys, rustconv_ms, rest_ms, rest_rest, measurements)
+
+
+def save(decision: Decision, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(decision.to_json(), indent=1))
+
+
+def lower_guided(
+    exported_program: ExportedProgram,
+    rest: list | None = None,
+    compile_specs=None,
+    pte_path: str | Path | None = None,
+    decision_path: str | Path | None = None,
+    profile: str | Path | dict = "measure",
+    iters: int = 10,
+    threads: int | None = None,
+):
+    """The whole loop in one call: export the candidates, run them, decide,
+    export the final program (RustConv where it won, then ``rest``).
+    Returns the ExecuTorch program (written to ``pte_path`` if given)."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    from rustconv.partitioner import RustConvPartitioner
+
+    ours = RustConvPartitioner(
+        compile_specs,
+        profile=profile,
+        rest=rest,
+        decision_path=decision_path,
+        measure_iters=iters,
+        measure_threads=threads,
+        program=exported_program,
+    )
+    program = to_edge_transform_and_lower(
+        exported_program, partitioner=[ours, *(rest or [])]
+    ).to_executorch()
+    if pte_path is not None:
+        Path(pte_path).write_bytes(program.buffer)
+    return program

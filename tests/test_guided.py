@@ -1,0 +1,109 @@
+"""Profile-guided partitioning (rustconv.guided): a candidate made slow in
+RustConv (a poor conv algorithm forced with a compile spec) is left to
+XNNPACK, measured here or read from a profile file, while the others stay
+delegated; the choice is the cheapest over the chain, transitions included."""
+
+import json
+
+import torch
+import torch.nn.functional as F
+from conftest import assert_close, delegate_backends, run_runtime, save
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+from executorch.exir import to_edge_transform_and_lower
+from rustconv import RustConvPartitioner
+from rustconv.compile_specs import algorithm
+from rustconv.guided import DELEGATE, REST, candidate_keys, decide, lower_guided
+from rustconv.inspect import delegate_calls, plan_blob
+from torch import nn
+from torch.export import export
+
+
+class ConvSoftmaxScan(nn.Module):
+    """Two candidates with a softmax (not RustConv's) between them: a dense
+    conv, then a gated SSM-style scan."""
+
+    def __init__(self, c=64, k=9):
+        super().__init__()
+        self.conv = nn.Conv1d(c, c, k, padding=k // 2)
+        self.register_buffer("x0", torch.zeros(1, c), persistent=False)
+
+    def forward(self, x):
+        s = torch.softmax(self.conv(x), dim=1)
+        dt = F.softplus(s)
+        y = torch.ops.rustconv.linear_scan(self.x0, torch.exp(-dt), dt * x)
+        return y * torch.sigmoid(x)
+
+
+def _model():
+    torch.manual_seed(0)
+    return ConvSoftmaxScan().eval()
+
+
+def _rustconv_ops(program) -> list[list[str]]:
+    """The ops each RustConv call's fused kernels absorbed."""
+    return [
+        [op["op"] for k in plan_blob(c.blob, c.compile_specs)["kernels"] for op in k["absorbed"]]
+        for c in delegate_calls(program.buffer)
+    ]
+
+
+def test_dynamic_programming_counts_transitions():
+    keys = ["a", "b", "c"]
+    # Alone, each candidate is faster in RustConv...
+    alone = decide(keys, [10, 10, 10], [11, 11, 11])
+    assert alone.choice == [DELEGATE] * 3 and alone.delegated() == set(keys)
+    # ...but leaving the first two out together saves 5 ms (one call for both).
+    paired = decide(keys, [10, 10, 10], [11, 11, 11], [-5, 0])
+    assert paired.choice == [REST, REST, DELEGATE]
+    assert decide(keys, [10, 30, 10], [11, 11, 11], [0, 0]).choice == [DELEGATE, REST, DELEGATE]
+    assert decide([], [], []).choice == []
+
+
+def test_slow_candidate_is_left_out_measured_then_from_the_saved_profile(tmp_path):
+    model = _model()
+    x = torch.randn(1, 64, 8192)
+    ep = export(model, (x,))
+    assert len(candidate_keys(to_edge_transform_and_lower(ep).exported_program())) == 2
+    decision_path = tmp_path / "decision.json"
+    specs = [algorithm("direct")]  # a scalar loop where XNNPACK runs a GEMM
+    measured = lower_guided(ep, [XnnpackPartitioner()], specs, decision_path=decision_path, iters=5)
+    doc = json.loads(decision_path.read_text())
+    assert [c["choice"] for c in doc["candidates"]] == [REST, DELEGATE], doc
+    conv, scan = doc["candidates"]
+    assert conv["rustconv_ms"] > conv["rest_ms"] and scan["rustconv_ms"] < scan["rest_ms"]
+    assert doc["measurements"]["rest"] == ["XnnpackPartitioner"]
+    assert len(doc["transitions"]) == 1
+
+    # From the profile file, without measuring, on a fresh export: the same.
+    from_file = to_edge_transform_and_lower(
+        export(model, (x,)),
+        partitioner=[
+            RustConvPartitioner(specs, profile=decision_path),
+            XnnpackPartitioner(),
+        ],
+    ).to_executorch()
+    for program in (measured, from_file):
+        assert delegate_backends(program).count("RustConvBackend") == 1
+        assert "XnnpackBackend" in delegate_backends(program)
+        (ops,) = _rustconv_ops(program)
+        assert "linear_scan" in ops and "conv1d" not in ops, ops
+        (got,) = run_runtime(save(program, tmp_path, "m.pte"), [x])
+        assert_close(got, model(x), "guided")
+
+
+def test_a_profile_file_decides_alone(tmp_path):
+    model = _model()
+    x = torch.randn(1, 64, 256)
+    keys = candidate_keys(to_edge_transform_and_lower(export(model, (x,))).exported_program())
+    # Measured elsewhere (say, on the phone): the scan is the slow one there.
+    profile = decide(keys, [1.0, 9.0], [2.0, 3.0]).to_json()
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(profile))
+    program = to_edge_transform_and_lower(
+        export(model, (x,)),
+        partitioner=[RustConvPartitioner(profile=str(path)), XnnpackPartitioner()],
+    ).to_executorch()
+    (ops,) = _rustconv_ops(program)
+    assert "conv1d" in ops and "linear_scan" not in ops, ops
+    (got,) = run_runtime(save(program, tmp_path, "m.pte"), [x])
+    assert_close(got, model(x), "from a profile file")
