@@ -15,7 +15,12 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPar
 from rustconv import RustConvPartitioner, blocks
 from rustconv.compile_specs import fusion
 from rustconv.inspect import delegate_calls, plan_blob
-from rustconv.profiling import lower_with_etrecord, parse_delegate_metadata, read_profile
+from rustconv.profiling import (
+    lower_with_etrecord,
+    name_ops_from_plan,
+    parse_delegate_metadata,
+    read_profile,
+)
 from torch.export import export
 
 ITERS = 4
@@ -128,6 +133,25 @@ def test_kernel_count_follows_fusion(tmp_path, fused):
         (k["kernel"], k["algorithm"]) for k in plan["kernels"]
     ]
     assert (len(call.kernels) == 1) == fused
+
+
+def test_without_an_etrecord_kernels_are_named_from_the_program(tmp_path):
+    """A trace read without the ETRecord (the Inspector then names no backend
+    and no ops) still finds our kernels, their algorithms and their ops."""
+    torch.manual_seed(0)
+    model = blocks.DiagonalSSM(16).eval()
+    inputs = model.make_inputs(seq=32)
+    program, etdump, _ = profile_block(
+        model, inputs, tmp_path, [RustConvPartitioner(compile_specs=[fusion(False)])], iters=2
+    )
+    profile = read_profile(etdump)
+    (call,) = profile.calls
+    assert call.backend == "RustConvBackend" and len(call.kernels) > 1
+    assert all(k.algorithm for k in call.kernels)
+    assert not any(k.op_types for k in call.kernels)
+    name_ops_from_plan(profile, program.buffer)
+    ops = [op for k in call.kernels for op in k.op_types]
+    assert "linear_scan" in ops and "exp" in ops, ops
 
 
 KERNEL_FIELDS = {

@@ -86,6 +86,11 @@ check(err <= 1e-4, f"pte_runner max abs error {err}")
 run = python("-m", "rustconv.inspect", str(pte))
 check(run.returncode == 0 and "linear_scan" in run.stdout, f"inspect: {run.stdout}{run.stderr}")
 
+# python -m rustconv.profile runs the installed pte_runner with an ETDump.
+run = python("-m", "rustconv.profile", str(pte), "--iter", "3", "--json", str(WORK / "prof.json"))
+check(run.returncode == 0, f"profile: {run.stdout}{run.stderr[-2000:]}")
+check("linear_scan" in (WORK / "prof.json").read_text(), "profile JSON names no linear_scan")
+
 # RUSTCONV_BACKEND_LIB still overrides the library.
 copy = WORK / "librustconv_backend_copy.so"
 shutil.copyfile(package / "librustconv_backend.so", copy)

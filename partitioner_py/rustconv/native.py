@@ -18,12 +18,38 @@ import importlib.metadata
 import mmap
 from pathlib import Path
 
-__all__ = ["LIB_NAME", "PACKAGE_DIR", "built_for", "installed_executorch", "check_executorch"]
+__all__ = [
+    "LIB_NAME",
+    "PACKAGE_DIR",
+    "built_for",
+    "installed_executorch",
+    "check_executorch",
+    "pte_runner_command",
+]
 
 LIB_NAME = "librustconv_backend.so"
 #: An installed wheel keeps the library here and pte_runner in ``bin/``.
 PACKAGE_DIR = Path(__file__).resolve().parent
 _MARKER = b"RUSTCONV_BUILT_FOR_EXECUTORCH="
+
+
+def pte_runner_command() -> list[str]:
+    """How to start pte_runner: ``$PTE_RUNNER``; else the one beside
+    ``$RUSTCONV_BACKEND_LIB``; else a source checkout's release build; else the
+    installed wheel's ``pte_runner`` command (its launcher finds the installed
+    executorch's libraries wherever they are)."""
+    import os
+    import sys
+
+    if path := os.environ.get("PTE_RUNNER"):
+        return [path]
+    if lib := os.environ.get("RUSTCONV_BACKEND_LIB"):
+        return [str(Path(lib).parent / "pte_runner")]
+    if PACKAGE_DIR.parent.name == "partitioner_py":
+        built = PACKAGE_DIR.parent.parent / "target" / "release" / "pte_runner"
+        if built.is_file():
+            return [str(built)]
+    return [sys.executable, "-m", "rustconv_pte_runner"]
 
 
 def built_for(library: Path) -> str | None:

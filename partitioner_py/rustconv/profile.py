@@ -25,23 +25,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rustconv.profiling import BACKEND_ID, Profile, read_profile
+from rustconv import native
+from rustconv.profiling import BACKEND_ID, Profile, name_ops_from_plan, read_profile
 
 __all__ = ["copy_bandwidth_gbps", "main", "profile_pte", "report", "run_pte"]
 
 _COPY_BYTES = 256 << 20
 #: Untimed iterations before the timed ones when this command runs the program.
 WARMUP = 2
-
-
-def _pte_runner() -> Path:
-    """``$PTE_RUNNER``, else beside ``$RUSTCONV_BACKEND_LIB``, else the
-    repository's release build (the package is ``partitioner_py/rustconv``)."""
-    if path := os.environ.get("PTE_RUNNER"):
-        return Path(path)
-    if lib := os.environ.get("RUSTCONV_BACKEND_LIB"):
-        return Path(lib).parent / "pte_runner"
-    return Path(__file__).resolve().parents[2] / "target" / "release" / "pte_runner"
 
 
 def run_pte(
@@ -54,7 +45,7 @@ def run_pte(
 ) -> str:
     """Runs ``pte`` in pte_runner writing ``etdump``; returns its output.
     The ETDump holds the warm-up iterations too (first)."""
-    cmd = [str(_pte_runner()), "-model_path", str(pte), "-iter", str(iters),
+    cmd = [*native.pte_runner_command(), "-model_path", str(pte), "-iter", str(iters),
            "-warmup", str(warmup), "-etdump_path", str(etdump)]  # fmt: skip
     if inputs is not None:
         cmd += ["-inputs_npz_path", str(inputs)]
@@ -275,6 +266,7 @@ def profile_pte(
             run_pte(pte, trace, inputs, iters, threads, warmup)
         profile = read_profile(trace, etrecord)
         profile.drop_first(warmup)
+    name_ops_from_plan(profile, pte.read_bytes())
     copy = copy_bandwidth_gbps(threads) if measure_copy else None
     doc = report(profile, copy)
     doc["pte"] = str(pte)
