@@ -89,7 +89,7 @@ NOT_APPLICABLE = {
     ("c_scan", "blocks"): None,
 }
 #: Conv algorithms the runtime knows, if the plan line does not list them.
-KNOWN_ALGORITHMS = ("direct", "depthwise_simd", "fft", "gemm")
+KNOWN_ALGORITHMS = ("direct", "depthwise_simd", "fft", "gemm", "fft_gemm")
 
 
 def work_model(alt: str, kind: str) -> str:

@@ -286,3 +286,62 @@ fn calibrate_fft_gemm() {
         println!("{line}");
     }
 }
+
+/// An epilogue that applies ReLU and stores rows of `out_len`.
+struct ReluSink {
+    out: std::sync::Mutex<Vec<f32>>,
+    out_len: usize,
+}
+
+impl RowSink for ReluSink {
+    fn store(&self, row: usize, t0: usize, values: &[f32], _tmp: &mut [f32]) {
+        let mut out = self.out.lock().unwrap();
+        for (d, v) in out[row * self.out_len + t0..][..values.len()]
+            .iter_mut()
+            .zip(values)
+        {
+            *d = v.max(0.0);
+        }
+    }
+    fn temporaries(&self) -> usize {
+        0
+    }
+}
+
+#[test]
+fn fused_epilogue_gets_every_output_once_in_rows() {
+    use crate::fused::{RowsIn, RowsOut};
+    let mut rng = Rng::new(21);
+    let p = params(2, (20, 30, 1), 1500, 11, 1, (5, 5), 1);
+    let w = rng.vec(p.weight_elems(), -1.0, 1.0);
+    let bias = rng.vec(p.bias_elems(), -1.0, 1.0);
+    let x = rng.vec(p.input_elems(), -1.0, 1.0);
+    let conv = prepare(&p, &w);
+    assert!(conv.fuses_output() && !conv.fuses_input());
+    let out_len = p.out_len().unwrap();
+    let sink = ReluSink {
+        out: std::sync::Mutex::new(vec![f32::NAN; p.output_elems().unwrap()]),
+        out_len,
+    };
+    let scratch = Scratch::new(
+        rayon::current_num_threads(),
+        conv.rows_scratch_per_thread(0, 0),
+    );
+    conv.run_rows(
+        &p,
+        RowsIn::Slice(&x),
+        None,
+        Some(&bias),
+        RowsOut::Fused(&sink),
+        0,
+        0,
+        &scratch,
+    )
+    .unwrap();
+    let want: Vec<f32> = reference::conv1d_f32(&p, &x, &w, Some(&bias))
+        .unwrap()
+        .into_iter()
+        .map(|v| v.max(0.0))
+        .collect();
+    assert_close(&sink.out.into_inner().unwrap(), &want, ATOL, "relu epilogue");
+}
