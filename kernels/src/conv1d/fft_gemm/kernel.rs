@@ -187,7 +187,7 @@ unsafe fn tile_generic<S: Simd, const MR: usize, const NR: usize>(
     let panel_len = cin * MR * l;
     assert!(a.spectra.len() >= a.panels.end * panel_len, "spectra");
     assert!(a.bias.is_none_or(|bias| bias.len() == lay.cout), "bias");
-    assert!(l >= 4 && l % 2 == 0 && m <= l, "transform");
+    assert!(l >= 4 && l.is_multiple_of(2) && m <= l, "transform");
 
     let (xw, rest) = scratch.split_at_mut(l * nj);
     let (xs, rest) = rest.split_at_mut(l * cin * nj);

@@ -124,7 +124,9 @@ fn reach(g: &Conv1dGeometry) -> usize {
 /// The transform lengths usable for `g`: `M = L − R >= L / 4`.
 fn lengths(g: &Conv1dGeometry) -> impl Iterator<Item = usize> {
     let r = reach(g);
-    LENGTHS.into_iter().filter(move |&l| 4 * (l - r.min(l)) >= l)
+    LENGTHS
+        .into_iter()
+        .filter(move |&l| 4 * (l - r.min(l)) >= l)
 }
 
 /// Estimated single-thread seconds (see `cost.rs`) at the best length.
@@ -204,7 +206,10 @@ impl FftGemmConv {
         let mr = kernel.block().mr;
         let (cin, cout, taps) = (g.in_per_group, g.out_per_group, p.kernel_size);
         let r = reach(g);
-        assert!(l % 4 == 0 && r < l, "transform length {l} for reach {r}");
+        assert!(
+            l.is_multiple_of(4) && r < l,
+            "transform length {l} for reach {r}"
+        );
         let m = l - r;
         debug_assert_eq!(w.len(), g.weight_elems);
 
@@ -228,7 +233,8 @@ impl FftGemmConv {
                         for k in 0..taps {
                             input[k * p.dilation] = f64::from(w[(o * cin + c) * taps + k]);
                         }
-                        fft.process(&mut input, &mut out).expect("sizes from the plan");
+                        fft.process(&mut input, &mut out)
+                            .expect("sizes from the plan");
                         // conj(H_b): real part, minus the imaginary part.
                         panel[c * mr + i] = out[0].re as f32;
                         panel[cin * mr + c * mr + i] = out[l / 2].re as f32;
@@ -242,25 +248,24 @@ impl FftGemmConv {
             });
 
         // F: plane rows (re 0, re L/2, then re b, im b), tap columns.
-        let angle = |b: usize, t: usize| {
-            2.0 * std::f64::consts::PI * ((b * t) % l) as f64 / l as f64
-        };
+        let angle =
+            |b: usize, t: usize| 2.0 * std::f64::consts::PI * ((b * t) % l) as f64 / l as f64;
         let plane = |row: usize, t: usize| -> f64 {
             match row {
                 0 => 1.0,
                 1 => angle(l / 2, t).cos(),
-                _ if row % 2 == 0 => angle(row / 2, t).cos(),
+                _ if row.is_multiple_of(2) => angle(row / 2, t).cos(),
                 _ => -angle(row / 2, t).sin(),
             }
         };
-        let fwd = pack(l, l, mr, |row, t| plane(row, t));
+        let fwd = pack(l, l, mr, plane);
         // G: output rows t, plane columns; y = (1/L)(Y0 + (−1)^t Y_{L/2}
         // + 2 Σ_b (Re Y_b cos − Im Y_b sin)).
         let inv = pack(m, l, mr, |t, col| {
             let v = match col {
                 0 => 1.0,
                 1 => angle(l / 2, t).cos(),
-                _ if col % 2 == 0 => 2.0 * angle(col / 2, t).cos(),
+                _ if col.is_multiple_of(2) => 2.0 * angle(col / 2, t).cos(),
                 _ => -2.0 * angle(col / 2, t).sin(),
             };
             v / l as f64

@@ -64,7 +64,12 @@ fn grid_matches_reference_on_random_inputs() {
         for bias in [None, Some(&bias[..])] {
             let want = reference::conv1d_f32(&p, &x, &w, bias).unwrap();
             let got = run(&conv, &p, &x, bias);
-            assert_close(&got, &want, ATOL, &format!("{p:?}, bias {}", bias.is_some()));
+            assert_close(
+                &got,
+                &want,
+                ATOL,
+                &format!("{p:?}, bias {}", bias.is_some()),
+            );
         }
     }
 }
@@ -193,8 +198,12 @@ fn refuses_stride_and_long_filters_at_prepare() {
         params(1, (4, 4, 1), 400, 20, 1, (0, 0), 6),
     ] {
         assert_eq!(
-            PreparedConv1d::new(&p, &vec![0.0; p.weight_elems()], Choice::Force(Algorithm::FftGemm))
-                .err(),
+            PreparedConv1d::new(
+                &p,
+                &vec![0.0; p.weight_elems()],
+                Choice::Force(Algorithm::FftGemm)
+            )
+            .err(),
             Some(KernelError::NotApplicable {
                 algorithm: "fft_gemm"
             }),
@@ -276,12 +285,7 @@ fn calibrate_fft_gemm() {
                 best = best.min(t.elapsed().as_secs_f64());
             }
             let est = crate::estimate_cost(a, &p).unwrap();
-            line += &format!(
-                "  {} {:.2} ms (est {:.2})",
-                a.name(),
-                best * 1e3,
-                est * 1e3
-            );
+            line += &format!("  {} {:.2} ms (est {:.2})", a.name(), best * 1e3, est * 1e3);
         }
         println!("{line}");
     }
@@ -343,5 +347,30 @@ fn fused_epilogue_gets_every_output_once_in_rows() {
         .into_iter()
         .map(|v| v.max(0.0))
         .collect();
-    assert_close(&sink.out.into_inner().unwrap(), &want, ATOL, "relu epilogue");
+    assert_close(
+        &sink.out.into_inner().unwrap(),
+        &want,
+        ATOL,
+        "relu epilogue",
+    );
+}
+
+#[test]
+fn depthwise_convs_keep_their_own_algorithms() {
+    // The bench's conv matrix (causal depthwise) at every size: the cost
+    // model never trades the depthwise kernels for this one.
+    for c in [512, 2048] {
+        for n in [64, 256, 1024, 2048, 4096, 16384] {
+            for k in [4, 32, 128] {
+                if k > n {
+                    continue;
+                }
+                let p = params(1, (c, c, c), n, k, 1, (k - 1, 0), 1);
+                let auto = PreparedConv1d::new(&p, &vec![0.0; p.weight_elems()], Choice::Auto)
+                    .unwrap()
+                    .algorithm();
+                assert_ne!(auto, Algorithm::FftGemm, "{p:?}");
+            }
+        }
+    }
 }
