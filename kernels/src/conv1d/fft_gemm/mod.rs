@@ -135,21 +135,32 @@ const SECONDS_PER_TILE: f64 = 0.5e-6;
 const TILES_PER_THREAD: usize = 2;
 
 /// Whether this algorithm computes `g`: stride 1, a dilated filter
-/// spanning at most `MAX_REACH + 1` samples.
+/// spanning at most `MAX_REACH + 1` samples, and some transform length
+/// within the scratch bound (up to 4096 input channels per group on
+/// AVX-512, at `L = 16`).
 pub(crate) fn applies(g: &Conv1dGeometry) -> bool {
-    g.params.stride == 1 && reach(g) <= MAX_REACH
+    g.params.stride == 1 && reach(g) <= MAX_REACH && lengths(g).next().is_some()
 }
 
 fn reach(g: &Conv1dGeometry) -> usize {
     (g.params.kernel_size - 1) * g.params.dilation
 }
 
-/// The transform lengths usable for `g`: `M = L − R >= L / 4`.
+/// Most floats of input spectra a tile keeps in its thread's scratch
+/// (`L · in_per_group · NJ`, 8 MB): wider groups would take the scratch
+/// far out of cache and into the hundreds of megabytes per thread.
+const MAX_SPECTRA_FLOATS: usize = 1 << 21;
+
+/// The transform lengths usable for `g`: `M = L − R >= L / 4`, and input
+/// spectra within [`MAX_SPECTRA_FLOATS`].
 fn lengths(g: &Conv1dGeometry) -> impl Iterator<Item = usize> {
     let r = reach(g);
-    LENGTHS
-        .into_iter()
-        .filter(move |&l| 4 * (l - r.min(l)) >= l)
+    let per_length = g
+        .in_per_group
+        .saturating_mul(kernel::block(Backend::detect()).nj());
+    LENGTHS.into_iter().filter(move |&l| {
+        4 * (l - r.min(l)) >= l && per_length.saturating_mul(l) <= MAX_SPECTRA_FLOATS
+    })
 }
 
 /// Estimated single-thread seconds (see `cost.rs`) at the best length.
