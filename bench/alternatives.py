@@ -89,7 +89,7 @@ NOT_APPLICABLE = {
     ("c_scan", "blocks"): None,
 }
 #: Conv algorithms the runtime knows, if the plan line does not list them.
-KNOWN_ALGORITHMS = ("direct", "depthwise_simd", "fft", "gemm")
+KNOWN_ALGORITHMS = ("direct", "depthwise_simd", "fft", "gemm", "fft_gemm")
 
 
 def work_model(alt: str, kind: str) -> str:
@@ -106,12 +106,16 @@ def work_model(alt: str, kind: str) -> str:
 
 def steps_for(setting: Setting, alternatives: tuple[str, ...]) -> list[str]:
     """The alternatives run on this setting (those that make a row), in order."""
-    return [
+    steps = [
         a
         for a in ORDER
         if a in alternatives
         and not ((a, setting.kind) in NOT_APPLICABLE and NOT_APPLICABLE[(a, setting.kind)] is None)
     ]
+    # Forced algorithms (`alt=ours:gemm`) run right after ours.
+    forced = [a for a in alternatives if a.startswith("ours:")]
+    at = steps.index("ours") + 1 if "ours" in steps else len(steps)
+    return steps[:at] + forced + steps[at:]
 
 
 @dataclass
@@ -213,7 +217,7 @@ class SettingBench:
             row = new_row(self.s, alt)
             row.update(status="n/a", note=reason)
             return [row]
-        if alt in RUNS_IN_RUNNER:
+        if alt in RUNS_IN_RUNNER or alt.startswith("ours:"):
             row = self.run_in_runner(alt)
             if alt == "ours":
                 self.ours_row = row

@@ -99,13 +99,15 @@ def _lower(alt: str, data: SettingData, planned_inputs: bool):
     config = ExecutorchBackendConfig(
         memory_planning_pass=MemoryPlanningPass(alloc_graph_input=planned_inputs)
     )
-    if data.setting.kind == "blocks" and alt in ("ours", "ours_unfused"):
+    if data.setting.kind == "blocks" and (alt in ("ours", "ours_unfused") or alt[:5] == "ours:"):
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
             XnnpackPartitioner,
         )
         from rustconv import RustConvPartitioner, compile_specs
 
         specs = [compile_specs.fusion(False)] if alt == "ours_unfused" else []
+        if alt.startswith("ours:"):
+            specs = [compile_specs.algorithm(alt.split(":", 1)[1])]
         partitioners = [RustConvPartitioner(compile_specs=specs), XnnpackPartitioner()]
         lowered = to_edge_transform_and_lower(ep, partitioner=partitioners)
         return lowered.to_executorch(config)

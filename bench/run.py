@@ -78,12 +78,19 @@ def parse_filters(tokens: list[str], full: bool) -> tuple[list[workload.Setting]
             elif key == "K":
                 ks = tuple("N" if v.upper() == "N" else str(int(v)) for v in values)
             elif key == "alt":
-                unknown = set(values) - set(ALL_ALTERNATIVES)
+                # ours:NAME forces one conv algorithm (any workload, blocks too).
+                forced = tuple(
+                    v
+                    for v in values
+                    if v.startswith("ours:") and v[5:] in alternatives.KNOWN_ALGORITHMS
+                )
+                unknown = set(values) - set(ALL_ALTERNATIVES) - set(forced)
                 if unknown:
                     raise SystemExit(
                         f"unknown alternative(s) {sorted(unknown)}: {ALL_ALTERNATIVES}"
+                        f" or ours:NAME, NAME one of {alternatives.KNOWN_ALGORITHMS}"
                     )
-                alts = tuple(a for a in ALL_ALTERNATIVES if a in values)
+                alts = tuple(a for a in ALL_ALTERNATIVES if a in values) + forced
             elif key == "block":
                 unknown = set(values) - set(workload.BLOCKS)
                 if unknown:

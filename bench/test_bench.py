@@ -12,7 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "partitioner_py")]
 
-from bench import measure, projection, run, workload  # noqa: E402
+from bench import alternatives, measure, projection, run, workload  # noqa: E402
 
 RUNNER = Path(os.environ.get("PTE_RUNNER", ROOT / "target" / "release" / "pte_runner"))
 
@@ -108,6 +108,31 @@ def test_blocks_filters():
     assert [(s.block, s.C, s.N) for s in settings] == [("hyena", 16, 64), ("ssm", 16, 64)]
     default, _ = run.parse_filters([], full=False)
     assert not any(s.kind == "blocks" for s in default)
+
+
+def test_forced_algorithm_filter():
+    settings, alts = run.parse_filters(["block=conv_stack", "alt=ours,ours:fft_gemm"], full=False)
+    assert alts == ("ours", "ours:fft_gemm")
+    assert alternatives.steps_for(settings[0], alts) == ["ours", "ours:fft_gemm"]
+    with pytest.raises(SystemExit):
+        run.parse_filters(["alt=ours:nonesuch"], full=False)
+
+
+@pytest.mark.skipif(not RUNNER.is_file(), reason="pte_runner not built (scripts/setup.sh)")
+def test_forced_algorithm_on_a_block(tmp_path):
+    out = tmp_path / "out"
+    argv = [
+        "block=conv_stack", "C=16", "N=64", "alt=ours,ours:gemm,ours:fft_gemm", "--warmup", "1",
+        "--repeats", "2", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+        "--runner", str(RUNNER), "--no-plots",
+    ]  # fmt: skip
+    assert run.main(argv) == 0
+    with open(out / "results.csv") as f:
+        rows = {r["alternative"]: r for r in csv.DictReader(f)}
+    for alt in ("ours", "ours:gemm", "ours:fft_gemm"):
+        assert rows[alt]["status"] == "ok", (alt, rows[alt]["status"], rows[alt]["note"])
+        assert int(rows[alt]["rustconv_calls"]) == 1
+    assert rows["ours:fft_gemm"]["chosen_kernel"] == "fft_gemm", rows["ours:fft_gemm"]
 
 
 @pytest.mark.skipif(not RUNNER.is_file(), reason="pte_runner not built (scripts/setup.sh)")

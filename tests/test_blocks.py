@@ -117,3 +117,29 @@ def test_block_in_float16(name, tmp_path):
     want = _eager(model, tuple(t.float() for t in example))
     scale = max(1.0, want.abs().max().item())
     assert_close(got.float(), want, f"{name} fp16", 2e-2 * scale)
+
+
+@pytest.mark.parametrize("flow", FLOWS)
+def test_wide_conv_stack_runs_fft_gemm_with_relu_in_its_loops(flow, tmp_path):
+    """A conv stack wide enough for the cost model to pick fft_gemm (64
+    channels, K = 11): every conv runs it with its ReLU fused into the output
+    rows, still one call, matching eager."""
+    import rustconv.runtime  # noqa: F401  (the plan comes from the Rust library)
+    from rustconv.inspect import delegate_calls, plan_blob
+
+    torch.manual_seed(0)
+    model = blocks.ConvStack(64, 11).eval()
+    example = model.make_inputs(seq=300)
+    program = _program(model, example, flow)
+    assert delegate_backends(program).count("RustConvBackend") == 1
+    (call,) = delegate_calls(program.buffer)
+    kernels = plan_blob(call.blob, call.compile_specs)["kernels"]
+    assert len(kernels) == 12, kernels
+    for kernel in kernels:
+        assert kernel["algorithm"] == "fft_gemm", kernel
+        assert "epilogue in its loops" in kernel["fusion"], kernel
+        assert [op["op"] for op in kernel["absorbed"]].count("relu") == 1, kernel
+    pte = save(program, tmp_path)
+    for kind, inputs in input_sets(*(t.shape for t in example)).items():
+        want = _eager(model, inputs)
+        assert_close(run_runtime(pte, inputs)[0], want, f"{flow}, {kind}", _atol(want))

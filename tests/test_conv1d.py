@@ -120,6 +120,8 @@ ALGORITHM_CASES = [
     ("fft", Conv(4, 4, 300, groups=4, causal=True, n=300, bias=False)),
     ("gemm", Conv(6, 4, 3, groups=2, stride=2, padding=1)),
     ("gemm", Conv(16, 32, 5, dilation=2, padding=3, batch=2)),
+    ("fft_gemm", Conv(16, 24, 11, padding=5, batch=2, n=300)),
+    ("fft_gemm", Conv(12, 8, 4, groups=4, dilation=3, causal=True, bias=False)),
 ]
 
 
@@ -149,8 +151,8 @@ def test_each_algorithm_through_the_delegate(algorithm, cfg, tmp_path):
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert f"conv1d -> {algorithm} " in run.stderr, run.stderr
-    # fft and gemm transform the weights at init; the blob is then freed.
-    transformed = algorithm in ("fft", "gemm")
+    # fft, gemm and fft_gemm transform the weights at init; the blob is then freed.
+    transformed = algorithm in ("fft", "gemm", "fft_gemm")
     assert ("the blob is released" in run.stderr) == transformed, run.stderr
     with np.load(tmp_path / "out.npz") as out:
         assert_close(out["0"], model(x), f"pte_runner, {algorithm}")

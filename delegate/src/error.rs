@@ -83,8 +83,8 @@ pub enum ConfigError {
     #[error("num_threads must be at least 1, got {0}")]
     NumThreads(i64),
     #[error(
-        "compile spec conv1d_algorithm='{0}' is not one of auto, measure, direct, \
-         depthwise_simd, fft, gemm"
+        "compile spec conv1d_algorithm='{0}' is not one of auto, measure, {names}",
+        names = algorithm_names()
     )]
     Algorithm(String),
     #[error("environment variable RUSTCONV_NUM_THREADS='{0}' is not a positive integer")]
@@ -215,4 +215,11 @@ impl DelegateError {
             DelegateError::Panic(_) => Status::Internal,
         }
     }
+}
+
+/// The algorithm names a compile spec may give, from the kernels' one list.
+fn algorithm_names() -> String {
+    rustconv_kernels::Algorithm::ALL
+        .map(rustconv_kernels::Algorithm::name)
+        .join(", ")
 }

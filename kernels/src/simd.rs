@@ -118,6 +118,9 @@ pub(crate) trait Simd {
     unsafe fn mul_add(acc: Self::V, w: Self::V, x: Self::V) -> Self::V;
     /// `acc + w * x` for one value, rounded as [`Simd::mul_add`].
     unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32;
+    /// `acc - w * x`, lane-wise (fused where `mul_add` is): the real part
+    /// of a complex product without negated copies of an operand.
+    unsafe fn neg_mul_add(acc: Self::V, w: Self::V, x: Self::V) -> Self::V;
 }
 
 // ---------------------------------------------------------------------------
@@ -159,6 +162,14 @@ impl Simd for Portable {
     unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32 {
         // Unfused, like `mul_add` (Rust never contracts into an FMA).
         acc + w * x
+    }
+    #[inline(always)]
+    unsafe fn neg_mul_add(acc: F32x8, w: F32x8, x: F32x8) -> F32x8 {
+        let mut out = acc;
+        for j in 0..8 {
+            out[j] -= w[j] * x[j];
+        }
+        out
     }
 }
 
@@ -206,6 +217,11 @@ mod avx2 {
         unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32 {
             // SAFETY: FMA is present. Fused like `mul_add`.
             unsafe { _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(w), _mm_set_ss(x), _mm_set_ss(acc))) }
+        }
+        #[inline(always)]
+        unsafe fn neg_mul_add(acc: __m256, w: __m256, x: __m256) -> __m256 {
+            // SAFETY: FMA is present.
+            unsafe { _mm256_fnmadd_ps(w, x, acc) }
         }
     }
 }
@@ -257,6 +273,11 @@ mod avx512 {
         unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32 {
             // SAFETY: FMA is present. Fused like `mul_add`.
             unsafe { _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(w), _mm_set_ss(x), _mm_set_ss(acc))) }
+        }
+        #[inline(always)]
+        unsafe fn neg_mul_add(acc: __m512, w: __m512, x: __m512) -> __m512 {
+            // SAFETY: AVX-512 F is present.
+            unsafe { _mm512_fnmadd_ps(w, x, acc) }
         }
     }
 }
@@ -314,6 +335,14 @@ mod neon {
         unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32 {
             // Fused like `vfmaq_f32`; a single fmadd on aarch64.
             w.mul_add(x, acc)
+        }
+        #[inline(always)]
+        unsafe fn neg_mul_add(acc: float32x4_t, w: float32x4_t, x: float32x4_t) -> float32x4_t {
+            // SAFETY: NEON is present.
+            #[allow(unused_unsafe)]
+            unsafe {
+                vfmsq_f32(acc, w, x)
+            }
         }
     }
 }

@@ -128,12 +128,16 @@ fn main() {
         gemm_shape(16, 18, 2, 999, 1, 2, (4, 0)),
         gemm_shape(8, 5, 1, 9, 1, 1, (2, 2)),
     ];
+    // The same shapes through fft_gemm where it applies (stride 1): its
+    // window, spectra and output rows live in the scratch slots too.
     let gemm_runs: Vec<_> = gemm_shapes
         .iter()
-        .map(|p| {
+        .flat_map(|p| [(p, Algorithm::Gemm), (p, Algorithm::FftGemm)])
+        .filter(|(p, a)| *a == Algorithm::Gemm || p.stride == 1)
+        .map(|(p, a)| {
             let w = vec![0.25; p.weight_elems()];
-            let conv = PreparedConv1d::new(p, &w, Choice::Force(Algorithm::Gemm)).unwrap();
-            assert_eq!(conv.algorithm(), Algorithm::Gemm);
+            let conv = PreparedConv1d::new(p, &w, Choice::Force(a)).unwrap();
+            assert_eq!(conv.algorithm(), a);
             let x = vec![0.5; p.input_elems()];
             let bias = vec![1.0; p.bias_elems()];
             let y = vec![0.0; p.output_elems().unwrap()];
@@ -289,8 +293,24 @@ fn main() {
         .into_iter()
         .max()
         .unwrap();
+    // A dense fft_gemm conv with the same epilogue fused into its output
+    // rows.
+    let fdense_params = Conv1dParams {
+        groups: 1,
+        ..fparams
+    };
+    let fdense = PreparedConv1d::new(
+        &fdense_params,
+        &vec![0.25; fc * fc * 4],
+        Choice::Force(Algorithm::FftGemm),
+    )
+    .unwrap();
+    assert!(fdense.fuses_output());
+    let fdense_x = vec![0.5; fc * fn_];
+    let mut fdense_out = vec![0.0; fc * fn_];
     let fused_scratch = fdw
         .rows_scratch_per_thread(temps, temps)
+        .max(fdense.rows_scratch_per_thread(0, temps))
         .max(scan_rows_scratch(temps))
         .max(line_scratch(temps));
 
@@ -343,6 +363,26 @@ fn main() {
                 &scratch,
             )
             .unwrap();
+            let sink = EpilogueSink::new(
+                &epi,
+                &env,
+                Shape::new(&[1, fc, fn_]),
+                &views,
+                &mut fdense_out,
+                Shape::new(&[1, fn_, fc]),
+            );
+            fdense
+                .run_rows(
+                    &fdense_params,
+                    RowsIn::Slice(&fdense_x),
+                    None,
+                    None,
+                    RowsOut::Fused(&sink),
+                    0,
+                    yt,
+                    &scratch,
+                )
+                .unwrap();
             let a_rows = ProgramRows::new(&coef, &env);
             let u_rows = ProgramRows::new(&pro, &env);
             let gate = EpilogueSink::new(
@@ -408,7 +448,7 @@ fn main() {
         assert!(y.iter().all(|v| v.is_finite() && *v >= 1.0), "{p:?}");
         assert!(y.iter().any(|v| *v > 1.0), "{p:?}");
     }
-    for out in [&fused_out, &scan_out, &pass_out, &drained] {
+    for out in [&fused_out, &scan_out, &pass_out, &drained, &fdense_out] {
         assert!(out.iter().all(|v| v.is_finite() && *v > 0.0));
     }
     println!("no_alloc: kernels made no heap allocation, fused ones included");

@@ -17,7 +17,7 @@ Keys:
     How the runtime picks each conv1d's algorithm at load time, UTF-8: ``auto``
     (its cost model, the default), ``measure`` (time every applicable algorithm
     once at load and keep the fastest), or one algorithm by name (``direct``,
-    ``depthwise_simd``, ``fft``, ``gemm``), used wherever it applies; other
+    ``depthwise_simd``, ``fft``, ``gemm``, ``fft_gemm``), used wherever it applies; other
     convolutions fall back to ``auto``.
 
 ``fusion``
@@ -57,7 +57,15 @@ FUSION = "fusion"
 
 #: Values of ``conv1d_algorithm`` (the runtime's ``Algorithm::name``s plus the
 #: two policies).
-CONV1D_ALGORITHMS = ("auto", "measure", "direct", "depthwise_simd", "fft", "gemm")
+CONV1D_ALGORITHMS = (
+    "auto",
+    "measure",
+    "direct",
+    "depthwise_simd",
+    "fft",
+    "gemm",
+    "fft_gemm",
+)
 
 #: Every key this version of the export side knows how to produce.
 KNOWN_KEYS = frozenset({NUM_THREADS, CONV1D_ALGORITHM, FUSION})

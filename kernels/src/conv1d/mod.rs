@@ -14,6 +14,7 @@ mod cost;
 mod depthwise;
 mod direct;
 mod fft;
+mod fft_gemm;
 mod gemm;
 mod params;
 mod prepared;

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use super::params::{Conv1dGeometry, Conv1dParams};
-use super::{depthwise, direct, fft, gemm};
+use super::{depthwise, direct, fft, fft_gemm, gemm};
 use crate::error::{check_len, KernelError};
 use crate::fused::{RowsIn, RowsOut};
 use crate::scratch::Scratch;
@@ -22,15 +22,19 @@ pub enum Algorithm {
     Fft,
     /// Dense and grouped: GEMM with weights packed at prepare.
     Gemm,
+    /// Dense and grouped, stride 1, moderate filters and many channels:
+    /// block FFT with one complex GEMM per bin, weight spectra at prepare.
+    FftGemm,
 }
 
 impl Algorithm {
     /// Every algorithm, in the order measurement tries them.
-    pub const ALL: [Algorithm; 4] = [
+    pub const ALL: [Algorithm; 5] = [
         Algorithm::Direct,
         Algorithm::DepthwiseSimd,
         Algorithm::Fft,
         Algorithm::Gemm,
+        Algorithm::FftGemm,
     ];
 
     /// The name used in compile specs, logs and the benchmark.
@@ -40,6 +44,7 @@ impl Algorithm {
             Algorithm::DepthwiseSimd => "depthwise_simd",
             Algorithm::Fft => "fft",
             Algorithm::Gemm => "gemm",
+            Algorithm::FftGemm => "fft_gemm",
         }
     }
 
@@ -55,6 +60,7 @@ impl Algorithm {
             Algorithm::DepthwiseSimd => depthwise::applies(g),
             Algorithm::Fft => fft::applies(g),
             Algorithm::Gemm => gemm::applies(g),
+            Algorithm::FftGemm => fft_gemm::applies(g),
         }
     }
 
@@ -70,6 +76,7 @@ impl Algorithm {
             Algorithm::DepthwiseSimd => depthwise::cost(g),
             Algorithm::Fft => fft::cost(g),
             Algorithm::Gemm => gemm::cost(g),
+            Algorithm::FftGemm => fft_gemm::cost(g),
         })
     }
 }
@@ -109,6 +116,7 @@ enum Imp {
     Depthwise(depthwise::DepthwiseConv),
     Fft(fft::FftConv),
     Gemm(gemm::GemmConv),
+    FftGemm(fft_gemm::FftGemmConv),
 }
 
 /// A conv1d ready to run on inputs up to the shape it was prepared for.
@@ -151,6 +159,7 @@ impl PreparedConv1d {
             Algorithm::DepthwiseSimd => Imp::Depthwise(depthwise::DepthwiseConv::prepare(&g, w)),
             Algorithm::Fft => Imp::Fft(fft::FftConv::prepare(&g, w)),
             Algorithm::Gemm => Imp::Gemm(gemm::GemmConv::prepare(&g, w)),
+            Algorithm::FftGemm => Imp::FftGemm(fft_gemm::FftGemmConv::prepare(&g, w)),
         };
         Ok(PreparedConv1d { max: g, imp })
     }
@@ -182,6 +191,7 @@ impl PreparedConv1d {
             Imp::Depthwise(_) => Algorithm::DepthwiseSimd,
             Imp::Fft(_) => Algorithm::Fft,
             Imp::Gemm(_) => Algorithm::Gemm,
+            Imp::FftGemm(_) => Algorithm::FftGemm,
         }
     }
 
@@ -193,6 +203,7 @@ impl PreparedConv1d {
             Imp::Depthwise(k) => k.scratch_per_thread(),
             Imp::Fft(k) => k.scratch_per_thread(),
             Imp::Gemm(k) => k.scratch_per_thread(),
+            Imp::FftGemm(k) => k.scratch_per_thread(),
         }
     }
 
@@ -204,6 +215,7 @@ impl PreparedConv1d {
             Imp::Depthwise(k) => k.prepared_bytes(),
             Imp::Fft(k) => k.prepared_bytes(),
             Imp::Gemm(k) => k.prepared_bytes(),
+            Imp::FftGemm(k) => k.prepared_bytes(),
         }
     }
 
@@ -222,7 +234,7 @@ impl PreparedConv1d {
     /// Whether [`Self::run_rows`] hands its output to an epilogue inside
     /// its loops; otherwise the output must be stored.
     pub fn fuses_output(&self) -> bool {
-        matches!(self.imp, Imp::Depthwise(_) | Imp::Gemm(_))
+        matches!(self.imp, Imp::Depthwise(_) | Imp::Gemm(_) | Imp::FftGemm(_))
     }
 
     /// `f32` elements of scratch each thread needs for [`Self::run_rows`]
@@ -234,6 +246,7 @@ impl PreparedConv1d {
                 depthwise::DepthwiseConv::rows_scratch(&self.max, x_temps, y_temps)
             }
             Imp::Gemm(k) => k.rows_scratch(&self.max, y_temps),
+            Imp::FftGemm(k) => k.rows_scratch(y_temps),
             _ => self.scratch_per_thread(),
         }
     }
@@ -285,6 +298,9 @@ impl PreparedConv1d {
                         k.run_rows(&g, x, w.unwrap_or_default(), bias, y, scratch)
                     }
                     (Imp::Gemm(k), RowsIn::Slice(x), RowsOut::Fused(sink)) => {
+                        k.run_into(&g, x, bias, sink, scratch)
+                    }
+                    (Imp::FftGemm(k), RowsIn::Slice(x), RowsOut::Fused(sink)) => {
                         k.run_into(&g, x, bias, sink, scratch)
                     }
                     _ => return Err(not_fusable()),
@@ -353,6 +369,7 @@ impl PreparedConv1d {
             Imp::Depthwise(k) => k.run(&g, x, w.unwrap_or_default(), bias, y, scratch),
             Imp::Fft(k) => k.run(&g, x, bias, y, scratch),
             Imp::Gemm(k) => k.run(&g, x, bias, y, scratch),
+            Imp::FftGemm(k) => k.run(&g, x, bias, y, scratch),
         }
         Ok(())
     }

@@ -88,7 +88,7 @@ use kernel::{choose_block, Block, TileArgs, TileKernel, Window};
 /// How many times faster than [`super::cost::DIRECT_MACS_PER_SEC`] one core runs the
 /// micro-kernels when both matrix dimensions (`in_per_group`,
 /// `out_per_group`) are large (see [`cost`]).
-const SPEEDUP_OVER_DIRECT: f64 = 12.0;
+pub(crate) const SPEEDUP_OVER_DIRECT: f64 = 12.0;
 /// Extra time per multiply-add, relative to the large-matrix rate, for each
 /// `1 / in_per_group`: short inner products spend relatively more on the
 /// window copy and the output stores. Small, because the window is copied

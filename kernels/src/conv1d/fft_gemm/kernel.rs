@@ -1,0 +1,434 @@
+//! The FFT-GEMM conv's tile loop and its two register-blocked
+//! micro-kernels (real and complex), generic over the crate's SIMD layer
+//! ([`Simd`]); the only unsafe code of the algorithm.
+//!
+//! A tile is one (batch item, group, run of `NJ` blocks, run of output
+//! channel panels); `NJ = NR · LANES` blocks are one register row of the
+//! micro-kernels, so every product below is a sequence of whole
+//! micro-kernel calls (`mod.rs` has the maths):
+//!
+//! 1. **Forward.** Per input channel, the `L` samples each block reads are
+//!    gathered into a `L × NJ` window (padding as zeros), and the real DFT
+//!    matrix `F` (`L × L`, packed in panels of `MR` planes) times it gives
+//!    the channel's `L` spectral planes for the tile's blocks.
+//! 2. **Channel mixing.** Per panel of `MR` output channels and per bin,
+//!    the packed weight spectra times the input spectra: a real product on
+//!    the two real bins, a complex one (four multiply-adds per term) on the
+//!    others, into the panel's `L × MR × NJ` output spectra.
+//! 3. **Inverse.** Per output channel of the panel, the inverse matrix `G`
+//!    (`M × L`) times its `L × NJ` spectra gives `M` outputs of each block,
+//!    transposed into one contiguous row of `NJ · M` positions, bias added,
+//!    and handed to the caller (stored or passed to an epilogue) while in
+//!    cache.
+//!
+//! Every value is computed the same way whatever the tile, so results
+//! depend neither on the tiling nor on the number of threads.
+
+#![allow(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
+
+#[cfg(target_arch = "aarch64")]
+use crate::simd::Neon;
+#[cfg(target_arch = "x86_64")]
+use crate::simd::{Avx2, Avx512};
+use crate::simd::{Backend, Portable, Simd};
+
+/// A micro-kernel's register block: `mr` rows by `nr` vectors of `lanes`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Block {
+    pub mr: usize,
+    pub nr: usize,
+    pub lanes: usize,
+}
+
+impl Block {
+    /// Blocks per tile: one register row of the micro-kernels.
+    pub(crate) fn nj(self) -> usize {
+        self.nr * self.lanes
+    }
+}
+
+/// The block of `backend`. The complex kernel keeps `2 · mr · nr`
+/// accumulators, `2 · nr` loaded vectors and two broadcasts in registers:
+/// 30 of AVX-512's and NEON's 32 at 6 × 2, 14 of AVX2's 16 at 2 × 2.
+pub(crate) fn block(backend: Backend) -> Block {
+    let (mr, nr, lanes) = match backend {
+        Backend::Portable => (2, 2, 8),
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2 => (2, 2, 8),
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx512 => (6, 2, 16),
+        #[cfg(target_arch = "aarch64")]
+        Backend::Neon => (6, 2, 4),
+    };
+    Block { mr, nr, lanes }
+}
+
+/// The transform sizes and prepared matrices a tile reads.
+pub(crate) struct Layout<'a> {
+    /// Transform length (samples a block reads), a multiple of 4.
+    pub l: usize,
+    /// Outputs per block.
+    pub m: usize,
+    /// Input and output channels per group.
+    pub cin: usize,
+    pub cout: usize,
+    /// `F`, `L × L`, in panels of `MR` planes: `[panel][tap][MR]`.
+    pub fwd: &'a [f32],
+    /// `G`, `M × L`, in panels of `MR` outputs: `[panel][plane][MR]`.
+    pub inv: &'a [f32],
+}
+
+/// One tile's inputs (see the module docs).
+pub(crate) struct TileArgs<'a> {
+    /// The group's input rows, `cin × in_len`.
+    pub x: &'a [f32],
+    pub in_len: usize,
+    pub pad_left: usize,
+    /// First block and blocks in the tile (at most `NJ`).
+    pub j0: usize,
+    pub blocks: usize,
+    /// Outputs of the row (the tile's last block may reach past it).
+    pub out_len: usize,
+    /// The group's packed weight spectra, `[panel][cin · MR · L]`.
+    pub spectra: &'a [f32],
+    /// The tile's panels of output channels within the group.
+    pub panels: std::ops::Range<usize>,
+    /// The group's bias, if any.
+    pub bias: Option<&'a [f32]>,
+}
+
+/// Takes one output row of a tile: (output channel within the group, the
+/// row's values from position `j0 · M` on, a temporary the rest of the
+/// thread's scratch).
+pub(crate) type Emit<'e> = &'e mut dyn FnMut(usize, &mut [f32], &mut [f32]);
+
+/// Scratch floats one tile needs before the emit temporaries: the window,
+/// the input spectra, a panel's output spectra, the transposed outputs and
+/// the output row.
+pub(crate) fn tile_scratch(lay_l: usize, m: usize, cin: usize, b: Block) -> usize {
+    let nj = b.nj();
+    lay_l * nj + lay_l * cin * nj + lay_l * b.mr * nj + m.next_multiple_of(b.mr) * nj + nj * m
+}
+
+type TileFn = unsafe fn(&Layout<'_>, &TileArgs<'_>, &mut [f32], Emit<'_>);
+
+/// The tile function for one backend, chosen at prepare.
+#[derive(Clone, Copy)]
+pub(crate) struct TileKernel {
+    block: Block,
+    f: TileFn,
+}
+
+impl TileKernel {
+    /// The kernel for `backend`, or `None` where this CPU lacks it.
+    pub(crate) fn new(backend: Backend) -> Option<Self> {
+        if !backend.is_available() {
+            return None;
+        }
+        let f: TileFn = match backend {
+            Backend::Portable => tile_portable,
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx2 => tile_avx2,
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx512 => tile_avx512,
+            #[cfg(target_arch = "aarch64")]
+            Backend::Neon => tile_neon,
+        };
+        Some(TileKernel {
+            block: block(backend),
+            f,
+        })
+    }
+
+    pub(crate) fn block(&self) -> Block {
+        self.block
+    }
+
+    /// Computes one tile, handing each output row to `emit`.
+    pub(crate) fn tile(
+        &self,
+        lay: &Layout<'_>,
+        a: &TileArgs<'_>,
+        scratch: &mut [f32],
+        emit: Emit<'_>,
+    ) {
+        // SAFETY: `new` chose `f` for a backend whose features this CPU
+        // has; the tile function checks every bound it relies on.
+        unsafe { (self.f)(lay, a, scratch, emit) }
+    }
+}
+
+/// One tile on backend `S` with blocks of `MR × NR` vectors.
+///
+/// # Safety
+/// `S`'s features are present. Everything else is checked (panics).
+#[inline(always)]
+unsafe fn tile_generic<S: Simd, const MR: usize, const NR: usize>(
+    lay: &Layout<'_>,
+    a: &TileArgs<'_>,
+    scratch: &mut [f32],
+    emit: Emit<'_>,
+) {
+    let nj = NR * S::LANES;
+    let (l, m, cin) = (lay.l, lay.m, lay.cin);
+    let m_pad = m.next_multiple_of(MR);
+    let b = Block {
+        mr: MR,
+        nr: NR,
+        lanes: S::LANES,
+    };
+    let need = tile_scratch(l, m, cin, b);
+    assert!(scratch.len() >= need, "scratch");
+    assert!(a.blocks <= nj && a.blocks > 0, "blocks");
+    assert!(a.x.len() == cin * a.in_len, "x group");
+    assert!(lay.fwd.len() == l.div_ceil(MR) * l * MR, "forward matrix");
+    assert!(lay.inv.len() == m_pad * l, "inverse matrix");
+    let panel_len = cin * MR * l;
+    assert!(a.spectra.len() >= a.panels.end * panel_len, "spectra");
+    assert!(a.bias.is_none_or(|bias| bias.len() == lay.cout), "bias");
+    assert!(l >= 4 && l.is_multiple_of(2) && m <= l, "transform");
+
+    let (xw, rest) = scratch.split_at_mut(l * nj);
+    let (xs, rest) = rest.split_at_mut(l * cin * nj);
+    let (yp, rest) = rest.split_at_mut(l * MR * nj);
+    let (out_t, rest) = rest.split_at_mut(m_pad * nj);
+    let (row, tmp) = rest.split_at_mut(nj * m);
+
+    // 1. Forward: the input spectra, planes [plane][cin][nj].
+    xw.fill(0.0);
+    for c in 0..cin {
+        let x_row = &a.x[c * a.in_len..][..a.in_len];
+        for j in 0..a.blocks {
+            // Block j reads padded positions q0 .. q0 + l, input samples
+            // q - pad_left where inside the row.
+            let q0 = (a.j0 + j) * m;
+            for t in 0..l {
+                let i = (q0 + t).wrapping_sub(a.pad_left);
+                xw[t * nj + j] = if i < a.in_len { x_row[i] } else { 0.0 };
+            }
+        }
+        for (p, f) in lay.fwd.chunks_exact(l * MR).enumerate() {
+            let rows = (l - p * MR).min(MR);
+            let out = &mut xs[(p * MR * cin + c) * nj..];
+            assert!(out.len() >= (rows - 1) * cin * nj + nj);
+            // SAFETY: features by our contract; reads `f` (l · MR values)
+            // and `xw` rows 0 .. l of nj values; writes `rows` rows of nj
+            // values cin · nj apart inside `out` (asserted).
+            unsafe {
+                real_micro::<S, MR, NR>(
+                    f.as_ptr(),
+                    xw.as_ptr(),
+                    nj,
+                    l,
+                    out.as_mut_ptr(),
+                    cin * nj,
+                    rows,
+                )
+            }
+        }
+    }
+
+    for p in a.panels.clone() {
+        let w = &a.spectra[p * panel_len..][..panel_len];
+        // 2. Channel mixing, into yp [plane][MR][nj]. Planes 0 and 1 are
+        // the real bins 0 and l/2; planes 2b, 2b + 1 bin b's parts.
+        for plane in 0..2 {
+            // SAFETY: reads cin · MR weights and cin rows of nj values
+            // of one plane of `xs`; writes MR rows of nj values of one
+            // plane of `yp`, all inside the slices (sizes above).
+            unsafe {
+                real_micro::<S, MR, NR>(
+                    w[plane * cin * MR..][..cin * MR].as_ptr(),
+                    xs[plane * cin * nj..][..cin * nj].as_ptr(),
+                    nj,
+                    cin,
+                    yp[plane * MR * nj..][..MR * nj].as_mut_ptr(),
+                    nj,
+                    MR,
+                )
+            }
+        }
+        for bin in 1..l / 2 {
+            let wb = &w[2 * bin * cin * MR..][..2 * cin * MR];
+            let (xr, xi) = xs[2 * bin * cin * nj..][..2 * cin * nj].split_at(cin * nj);
+            let (yr, yi) = yp[2 * bin * MR * nj..][..2 * MR * nj].split_at_mut(MR * nj);
+            // SAFETY: reads 2 · cin · MR weights and cin rows of nj values
+            // of each part; writes MR rows of nj values of each part; all
+            // inside the slices just taken.
+            unsafe {
+                complex_micro::<S, MR, NR>(
+                    wb.as_ptr(),
+                    xr.as_ptr(),
+                    xi.as_ptr(),
+                    nj,
+                    cin,
+                    yr.as_mut_ptr(),
+                    yi.as_mut_ptr(),
+                    nj,
+                )
+            }
+        }
+        // 3. Inverse, per output channel of the panel.
+        let rows = (lay.cout - p * MR).min(MR);
+        for r in 0..rows {
+            for (q, g) in lay.inv.chunks_exact(l * MR).enumerate() {
+                // SAFETY: reads `g` (l · MR values) and l rows of nj values
+                // MR · nj apart from yp[r · nj] (the last ends at
+                // (l - 1) · MR · nj + r · nj + nj <= yp.len()); writes MR
+                // rows of out_t from q · MR · nj, inside its m_pad rows.
+                unsafe {
+                    real_micro::<S, MR, NR>(
+                        g.as_ptr(),
+                        yp[r * nj..].as_ptr(),
+                        MR * nj,
+                        l,
+                        out_t[q * MR * nj..][..MR * nj].as_mut_ptr(),
+                        nj,
+                        MR,
+                    )
+                }
+            }
+            let o = p * MR + r;
+            let bias = a.bias.map_or(0.0, |bias| bias[o]);
+            let n = (a.blocks * m).min(a.out_len - a.j0 * m);
+            for j in 0..a.blocks {
+                let dst = &mut row[j * m..((j + 1) * m).min(n).max(j * m)];
+                for (t, d) in dst.iter_mut().enumerate() {
+                    *d = out_t[t * nj + j] + bias;
+                }
+            }
+            emit(o, &mut row[..n], tmp);
+        }
+    }
+}
+
+/// `c[i][·] = Σ_k a[k][i] · b[k · b_stride + ·]` for `MR` rows `i` and
+/// `NR` vectors; rows `i < rows` are stored at `c + i · c_stride`.
+///
+/// # Safety
+/// `S`'s features are present; `a` readable for `k · MR` values, `b` for
+/// `NR · LANES` values at each `kk · b_stride`, `kk < k`; `c` writable for
+/// `NR · LANES` values at each of the first `rows` rows.
+#[inline(always)]
+unsafe fn real_micro<S: Simd, const MR: usize, const NR: usize>(
+    a: *const f32,
+    b: *const f32,
+    b_stride: usize,
+    k: usize,
+    c: *mut f32,
+    c_stride: usize,
+    rows: usize,
+) {
+    // SAFETY: in bounds by the contract; features present.
+    unsafe {
+        let zero = S::splat(0.0);
+        let mut acc = [[zero; NR]; MR];
+        for kk in 0..k {
+            let bk = b.add(kk * b_stride);
+            let mut xv = [zero; NR];
+            for (n, v) in xv.iter_mut().enumerate() {
+                *v = S::load(bk.add(n * S::LANES));
+            }
+            let ak = a.add(kk * MR);
+            for (i, row) in acc.iter_mut().enumerate() {
+                let w = S::splat(*ak.add(i));
+                for (acc, &v) in row.iter_mut().zip(&xv) {
+                    *acc = S::mul_add(*acc, w, v);
+                }
+            }
+        }
+        for (i, row) in acc.iter().enumerate().take(rows) {
+            for (n, &v) in row.iter().enumerate() {
+                S::store(c.add(i * c_stride + n * S::LANES), v);
+            }
+        }
+    }
+}
+
+/// The complex product of `MR` rows of packed weights `a` (`[k][MR][re,
+/// im]`) and `k` rows of `NR` vectors (parts at `br`, `bi`, rows
+/// `b_stride` apart), into `MR` rows at `cr`, `ci` (`c_stride` apart).
+///
+/// # Safety
+/// `S`'s features are present; `a` readable for `2 · k · MR` values, `br`
+/// and `bi` for `NR · LANES` values at each `kk · b_stride`, `kk < k`; `cr`
+/// and `ci` writable for `NR · LANES` values at each of `MR` rows.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn complex_micro<S: Simd, const MR: usize, const NR: usize>(
+    a: *const f32,
+    br: *const f32,
+    bi: *const f32,
+    b_stride: usize,
+    k: usize,
+    cr: *mut f32,
+    ci: *mut f32,
+    c_stride: usize,
+) {
+    // SAFETY: in bounds by the contract; features present.
+    unsafe {
+        let zero = S::splat(0.0);
+        let mut re = [[zero; NR]; MR];
+        let mut im = [[zero; NR]; MR];
+        for kk in 0..k {
+            let mut xr = [zero; NR];
+            let mut xi = [zero; NR];
+            for n in 0..NR {
+                xr[n] = S::load(br.add(kk * b_stride + n * S::LANES));
+                xi[n] = S::load(bi.add(kk * b_stride + n * S::LANES));
+            }
+            let ak = a.add(2 * kk * MR);
+            for i in 0..MR {
+                let wr = S::splat(*ak.add(2 * i));
+                let wi = S::splat(*ak.add(2 * i + 1));
+                for n in 0..NR {
+                    re[i][n] = S::mul_add(re[i][n], wr, xr[n]);
+                    re[i][n] = S::neg_mul_add(re[i][n], wi, xi[n]);
+                    im[i][n] = S::mul_add(im[i][n], wr, xi[n]);
+                    im[i][n] = S::mul_add(im[i][n], wi, xr[n]);
+                }
+            }
+        }
+        for i in 0..MR {
+            for n in 0..NR {
+                S::store(cr.add(i * c_stride + n * S::LANES), re[i][n]);
+                S::store(ci.add(i * c_stride + n * S::LANES), im[i][n]);
+            }
+        }
+    }
+}
+
+/// # Safety
+/// The portable backend needs no CPU feature.
+unsafe fn tile_portable(lay: &Layout<'_>, a: &TileArgs<'_>, s: &mut [f32], e: Emit<'_>) {
+    // SAFETY: Portable needs no feature.
+    unsafe { tile_generic::<Portable, 2, 2>(lay, a, s, e) }
+}
+
+/// # Safety
+/// The CPU supports AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_avx2(lay: &Layout<'_>, a: &TileArgs<'_>, s: &mut [f32], e: Emit<'_>) {
+    // SAFETY: our caller guarantees AVX2 and FMA.
+    unsafe { tile_generic::<Avx2, 2, 2>(lay, a, s, e) }
+}
+
+/// # Safety
+/// The CPU supports AVX-512 F and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn tile_avx512(lay: &Layout<'_>, a: &TileArgs<'_>, s: &mut [f32], e: Emit<'_>) {
+    // SAFETY: our caller guarantees AVX-512 F and FMA.
+    unsafe { tile_generic::<Avx512, 6, 2>(lay, a, s, e) }
+}
+
+/// # Safety
+/// The CPU supports NEON.
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon")]
+unsafe fn tile_neon(lay: &Layout<'_>, a: &TileArgs<'_>, s: &mut [f32], e: Emit<'_>) {
+    // SAFETY: our caller guarantees NEON.
+    unsafe { tile_generic::<Neon, 6, 2>(lay, a, s, e) }
+}

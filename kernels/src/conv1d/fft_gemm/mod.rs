@@ -1,0 +1,484 @@
+//! Dense and grouped conv1d with moderate filters and many channels:
+//! block FFT convolution whose channel mixing is one complex GEMM per
+//! frequency bin, weight spectra computed at prepare.
+//!
+//! Applies to stride 1 with any dilation, padding, bias and groups, where
+//! the dilated filter spans at most 96 samples. It wins where a group
+//! mixes many channels through a filter of about five taps or more (the
+//! conv stacks of Wav2Letter-style speech models: 250 channels, `K = 11`).
+//!
+//! # Method
+//!
+//! Output `l` of a group is `y[o][l] = bias[o] + Σ_c Σ_k h[o][c][k] ·
+//! xpad[c][l + k]`, with `h` the dilated filter of span `R + 1`
+//! (`R = dilation · (K − 1)`). Overlap-save cuts the outputs into blocks of
+//! `M`; block `j` reads the `L = M + R` padded samples from `j · M` on. In
+//! the real DFT of length `L` the circular cross-correlation is a product
+//! per bin, `Y_b = Σ_c conj(H_b[o][c]) · X_b[c]`, and it equals the linear
+//! one at the block's first `M` outputs. So per bin the channel mixing is a
+//! complex matrix product `[cout × cin] · [cin × blocks]`, where the direct
+//! convolution (and the `gemm` algorithm) spends `K` real multiply-adds per
+//! channel pair and output, this spends `(2L − 2) / M`: the two real bins
+//! (0 and `L/2`) one each, the `L/2 − 1` others four. For `K = 11` that is
+//! 2.8 at `L = 32` (`M = 22`) against 11, 3.9 times fewer. The transforms
+//! are cheap beside it: `L² / M` per input channel and `L` per output
+//! channel and output, against `(2L − 2) · cin · cout / M`.
+//!
+//! # Why this and not Winograd
+//!
+//! Winograd `F(m, r)` also mixes channels by one GEMM per transform point,
+//! at `(m + r − 1) / m` products per output, but its transforms use the
+//! points 0, ±1, ±2, ±1/2, ...: beyond about 8 points their condition
+//! number makes fp32 results useless, which for `r = 11` leaves `m` close
+//! to 1 and no saving. The DFT is orthogonal (its rounding error grows
+//! with `log L`), so blocks of 32 or 64 points are as accurate as the
+//! direct sum, and a product of complex numbers at four real
+//! multiply-adds costs the same per transform point as Winograd's real
+//! ones.
+//!
+//! # Transforms as small matrix products
+//!
+//! With `L` = 16 to 128 and thousands of blocks per call, the transforms
+//! are matrix products too: the `L × L` real DFT matrix `F` (rows: the
+//! real parts of bins 0 and `L/2`, then each other bin's real and
+//! imaginary parts, the *planes*) times an `L × NJ` window of `NJ` blocks'
+//! samples, and the `M × L` inverse `G` (scaled by `1/L`, with the factor
+//! 2 of the paired bins) times a channel's spectra. Run by the same SIMD
+//! micro-kernel as the channel mixing, vectorised across blocks, they cost
+//! `L²` multiply-adds per block where a radix FFT costs `~2.5 L log2 L`
+//! flops but runs one scalar block at a time: at these sizes the matrix
+//! form is the faster. realfft (rustfft) computes the weight spectra at
+//! prepare, in f64.
+//!
+//! The transform length is chosen at prepare by the cost model
+//! ([`cost`]), among 16, 32, 64 and 128 with `M >= L / 4`: longer
+//! transforms mean fewer products but more transform work per block and
+//! larger weight spectra (`L` floats per channel pair, against `K`).
+//!
+//! # Work split, scratch, fusion
+//!
+//! A tile is (batch item, group, run of `NJ` consecutive blocks, run of
+//! panels of output channels); `NJ` is one register row of the
+//! micro-kernels (32 blocks on AVX-512). A tile transforms its input,
+//! mixes, and transforms back one panel of output channels at a time,
+//! handing each finished output row (`NJ · M` positions) to the caller
+//! while in cache: stored, or passed to a fused epilogue (the
+//! [`RowSink`] of the delegate's fused programs: bias, ReLU and other
+//! elementwise ops run on the row, never as a pass of their own). The
+//! output channels are split into several runs only where there are too
+//! few tiles for the pool. Everything a tile needs (window, input spectra,
+//! a panel's output spectra, the row) is in its thread's scratch slot,
+//! sized at prepare; `run` allocates nothing. Each output is computed the
+//! same way whatever the split, so results do not depend on the number of
+//! threads.
+//!
+//! # Measured
+//!
+//! One thread, release, `calibrate_fft_gemm` in `tests.rs`, batch 1,
+//! "same" padding, on the 2-core AVX-512 AMD EPYC (Zen 5) VM this was
+//! developed on while other builds ran (so noisy); ms per call, the cost
+//! model's estimate in brackets:
+//!
+//! | shape                  | `gemm`      | `fft_gemm`  |
+//! |------------------------|-------------|-------------|
+//! | 250→250, K=11, N=4096  | 53.6 (60.3) | 18.2 (21.8) |
+//! | 256→256, K=5, N=4096   | 28.6 (28.7) | 17.2 (19.3) |
+//! | 128→128, K=7, N=4096   | 9.5 (10.3)  | 4.8 (5.5)   |
+//! | 64→64, K=11, N=4096    | 3.6 (4.3)   | 1.9 (1.9)   |
+//! | 32→32, K=11, N=4096    | 0.88 (1.17) | 0.68 (0.66) |
+//! | 512→512, K=3, N=2048   | 34.8 (34.0) | 36.9 (34.3) |
+//! | 250→250, K=11, N=512   | 11.4 (7.5)  | 4.4 (3.6)   |
+//!
+//! So [`RELATIVE_RATE`] = 0.8 puts the estimates within about 1.2× of the
+//! measurements and on the right side of the `gemm` ones (K = 3 with 512
+//! channels is a tie, and the model keeps the GEMM there). The weight
+//! spectra cost memory: `L / K` times the weights (`32 / 11` for the conv
+//! stack: 8 MB per 250-channel layer instead of 2.75).
+//!
+//! # Accuracy
+//!
+//! Transforms and products are fp32; the error is that of a length-`L`
+//! DFT, relative to the norms of a block's input and filter rather than to
+//! each output: on 250 channels, `K = 11`, inputs in ±1 the largest error
+//! against the f64 reference was below 2e-5 (outputs up to about 10); the
+//! tests bound it at 1e-4 absolute.
+
+#![allow(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+mod kernel;
+
+use rayon::prelude::*;
+use realfft::RealFftPlanner;
+
+use super::params::Conv1dGeometry;
+use crate::fused::RowSink;
+use crate::scratch::Scratch;
+use crate::simd::Backend;
+use kernel::{Block, Layout, TileArgs, TileKernel};
+
+/// Transform lengths prepare chooses among.
+const LENGTHS: [usize; 4] = [16, 32, 64, 128];
+/// Longest dilated filter span minus one (`R`) the algorithm takes: the
+/// largest length with `M >= L / 4`.
+const MAX_REACH: usize = 96;
+/// The channel mixing's multiply-add rate relative to the `gemm`
+/// algorithm's large-matrix rate: its complex micro-kernel loads two
+/// vectors and two broadcasts per four multiply-adds per row, and its
+/// output spectra are stored and read back. Calibrated with
+/// `calibrate_fft_gemm` in `tests.rs` (see [`cost`]).
+const RELATIVE_RATE: f64 = 0.8;
+/// Fixed seconds per tile (task set-up, panel loop).
+const SECONDS_PER_TILE: f64 = 0.5e-6;
+/// Tiles per pool thread the split aims for before it splits output
+/// channels (which repeats the forward transform per run).
+const TILES_PER_THREAD: usize = 2;
+
+/// Whether this algorithm computes `g`: stride 1, a dilated filter
+/// spanning at most `MAX_REACH + 1` samples, and some transform length
+/// within the scratch bound (up to 4096 input channels per group on
+/// AVX-512, at `L = 16`).
+pub(crate) fn applies(g: &Conv1dGeometry) -> bool {
+    g.params.stride == 1 && reach(g) <= MAX_REACH && lengths(g).next().is_some()
+}
+
+fn reach(g: &Conv1dGeometry) -> usize {
+    (g.params.kernel_size - 1) * g.params.dilation
+}
+
+/// Most floats of input spectra a tile keeps in its thread's scratch
+/// (`L · in_per_group · NJ`, 8 MB): wider groups would take the scratch
+/// far out of cache and into the hundreds of megabytes per thread.
+const MAX_SPECTRA_FLOATS: usize = 1 << 21;
+
+/// The transform lengths usable for `g`: `M = L − R >= L / 4`, and input
+/// spectra within [`MAX_SPECTRA_FLOATS`].
+fn lengths(g: &Conv1dGeometry) -> impl Iterator<Item = usize> {
+    let r = reach(g);
+    let per_length = g
+        .in_per_group
+        .saturating_mul(kernel::block(Backend::detect()).nj());
+    LENGTHS.into_iter().filter(move |&l| {
+        4 * (l - r.min(l)) >= l && per_length.saturating_mul(l) <= MAX_SPECTRA_FLOATS
+    })
+}
+
+/// Estimated single-thread seconds (see `cost.rs`) at the best length.
+///
+/// Multiply-adds: per (batch item, group) and tile of `NJ` blocks (padded
+/// blocks counted, as computed), the forward transform (`L²` per input
+/// channel and block, plus the window copy), the channel mixing
+/// (`2L − 2` per channel pair and block, output channels padded to the
+/// panel) and the inverse (`M · L` per output channel and block), at
+/// [`RELATIVE_RATE`] times the `gemm` algorithm's large-matrix rate. Bytes:
+/// the compulsory ones plus the weight spectra, which every tile streams
+/// once. The larger of the two, plus [`SECONDS_PER_TILE`] per tile.
+pub(crate) fn cost(g: &Conv1dGeometry) -> f64 {
+    lengths(g)
+        .map(|l| cost_at(g, l))
+        .min_by(f64::total_cmp)
+        .unwrap_or(f64::INFINITY)
+}
+
+fn cost_at(g: &Conv1dGeometry, l: usize) -> f64 {
+    use super::cost::{compulsory_bytes, roofline, DIRECT_MACS_PER_SEC};
+    let p = &g.params;
+    let block = kernel::block(Backend::detect());
+    let m = l - reach(g);
+    let tiles_per_row = g.out_len.div_ceil(m).div_ceil(block.nj()).max(1);
+    let cols = (tiles_per_row * block.nj()) as f64;
+    let (cin, cout) = (g.in_per_group as f64, g.out_per_group as f64);
+    let cout_pad = g.out_per_group.next_multiple_of(block.mr) as f64;
+    let lf = l as f64;
+    let forward = cin * cols * (lf * lf + lf);
+    let mixing = cout_pad * cin * cols * (2.0 * lf - 2.0);
+    let inverse = cout * cols * (m.next_multiple_of(block.mr) as f64 * lf + m as f64);
+    let outer = (p.batch * p.groups) as f64;
+    let macs = outer * (forward + mixing + inverse);
+    let rate = DIRECT_MACS_PER_SEC * super::gemm::SPEEDUP_OVER_DIRECT * RELATIVE_RATE;
+    let spectra = 4.0 * (p.groups * g.out_per_group * g.in_per_group * l) as f64;
+    let bytes = compulsory_bytes(g) + spectra * (p.batch * tiles_per_row) as f64;
+    let tiles = outer * tiles_per_row as f64;
+    roofline(macs, rate, bytes) + tiles * SECONDS_PER_TILE
+}
+
+/// The weight spectra, transform matrices and tile kernel, chosen at
+/// prepare; the geometry comes with every call.
+pub(crate) struct FftGemmConv {
+    /// Transform length and outputs per block.
+    l: usize,
+    m: usize,
+    /// `[group][panel][plane-pair][cin][MR][re, im]`: per panel of `MR`
+    /// output channels (the last padded with zeros), `conj(H_b)` for the
+    /// real bins 0 and `L/2` (`cin · MR` values each) and then each other
+    /// bin (`2 · cin · MR`), `cin · MR · L` values in all.
+    spectra: Box<[f32]>,
+    /// `F`, packed for the micro-kernel (see `kernel::Layout`).
+    fwd: Box<[f32]>,
+    /// `G`, packed likewise.
+    inv: Box<[f32]>,
+    kernel: TileKernel,
+    cin: usize,
+    cout: usize,
+}
+
+impl FftGemmConv {
+    /// Chooses the length by the cost model and computes the spectra of
+    /// `w` (`[out_channels, in_per_group, kernel_size]`).
+    pub(crate) fn prepare(g: &Conv1dGeometry, w: &[f32]) -> Self {
+        let l = lengths(g)
+            .min_by(|&a, &b| cost_at(g, a).total_cmp(&cost_at(g, b)))
+            .expect("applies() holds");
+        Self::with(g, w, Backend::detect(), l).expect("detected backend is available")
+    }
+
+    /// As [`Self::prepare`] with a given backend and length, or `None`
+    /// where this CPU lacks the backend.
+    pub(crate) fn with(g: &Conv1dGeometry, w: &[f32], backend: Backend, l: usize) -> Option<Self> {
+        let p = &g.params;
+        let kernel = TileKernel::new(backend)?;
+        let mr = kernel.block().mr;
+        let (cin, cout, taps) = (g.in_per_group, g.out_per_group, p.kernel_size);
+        let r = reach(g);
+        assert!(
+            l.is_multiple_of(4) && r < l,
+            "transform length {l} for reach {r}"
+        );
+        let m = l - r;
+        debug_assert_eq!(w.len(), g.weight_elems);
+
+        // Weight spectra, one channel pair per realfft call, in parallel
+        // over output channels (prepare may allocate).
+        let panels = cout.div_ceil(mr);
+        let panel_len = cin * mr * l;
+        let fft = RealFftPlanner::<f64>::new().plan_fft_forward(l);
+        let mut spectra = vec![0.0f32; p.groups * panels * panel_len].into_boxed_slice();
+        spectra
+            .par_chunks_mut(panel_len)
+            .enumerate()
+            .for_each(|(gp, panel)| {
+                let (group, pn) = (gp / panels, gp % panels);
+                let mut input = fft.make_input_vec();
+                let mut out = fft.make_output_vec();
+                for i in 0..mr.min(cout - pn * mr) {
+                    let o = group * cout + pn * mr + i;
+                    for c in 0..cin {
+                        input.fill(0.0);
+                        for k in 0..taps {
+                            input[k * p.dilation] = f64::from(w[(o * cin + c) * taps + k]);
+                        }
+                        fft.process(&mut input, &mut out)
+                            .expect("sizes from the plan");
+                        // conj(H_b): real part, minus the imaginary part.
+                        panel[c * mr + i] = out[0].re as f32;
+                        panel[cin * mr + c * mr + i] = out[l / 2].re as f32;
+                        for (b, h) in out.iter().enumerate().take(l / 2).skip(1) {
+                            let at = 2 * b * cin * mr + 2 * (c * mr + i);
+                            panel[at] = h.re as f32;
+                            panel[at + 1] = -h.im as f32;
+                        }
+                    }
+                }
+            });
+
+        // F: plane rows (re 0, re L/2, then re b, im b), tap columns.
+        let angle =
+            |b: usize, t: usize| 2.0 * std::f64::consts::PI * ((b * t) % l) as f64 / l as f64;
+        let plane = |row: usize, t: usize| -> f64 {
+            match row {
+                0 => 1.0,
+                1 => angle(l / 2, t).cos(),
+                _ if row.is_multiple_of(2) => angle(row / 2, t).cos(),
+                _ => -angle(row / 2, t).sin(),
+            }
+        };
+        let fwd = pack(l, l, mr, plane);
+        // G: output rows t, plane columns; y = (1/L)(Y0 + (−1)^t Y_{L/2}
+        // + 2 Σ_b (Re Y_b cos − Im Y_b sin)).
+        let inv = pack(m, l, mr, |t, col| {
+            let v = match col {
+                0 => 1.0,
+                1 => angle(l / 2, t).cos(),
+                _ if col.is_multiple_of(2) => 2.0 * angle(col / 2, t).cos(),
+                _ => -2.0 * angle(col / 2, t).sin(),
+            };
+            v / l as f64
+        });
+        Some(FftGemmConv {
+            l,
+            m,
+            spectra,
+            fwd,
+            inv,
+            kernel,
+            cin,
+            cout,
+        })
+    }
+
+    /// The transform length chosen.
+    #[cfg(test)]
+    pub(crate) fn length(&self) -> usize {
+        self.l
+    }
+
+    pub(crate) fn scratch_per_thread(&self) -> usize {
+        kernel::tile_scratch(self.l, self.m, self.cin, self.kernel.block())
+    }
+
+    /// Scratch with `y_temps` line temporaries for a fused epilogue.
+    pub(crate) fn rows_scratch(&self, y_temps: usize) -> usize {
+        self.scratch_per_thread() + y_temps * self.kernel.block().nj() * self.m
+    }
+
+    pub(crate) fn prepared_bytes(&self) -> usize {
+        4 * (self.spectra.len() + self.fwd.len() + self.inv.len())
+    }
+
+    /// Computes `y = conv1d(x, w) + bias` for `g` (the prepared static
+    /// parameters; batch and input length may be smaller). The caller has
+    /// checked every slice length and the scratch.
+    pub(crate) fn run(
+        &self,
+        g: &Conv1dGeometry,
+        x: &[f32],
+        bias: Option<&[f32]>,
+        y: &mut [f32],
+        scratch: &Scratch,
+    ) {
+        debug_assert_eq!(y.len(), g.output_elems);
+        self.run_tiles(g, x, bias, Dest::Stored(OutPtr(y.as_mut_ptr())), scratch);
+    }
+
+    /// [`Self::run`] with each output row handed to `sink` while in cache.
+    pub(crate) fn run_into(
+        &self,
+        g: &Conv1dGeometry,
+        x: &[f32],
+        bias: Option<&[f32]>,
+        sink: &dyn RowSink,
+        scratch: &Scratch,
+    ) {
+        self.run_tiles(g, x, bias, Dest::Sink(sink), scratch);
+    }
+
+    fn run_tiles(
+        &self,
+        g: &Conv1dGeometry,
+        x: &[f32],
+        bias: Option<&[f32]>,
+        dest: Dest<'_>,
+        scratch: &Scratch,
+    ) {
+        let p = &g.params;
+        let (cin, cout, m) = (self.cin, self.cout, self.m);
+        assert_eq!(
+            (g.in_per_group, g.out_per_group),
+            (cin, cout),
+            "prepared for another shape"
+        );
+        assert_eq!(reach(g), self.l - m, "prepared for another shape");
+        debug_assert_eq!(x.len(), g.input_elems);
+        if g.out_len == 0 || p.batch == 0 {
+            return;
+        }
+        let block: Block = self.kernel.block();
+        let nj = block.nj();
+        let panels = cout.div_ceil(block.mr);
+        let panel_len = cin * block.mr * self.l;
+        let col_tiles = g.out_len.div_ceil(m).div_ceil(nj);
+        let outer = p.batch * p.groups * col_tiles;
+        // Split output channels only where the pool would idle otherwise.
+        let want = TILES_PER_THREAD * rayon::current_num_threads();
+        let runs = want.div_ceil(outer).clamp(1, panels);
+        let per_run = panels.div_ceil(runs);
+        let runs = panels.div_ceil(per_run);
+        let lay = Layout {
+            l: self.l,
+            m,
+            cin,
+            cout,
+            fwd: &self.fwd,
+            inv: &self.inv,
+        };
+        (0..outer * runs).into_par_iter().for_each(|t| {
+            let (rest, run) = (t / runs, t % runs);
+            let (bg, tile) = (rest / col_tiles, rest % col_tiles);
+            let (b, group) = (bg / p.groups, bg % p.groups);
+            let j0 = tile * nj;
+            let args = TileArgs {
+                x: &x[(b * p.in_channels + group * cin) * p.in_len..][..cin * p.in_len],
+                in_len: p.in_len,
+                pad_left: p.pad_left,
+                j0,
+                blocks: (g.out_len.div_ceil(m) - j0).min(nj),
+                out_len: g.out_len,
+                spectra: &self.spectra[group * panels * panel_len..][..panels * panel_len],
+                panels: run * per_run..((run + 1) * per_run).min(panels),
+                bias: bias.map(|bias| &bias[group * cout..][..cout]),
+            };
+            let row0 = b * p.out_channels + group * cout;
+            let t0 = j0 * m;
+            scratch.with_slot(|slot| match dest {
+                Dest::Stored(out) => {
+                    let mut emit = |o: usize, values: &mut [f32], _: &mut [f32]| {
+                        let at = (row0 + o) * g.out_len + t0;
+                        // SAFETY: row `row0 + o`, positions t0 .. t0 +
+                        // values.len() <= out_len of `y`, which outlives
+                        // the loop; tiles cover disjoint (row, position)
+                        // sets (distinct batch item, group, output-channel
+                        // run or block run), so no other task writes them.
+                        let dst =
+                            unsafe { std::slice::from_raw_parts_mut(out.at(at), values.len()) };
+                        dst.copy_from_slice(values);
+                    };
+                    self.kernel.tile(&lay, &args, slot, &mut emit);
+                }
+                Dest::Sink(sink) => {
+                    let mut emit = |o: usize, values: &mut [f32], tmp: &mut [f32]| {
+                        sink.store(row0 + o, t0, values, tmp);
+                    };
+                    self.kernel.tile(&lay, &args, slot, &mut emit);
+                }
+            });
+        });
+    }
+}
+
+/// `rows × cols` values of `f(row, col)` packed for the micro-kernel:
+/// panels of `mr` rows (the last padded with zeros), `[panel][col][mr]`.
+fn pack(rows: usize, cols: usize, mr: usize, f: impl Fn(usize, usize) -> f64) -> Box<[f32]> {
+    let panels = rows.div_ceil(mr);
+    let mut out = vec![0.0f32; panels * cols * mr];
+    for r in 0..rows {
+        for c in 0..cols {
+            out[((r / mr) * cols + c) * mr + r % mr] = f(r, c) as f32;
+        }
+    }
+    out.into_boxed_slice()
+}
+
+/// Where rows go: the output tensor, or an epilogue.
+#[derive(Clone, Copy)]
+enum Dest<'a> {
+    Stored(OutPtr),
+    Sink(&'a dyn RowSink),
+}
+
+/// The output pointer, shared by the tile tasks (each writes only its own rows).
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint elements through it (see `run_tiles`).
+unsafe impl Send for OutPtr {}
+// SAFETY: as above.
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The element `offset` past the start (not dereferenced here).
+    fn at(self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
+    }
+}
+
+#[cfg(test)]
+mod tests;

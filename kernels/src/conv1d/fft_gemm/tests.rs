@@ -1,0 +1,378 @@
+use super::*;
+use crate::reference;
+use crate::test_support::{conv_params as params, Rng};
+use crate::{Algorithm, Choice, Conv1dParams, KernelError, PreparedConv1d};
+
+/// The accuracy the algorithm promises: absolute, against the reference.
+const ATOL: f32 = 1e-4;
+
+fn prepare(max: &Conv1dParams, w: &[f32]) -> PreparedConv1d {
+    let conv = PreparedConv1d::new(max, w, Choice::Force(Algorithm::FftGemm)).unwrap();
+    assert_eq!(conv.algorithm(), Algorithm::FftGemm);
+    assert!(!conv.reads_weights());
+    conv
+}
+
+/// `conv` at `p` into a NaN-filled buffer, so unwritten outputs fail.
+fn run(conv: &PreparedConv1d, p: &Conv1dParams, x: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
+    let mut y = vec![f32::NAN; p.output_elems().unwrap()];
+    let scratch = Scratch::new(rayon::current_num_threads(), conv.scratch_per_thread());
+    conv.run(p, x, None, bias, &mut y, &scratch).unwrap();
+    y
+}
+
+fn assert_close(got: &[f32], want: &[f32], atol: f32, context: &str) {
+    assert_eq!(got.len(), want.len(), "{context}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= atol,
+            "{context}: y[{i}] = {g}, reference {w}"
+        );
+    }
+}
+
+/// Dense, grouped, dilated; small and wide channels; K from 1 to 31;
+/// "same", causal, one-sided and no padding; lengths shorter and longer
+/// than one tile of blocks.
+fn grid() -> Vec<Conv1dParams> {
+    let mut out = Vec::new();
+    for &(cin, cout, groups) in &[(1, 1, 1), (3, 5, 1), (16, 16, 1), (40, 24, 1), (8, 12, 4)] {
+        for &k in &[1, 3, 5, 11, 31] {
+            for &n in &[1, 23, 300, 1100] {
+                for &(pl, pr) in &[(k / 2, k / 2), (k - 1, 0), (0, 0), (2, 7)] {
+                    let p = params(1, (cin, cout, groups), n, k, 1, (pl, pr), 1);
+                    if p.validate().is_ok() {
+                        out.push(p);
+                    }
+                }
+            }
+        }
+    }
+    out.push(params(2, (6, 10, 2), 97, 4, 1, (3, 3), 3));
+    out.push(params(3, (12, 7, 1), 64, 7, 1, (6, 0), 2));
+    out
+}
+
+#[test]
+fn grid_matches_reference_on_random_inputs() {
+    let mut rng = Rng::new(7);
+    for p in grid() {
+        let w = rng.vec(p.weight_elems(), -1.0, 1.0);
+        let bias = rng.vec(p.bias_elems(), -1.0, 1.0);
+        let x = rng.vec(p.input_elems(), -1.0, 1.0);
+        let conv = prepare(&p, &w);
+        for bias in [None, Some(&bias[..])] {
+            let want = reference::conv1d_f32(&p, &x, &w, bias).unwrap();
+            let got = run(&conv, &p, &x, bias);
+            assert_close(
+                &got,
+                &want,
+                ATOL,
+                &format!("{p:?}, bias {}", bias.is_some()),
+            );
+        }
+    }
+}
+
+#[test]
+fn structured_inputs_match_reference() {
+    // Ones and ramps: large, correlated sums where cancellation in the
+    // transforms would show.
+    for p in [
+        params(1, (16, 16, 1), 300, 11, 1, (5, 5), 1),
+        params(1, (40, 24, 1), 1100, 5, 1, (4, 0), 1),
+        params(2, (8, 12, 4), 77, 3, 1, (1, 1), 1),
+    ] {
+        let ones = |n| vec![1.0f32; n];
+        let ramp = |n: usize, modulus: usize, scale: f32| {
+            (0..n)
+                .map(|i| (i % modulus) as f32 * scale)
+                .collect::<Vec<_>>()
+        };
+        let inputs = [
+            ("ones", ones(p.input_elems()), ones(p.weight_elems())),
+            (
+                "ramps",
+                ramp(p.input_elems(), 64, 1.0 / 64.0),
+                ramp(p.weight_elems(), 7, 1.0 / 7.0),
+            ),
+        ];
+        let bias = ramp(p.bias_elems(), 5, 1.0);
+        for (kind, x, w) in &inputs {
+            let conv = prepare(&p, w);
+            for bias in [None, Some(&bias[..])] {
+                let want = reference::conv1d_f32(&p, x, w, bias).unwrap();
+                // Outputs here reach cin · K: the tolerance is relative to
+                // the largest, as the DFT's error is.
+                let scale = want.iter().fold(1.0f32, |a, v| a.max(v.abs()));
+                let got = run(&conv, &p, x, bias);
+                assert_close(&got, &want, ATOL * scale, &format!("{kind}: {p:?}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn conv_stack_layer_within_1e4() {
+    // The shape the algorithm is for, at a shorter length: 250 channels,
+    // K = 11, "same" padding, PyTorch's default init range.
+    let mut rng = Rng::new(11);
+    let p = params(1, (250, 250, 1), 700, 11, 1, (5, 5), 1);
+    let bound = 1.0 / ((250 * 11) as f32).sqrt();
+    let w = rng.vec(p.weight_elems(), -bound, bound);
+    let bias = rng.vec(p.bias_elems(), -bound, bound);
+    let x = rng.vec(p.input_elems(), -1.0, 1.0);
+    let conv = prepare(&p, &w);
+    let want = reference::conv1d_f32(&p, &x, &w, Some(&bias)).unwrap();
+    assert_close(&run(&conv, &p, &x, Some(&bias)), &want, ATOL, "conv stack");
+}
+
+#[test]
+fn every_length_and_backend_matches_reference() {
+    let mut rng = Rng::new(3);
+    for p in [
+        params(1, (24, 20, 1), 500, 11, 1, (5, 5), 1),
+        params(2, (9, 6, 3), 150, 3, 1, (0, 2), 2),
+    ] {
+        let g = p.geometry().unwrap();
+        let w = rng.vec(p.weight_elems(), -1.0, 1.0);
+        let bias = rng.vec(p.bias_elems(), -1.0, 1.0);
+        let x = rng.vec(p.input_elems(), -1.0, 1.0);
+        let want = reference::conv1d_f32(&p, &x, &w, Some(&bias)).unwrap();
+        for backend in Backend::all_available() {
+            for l in lengths(&g) {
+                let conv = FftGemmConv::with(&g, &w, backend, l).unwrap();
+                assert_eq!(conv.length(), l);
+                let scratch = Scratch::new(rayon::current_num_threads(), conv.scratch_per_thread());
+                let mut y = vec![f32::NAN; g.output_elems];
+                conv.run(&g, &x, Some(&bias), &mut y, &scratch);
+                assert_close(&y, &want, ATOL, &format!("{backend:?}, L = {l}: {p:?}"));
+            }
+        }
+    }
+}
+
+#[test]
+fn shorter_calls_than_prepared_match_reference() {
+    let mut rng = Rng::new(5);
+    let max = params(3, (10, 14, 1), 900, 9, 1, (4, 4), 1);
+    let w = rng.vec(max.weight_elems(), -1.0, 1.0);
+    let conv = prepare(&max, &w);
+    for (batch, in_len) in [(3, 900), (1, 17), (2, 500), (0, 10), (1, 1)] {
+        let p = Conv1dParams {
+            batch,
+            in_len,
+            ..max
+        };
+        let x = rng.vec(p.input_elems(), -1.0, 1.0);
+        let want = reference::conv1d_f32(&p, &x, &w, None).unwrap();
+        assert_close(&run(&conv, &p, &x, None), &want, ATOL, &format!("{p:?}"));
+    }
+}
+
+#[test]
+fn result_does_not_depend_on_pool_size() {
+    let mut rng = Rng::new(9);
+    let p = params(2, (32, 40, 1), 2000, 11, 1, (5, 5), 1);
+    let w = rng.vec(p.weight_elems(), -1.0, 1.0);
+    let x = rng.vec(p.input_elems(), -1.0, 1.0);
+    let conv = prepare(&p, &w);
+    let run_on = |threads| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| run(&conv, &p, &x, None))
+    };
+    let single = run_on(1);
+    for threads in [2, 3, 16] {
+        assert_eq!(run_on(threads), single, "{threads} threads");
+    }
+}
+
+#[test]
+fn refuses_stride_and_long_filters_at_prepare() {
+    for p in [
+        params(1, (4, 4, 1), 64, 3, 2, (1, 1), 1),
+        params(1, (4, 4, 1), 400, 98, 1, (0, 0), 1),
+        params(1, (4, 4, 1), 400, 20, 1, (0, 0), 6),
+        // Input spectra past the scratch bound at every length.
+        params(1, (1 << 14, 1, 1), 64, 3, 1, (1, 1), 1),
+    ] {
+        assert_eq!(
+            PreparedConv1d::new(
+                &p,
+                &vec![0.0; p.weight_elems()],
+                Choice::Force(Algorithm::FftGemm)
+            )
+            .err(),
+            Some(KernelError::NotApplicable {
+                algorithm: "fft_gemm"
+            }),
+            "{p:?}"
+        );
+    }
+    // The longest reach it takes.
+    let p = params(1, (2, 2, 1), 400, 97, 1, (0, 0), 1);
+    assert!(applies(&p.geometry().unwrap()));
+}
+
+#[test]
+fn cost_model_prefers_it_for_wide_dense_convs_with_long_filters_only() {
+    let choose = |p: &Conv1dParams| {
+        PreparedConv1d::new(p, &vec![0.0; p.weight_elems()], Choice::Auto)
+            .unwrap()
+            .algorithm()
+    };
+    // The conv stack layer.
+    assert_eq!(
+        choose(&params(1, (250, 250, 1), 4096, 11, 1, (5, 5), 1)),
+        Algorithm::FftGemm
+    );
+    // Short filters and few channels stay with the GEMM.
+    assert_eq!(
+        choose(&params(1, (256, 256, 1), 4096, 3, 1, (1, 1), 1)),
+        Algorithm::Gemm
+    );
+    assert_eq!(
+        choose(&params(1, (4, 4, 1), 4096, 11, 1, (5, 5), 1)),
+        Algorithm::Gemm
+    );
+    // Depthwise keeps its own kernels.
+    assert_ne!(
+        choose(&params(1, (64, 64, 64), 4096, 11, 1, (5, 5), 1)),
+        Algorithm::FftGemm
+    );
+}
+
+#[test]
+fn transform_matrices_invert_each_other() {
+    // G · F restricted to the block's outputs is the identity on the first
+    // M samples when the filter is a unit impulse: check through a
+    // one-channel conv with w = [1].
+    let p = params(1, (1, 1, 1), 100, 1, 1, (0, 0), 1);
+    let x: Vec<f32> = (0..100).map(|i| (i as f32 * 0.37).sin()).collect();
+    let conv = prepare(&p, &[1.0]);
+    assert_close(&run(&conv, &p, &x, None), &x, 1e-6, "identity");
+}
+
+/// Release-only timing of the conv stack layer against the GEMM:
+/// `cargo test --release -p rustconv-kernels calibrate_fft_gemm -- --ignored --nocapture`.
+#[test]
+#[ignore = "timing; run by hand in release"]
+fn calibrate_fft_gemm() {
+    use std::time::Instant;
+    for &(c, k, n) in &[
+        (250, 11, 4096),
+        (256, 5, 4096),
+        (128, 7, 4096),
+        (64, 11, 4096),
+        (32, 11, 4096),
+        (512, 3, 2048),
+        (250, 11, 512),
+    ] {
+        let p = params(1, (c, c, 1), n, k, 1, (k / 2, k / 2), 1);
+        let mut rng = Rng::new(1);
+        let w = rng.vec(p.weight_elems(), -0.1, 0.1);
+        let x = rng.vec(p.input_elems(), -1.0, 1.0);
+        let mut line = format!("C={c} K={k} N={n}:");
+        for a in [Algorithm::Gemm, Algorithm::FftGemm] {
+            let conv = PreparedConv1d::new(&p, &w, Choice::Force(a)).unwrap();
+            let scratch = Scratch::new(rayon::current_num_threads(), conv.scratch_per_thread());
+            let mut y = vec![0.0; p.output_elems().unwrap()];
+            let mut best = f64::INFINITY;
+            for _ in 0..5 {
+                let t = Instant::now();
+                conv.run(&p, &x, None, None, &mut y, &scratch).unwrap();
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+            let est = crate::estimate_cost(a, &p).unwrap();
+            line += &format!("  {} {:.2} ms (est {:.2})", a.name(), best * 1e3, est * 1e3);
+        }
+        println!("{line}");
+    }
+}
+
+/// An epilogue that applies ReLU and stores rows of `out_len`.
+struct ReluSink {
+    out: std::sync::Mutex<Vec<f32>>,
+    out_len: usize,
+}
+
+impl RowSink for ReluSink {
+    fn store(&self, row: usize, t0: usize, values: &[f32], _tmp: &mut [f32]) {
+        let mut out = self.out.lock().unwrap();
+        for (d, v) in out[row * self.out_len + t0..][..values.len()]
+            .iter_mut()
+            .zip(values)
+        {
+            *d = v.max(0.0);
+        }
+    }
+    fn temporaries(&self) -> usize {
+        0
+    }
+}
+
+#[test]
+fn fused_epilogue_gets_every_output_once_in_rows() {
+    use crate::fused::{RowsIn, RowsOut};
+    let mut rng = Rng::new(21);
+    let p = params(2, (20, 30, 1), 1500, 11, 1, (5, 5), 1);
+    let w = rng.vec(p.weight_elems(), -1.0, 1.0);
+    let bias = rng.vec(p.bias_elems(), -1.0, 1.0);
+    let x = rng.vec(p.input_elems(), -1.0, 1.0);
+    let conv = prepare(&p, &w);
+    assert!(conv.fuses_output() && !conv.fuses_input());
+    let out_len = p.out_len().unwrap();
+    let sink = ReluSink {
+        out: std::sync::Mutex::new(vec![f32::NAN; p.output_elems().unwrap()]),
+        out_len,
+    };
+    let scratch = Scratch::new(
+        rayon::current_num_threads(),
+        conv.rows_scratch_per_thread(0, 0),
+    );
+    conv.run_rows(
+        &p,
+        RowsIn::Slice(&x),
+        None,
+        Some(&bias),
+        RowsOut::Fused(&sink),
+        0,
+        0,
+        &scratch,
+    )
+    .unwrap();
+    let want: Vec<f32> = reference::conv1d_f32(&p, &x, &w, Some(&bias))
+        .unwrap()
+        .into_iter()
+        .map(|v| v.max(0.0))
+        .collect();
+    assert_close(
+        &sink.out.into_inner().unwrap(),
+        &want,
+        ATOL,
+        "relu epilogue",
+    );
+}
+
+#[test]
+fn depthwise_convs_keep_their_own_algorithms() {
+    // The bench's conv matrix (causal depthwise) at every size: the cost
+    // model never trades the depthwise kernels for this one.
+    for c in [512, 2048] {
+        for n in [64, 256, 1024, 2048, 4096, 16384] {
+            for k in [4, 32, 128] {
+                if k > n {
+                    continue;
+                }
+                let p = params(1, (c, c, c), n, k, 1, (k - 1, 0), 1);
+                let auto = PreparedConv1d::new(&p, &vec![0.0; p.weight_elems()], Choice::Auto)
+                    .unwrap()
+                    .algorithm();
+                assert_ne!(auto, Algorithm::FftGemm, "{p:?}");
+            }
+        }
+    }
+}
