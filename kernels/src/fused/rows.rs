@@ -330,6 +330,19 @@ impl<'a> SharedOut<'a> {
             "store past the end ({last} of {})",
             self.len
         );
+        if stride == 1 {
+            // The common case (a result stored as the kernel walks it): one
+            // vectorised copy instead of a strided loop.
+            // SAFETY: `start .. start + values.len()` is in bounds (checked
+            // above, `last` is its end); no other task writes these elements
+            // (see the Sync impl), nothing reads them during the kernel call
+            // (which holds the `&mut` borrow), and `values` is a separate
+            // buffer, so the ranges do not overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(values.as_ptr(), self.ptr.add(start), values.len())
+            };
+            return;
+        }
         for (t, &v) in values.iter().enumerate() {
             // SAFETY: in bounds (checked above); no other task writes this
             // element (see the Sync impl) and nothing reads it during the

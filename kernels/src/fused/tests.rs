@@ -619,6 +619,16 @@ fn a_store_outside_the_output_panics_instead_of_writing() {
     assert!(r.is_err());
     out.store_line_for_test(1, 2, &[5.0, 6.0]);
     assert_eq!(data, [0.0, 5.0, 0.0, 6.0]);
+    // The contiguous (copy) path: in bounds up to the last element, and
+    // refused one past it.
+    let mut data = vec![0.0; 4];
+    let out = SharedOut::new(&mut data);
+    out.store_line_for_test(1, 1, &[7.0, 8.0, 9.0]);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        out.store_line_for_test(2, 1, &[1.0, 2.0, 3.0])
+    }));
+    assert!(r.is_err());
+    assert_eq!(data, [0.0, 7.0, 8.0, 9.0]);
 }
 
 /// `e` evaluated through `eval_roots` with common subexpressions shared,
