@@ -417,6 +417,7 @@ impl Executable<'_> {
                 let b = bias.map(view);
                 let source;
                 let (x_in, x_temps) = match input {
+                    Source::Paired => unreachable!("only a scan's u is paired"),
                     Source::Stored(v) => (RowsIn::Slice(view(*v)), 0),
                     Source::Computed(p) if *stage_input => {
                         materialise(&ProgramRows::new(p, &env), out(x), row_len(x), scratch);
@@ -502,14 +503,23 @@ impl Executable<'_> {
                                 RowsOut::Fused(&sink)
                             }
                         };
-                        kernels::linear_scan_rows(
-                            &params,
-                            rows_in(x0, &r0, &env),
-                            rows_in(a, &ra, &env),
-                            rows_in(u, &ru, &env),
-                            y_out,
-                            scratch,
-                        )?
+                        match (&ra, u) {
+                            (Some(au), Source::Paired) => kernels::linear_scan_rows_pair(
+                                &params,
+                                rows_in(x0, &r0, &env),
+                                au,
+                                y_out,
+                                scratch,
+                            )?,
+                            _ => kernels::linear_scan_rows(
+                                &params,
+                                rows_in(x0, &r0, &env),
+                                rows_in(a, &ra, &env),
+                                rows_in(u, &ru, &env),
+                                y_out,
+                                scratch,
+                            )?,
+                        }
                     }
                 }
             }
@@ -521,7 +531,7 @@ impl Executable<'_> {
 /// The rows of a computed scan operand (`scalar`: one per row, `x0`).
 fn program_rows<'a>(source: &'a Source, env: &'a dyn Env, scalar: bool) -> Option<ProgramRows<'a>> {
     match source {
-        Source::Stored(_) => None,
+        Source::Stored(_) | Source::Paired => None,
         Source::Computed(p) if scalar => Some(ProgramRows::scalar_rows(p, env)),
         Source::Computed(p) => Some(ProgramRows::new(p, env)),
     }
@@ -537,6 +547,7 @@ fn rows_in<'a>(
         (Source::Stored(v), _) => RowsIn::Slice(env.data(*v)),
         (Source::Computed(_), Some(r)) => RowsIn::Fused(r),
         (Source::Computed(_), None) => unreachable!("computed sources have rows"),
+        (Source::Paired, _) => unreachable!("a paired u is computed with a"),
     }
 }
 

@@ -17,6 +17,10 @@ use crate::graph::{GraphDesc, NodeDesc, OpDesc, Operand, Role};
 pub enum Source {
     Stored(usize),
     Computed(Program),
+    /// A scan's `u` computed by `a`'s program, as its second root: the two
+    /// share subexpressions (`softplus(p)` in `exp(-softplus(p) * A)` and
+    /// `softplus(p) * x`), which one evaluation computes once per chunk.
+    Paired,
 }
 
 /// What an anchor's output goes through before it is stored.
@@ -204,13 +208,21 @@ impl Context<'_> {
                             epilogue,
                         }
                     }
-                    OpDesc::LinearScan { x0, a, u, .. } => KernelBody::LinearScan {
-                        node: anchor,
-                        x0: source(x0)?,
-                        a: source(a)?,
-                        u: source(u)?,
-                        epilogue,
-                    },
+                    OpDesc::LinearScan { x0, a, u, .. } => {
+                        let (a, u) = match (source(a)?, source(u)?) {
+                            (Source::Computed(_), Source::Computed(_)) => {
+                                self.paired(&nodes, a, u).map_err(&bad)?
+                            }
+                            other => other,
+                        };
+                        KernelBody::LinearScan {
+                            node: anchor,
+                            x0: source(x0)?,
+                            a,
+                            u,
+                            epilogue,
+                        }
+                    }
                     _ => unreachable!("anchors are convs and scans"),
                 }
             }
@@ -248,6 +260,22 @@ impl Context<'_> {
         } else {
             self.program(nodes, None, v).map(Source::Computed)
         }
+    }
+
+    /// Two computed operands `a` and `u`: one program with both as roots
+    /// where they share a computed subexpression, else one each.
+    fn paired(&self, nodes: &Range<usize>, a: usize, u: usize) -> Result<(Source, Source), String> {
+        let mut b = self.builder(nodes, None);
+        let roots = vec![b.value(a)?, b.value(u)?];
+        let mut program = b.program;
+        program.set_roots(roots);
+        if program.shared() == 0 {
+            return Ok((
+                Source::Computed(self.program(nodes, None, a)?),
+                Source::Computed(self.program(nodes, None, u)?),
+            ));
+        }
+        Ok((Source::Computed(program), Source::Paired))
     }
 
     /// The anchor's epilogue up to `result`, or None when the anchor's
@@ -316,16 +344,24 @@ impl Context<'_> {
         anchor_out: Option<usize>,
         root: usize,
     ) -> Result<Program, String> {
-        let mut b = ProgramBuilder {
+        let mut b = self.builder(nodes, anchor_out);
+        b.value(root)?;
+        Ok(b.program)
+    }
+
+    fn builder<'a>(
+        &'a self,
+        nodes: &'a Range<usize>,
+        anchor_out: Option<usize>,
+    ) -> ProgramBuilder<'a> {
+        ProgramBuilder {
             ctx: self,
             nodes,
             anchor_out,
             program: Program::default(),
             memo: HashMap::new(),
             through_anchor: Vec::new(),
-        };
-        b.value(root)?;
-        Ok(b.program)
+        }
     }
 }
 

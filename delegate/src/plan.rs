@@ -325,12 +325,13 @@ fn source_loads(source: &Source) -> Vec<usize> {
     match source {
         Source::Stored(v) => vec![*v],
         Source::Computed(p) => p.loads().collect(),
+        Source::Paired => Vec::new(),
     }
 }
 
 fn program_temps(source: &Source) -> usize {
     match source {
-        Source::Stored(_) => 0,
+        Source::Stored(_) | Source::Paired => 0,
         Source::Computed(p) => p.temporaries(),
     }
 }
@@ -466,11 +467,18 @@ impl Step {
             } => {
                 let computed = [x0, a, u]
                     .iter()
-                    .filter(|s| matches!(s, Source::Computed(_)))
+                    .filter(|s| matches!(s, Source::Computed(_) | Source::Paired))
                     .count();
                 let prologue = match computed {
                     0 => String::new(),
                     n => format!(", prologue of {n} operand(s) in its loops"),
+                };
+                let prologue = match (a, u) {
+                    (Source::Computed(p), Source::Paired) => format!(
+                        "{prologue}, a and u together ({} shared subexpression(s) once)",
+                        p.shared()
+                    ),
+                    _ => prologue,
                 };
                 let epilogue = if epilogue.is_some() {
                     ", epilogue in its loops"

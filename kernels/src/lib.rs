@@ -61,6 +61,8 @@ pub use conv1d::{
 };
 pub use error::KernelError;
 pub use fused::{Shape, MAX_RANK};
-pub use scan::{linear_scan_f32, linear_scan_rows, scan_rows_scratch, ScanParams};
+pub use scan::{
+    linear_scan_f32, linear_scan_rows, linear_scan_rows_pair, scan_rows_scratch, ScanParams,
+};
 pub use scratch::Scratch;
 pub use simd::vector_instructions;

@@ -20,8 +20,8 @@ use rustconv_kernels::fused::{
     RowSink, RowSource, RowsIn, RowsOut, StoreView, UnaryOp,
 };
 use rustconv_kernels::{
-    conv1d_f32, linear_scan_f32, linear_scan_rows, scan_rows_scratch, Algorithm, Choice,
-    Conv1dParams, PreparedConv1d, ScanParams, Scratch, Shape,
+    conv1d_f32, linear_scan_f32, linear_scan_rows, linear_scan_rows_pair, scan_rows_scratch,
+    Algorithm, Choice, Conv1dParams, PreparedConv1d, ScanParams, Scratch, Shape,
 };
 
 /// Stored tensors by index, for the fused programs.
@@ -275,12 +275,35 @@ fn main() {
         },
         3,
     );
+    // The scan's `a` (coef's root) and `u = softplus(x1) * x2` from one
+    // program: softplus computed once per chunk (a shared node).
+    let mut pair = coef.clone();
+    let a_root = pair.root();
+    let x2 = pair.push(Expr::Load, 1);
+    let su = pair.push(
+        Expr::Binary {
+            op: BinaryOp::Mul,
+            a: sp,
+            b: x2,
+        },
+        4,
+    );
+    let u_root = pair.push(
+        Expr::View {
+            x: su,
+            map: transpose,
+        },
+        3,
+    );
+    pair.set_roots(vec![a_root, u_root]);
+    assert_eq!(pair.shared(), 1);
     let views = [StoreView {
         map: transpose,
         rank: 3,
     }];
     let mut fused_out = vec![0.0; fc * fn_];
     let mut scan_out = vec![0.0; fc * fn_];
+    let mut pair_out = vec![0.0; fc * fn_];
     let mut pass_out = vec![0.0; fc * fn_];
     let mut drained = vec![0.0; fc * fn_];
     let fscan = ScanParams {
@@ -289,10 +312,15 @@ fn main() {
         len: fn_,
     };
     let fx0 = vec![0.0; fc];
-    let temps = [pro.temporaries(), 1 + epi.temporaries(), coef.temporaries()]
-        .into_iter()
-        .max()
-        .unwrap();
+    let temps = [
+        pro.temporaries(),
+        1 + epi.temporaries(),
+        coef.temporaries(),
+        pair.temporaries(),
+    ]
+    .into_iter()
+    .max()
+    .unwrap();
     // A dense fft_gemm conv with the same epilogue fused into its output
     // rows.
     let fdense_params = Conv1dParams {
@@ -402,6 +430,14 @@ fn main() {
                 &scratch,
             )
             .unwrap();
+            linear_scan_rows_pair(
+                &fscan,
+                RowsIn::Slice(&fx0),
+                &ProgramRows::new(&pair, &env),
+                RowsOut::Slice(&mut pair_out),
+                &scratch,
+            )
+            .unwrap();
             materialise(&ProgramRows::new(&coef, &env), &mut pass_out, fn_, &scratch);
             let sink = EpilogueSink::new(
                 &epi,
@@ -448,7 +484,14 @@ fn main() {
         assert!(y.iter().all(|v| v.is_finite() && *v >= 1.0), "{p:?}");
         assert!(y.iter().any(|v| *v > 1.0), "{p:?}");
     }
-    for out in [&fused_out, &scan_out, &pass_out, &drained, &fdense_out] {
+    for out in [
+        &fused_out,
+        &scan_out,
+        &pair_out,
+        &pass_out,
+        &drained,
+        &fdense_out,
+    ] {
         assert!(out.iter().all(|v| v.is_finite() && *v > 0.0));
     }
     println!("no_alloc: kernels made no heap allocation, fused ones included");

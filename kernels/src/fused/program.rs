@@ -99,13 +99,47 @@ impl Line {
     }
 }
 
-/// An expression tree in topological order; the last node is the root.
+/// Shared nodes whose lines one evaluation keeps (further ones are
+/// recomputed at each use).
+pub const MAX_SHARED: usize = 8;
+
+/// An expression tree in topological order (a DAG: a node may be the
+/// operand of several); the last node is the root, unless [`Program::set_roots`]
+/// names several.
+///
+/// A computing node read by more than one parent (a common subexpression,
+/// such as `softplus(p)` feeding both a scan's `a` and `u`) is *shared*: one
+/// evaluation computes its line once, keeps it in a line-sized slot of the
+/// temporaries and copies it to every later use of the same line.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Program {
     nodes: Vec<Node>,
-    /// Per node, the line-sized temporaries evaluating it needs (kept as
-    /// nodes are pushed, so asking costs nothing at run time).
-    temporaries: Vec<usize>,
+    /// Per node, what evaluating it needs (kept as nodes are pushed, so
+    /// asking costs nothing at run time).
+    meta: Vec<Meta>,
+    /// Slots assigned so far.
+    slots: usize,
+    /// The results, when not just the last node.
+    roots: Vec<usize>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Meta {
+    /// Line-sized temporaries, not counting the shared nodes' slots.
+    temporaries: usize,
+    /// How many later nodes (and roots) read it.
+    uses: u32,
+    /// Its slot when it is shared.
+    slot: Option<u8>,
+}
+
+/// The lines of shared nodes one evaluation has computed.
+struct Memo<'a> {
+    /// Per slot, the line and length it holds.
+    keys: [Option<(Line, usize)>; MAX_SHARED],
+    /// `MAX_SHARED` slots of `len` elements.
+    data: &'a mut [f32],
+    len: usize,
 }
 
 impl Program {
@@ -117,22 +151,42 @@ impl Program {
         let n = self.nodes.len();
         for operand in operands(&expr) {
             assert!(operand < n, "operand {operand} of node {n} is not earlier");
+            self.use_node(operand);
         }
-        let need = &self.temporaries;
-        self.temporaries.push(match expr {
+        let need = |i: usize| self.meta[i].temporaries;
+        let temporaries = match expr {
             Expr::Load | Expr::Anchor | Expr::Const(_) => 0,
             Expr::Unary { x, .. }
             | Expr::Clamp { x, .. }
             | Expr::Broadcast { x }
             | Expr::View { x, .. }
-            | Expr::Slice { x, .. } => need[x],
+            | Expr::Slice { x, .. } => need(x),
             // `b` is evaluated while `a`'s values wait in the output.
-            Expr::Binary { a, b, .. } => need[a].max(1 + need[b]),
-            Expr::Where { cond, a, b } => need[a].max(1 + need[b]).max(2 + need[cond]),
-            Expr::Cat { ref parts, .. } => parts.iter().map(|&p| need[p]).max().unwrap_or(0),
+            Expr::Binary { a, b, .. } => need(a).max(1 + need(b)),
+            Expr::Where { cond, a, b } => need(a).max(1 + need(b)).max(2 + need(cond)),
+            Expr::Cat { ref parts, .. } => parts.iter().map(|&p| need(p)).max().unwrap_or(0),
+        };
+        self.meta.push(Meta {
+            temporaries,
+            uses: 0,
+            slot: None,
         });
         self.nodes.push(Node { expr, value });
         n
+    }
+
+    /// Counts a read of node `i`; a computing node read twice gets a slot.
+    fn use_node(&mut self, i: usize) {
+        let computes = matches!(
+            self.nodes[i].expr,
+            Expr::Unary { .. } | Expr::Binary { .. } | Expr::Where { .. } | Expr::Clamp { .. }
+        );
+        let meta = &mut self.meta[i];
+        meta.uses += 1;
+        if meta.uses == 2 && meta.slot.is_none() && computes && self.slots < MAX_SHARED {
+            meta.slot = Some(self.slots as u8);
+            self.slots += 1;
+        }
     }
 
     /// The nodes, root last.
@@ -140,12 +194,47 @@ impl Program {
         &self.nodes
     }
 
-    /// Index of the root (the last node).
+    /// Index of the (first) root: the last node unless [`Self::set_roots`]
+    /// named others.
     ///
     /// # Panics
     /// If the program is empty.
     pub fn root(&self) -> usize {
-        self.nodes.len().checked_sub(1).expect("empty program")
+        match self.roots.first() {
+            Some(&r) => r,
+            None => self.nodes.len().checked_sub(1).expect("empty program"),
+        }
+    }
+
+    /// Makes the program compute several results, evaluated together by
+    /// [`Self::eval_roots`] (their common subexpressions once).
+    ///
+    /// # Panics
+    /// If a root is not a node.
+    pub fn set_roots(&mut self, roots: Vec<usize>) {
+        assert!(
+            roots.iter().all(|&r| r < self.nodes.len()),
+            "root is not a node"
+        );
+        for &r in &roots {
+            // A root also read by another root is shared too.
+            self.use_node(r);
+        }
+        self.roots = roots;
+    }
+
+    /// The results: the roots [`Self::set_roots`] named, or the last node.
+    pub fn roots(&self) -> Vec<usize> {
+        if self.roots.is_empty() {
+            vec![self.root()]
+        } else {
+            self.roots.clone()
+        }
+    }
+
+    /// Nodes whose line one evaluation computes once for all its uses.
+    pub fn shared(&self) -> usize {
+        self.slots
     }
 
     /// Whether some node is the anchor's output.
@@ -161,9 +250,19 @@ impl Program {
             .map(|n| n.value)
     }
 
-    /// How many line-sized temporaries [`Self::eval`] needs for the root.
+    /// How many line-sized temporaries [`Self::eval`] and
+    /// [`Self::eval_roots`] need: the roots' own and a slot per shared node.
     pub fn temporaries(&self) -> usize {
-        self.temporaries.last().copied().unwrap_or(0)
+        let own = if self.roots.is_empty() {
+            self.meta.last().map_or(0, |m| m.temporaries)
+        } else {
+            self.roots
+                .iter()
+                .map(|&r| self.meta[r].temporaries)
+                .max()
+                .unwrap_or(0)
+        };
+        own + self.slots
     }
 
     /// Writes the root's elements along `line` (in the root's coordinates)
@@ -183,9 +282,48 @@ impl Program {
         out: &mut [f32],
         tmp: &mut [f32],
     ) {
-        self.eval_node(self.root(), env, anchor, line, out, tmp);
+        let (slots, tmp) = tmp.split_at_mut(self.slots * out.len());
+        let mut memo = Memo {
+            keys: [None; MAX_SHARED],
+            data: slots,
+            len: out.len(),
+        };
+        self.eval_node(self.root(), env, anchor, line, out, tmp, &mut memo);
     }
 
+    /// [`Self::eval`] for every root ([`Self::roots`]) into `outs` (one per
+    /// root, equally long), computing each shared node's line once.
+    ///
+    /// # Panics
+    /// As [`Self::eval`]; also if `outs` does not hold one line per root.
+    pub fn eval_roots(
+        &self,
+        env: &dyn Env,
+        anchor: &[f32],
+        line: &Line,
+        outs: &mut [&mut [f32]],
+        tmp: &mut [f32],
+    ) {
+        let roots = if self.roots.is_empty() {
+            &[self.root()][..]
+        } else {
+            &self.roots[..]
+        };
+        assert_eq!(outs.len(), roots.len(), "one output per root");
+        let len = outs.first().map_or(0, |o| o.len());
+        let (slots, tmp) = tmp.split_at_mut(self.slots * len);
+        let mut memo = Memo {
+            keys: [None; MAX_SHARED],
+            data: slots,
+            len,
+        };
+        for (&root, out) in roots.iter().zip(outs.iter_mut()) {
+            assert_eq!(out.len(), len, "outputs of one length");
+            self.eval_node(root, env, anchor, line, out, tmp, &mut memo);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn eval_node(
         &self,
         i: usize,
@@ -194,6 +332,33 @@ impl Program {
         line: &Line,
         out: &mut [f32],
         tmp: &mut [f32],
+        memo: &mut Memo,
+    ) {
+        let len = out.len();
+        let slot = self.meta[i].slot.map(usize::from);
+        if let Some(k) = slot {
+            if memo.keys[k] == Some((*line, len)) {
+                out.copy_from_slice(&memo.data[k * memo.len..][..len]);
+                return;
+            }
+        }
+        self.compute_node(i, env, anchor, line, out, tmp, memo);
+        if let Some(k) = slot {
+            memo.data[k * memo.len..][..len].copy_from_slice(out);
+            memo.keys[k] = Some((*line, len));
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn compute_node(
+        &self,
+        i: usize,
+        env: &dyn Env,
+        anchor: &[f32],
+        line: &Line,
+        out: &mut [f32],
+        tmp: &mut [f32],
+        memo: &mut Memo,
     ) {
         let len = out.len();
         let node = &self.nodes[i];
@@ -202,25 +367,25 @@ impl Program {
             Expr::Anchor => out.copy_from_slice(&anchor[..len]),
             Expr::Const(c) => out.fill(c),
             Expr::Unary { op, x } => {
-                self.eval_node(x, env, anchor, line, out, tmp);
+                self.eval_node(x, env, anchor, line, out, tmp, memo);
                 op.apply(out);
             }
             Expr::Clamp { x, min, max } => {
-                self.eval_node(x, env, anchor, line, out, tmp);
+                self.eval_node(x, env, anchor, line, out, tmp, memo);
                 clamp(out, min, max);
             }
             Expr::Binary { op, a, b } => {
-                self.eval_node(a, env, anchor, line, out, tmp);
+                self.eval_node(a, env, anchor, line, out, tmp, memo);
                 let (bv, rest) = tmp.split_at_mut(len);
-                self.eval_node(b, env, anchor, line, bv, rest);
+                self.eval_node(b, env, anchor, line, bv, rest, memo);
                 op.apply(out, bv);
             }
             Expr::Where { cond, a, b } => {
-                self.eval_node(a, env, anchor, line, out, tmp);
+                self.eval_node(a, env, anchor, line, out, tmp, memo);
                 let (bv, rest) = tmp.split_at_mut(len);
-                self.eval_node(b, env, anchor, line, bv, rest);
+                self.eval_node(b, env, anchor, line, bv, rest, memo);
                 let (cv, rest) = rest.split_at_mut(len);
-                self.eval_node(cond, env, anchor, line, cv, rest);
+                self.eval_node(cond, env, anchor, line, cv, rest, memo);
                 select(cv, out, bv);
             }
             Expr::Broadcast { x } => {
@@ -233,7 +398,7 @@ impl Program {
                         child.step[d] = line.step[d + lead];
                     }
                 }
-                self.eval_node(x, env, anchor, &child, out, tmp);
+                self.eval_node(x, env, anchor, &child, out, tmp, memo);
             }
             Expr::Slice {
                 x,
@@ -245,7 +410,7 @@ impl Program {
                 let mut child = *line;
                 child.base[dim] = resolve_start(start, size) + step * line.base[dim];
                 child.step[dim] = step * line.step[dim];
-                self.eval_node(x, env, anchor, &child, out, tmp);
+                self.eval_node(x, env, anchor, &child, out, tmp, memo);
             }
             Expr::View { x, map } => {
                 let mut child = Line::default();
@@ -255,7 +420,7 @@ impl Program {
                         child.step[m as usize] = line.step[d];
                     }
                 }
-                self.eval_node(x, env, anchor, &child, out, tmp);
+                self.eval_node(x, env, anchor, &child, out, tmp, memo);
             }
             Expr::Cat { ref parts, dim } => {
                 let (base, step) = (line.base[dim], line.step[dim]);
@@ -285,7 +450,7 @@ impl Program {
                         child.base[d] += t0 * line.step[d];
                     }
                     child.base[dim] -= lo;
-                    self.eval_node(part, env, anchor, &child, &mut out[t0..t1], tmp);
+                    self.eval_node(part, env, anchor, &child, &mut out[t0..t1], tmp, memo);
                 }
             }
         }

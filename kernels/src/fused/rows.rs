@@ -42,6 +42,25 @@ pub trait RowSource: Sync {
     }
 }
 
+/// Computes two operands of a kernel together: a prologue whose results
+/// share subexpressions (a scan's `a = exp(-softplus(p) * A)` and
+/// `u = softplus(p) * x`), each computed once per line.
+pub trait PairSource: Sync {
+    /// Writes elements `t0 .. t0 + first.len()` of row `row` of both
+    /// operands (`first` and `second` equally long). `tmp` holds at least
+    /// `self.pair_temporaries() * first.len()` elements.
+    fn fill_pair(
+        &self,
+        row: usize,
+        t0: usize,
+        first: &mut [f32],
+        second: &mut [f32],
+        tmp: &mut [f32],
+    );
+    /// Line-sized temporaries `fill_pair` needs.
+    fn pair_temporaries(&self) -> usize;
+}
+
 /// Finishes and stores a kernel's output (a fused epilogue).
 pub trait RowSink: Sync {
     /// Takes the kernel's elements `t0 .. t0 + values.len()` of row `row`.
@@ -164,10 +183,11 @@ fn unravel(mut row: usize, shape: &Shape, dims: usize) -> [usize; MAX_RANK] {
     base
 }
 
-impl RowSource for ProgramRows<'_> {
-    fn fill(&self, row: usize, t0: usize, out: &mut [f32], tmp: &mut [f32]) {
+impl ProgramRows<'_> {
+    /// The line of row `row` from element `t0` (in the root's coordinates).
+    fn row_line(&self, row: usize, t0: usize) -> Line {
         let rank = self.shape.rank();
-        let line = if self.scalar_rows {
+        if self.scalar_rows {
             Line {
                 base: unravel(row, &self.shape, rank),
                 step: [0; MAX_RANK],
@@ -176,7 +196,34 @@ impl RowSource for ProgramRows<'_> {
             let mut base = unravel(row, &self.shape, rank - 1);
             base[rank - 1] = t0;
             Line::along(base, rank - 1)
-        };
+        }
+    }
+}
+
+/// A program with two roots of one shape ([`Program::set_roots`]) read as
+/// rows of both.
+impl PairSource for ProgramRows<'_> {
+    fn fill_pair(
+        &self,
+        row: usize,
+        t0: usize,
+        first: &mut [f32],
+        second: &mut [f32],
+        tmp: &mut [f32],
+    ) {
+        let line = self.row_line(row, t0);
+        self.program
+            .eval_roots(self.env, &[], &line, &mut [first, second], tmp);
+    }
+
+    fn pair_temporaries(&self) -> usize {
+        self.program.temporaries()
+    }
+}
+
+impl RowSource for ProgramRows<'_> {
+    fn fill(&self, row: usize, t0: usize, out: &mut [f32], tmp: &mut [f32]) {
+        let line = self.row_line(row, t0);
         self.program.eval(self.env, &[], &line, out, tmp);
     }
 
@@ -283,6 +330,19 @@ impl<'a> SharedOut<'a> {
             "store past the end ({last} of {})",
             self.len
         );
+        if stride == 1 {
+            // The common case (a result stored as the kernel walks it): one
+            // vectorised copy instead of a strided loop.
+            // SAFETY: `start .. start + values.len()` is in bounds (checked
+            // above, `last` is its end); no other task writes these elements
+            // (see the Sync impl), nothing reads them during the kernel call
+            // (which holds the `&mut` borrow), and `values` is a separate
+            // buffer, so the ranges do not overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(values.as_ptr(), self.ptr.add(start), values.len())
+            };
+            return;
+        }
         for (t, &v) in values.iter().enumerate() {
             // SAFETY: in bounds (checked above); no other task writes this
             // element (see the Sync impl) and nothing reads it during the

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::conv1d::{Algorithm, Choice, Conv1dParams, PreparedConv1d};
-use crate::scan::{linear_scan_rows, scan_rows_scratch, ScanParams};
+use crate::scan::{linear_scan_rows, linear_scan_rows_pair, scan_rows_scratch, ScanParams};
 use crate::scratch::Scratch;
 use crate::test_support::Rng;
 
@@ -501,6 +501,95 @@ fn fused_scan_matches_the_plain_scan() {
             "element {i}: {g} vs {w}"
         );
     }
+    // `a` and `u` from one program with both as roots: `dt` (and `p`'s
+    // load) shared, computed once per chunk; the same result.
+    let mut pj = Program::default();
+    let lp = pj.push(Expr::Load, pp);
+    let dt = pj.push(
+        Expr::Unary {
+            op: UnaryOp::Softplus,
+            x: lp,
+        },
+        full,
+    );
+    let la = pj.push(Expr::Load, big_a);
+    let ab = pj.push(Expr::Broadcast { x: la }, full);
+    let m = pj.push(
+        Expr::Binary {
+            op: BinaryOp::Mul,
+            a: dt,
+            b: ab,
+        },
+        full,
+    );
+    let ng = pj.push(
+        Expr::Unary {
+            op: UnaryOp::Neg,
+            x: m,
+        },
+        full,
+    );
+    let ra = pj.push(
+        Expr::Unary {
+            op: UnaryOp::Exp,
+            x: ng,
+        },
+        full,
+    );
+    let lx = pj.push(Expr::Load, xin);
+    let ru = pj.push(
+        Expr::Binary {
+            op: BinaryOp::Mul,
+            a: dt,
+            b: lx,
+        },
+        full,
+    );
+    pj.set_roots(vec![ra, ru]);
+    assert_eq!(pj.shared(), 1, "dt is the one computed node read twice");
+    let mut paired = vec![0.0; want.len()];
+    let sink = EpilogueSink::new(
+        &epi,
+        &env,
+        Shape::new(&[b, c, n]),
+        &[],
+        &mut paired,
+        Shape::new(&[b, c, n]),
+    );
+    let joint = ProgramRows::new(&pj, &env);
+    let temps = pj.temporaries().max(sink.temporaries());
+    let scratch = Scratch::new(2, scan_rows_scratch(temps));
+    pool.install(|| {
+        linear_scan_rows_pair(
+            &p,
+            RowsIn::Fused(&sx0),
+            &joint,
+            RowsOut::Fused(&sink),
+            &scratch,
+        )
+    })
+    .unwrap();
+    for (i, (g, w)) in paired.iter().zip(&got).enumerate() {
+        assert!(
+            (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+            "paired, element {i}: {g} vs {w}"
+        );
+    }
+    // Scratch without room for the joint program's shared slot: a typed
+    // error, not an out-of-bounds slice.
+    let small = Scratch::new(2, scan_rows_scratch(pj.temporaries() - 1));
+    let mut plain = vec![0.0; want.len()];
+    let r = pool.install(|| {
+        linear_scan_rows_pair(
+            &p,
+            RowsIn::Fused(&sx0),
+            &joint,
+            RowsOut::Slice(&mut plain),
+            &small,
+        )
+    });
+    assert!(r.is_err(), "too little scratch is refused");
+
     // Stored operands and a stored output through the same entry point.
     let mut y2 = vec![0.0; want.len()];
     let scratch = Scratch::new(2, scan_rows_scratch(0));
@@ -530,4 +619,196 @@ fn a_store_outside_the_output_panics_instead_of_writing() {
     assert!(r.is_err());
     out.store_line_for_test(1, 2, &[5.0, 6.0]);
     assert_eq!(data, [0.0, 5.0, 0.0, 6.0]);
+    // The contiguous (copy) path: in bounds up to the last element, and
+    // refused one past it.
+    let mut data = vec![0.0; 4];
+    let out = SharedOut::new(&mut data);
+    out.store_line_for_test(1, 1, &[7.0, 8.0, 9.0]);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        out.store_line_for_test(2, 1, &[1.0, 2.0, 3.0])
+    }));
+    assert!(r.is_err());
+    assert_eq!(data, [0.0, 7.0, 8.0, 9.0]);
+}
+
+/// `e` evaluated through `eval_roots` with common subexpressions shared,
+/// against the same expressions each in its own program (no node read
+/// twice), on lines of several lengths and through a cat (sub-lines).
+#[test]
+fn shared_subexpressions_are_computed_once_and_give_the_same_values() {
+    let mut rng = Rng::new(7);
+    let mut env = TestEnv::new();
+    let (c, n) = (3, 50);
+    let p = env.stored(&[1, c, n], rng.vec(c * n, -30.0, 30.0));
+    let x = env.stored(&[1, c, n], rng.vec(c * n, -1.0, 1.0));
+    let head = env.stored(&[1, c, 4], rng.vec(c * 4, -1.0, 1.0));
+    let full = env.virt(&[1, c, n]);
+    let body = env.virt(&[1, c, n - 4]);
+    // softplus as the edge dialect decomposes it:
+    // dt = where(p > 20, p, log1p(exp(p)))
+    // a = exp(-dt); u = dt * x; w = cat(head, (dt * x)[.., 4..]) (a view of a shared node)
+    let build = |shared: bool| -> Vec<Program> {
+        let mut programs = Vec::new();
+        let mut prog = Program::default();
+        let dt_of = |prog: &mut Program| -> usize {
+            let lp = prog.push(Expr::Load, p);
+            let e = prog.push(
+                Expr::Unary {
+                    op: UnaryOp::Exp,
+                    x: lp,
+                },
+                full,
+            );
+            let l = prog.push(
+                Expr::Unary {
+                    op: UnaryOp::Log1p,
+                    x: e,
+                },
+                full,
+            );
+            let k = prog.push(Expr::Const(20.0), full);
+            let g = prog.push(
+                Expr::Binary {
+                    op: BinaryOp::Gt,
+                    a: lp,
+                    b: k,
+                },
+                full,
+            );
+            prog.push(
+                Expr::Where {
+                    cond: g,
+                    a: lp,
+                    b: l,
+                },
+                full,
+            )
+        };
+        let a_of = |prog: &mut Program, dt: usize| {
+            let ng = prog.push(
+                Expr::Unary {
+                    op: UnaryOp::Neg,
+                    x: dt,
+                },
+                full,
+            );
+            prog.push(
+                Expr::Unary {
+                    op: UnaryOp::Exp,
+                    x: ng,
+                },
+                full,
+            )
+        };
+        let u_of = |prog: &mut Program, dt: usize| {
+            let lx = prog.push(Expr::Load, x);
+            prog.push(
+                Expr::Binary {
+                    op: BinaryOp::Mul,
+                    a: dt,
+                    b: lx,
+                },
+                full,
+            )
+        };
+        let w_of = |prog: &mut Program, u: usize| {
+            let s = prog.push(
+                Expr::Slice {
+                    x: u,
+                    dim: 2,
+                    start: 4,
+                    step: 1,
+                },
+                body,
+            );
+            let h = prog.push(Expr::Load, head);
+            env_cat(prog, h, s)
+        };
+        fn env_cat(prog: &mut Program, h: usize, s: usize) -> usize {
+            // The cat's shape is the full one (value index passed by the caller's env).
+            prog.push(
+                Expr::Cat {
+                    parts: vec![h, s],
+                    dim: 2,
+                },
+                usize::MAX,
+            )
+        }
+        if shared {
+            let dt = dt_of(&mut prog);
+            let a = a_of(&mut prog, dt);
+            let u = u_of(&mut prog, dt);
+            let w = w_of(&mut prog, u);
+            prog.set_roots(vec![a, u, w]);
+            programs.push(prog);
+        } else {
+            for which in 0..3 {
+                let mut prog = Program::default();
+                let dt = dt_of(&mut prog);
+                match which {
+                    0 => {
+                        a_of(&mut prog, dt);
+                    }
+                    1 => {
+                        u_of(&mut prog, dt);
+                    }
+                    _ => {
+                        let u = u_of(&mut prog, dt);
+                        w_of(&mut prog, u);
+                    }
+                }
+                programs.push(prog);
+            }
+        }
+        programs
+    };
+    // The cat's value: patch the placeholder index to a [1, c, n] value.
+    let fix = |mut programs: Vec<Program>| -> Vec<Program> {
+        for prog in &mut programs {
+            let mut fixed = Program::default();
+            for node in prog.nodes() {
+                let value = if node.value == usize::MAX {
+                    full
+                } else {
+                    node.value
+                };
+                fixed.push(node.expr.clone(), value);
+            }
+            if prog.roots().len() > 1 {
+                fixed.set_roots(prog.roots());
+            }
+            *prog = fixed;
+        }
+        programs
+    };
+    let joint = fix(build(true)).remove(0);
+    let separate = fix(build(false));
+    // dt (the where), log1p's input exp, the gt, u: several shared nodes.
+    assert!(joint.shared() >= 2, "{}", joint.shared());
+    assert!(separate.iter().all(|p| p.shared() <= 1));
+    for len in [1, 7, 16, 50] {
+        let mut tmp = vec![0.0; len * joint.temporaries()];
+        for r in 0..c {
+            for t0 in (0..n).step_by(len) {
+                let m = len.min(n - t0);
+                let line = Line::along([0, r, t0, 0], 2);
+                let mut outs = vec![vec![0.0; m]; 3];
+                {
+                    let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
+                    joint.eval_roots(&env, &[], &line, &mut refs, &mut tmp);
+                }
+                for (k, prog) in separate.iter().enumerate() {
+                    let mut want = vec![0.0; m];
+                    let mut t = vec![0.0; m * prog.temporaries().max(1)];
+                    prog.eval(&env, &[], &line, &mut want, &mut t);
+                    for (g, w) in outs[k].iter().zip(&want) {
+                        assert!(
+                            (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                            "root {k}, row {r}, t0 {t0}, len {len}: {g} vs {w}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

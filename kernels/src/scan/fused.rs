@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 use super::{Backend, ScanParams};
 use crate::error::{check_len, KernelError};
-use crate::fused::{RowsIn, RowsOut};
+use crate::fused::{PairSource, RowsIn, RowsOut};
 use crate::scratch::Scratch;
 
 /// Time steps computed per chunk.
@@ -40,20 +40,55 @@ pub fn linear_scan_rows(
     y: RowsOut,
     scratch: &Scratch,
 ) -> Result<(), KernelError> {
+    scan(p, x0, Decay::Separate(a, u), y, scratch)
+}
+
+/// [`linear_scan_rows`] with `a` and `u` computed together by one prologue
+/// (`au` fills `a` first, `u` second), so what they share is computed once.
+///
+/// # Errors
+/// As [`linear_scan_rows`].
+pub fn linear_scan_rows_pair(
+    p: &ScanParams,
+    x0: RowsIn,
+    au: &dyn PairSource,
+    y: RowsOut,
+    scratch: &Scratch,
+) -> Result<(), KernelError> {
+    scan(p, x0, Decay::Pair(au), y, scratch)
+}
+
+/// How the scan gets `a` and `u`.
+enum Decay<'a> {
+    Separate(RowsIn<'a>, RowsIn<'a>),
+    Pair(&'a dyn PairSource),
+}
+
+fn scan(
+    p: &ScanParams,
+    x0: RowsIn,
+    au: Decay,
+    y: RowsOut,
+    scratch: &Scratch,
+) -> Result<(), KernelError> {
     p.validate()?;
-    for (name, operand, len) in [
-        ("x0", &x0, p.state_elems()),
-        ("a", &a, p.seq_elems()),
-        ("u", &u, p.seq_elems()),
-    ] {
-        if let RowsIn::Slice(s) = operand {
-            check_len(name, len, s.len())?;
+    if let RowsIn::Slice(s) = x0 {
+        check_len("x0", p.state_elems(), s.len())?;
+    }
+    if let Decay::Separate(a, u) = &au {
+        for (name, operand) in [("a", a), ("u", u)] {
+            if let RowsIn::Slice(s) = operand {
+                check_len(name, p.seq_elems(), s.len())?;
+            }
         }
     }
+    let au_temporaries = match &au {
+        Decay::Separate(a, u) => a.temporaries().max(u.temporaries()),
+        Decay::Pair(src) => src.pair_temporaries(),
+    };
     let temporaries = [
         x0.temporaries(),
-        a.temporaries(),
-        u.temporaries(),
+        au_temporaries,
         match &y {
             RowsOut::Slice(y) => {
                 check_len("y", p.seq_elems(), y.len())?;
@@ -96,19 +131,27 @@ pub fn linear_scan_rows(
             };
             for t0 in (0..len).step_by(FUSED_CHUNK) {
                 let n = FUSED_CHUNK.min(len - t0);
-                let a_chunk: &[f32] = match a {
-                    RowsIn::Slice(a) => &a[r * len + t0..][..n],
-                    RowsIn::Fused(src) => {
-                        src.fill(r, t0, &mut a_buf[..n], tmp);
-                        &a_buf[..n]
+                let (a_chunk, u_chunk): (&[f32], &[f32]) = match au {
+                    Decay::Pair(src) => {
+                        src.fill_pair(r, t0, &mut a_buf[..n], &mut u_buf[..n], tmp);
+                        (&a_buf[..n], &u_buf[..n])
                     }
-                };
-                let u_chunk: &[f32] = match u {
-                    RowsIn::Slice(u) => &u[r * len + t0..][..n],
-                    RowsIn::Fused(src) => {
-                        src.fill(r, t0, &mut u_buf[..n], tmp);
-                        &u_buf[..n]
-                    }
+                    Decay::Separate(a, u) => (
+                        match a {
+                            RowsIn::Slice(a) => &a[r * len + t0..][..n],
+                            RowsIn::Fused(src) => {
+                                src.fill(r, t0, &mut a_buf[..n], tmp);
+                                &a_buf[..n]
+                            }
+                        },
+                        match u {
+                            RowsIn::Slice(u) => &u[r * len + t0..][..n],
+                            RowsIn::Fused(src) => {
+                                src.fill(r, t0, &mut u_buf[..n], tmp);
+                                &u_buf[..n]
+                            }
+                        },
+                    ),
                 };
                 match (&mut y_row, sink) {
                     (Some(y_row), _) => {

@@ -38,7 +38,7 @@ use rayon::prelude::*;
 use crate::error::{check_len, checked_product, KernelError};
 use kernel::{Affine, ROWS_JOINT};
 
-pub use fused::{linear_scan_rows, scan_rows_scratch};
+pub use fused::{linear_scan_rows, linear_scan_rows_pair, scan_rows_scratch};
 
 /// Shape of a linear scan: `x0` is `[batch, channels]`; `a`, `u` and `y` are
 /// `[batch, channels, len]`, row-major and contiguous.
