@@ -53,6 +53,7 @@ pub(crate) mod bridge {
         #[cxx_name = "execute"]
         fn ffi_execute(self: &Delegate, args: Pin<&mut ExecuteArgs>) -> Status;
         fn set_num_threads(num_threads: i32) -> Status;
+        fn reset_state();
     }
 
     unsafe extern "C++" {
@@ -136,6 +137,20 @@ fn set_num_threads(num_threads: i32) -> Status {
     guarded("set_option(num_threads)", || {
         crate::threads::set_runtime_threads(num_threads).map_err(DelegateError::from)
     })
+}
+
+/// The backend option `reset_state` (see state.rs).
+fn reset_state() {
+    crate::state::request_reset();
+}
+
+/// The same for hosts that cannot set backend options (ExecuTorch's Python
+/// runtime, through ctypes: `rustconv.runtime.reset_state()`): every
+/// RustConv delegate in the process restores its initial state before its
+/// next call.
+#[no_mangle]
+pub extern "C" fn rustconv_reset_state() {
+    crate::state::request_reset();
 }
 
 /// The delegate call's arguments, read through the C++ `ExecuteArgs`.

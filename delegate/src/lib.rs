@@ -26,6 +26,7 @@ mod ops;
 mod options;
 pub mod plan;
 mod shape;
+pub mod state;
 pub mod threads;
 
 #[cfg(test)]

@@ -29,12 +29,16 @@ __all__ = [
     "Lfm2ShortConvHFCore",
     "HyenaLongConv",
     "DiagonalSSM",
+    "DiagonalSSMStreaming",
     "ConvStack",
+    "CausalConvStackStreaming",
     "seq_dim",
 ]
 
 
 def seq_dim(max_len: int = 1024, min_len: int = 4) -> Dim:
+    # Streaming blocks use min_len=1: one method serves prefill (N tokens)
+    # and decode (one token), so the state stays in one set of delegates.
     """The ``Dim`` the blocks' ``dynamic_shapes`` use for the sequence length."""
     return Dim("seq", min=min_len, max=max_len)
 
@@ -259,6 +263,75 @@ class ConvStack(nn.Module):
 
     def make_inputs(
         self, seq: int = 32, seed: int = 0, dtype: torch.dtype = torch.float32
+    ) -> tuple[torch.Tensor, ...]:
+        return (_randn((1, self.c, seq), seed, dtype),)
+
+    def dynamic_shapes(self, seq: Dim | None = None) -> tuple:
+        return ({2: seq or seq_dim()},)
+
+
+class DiagonalSSMStreaming(DiagonalSSM):
+    """:class:`DiagonalSSM` that carries its state across calls.
+
+    The scan starts from a registered buffer ``state [1, dim]`` and the last
+    step of the (ungated) recurrence is copied back into it, so a sequence fed
+    in pieces (a prefill, then one token at a time) gives the same outputs as
+    fed whole. Exported, ``state`` is a mutated buffer the RustConv delegate
+    owns. ``reset_cache()`` zeroes it.
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__(dim)
+        del self.x0
+        self.register_buffer("state", torch.zeros(1, dim))
+
+    def forward(self, p: torch.Tensor, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        dt = F.softplus(p)
+        a = torch.exp(-dt * self.A)
+        u = dt * x
+        h = torch.ops.rustconv.linear_scan(self.state, a, u)
+        with torch.no_grad():
+            self.state.copy_(h[:, :, -1])
+        return h * F.silu(z)
+
+    def reset_cache(self) -> None:
+        self.state.zero_()
+
+
+class CausalConvStackStreaming(nn.Module):
+    """A stack of causal ``Conv1d(c, c, k)`` + ReLU layers that stream.
+
+    Each layer keeps its last ``k - 1`` inputs in a registered buffer
+    ``state{i} [1, c, k - 1]`` and prepends them with ``torch.cat`` (the LFM2
+    example's pattern, for a dense convolution): a sequence fed in pieces
+    gives the outputs of the whole sequence left-padded with zeros. Input
+    ``[1, c, seq]``. ``reset_cache()`` zeroes the states.
+    """
+
+    def __init__(self, c: int, k: int = 3, layers: int = 3) -> None:
+        super().__init__()
+        if k < 2:
+            raise ValueError(f"k must be at least 2, got {k}")
+        self.c, self.k = c, k
+        self.convs = nn.ModuleList(nn.Conv1d(c, c, k) for _ in range(layers))
+        for i in range(layers):
+            self.register_buffer(f"state{i}", torch.zeros(1, c, k - 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, conv in enumerate(self.convs):
+            state = getattr(self, f"state{i}")
+            xs = torch.cat([state, x], dim=-1)
+            with torch.no_grad():
+                state.copy_(xs[..., -(self.k - 1) :])
+            x = F.relu(conv(xs))
+        return x
+
+    def reset_cache(self) -> None:
+        for i in range(len(self.convs)):
+            getattr(self, f"state{i}").zero_()
+
+    def make_inputs(
+        self, seq: int = 16, seed: int = 0, dtype: torch.dtype = torch.float32
     ) -> tuple[torch.Tensor, ...]:
         return (_randn((1, self.c, seq), seed, dtype),)
 
