@@ -182,3 +182,39 @@ def test_state_memory_is_in_the_plan(tmp_path):
     assert plan["state_bytes"] == 3 * 64
     states = [v for v in plan["values"] if v["role"] == "state"]
     assert [v["location"] for v in states] == ["state"] * 3
+
+
+def test_lfm2_like_model_generates_like_eager(tmp_path):
+    """A small LFM2-like LM (short-conv and attention layers) exported once
+    with a dynamic length: a greedy generation loop (prompt, then one token
+    per call) gives eager's tokens and logits; the conv states live in the
+    RustConv delegates, the attention caches in ExecuTorch."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
+
+    torch.manual_seed(0)
+    model = blocks.Lfm2LikeLM(vocab=64, dim=64, layers="ccacca", window=32).eval()
+    ep = export(
+        copy.deepcopy(model), model.make_inputs(seq=8), dynamic_shapes=model.dynamic_shapes()
+    )
+    edge = to_edge_transform_and_lower(
+        ep, partitioner=[RustConvPartitioner(), XnnpackPartitioner()]
+    )
+    config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(model.mutable_buffers())])
+    program = edge.to_executorch(config)
+    assert delegate_backends(program).count("RustConvBackend") == model.kinds.count("c")
+    mutated = set(program.exported_program().graph_signature.buffers_to_mutate.values())
+    assert not [b for b in mutated if "conv_state" in b], mutated
+    assert any("k_cache" in b for b in mutated)
+    pte = save(program, tmp_path)
+
+    prompt = model.make_inputs(seq=6, seed=1)[0]
+    with torch.no_grad():
+        want_tokens, want_logits = blocks.generate(copy.deepcopy(model), prompt, 12)
+    for attempt in range(2):  # a freshly loaded method starts over
+        method = Runtime.get().load_program(str(pte)).load_method("forward")
+        tokens, logits = blocks.generate(lambda t, m=method: m.execute([t])[0], prompt, 12)
+        assert tokens == want_tokens, f"attempt {attempt}"
+        for k, (got, want) in enumerate(zip(logits, want_logits, strict=True)):
+            assert_close(got, want, f"attempt {attempt}, call {k}", ATOL)

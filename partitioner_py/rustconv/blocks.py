@@ -32,6 +32,8 @@ __all__ = [
     "DiagonalSSMStreaming",
     "ConvStack",
     "CausalConvStackStreaming",
+    "Lfm2LikeLM",
+    "generate",
     "seq_dim",
 ]
 
@@ -337,3 +339,141 @@ class CausalConvStackStreaming(nn.Module):
 
     def dynamic_shapes(self, seq: Dim | None = None) -> tuple:
         return ({2: seq or seq_dim()},)
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class _WindowAttention(nn.Module):
+    """Causal multi-head attention over a KV cache of the last ``window`` steps.
+
+    The cache slides: the new keys and values are appended with ``torch.cat``
+    and the last ``window`` kept (``copy_`` into the buffers), with a buffer
+    ``valid`` marking filled slots, so a call of any length exports without
+    data-dependent indexing. Exact as long as the sequence fits the window.
+    """
+
+    def __init__(self, dim: int, heads: int, window: int) -> None:
+        super().__init__()
+        self.heads, self.head_dim, self.window = heads, dim // heads, window
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.out = nn.Linear(dim, dim, bias=False)
+        self.register_buffer("k_cache", torch.zeros(1, heads, window, self.head_dim))
+        self.register_buffer("v_cache", torch.zeros(1, heads, window, self.head_dim))
+        self.register_buffer("valid", torch.zeros(1, 1, 1, window))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        q, k, v = self.qkv(x).view(1, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        keys = torch.cat([self.k_cache, k], dim=2)[:, :, -self.window :]
+        values = torch.cat([self.v_cache, v], dim=2)[:, :, -self.window :]
+        valid = torch.cat([self.valid, torch.ones_like(self.valid[..., :1]).expand(1, 1, 1, n)], -1)
+        valid = valid[..., -self.window :]
+        with torch.no_grad():
+            self.k_cache.copy_(keys)
+            self.v_cache.copy_(values)
+            self.valid.copy_(valid)
+        # Query i (of n) sits at slot window - n + i: it sees slots up to there.
+        slot = torch.arange(self.window).view(1, -1)
+        own = (self.window - n + torch.arange(n)).view(-1, 1)
+        allowed = (slot <= own) & (valid[0, 0] > 0)
+        scores = q @ keys.transpose(-1, -2) / self.head_dim**0.5
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        y = torch.softmax(scores, dim=-1) @ values
+        return self.out(y.transpose(1, 2).reshape(1, n, -1))
+
+    def reset_cache(self) -> None:
+        self.k_cache.zero_()
+        self.v_cache.zero_()
+        self.valid.zero_()
+
+
+class Lfm2LikeLM(nn.Module):
+    """A small LFM2-like language model for generation tests (random weights).
+
+    Embedding, then layers alternating as in LFM2: gated short-conv blocks
+    (:class:`Lfm2ShortConvExample`, ExecuTorch's form with its ``conv_state``)
+    and attention blocks (:class:`_WindowAttention`), each pre-normed
+    (RMSNorm) with a residual and a SwiGLU feed-forward, then a final norm
+    and the LM head. ``forward(tokens [1, n]) -> logits [1, n, vocab]``
+    continues from the state left by the previous call: a prompt of any
+    length, then one token at a time. ``reset_cache()`` starts over.
+    """
+
+    def __init__(
+        self,
+        vocab: int = 64,
+        dim: int = 64,
+        layers: str = "ccacca",
+        heads: int = 4,
+        window: int = 64,
+    ) -> None:
+        super().__init__()
+        self.vocab, self.window = vocab, window
+        self.embed = nn.Embedding(vocab, dim)
+        self.kinds = layers
+        self.mixers = nn.ModuleList(
+            Lfm2ShortConvExample(dim) if kind == "c" else _WindowAttention(dim, heads, window)
+            for kind in layers
+        )
+        self.norms = nn.ModuleList(_RMSNorm(dim) for _ in layers)
+        self.ff_norms = nn.ModuleList(_RMSNorm(dim) for _ in layers)
+        self.ff = nn.ModuleList(
+            nn.ModuleDict(
+                {
+                    "w1": nn.Linear(dim, 2 * dim, bias=False),
+                    "w3": nn.Linear(dim, 2 * dim, bias=False),
+                    "w2": nn.Linear(2 * dim, dim, bias=False),
+                }
+            )
+            for _ in layers
+        )
+        self.norm = _RMSNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens)
+        layers = zip(self.mixers, self.norms, self.ff_norms, self.ff, strict=True)
+        for mixer, norm, ff_norm, ff in layers:
+            h = h + mixer(norm(h))
+            g = ff_norm(h)
+            h = h + ff["w2"](F.silu(ff["w1"](g)) * ff["w3"](g))
+        return self.head(self.norm(h))
+
+    def reset_cache(self) -> None:
+        for mixer in self.mixers:
+            mixer.reset_cache()
+
+    def make_inputs(self, seq: int = 8, seed: int = 0) -> tuple[torch.Tensor, ...]:
+        gen = torch.Generator().manual_seed(seed)
+        return (torch.randint(0, self.vocab, (1, seq), generator=gen),)
+
+    def dynamic_shapes(self, seq: Dim | None = None) -> tuple:
+        return ({1: seq or seq_dim(self.window, min_len=1)},)
+
+    @staticmethod
+    def mutable_buffers() -> list[str]:
+        """Buffers ExecuTorch must initialise (not delegate-owned): the
+        attention caches (see ``InitializedMutableBufferPass``)."""
+        return ["k_cache", "v_cache", "valid"]
+
+
+def generate(step, prompt: torch.Tensor, new_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy generation: ``step(tokens) -> logits`` on the prompt (the
+    prefill), then on each new token. Returns the tokens and each call's
+    last logits."""
+    logits = step(prompt)[:, -1]
+    tokens, all_logits = [], [logits]
+    for _ in range(new_tokens):
+        token = int(logits.argmax(-1))
+        tokens.append(token)
+        logits = step(torch.tensor([[token]]))[:, -1]
+        all_logits.append(logits)
+    return tokens, all_logits

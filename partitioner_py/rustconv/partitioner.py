@@ -182,7 +182,6 @@ def _tag_state(ep: ExportedProgram, tags: dict[str, DelegationSpec]) -> None:
     computed outside it, stays a delegate input (others would read a stale
     copy; the delegate could not update it).
     """
-    tag_mutated_buffer(ep)
     ctx = GraphContext(ep)
     sig = ep.graph_signature
     # buffer target -> the node computing its new value
@@ -193,6 +192,11 @@ def _tag_state(ep: ExportedProgram, tags: dict[str, DelegationSpec]) -> None:
     }
     nodes = {node.name: node for node in ep.graph.nodes}
     for node in ep.graph.nodes:
+        if ctx.is_mutable_buffer(node):
+            source = nodes.get(new_value.get(sig.inputs_to_buffers.get(node.name), ""))
+            _follow_state(node, source, tags)
+    tag_mutated_buffer(ep)
+    for node in ep.graph.nodes:
         tag = node.meta.get("delegation_tag")
         if not ctx.is_mutable_buffer(node) or tag not in tags:
             continue
@@ -202,6 +206,28 @@ def _tag_state(ep: ExportedProgram, tags: dict[str, DelegationSpec]) -> None:
         # the state in place at the end of its call.
         if shared or source is None or source.meta.get("delegation_tag") != tag:
             del node.meta["delegation_tag"]
+
+
+def _follow_state(buffer: Node, source: Node | None, tags: dict[str, DelegationSpec]) -> None:
+    """Moves the node computing a state's new value into the partition reading
+    the state, where it can be.
+
+    torch.fx's grouping may put a node that only feeds the program's output
+    (``conv_state``'s new value, a slice of the partition's ``cat``) in
+    another RustConv partition. Moving such a sink costs nothing and cannot
+    make a cycle: nothing reads it but the output, and what it reads is in
+    the partition it joins (or outside every partition).
+    """
+    users = {user.meta.get("delegation_tag") for user in buffer.users}
+    if source is None or len(users) != 1:
+        return
+    (tag,) = users
+    if tag not in tags or source.meta.get("delegation_tag") not in tags:
+        return
+    if any(user.op != "output" for user in source.users):
+        return
+    if all(n.meta.get("delegation_tag") in (tag, None) for n in source.all_input_nodes):
+        source.meta["delegation_tag"] = tag
 
 
 def _untag_mutated_buffers(ep: ExportedProgram, tags: dict[str, DelegationSpec]) -> None:
