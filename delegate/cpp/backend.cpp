@@ -209,6 +209,17 @@ class RustConvBackend final : public BackendInterface {
         if (status != Status::Ok) {
           return to_error(status);
         }
+      } else if (std::strcmp(option.key, "reset_state") == 0) {
+        // Delegate-owned conv and scan states go back to their exported
+        // values before each delegate's next call (delegate/src/state.rs).
+        const bool* value = std::get_if<bool>(&option.value);
+        if (value == nullptr) {
+          ET_LOG(Error, "RustConvBackend: option reset_state must be a bool");
+          return Error::InvalidArgument;
+        }
+        if (*value) {
+          reset_state();
+        }
       } else {
         ET_LOG(Error, "RustConvBackend: unknown option '%s'", option.key);
         return Error::InvalidArgument;

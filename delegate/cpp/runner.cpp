@@ -282,6 +282,16 @@ void set_num_threads(std::uint32_t num_threads) {
   }
 }
 
+void reset_state() {
+  executorch::runtime::BackendOptions<1> options;
+  options.set_option("reset_state", true);
+  const Error err =
+      executorch::runtime::set_option("RustConvBackend", options.view());
+  if (err != Error::Ok) {
+    fail("set_option(RustConvBackend, reset_state)", err);
+  }
+}
+
 rust::Vec<rust::String> registered_backends() {
   rust::Vec<rust::String> names;
   const size_t n = executorch::runtime::get_num_registered_backends();

@@ -49,6 +49,10 @@ std::unique_ptr<Session> open_session(
 // optimized CPU kernels) and, through set_option, for RustConvBackend.
 void set_num_threads(std::uint32_t num_threads);
 
+// The backend option reset_state: RustConv delegates restart from their
+// initial state at their next call.
+void reset_state();
+
 rust::Vec<rust::String> registered_backends();
 
 } // namespace runner

@@ -160,6 +160,12 @@ pub enum ArgError {
         name: String,
         reason: String,
     },
+    #[error("the new value of state '{state}' has shape {got:?}, the state {expected:?}")]
+    StateShape {
+        state: String,
+        got: Vec<usize>,
+        expected: Vec<usize>,
+    },
     /// A fused kernel's kernel refused the call (`kernel`: its index as
     /// recorded at export, `name`: its first op).
     #[error("fused kernel {kernel} ('{name}'): {source}")]

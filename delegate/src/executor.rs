@@ -49,6 +49,10 @@ pub struct ExecState {
     args: Vec<*mut u8>,
     /// Owns the memory that intermediates' entries of `data` point into.
     _arena: AlignedBuf,
+    /// The delegate-owned states, kept across calls (f32, laid out as
+    /// `Plan::state_init`), and the reset epoch they were last reset at.
+    states: AlignedBuf,
+    state_epoch: u64,
     /// Per-thread kernel scratch (FFT buffers and the like), sized for the
     /// plan and the pool.
     scratch: Scratch,
@@ -77,6 +81,8 @@ impl ExecState {
         let converted = plan.converted.as_ptr();
         let mut arena = AlignedBuf::zeroed(plan.arena_bytes);
         let arena_base = arena.as_mut_ptr();
+        let mut states = AlignedBuf::zeroed(std::mem::size_of_val(plan.state_init.as_slice()));
+        let states_base = states.as_mut_ptr();
         let mut shapes = vec![Shape::default(); plan.values.len()];
         let data: Vec<*mut u8> = plan
             .locations
@@ -93,6 +99,10 @@ impl ExecState {
                     converted.wrapping_add(offset).cast::<u8>().cast_mut()
                 }
                 Location::Arena(offset) => arena_base.wrapping_add(offset),
+                Location::State(offset) => {
+                    shapes[v] = bound_shape(plan, v);
+                    states_base.wrapping_add(offset * std::mem::size_of::<f32>())
+                }
                 // Never viewed: the step that names it does not read it.
                 Location::Released => {
                     shapes[v] = bound_shape(plan, v);
@@ -101,14 +111,37 @@ impl ExecState {
                 Location::Arg(_) | Location::Virtual => std::ptr::null_mut(),
             })
             .collect();
-        ExecState {
+        let mut exec = ExecState {
             shapes,
             args: vec![std::ptr::null_mut(); data.len()],
             data,
             _arena: arena,
+            states,
+            state_epoch: crate::state::epoch(),
             scratch: Scratch::default(),
             pool: None,
             events: KernelEvents::new(plan.steps.len()),
+        };
+        exec.reset_states(plan);
+        exec
+    }
+
+    /// Puts every delegate-owned state back to its initial value.
+    pub fn reset_states(&mut self, plan: &Plan) {
+        let n = plan.state_init.len();
+        // SAFETY: `states` was allocated for `state_init.len()` f32s of this
+        // plan, is 64-byte aligned, and nothing else borrows it here.
+        let states =
+            unsafe { std::slice::from_raw_parts_mut(self.states.as_mut_ptr().cast::<f32>(), n) };
+        states.copy_from_slice(&plan.state_init);
+    }
+
+    /// The delegate-owned states' current contents (f32, laid out as
+    /// `Plan::state_init`), for tests and inspection.
+    pub fn states(&self, plan: &Plan) -> &[f32] {
+        // SAFETY: as in `reset_states`, read-only.
+        unsafe {
+            std::slice::from_raw_parts(self.states.as_ptr().cast::<f32>(), plan.state_init.len())
         }
     }
 }
@@ -150,6 +183,11 @@ impl Executable<'_> {
         for (position, &v) in plan.inputs.iter().enumerate() {
             state.shapes[v] = self.bind_arg(state, args, "input", position, v)?;
         }
+        let epoch = crate::state::epoch();
+        if epoch != state.state_epoch {
+            state.reset_states(plan);
+            state.state_epoch = epoch;
+        }
 
         // Every value's shape, stored or not, from the actual inputs.
         for node in &plan.nodes {
@@ -178,6 +216,16 @@ impl Executable<'_> {
             }
         }
         self.check_outputs_disjoint(state)?;
+        for slot in &plan.states {
+            if state.shapes[slot.update] != state.shapes[slot.value] {
+                return Err(ArgError::StateShape {
+                    state: plan.values[slot.value].name.clone(),
+                    got: state.shapes[slot.update].dims().to_vec(),
+                    expected: state.shapes[slot.value].dims().to_vec(),
+                }
+                .into());
+            }
+        }
 
         let threads = threads::resolve(self.spec_threads)?;
         // Pools belong to the calling thread (see threads.rs).
@@ -354,6 +402,26 @@ impl Executable<'_> {
                     // SAFETY: as for the inputs above, in the other direction.
                     unsafe { f32_to_f16(state.data[v], state.args[v], state.shapes[v].numel()) };
                 }
+            }
+        }
+        for slot in &self.plan.states {
+            // SAFETY: `data[update]` is the update's arena slot, live to the
+            // end of the call (plan.rs), of `len` f32s (its shape equals the
+            // state's, checked before the steps); `data[value]` is the
+            // state's own range of the state buffer. Different buffers.
+            let (from, to) = unsafe {
+                (
+                    std::slice::from_raw_parts(state.data[slot.update].cast::<f32>(), slot.len),
+                    std::slice::from_raw_parts_mut(state.data[slot.value].cast::<f32>(), slot.len),
+                )
+            };
+            if self.plan.values[slot.value].dtype == DType::F16 {
+                // The model's buffer holds float16: round as its copy_ would.
+                for (t, &f) in to.iter_mut().zip(from) {
+                    *t = half::f16::from_f32(f).to_f32();
+                }
+            } else {
+                to.copy_from_slice(from);
             }
         }
         Ok(())

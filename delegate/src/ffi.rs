@@ -58,6 +58,7 @@ pub(crate) mod bridge {
             events: Pin<&mut KernelEventLog>,
         ) -> Status;
         fn set_num_threads(num_threads: i32) -> Status;
+        fn reset_state();
     }
 
     unsafe extern "C++" {
@@ -176,6 +177,20 @@ impl EventSink for TracerSink<'_> {
     fn log(&mut self, kernel: u32, start: u64, end: u64, metadata: &[u8]) {
         self.0.as_mut().log_kernel(kernel, start, end, metadata);
     }
+}
+
+/// The backend option `reset_state` (see state.rs).
+fn reset_state() {
+    crate::state::request_reset();
+}
+
+/// The same for hosts that cannot set backend options (ExecuTorch's Python
+/// runtime, through ctypes: `rustconv.runtime.reset_state()`): every
+/// RustConv delegate in the process restores its initial state before its
+/// next call.
+#[no_mangle]
+pub extern "C" fn rustconv_reset_state() {
+    crate::state::request_reset();
 }
 
 /// The delegate call's arguments, read through the C++ `ExecuteArgs`.

@@ -83,6 +83,12 @@ pub fn build(graph: &GraphDesc) -> Result<(Vec<Kernel>, Vec<bool>), GraphError> 
         .iter()
         .map(|v| !matches!(v.role, Role::Intermediate))
         .collect();
+    // A state's update is stored: it is copied into the state after the call.
+    for v in &graph.values {
+        if let Role::State { update, .. } = v.role {
+            materialised[update] = true;
+        }
+    }
     for (n, node) in graph.nodes.iter().enumerate() {
         for v in node.op.inputs() {
             if let Some(p) = producer[v] {

@@ -53,6 +53,14 @@ pub enum Role {
         len: usize,
     },
     Intermediate,
+    /// A mutable buffer the delegate owns across calls: its initial value is
+    /// this byte range of the constant segment, and after every call it takes
+    /// the contents of value `update`.
+    State {
+        offset: usize,
+        len: usize,
+        update: usize,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -338,7 +346,7 @@ impl GraphDesc {
             for input in node.op.inputs() {
                 let v = &self.values[input];
                 let ready = match v.role {
-                    Role::Input(_) | Role::Constant { .. } => true,
+                    Role::Input(_) | Role::Constant { .. } | Role::State { .. } => true,
                     Role::Output(_) | Role::Intermediate => produced[input],
                 };
                 if !ready {
@@ -367,6 +375,28 @@ impl GraphDesc {
             }
         }
         for (i, v) in self.values.iter().enumerate() {
+            if let Role::State { update, .. } = v.role {
+                let bad = |reason: String| GraphError::BadValue {
+                    index: i,
+                    name: v.name.clone(),
+                    reason,
+                };
+                let Some(u) = self.values.get(update) else {
+                    return Err(bad(format!("its update value {update} does not exist")));
+                };
+                if !matches!(u.role, Role::Intermediate) || !produced[update] {
+                    return Err(bad(format!(
+                        "its update value {update} ('{}') is not computed by the graph",
+                        u.name
+                    )));
+                }
+                if u.dims != v.dims || u.dtype != v.dtype {
+                    return Err(bad(format!(
+                        "its update value {update} ('{}') differs in shape or dtype",
+                        u.name
+                    )));
+                }
+            }
             if matches!(v.role, Role::Output(_)) && !produced[i] {
                 return Err(GraphError::BadValue {
                     index: i,
@@ -663,7 +693,7 @@ fn decode_value(index: usize, v: &fb::Value, segment_len: usize) -> Result<Value
         fb::ValueKind::Input => Role::Input(v.io_index() as usize),
         fb::ValueKind::Output => Role::Output(v.io_index() as usize),
         fb::ValueKind::Intermediate => Role::Intermediate,
-        fb::ValueKind::Constant => {
+        kind @ (fb::ValueKind::Constant | fb::ValueKind::State) => {
             let (offset, len) = (v.constant_offset(), v.constant_size());
             if offset % CONSTANT_ALIGNMENT as u64 != 0 {
                 return Err(bad(format!(
@@ -687,9 +717,20 @@ fn decode_value(index: usize, v: &fb::Value, segment_len: usize) -> Result<Value
                     "constant has {len} bytes, its shape and dtype need {expected}"
                 )));
             }
-            Role::Constant {
-                offset: offset as usize,
-                len: len as usize,
+            let (offset, len) = (offset as usize, len as usize);
+            if kind == fb::ValueKind::Constant {
+                Role::Constant { offset, len }
+            } else {
+                let update = v.state_update();
+                if update < 0 {
+                    return Err(bad("a state names no update value".into()));
+                }
+                // Checked against the other values in check_structure.
+                Role::State {
+                    offset,
+                    len,
+                    update: update as usize,
+                }
             }
         }
         other => return Err(bad(format!("unknown value kind {}", other.0))),

@@ -20,6 +20,9 @@ pub struct PlanDoc {
     pub arena_bytes: usize,
     /// Bytes of kernel scratch per thread.
     pub scratch_bytes_per_thread: usize,
+    /// Bytes of delegate-owned state kept across calls (conv and scan
+    /// states), plus as much again for their initial values (a reset).
+    pub state_bytes: usize,
     pub threads: usize,
     pub kernels: Vec<KernelDoc>,
     pub values: Vec<ValueDoc>,
@@ -55,7 +58,8 @@ pub struct ValueDoc {
     pub dims: Vec<String>,
     pub role: &'static str,
     /// `arena`, `argument`, `constant`, `virtual` (computed where read,
-    /// never stored) or `released` (a weight transformed at init).
+    /// never stored), `released` (a weight transformed at init) or `state`
+    /// (delegate-owned, kept across calls).
     pub location: &'static str,
     pub arena_offset: Option<usize>,
     /// Bytes stored as f32 at the upper bounds (0 for virtual values).
@@ -131,6 +135,7 @@ fn document(plan: &Plan, threads: usize) -> PlanDoc {
                     Role::Output(_) => "output",
                     Role::Constant { .. } => "constant",
                     Role::Intermediate => "intermediate",
+                    Role::State { .. } => "state",
                 },
                 location: match location {
                     Location::Arg(_) => "argument",
@@ -138,6 +143,7 @@ fn document(plan: &Plan, threads: usize) -> PlanDoc {
                     Location::Arena(_) => "arena",
                     Location::Released => "released",
                     Location::Virtual => "virtual",
+                    Location::State(_) => "state",
                 },
                 arena_offset: match location {
                     Location::Arena(offset) => Some(offset),
@@ -154,6 +160,7 @@ fn document(plan: &Plan, threads: usize) -> PlanDoc {
     PlanDoc {
         arena_bytes: plan.arena_bytes,
         scratch_bytes_per_thread: plan.scratch_per_thread * 4,
+        state_bytes: std::mem::size_of_val(plan.state_init.as_slice()),
         threads,
         kernels,
         values,

@@ -28,6 +28,7 @@ mod options;
 pub mod plan;
 pub mod profiling;
 mod shape;
+pub mod state;
 pub mod threads;
 
 #[cfg(test)]

@@ -35,6 +35,20 @@ pub enum Location {
     Released,
     /// Computed inside a fused kernel where it is read; never stored.
     Virtual,
+    /// Element offset into the delegate's state (f32, kept across calls; see
+    /// [`Plan::states`]).
+    State(usize),
+}
+
+/// A mutable buffer the delegate owns (a conv's or a scan's state).
+#[derive(Clone, Debug)]
+pub struct StateSlot {
+    pub value: usize,
+    /// The value copied into the state at the end of every call.
+    pub update: usize,
+    /// Element offset into the state buffer and element count.
+    pub offset: usize,
+    pub len: usize,
 }
 
 /// How a step runs: the anchor kernel (or a pass) and what is fused into it.
@@ -123,6 +137,11 @@ pub struct Plan {
     pub scratch_per_thread: usize,
     /// f32 copies of the float16 constants.
     pub converted: Vec<f32>,
+    /// The delegate-owned states, and their initial contents laid out as
+    /// the state buffer (f32, `state_init.len()` elements): what a new
+    /// delegate starts from and what a reset restores.
+    pub states: Vec<StateSlot>,
+    pub state_init: Vec<f32>,
     /// One line per decision worth logging (kernel choices and estimates).
     /// Returned rather than logged: planning may run on pool threads, and
     /// only the thread that called into the delegate may log.
@@ -154,8 +173,40 @@ impl Plan {
                 }
                 Role::Constant { offset, .. } => Location::Constant(offset),
                 Role::Intermediate => Location::Virtual,
+                Role::State { .. } => Location::Virtual, // placed below
             })
             .collect();
+
+        let mut states = Vec::new();
+        let mut state_init: Vec<f32> = Vec::new();
+        for (v, value) in graph.values.iter().enumerate() {
+            if let Role::State {
+                offset,
+                len,
+                update,
+            } = value.role
+            {
+                // Each state starts on a cache line of its own.
+                let at = state_init.len().next_multiple_of(16);
+                state_init.resize(at, 0.0);
+                let bytes = &constants[offset..offset + len];
+                match value.dtype {
+                    DType::F16 => state_init.extend(f16_bytes(bytes).map(f32::from)),
+                    DType::F32 => state_init.extend(
+                        bytes
+                            .chunks_exact(4)
+                            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+                    ),
+                }
+                locations[v] = Location::State(at);
+                states.push(StateSlot {
+                    value: v,
+                    update,
+                    offset: at,
+                    len: value.max_numel(),
+                });
+            }
+        }
 
         let mut report = vec![format!(
             "plan: vector instructions {}",
@@ -274,6 +325,10 @@ impl Plan {
                 last[v] = last[v].max(s);
             }
         }
+        // Read after the last step, when it is copied into its state.
+        for slot in &states {
+            last[slot.update] = steps.len();
+        }
         let in_arena = |v: usize| {
             let value = &graph.values[v];
             materialised[v]
@@ -281,7 +336,7 @@ impl Plan {
                 && match value.role {
                     Role::Intermediate => true,
                     Role::Input(_) | Role::Output(_) => value.dtype == DType::F16,
-                    Role::Constant { .. } => false,
+                    Role::Constant { .. } | Role::State { .. } => false,
                 }
         };
         let placed: Vec<usize> = (0..graph.values.len()).filter(|&v| in_arena(v)).collect();
@@ -316,6 +371,8 @@ impl Plan {
             lifetimes,
             scratch_per_thread,
             converted,
+            states,
+            state_init,
             report,
         })
     }

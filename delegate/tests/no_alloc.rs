@@ -1,6 +1,7 @@
 //! `execute` allocates nothing, fused blocks included: blobs exported from
 //! the reference blocks (an LFM2 short conv between its projections, a
-//! diagonal SSM; `tests/fixtures/*.blob`, made by `RustConvBackend.preprocess`)
+//! diagonal SSM, and their streaming forms whose state the delegate owns;
+//! `tests/fixtures/*.blob`, made by `RustConvBackend.preprocess`)
 //! run through the delegate under a counting global allocator.
 //!
 //! Profiled calls (an event sink attached) allocate nothing either.
@@ -144,7 +145,13 @@ fn run_block(name: &str) {
 }
 
 fn main() {
-    for name in ["fused_lfm2_hf_core", "fused_ssm", "v1_causal_conv_scan"] {
+    for name in [
+        "fused_lfm2_hf_core",
+        "fused_ssm",
+        "v1_causal_conv_scan",
+        "stream_lfm2_example_core",
+        "stream_ssm",
+    ] {
         run_block(name);
     }
     println!("no_alloc: the delegate's execute made no heap allocation (fused blocks included)");

@@ -166,7 +166,7 @@ def _check_constant_offsets(
     claimed = sorted(
         (v.constantOffset, v.constantSize)
         for v in graph.values or []
-        if v.kind == ValueKind.Constant
+        if v.kind in (ValueKind.Constant, ValueKind.State)
     )
     expected = sorted(zip(offsets, (len(c) for c in constants), strict=True))
     if claimed != expected:

@@ -29,12 +29,18 @@ __all__ = [
     "Lfm2ShortConvHFCore",
     "HyenaLongConv",
     "DiagonalSSM",
+    "DiagonalSSMStreaming",
     "ConvStack",
+    "CausalConvStackStreaming",
+    "Lfm2LikeLM",
+    "generate",
     "seq_dim",
 ]
 
 
 def seq_dim(max_len: int = 1024, min_len: int = 4) -> Dim:
+    # Streaming blocks use min_len=1: one method serves prefill (N tokens)
+    # and decode (one token), so the state stays in one set of delegates.
     """The ``Dim`` the blocks' ``dynamic_shapes`` use for the sequence length."""
     return Dim("seq", min=min_len, max=max_len)
 
@@ -264,3 +270,210 @@ class ConvStack(nn.Module):
 
     def dynamic_shapes(self, seq: Dim | None = None) -> tuple:
         return ({2: seq or seq_dim()},)
+
+
+class DiagonalSSMStreaming(DiagonalSSM):
+    """:class:`DiagonalSSM` that carries its state across calls.
+
+    The scan starts from a registered buffer ``state [1, dim]`` and the last
+    step of the (ungated) recurrence is copied back into it, so a sequence fed
+    in pieces (a prefill, then one token at a time) gives the same outputs as
+    fed whole. Exported, ``state`` is a mutated buffer the RustConv delegate
+    owns. ``reset_cache()`` zeroes it.
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__(dim)
+        del self.x0
+        self.register_buffer("state", torch.zeros(1, dim))
+
+    def forward(self, p: torch.Tensor, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        dt = F.softplus(p)
+        a = torch.exp(-dt * self.A)
+        u = dt * x
+        h = torch.ops.rustconv.linear_scan(self.state, a, u)
+        with torch.no_grad():
+            self.state.copy_(h[:, :, -1])
+        return h * F.silu(z)
+
+    def reset_cache(self) -> None:
+        self.state.zero_()
+
+
+class CausalConvStackStreaming(nn.Module):
+    """A stack of causal ``Conv1d(c, c, k)`` + ReLU layers that stream.
+
+    Each layer keeps its last ``k - 1`` inputs in a registered buffer
+    ``state{i} [1, c, k - 1]`` and prepends them with ``torch.cat`` (the LFM2
+    example's pattern, for a dense convolution): a sequence fed in pieces
+    gives the outputs of the whole sequence left-padded with zeros. Input
+    ``[1, c, seq]``. ``reset_cache()`` zeroes the states.
+    """
+
+    def __init__(self, c: int, k: int = 3, layers: int = 3) -> None:
+        super().__init__()
+        if k < 2:
+            raise ValueError(f"k must be at least 2, got {k}")
+        self.c, self.k = c, k
+        self.convs = nn.ModuleList(nn.Conv1d(c, c, k) for _ in range(layers))
+        for i in range(layers):
+            self.register_buffer(f"state{i}", torch.zeros(1, c, k - 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, conv in enumerate(self.convs):
+            state = getattr(self, f"state{i}")
+            xs = torch.cat([state, x], dim=-1)
+            with torch.no_grad():
+                state.copy_(xs[..., -(self.k - 1) :])
+            x = F.relu(conv(xs))
+        return x
+
+    def reset_cache(self) -> None:
+        for i in range(len(self.convs)):
+            getattr(self, f"state{i}").zero_()
+
+    def make_inputs(
+        self, seq: int = 16, seed: int = 0, dtype: torch.dtype = torch.float32
+    ) -> tuple[torch.Tensor, ...]:
+        return (_randn((1, self.c, seq), seed, dtype),)
+
+    def dynamic_shapes(self, seq: Dim | None = None) -> tuple:
+        return ({2: seq or seq_dim()},)
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class _WindowAttention(nn.Module):
+    """Causal multi-head attention over a KV cache of the last ``window`` steps.
+
+    The cache slides: the new keys and values are appended with ``torch.cat``
+    and the last ``window`` kept (``copy_`` into the buffers), with a buffer
+    ``valid`` marking filled slots, so a call of any length exports without
+    data-dependent indexing. Exact as long as the sequence fits the window.
+    """
+
+    def __init__(self, dim: int, heads: int, window: int) -> None:
+        super().__init__()
+        self.heads, self.head_dim, self.window = heads, dim // heads, window
+        self.qkv = nn.Linear(dim, 3 * dim, bias=False)
+        self.out = nn.Linear(dim, dim, bias=False)
+        self.register_buffer("k_cache", torch.zeros(1, heads, window, self.head_dim))
+        self.register_buffer("v_cache", torch.zeros(1, heads, window, self.head_dim))
+        self.register_buffer("valid", torch.zeros(1, 1, 1, window))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        q, k, v = self.qkv(x).view(1, n, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        keys = torch.cat([self.k_cache, k], dim=2)[:, :, -self.window :]
+        values = torch.cat([self.v_cache, v], dim=2)[:, :, -self.window :]
+        valid = torch.cat([self.valid, torch.ones_like(self.valid[..., :1]).expand(1, 1, 1, n)], -1)
+        valid = valid[..., -self.window :]
+        with torch.no_grad():
+            self.k_cache.copy_(keys)
+            self.v_cache.copy_(values)
+            self.valid.copy_(valid)
+        # Query i (of n) sits at slot window - n + i: it sees slots up to there.
+        slot = torch.arange(self.window).view(1, -1)
+        own = (self.window - n + torch.arange(n)).view(-1, 1)
+        allowed = (slot <= own) & (valid[0, 0] > 0)
+        scores = q @ keys.transpose(-1, -2) / self.head_dim**0.5
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        y = torch.softmax(scores, dim=-1) @ values
+        return self.out(y.transpose(1, 2).reshape(1, n, -1))
+
+    def reset_cache(self) -> None:
+        self.k_cache.zero_()
+        self.v_cache.zero_()
+        self.valid.zero_()
+
+
+class Lfm2LikeLM(nn.Module):
+    """A small LFM2-like language model for generation tests (random weights).
+
+    Embedding, then layers alternating as in LFM2: gated short-conv blocks
+    (:class:`Lfm2ShortConvExample`, ExecuTorch's form with its ``conv_state``)
+    and attention blocks (:class:`_WindowAttention`), each pre-normed
+    (RMSNorm) with a residual and a SwiGLU feed-forward, then a final norm
+    and the LM head. ``forward(tokens [1, n]) -> logits [1, n, vocab]``
+    continues from the state left by the previous call: a prompt of any
+    length, then one token at a time. ``reset_cache()`` starts over.
+    """
+
+    def __init__(
+        self,
+        vocab: int = 64,
+        dim: int = 64,
+        layers: str = "ccacca",
+        heads: int = 4,
+        window: int = 64,
+    ) -> None:
+        super().__init__()
+        self.vocab, self.window = vocab, window
+        self.embed = nn.Embedding(vocab, dim)
+        self.kinds = layers
+        self.mixers = nn.ModuleList(
+            Lfm2ShortConvExample(dim) if kind == "c" else _WindowAttention(dim, heads, window)
+            for kind in layers
+        )
+        self.norms = nn.ModuleList(_RMSNorm(dim) for _ in layers)
+        self.ff_norms = nn.ModuleList(_RMSNorm(dim) for _ in layers)
+        self.ff = nn.ModuleList(
+            nn.ModuleDict(
+                {
+                    "w1": nn.Linear(dim, 2 * dim, bias=False),
+                    "w3": nn.Linear(dim, 2 * dim, bias=False),
+                    "w2": nn.Linear(2 * dim, dim, bias=False),
+                }
+            )
+            for _ in layers
+        )
+        self.norm = _RMSNorm(dim)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens)
+        layers = zip(self.mixers, self.norms, self.ff_norms, self.ff, strict=True)
+        for mixer, norm, ff_norm, ff in layers:
+            h = h + mixer(norm(h))
+            g = ff_norm(h)
+            h = h + ff["w2"](F.silu(ff["w1"](g)) * ff["w3"](g))
+        return self.head(self.norm(h))
+
+    def reset_cache(self) -> None:
+        for mixer in self.mixers:
+            mixer.reset_cache()
+
+    def make_inputs(self, seq: int = 8, seed: int = 0) -> tuple[torch.Tensor, ...]:
+        gen = torch.Generator().manual_seed(seed)
+        return (torch.randint(0, self.vocab, (1, seq), generator=gen),)
+
+    def dynamic_shapes(self, seq: Dim | None = None) -> tuple:
+        return ({1: seq or seq_dim(self.window, min_len=1)},)
+
+    @staticmethod
+    def mutable_buffers() -> list[str]:
+        """Buffers ExecuTorch must initialise (not delegate-owned): the
+        attention caches (see ``InitializedMutableBufferPass``)."""
+        return ["k_cache", "v_cache", "valid"]
+
+
+def generate(step, prompt: torch.Tensor, new_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy generation: ``step(tokens) -> logits`` on the prompt (the
+    prefill), then on each new token. Returns the tokens and each call's
+    last logits."""
+    logits = step(prompt)[:, -1]
+    tokens, all_logits = [], [logits]
+    for _ in range(new_tokens):
+        token = int(logits.argmax(-1))
+        tokens.append(token)
+        logits = step(torch.tensor([[token]]))[:, -1]
+        all_logits.append(logits)
+    return tokens, all_logits

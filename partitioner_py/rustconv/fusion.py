@@ -97,7 +97,7 @@ class _Fuser:
         self.position = {id(node): i for i, node in enumerate(graph.nodes)}
         self.producer = graph.producers()
         self.readers = graph.readers()
-        self.outputs = set(graph.outputs)
+        self.outputs = set(graph.outputs) | set(graph.state_updates())
         self.kernels: list[_Kernel] = []
         # id(original node) -> kernels it was placed in
         self.placed: dict[int, list[_Kernel]] = {}
@@ -290,7 +290,9 @@ def check_kernels(graph: IRGraph) -> str | None:
     values = graph.values
     kernel_of: dict[int, int] = {}
     available = {v for v in graph.inputs}
-    available.update(i for i, v in enumerate(values) if v.kind == ValueKind.Constant)
+    available.update(
+        i for i, v in enumerate(values) if v.kind in (ValueKind.Constant, ValueKind.State)
+    )
     previous = -1
     anchors: dict[int, int] = {}
     for position, node in enumerate(graph.nodes):
@@ -310,7 +312,7 @@ def check_kernels(graph: IRGraph) -> str | None:
                 return f"kernel {node.kernel} has two anchors"
             anchors[node.kernel] = position
     materialised: dict[int, set[int]] = {}
-    outputs = set(graph.outputs)
+    outputs = set(graph.outputs) | set(graph.state_updates())
     for node in graph.nodes:
         for name, ref in node.operand_fields():
             source = kernel_of.get(ref)

@@ -30,7 +30,7 @@ def write_graph(graph: IRGraph) -> tuple[GraphT, list[bytes], dict[int, tuple[in
 
     The constants' offsets assume :func:`rustconv.blob.pack_constants`'s layout.
     """
-    used = set(graph.inputs) | set(graph.outputs)
+    used = set(graph.inputs) | set(graph.outputs) | set(graph.state_updates())
     for node in graph.nodes:
         used.update(node.operands())
         used.add(node.output)
@@ -48,7 +48,7 @@ def write_graph(graph: IRGraph) -> tuple[GraphT, list[bytes], dict[int, tuple[in
         out.dims = value.dims
         out.kind = value.kind
         out.ioIndex = value.io_index
-        if value.kind == ValueKind.Constant:
+        if value.kind in (ValueKind.Constant, ValueKind.State):
             assert value.data is not None
             offset = align_up(segment_end)
             segment_end = offset + len(value.data)
@@ -56,6 +56,10 @@ def write_graph(graph: IRGraph) -> tuple[GraphT, list[bytes], dict[int, tuple[in
             out.constantOffset, out.constantSize = offset, len(value.data)
         index[vid] = len(values)
         values.append(out)
+
+    for vid, value in enumerate(graph.values):
+        if vid in index and value.kind == ValueKind.State:
+            values[index[vid]].stateUpdate = index[value.state_update]
 
     kernel_handles: dict[int, list[int]] = {}
     nodes = []

@@ -3,8 +3,9 @@
 For every RustConvBackend delegate call of every method, it lists the fused
 kernels in execution order, the model's ops each absorbed, the algorithm the
 runtime chose on this machine, the arena's size and every stored value's
-offset and lifetime. The plan comes from the Rust runtime itself
-(``rustconv_inspect_plan`` in ``librustconv_backend.so``), built by the code
+offset and lifetime, and the state the delegate keeps across calls. The
+plan comes from the Rust runtime itself (``rustconv_inspect_plan`` in
+``librustconv_backend.so``), built by the code
 ``init`` runs, so it is exactly what loading the program would do here.
 """
 
@@ -118,6 +119,16 @@ def _format(call: DelegateCall, plan: dict[str, Any]) -> str:
             lines.append(
                 f"    {v['arena_offset']:>10}  {_mib(v['bytes']):>10}  kernels {first}..{last}  "
                 f"{v['name']} [{', '.join(v['dims'])}] {v['dtype']}"
+            )
+    states = [v for v in plan["values"] if v["location"] == "state"]
+    if states:
+        lines.append(
+            f"  state kept across calls: {_mib(plan['state_bytes'])} "
+            "(and as much again for its initial value, restored by reset_state)"
+        )
+        for v in states:
+            lines.append(
+                f"    {_mib(v['bytes']):>10}  {v['name']} [{', '.join(v['dims'])}] {v['dtype']}"
             )
     virtual = sum(1 for v in plan["values"] if v["location"] == "virtual")
     lines.append(f"  {virtual} value(s) computed in the kernels' loops, never stored")

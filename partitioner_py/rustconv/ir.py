@@ -100,6 +100,9 @@ class IRValue:
     io_index: int = 0
     data: bytes | None = None
     is_mask: bool = False
+    #: For a ``State`` value: the value id whose contents become the state
+    #: after each call (the buffer's ``copy_``); -1 otherwise.
+    state_update: int = -1
 
 
 @dataclass
@@ -159,6 +162,11 @@ class IRGraph:
     def add_value(self, value: IRValue) -> int:
         self.values.append(value)
         return len(self.values) - 1
+
+    def state_updates(self) -> list[int]:
+        """The values written back into delegate-owned state after a call:
+        stored at the end of the call like outputs."""
+        return [v.state_update for v in self.values if v.state_update >= 0]
 
     def producers(self) -> dict[int, IRNode]:
         return {node.output: node for node in self.nodes}

@@ -8,9 +8,13 @@ about inputs, outputs and constants:
 * **Delegate inputs** are the program's placeholders that are *not* constants
   (parameters, buffers, lifted tensor constants), in graph order; input ``i``
   of the delegate call is the value with kind ``Input`` and ``io_index == i``.
-  A mutated buffer is never a constant: it stays an input, and its new value
-  an output, ExecuTorch's own ``copy_`` back staying outside the delegate.
-* **Delegate outputs** are the entries of the program's output node, in order.
+* **State**: a mutated buffer handed to the partition (the partitioner tags
+  it with ExecuTorch's ``tag_mutated_buffer``) becomes a ``State`` value: its
+  exported value is the initial state, in the constant segment, and the
+  program output that mutates it (``OutputKind.BUFFER_MUTATION``, the
+  ``copy_`` of the model) becomes that value's ``state_update`` instead of a
+  delegate output, so the runtime updates the state in place across calls.
+* **Delegate outputs** are the program's user outputs, in order.
 * Constants get values only when a blob node reads them (a 0-d constant folded
   into a ``*_scalar`` field costs nothing).
 
@@ -28,6 +32,7 @@ import numpy as np
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.export import ExportedProgram
+from torch.export.graph_signature import OutputKind
 from torch.fx import Node
 
 from rustconv.errors import UnsupportedGraphError
@@ -153,12 +158,8 @@ class LoweringBuilder:
 
     def _placeholder(self, node: Node) -> None:
         if self.ctx.is_mutable_buffer(node):
-            # Handed to preprocess as a delegate-owned buffer: its data would
-            # be baked into the blob and its updates lost.
-            raise UnsupportedGraphError(
-                f"buffer {node.name!r} is mutated; RustConv does not own mutable state "
-                "(leave it untagged so it stays a delegate input)"
-            )
+            self._state(node)
+            return
         if self.ctx.is_constant(node):
             # Materialised on first read (see value()); unused and folded
             # constants (0-d scalars) cost nothing.
@@ -168,6 +169,22 @@ class LoweringBuilder:
         _check_default_dim_order(node, val)
         index = self._new_value(node, ValueKind.Input, io_index=len(self.graph.inputs))
         self.graph.inputs.append(index)
+
+    def _state(self, node: Node) -> None:
+        """A delegate-owned mutable buffer: its exported value starts the state."""
+        from torch._export.utils import get_buffer
+
+        tensor = get_buffer(self.ep, node)
+        if tensor is None:
+            raise UnsupportedGraphError(f"mutated buffer {node.name!r} has no data")
+        val = self.tensor_meta(node)
+        _check_default_dim_order(node, val)
+        if any(not isinstance(s, int) for s in val.shape):
+            raise UnsupportedGraphError(
+                f"state {node.name!r} has a dynamic shape {tuple(val.shape)}; "
+                "delegate-owned state has a fixed size"
+            )
+        self._new_value(node, ValueKind.State, data=_constant_bytes(node, tensor, val))
 
     def _constant(self, node: Node) -> int:
         tensor = self.ctx.constant_tensor(node)
@@ -274,8 +291,32 @@ class LoweringBuilder:
         results = output_node.args[0]
         if not isinstance(results, (list, tuple)):
             results = (results,)
+        specs = self.ep.graph_signature.output_specs
+        mutations = {
+            i: spec.target
+            for i, spec in enumerate(specs)
+            if spec.kind == OutputKind.BUFFER_MUTATION
+        }
+        states = {
+            self.ep.graph_signature.inputs_to_buffers.get(node.name): index
+            for node, index in self._value_of.items()
+            if self.graph.values[index].kind == ValueKind.State
+        }
+        user_results = []
+        for position, result in enumerate(results):
+            if position not in mutations:
+                user_results.append(result)
+                continue
+            target = mutations[position]
+            if target not in states:
+                raise UnsupportedGraphError(
+                    f"output {position} mutates buffer {target!r}, which the subgraph does not own"
+                )
+            self._state_update(states.pop(target), result, output_node)
+        for target in states:
+            raise UnsupportedGraphError(f"state {target!r} is never updated in the subgraph")
         seen: dict[Node, int] = {}
-        for io_index, result in enumerate(results):
+        for io_index, result in enumerate(user_results):
             if isinstance(result, Node) and result in seen:
                 raise UnsupportedGraphError(
                     f"{result.name!r} is returned more than once (outputs "
@@ -305,11 +346,31 @@ class LoweringBuilder:
             self.graph.outputs.append(index)
             seen[result] = io_index
 
+    def _state_update(self, state: int, result: Any, output_node: Node) -> None:
+        update = self.value(result, output_node, "state update")
+        value = self.graph.values[update]
+        if value.kind != ValueKind.Intermediate or value.is_mask:
+            raise UnsupportedGraphError(
+                f"the new value of state {self.graph.values[state].name!r} is "
+                f"{result.name!r}, which is not computed in the subgraph"
+            )
+
+        def sizes(v: IRValue) -> list[tuple[int, bool]]:
+            return [(d.size, d.dynamic) for d in v.dims]
+
+        if sizes(value) != sizes(self.graph.values[state]):
+            raise UnsupportedGraphError(
+                f"the new value of state {self.graph.values[state].name!r} has "
+                f"dims {sizes(value)}, the state {sizes(self.graph.values[state])}"
+            )
+        self.graph.values[state].state_update = update
+
     def _drop_dead_nodes(self) -> None:
         """Removes nodes whose result nobody reads (left by folding), to a fixpoint."""
         while True:
             read = {ref for n in self.graph.nodes for ref in n.operands()}
             read.update(self.graph.outputs)
+            read.update(self.graph.state_updates())
             live = [n for n in self.graph.nodes if n.output in read]
             if len(live) == len(self.graph.nodes):
                 return

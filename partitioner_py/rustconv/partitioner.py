@@ -13,8 +13,12 @@ Weights and biases that are constants (parameters, buffers, lifted tensors)
 are tagged with ``tag_constant_data`` so the delegate owns them: they go into
 the blob's constant segment. A weight that is a graph input, or is computed by
 ops outside the delegate, stays a regular delegate input. A mutated buffer
-(a convolution state updated with ``copy_``) is never delegate-owned: it stays
-a delegate input and its new value a delegate output.
+that feeds a partition (a convolution's ``conv_state`` updated with ``copy_``,
+a scan's initial state) is tagged with ExecuTorch's ``tag_mutated_buffer``, as
+its CoreML, MLX and Vulkan partitioners do: the delegate owns it (see
+:mod:`rustconv.lowering`), keeps it across calls and updates it in place, and
+ExecuTorch drops its ``copy_`` back. ``stateful=False`` keeps the previous
+behaviour (the buffer a delegate input, its new value a delegate output).
 """
 
 from __future__ import annotations
@@ -31,8 +35,9 @@ from executorch.exir.backend.partitioner import (
     Partitioner,
     PartitionResult,
 )
-from executorch.exir.backend.utils import tag_constant_data
+from executorch.exir.backend.utils import tag_constant_data, tag_mutated_buffer
 from torch.export import ExportedProgram
+from torch.export.graph_signature import OutputKind
 from torch.fx import Node
 
 from rustconv.backend import RustConvBackend
@@ -75,6 +80,9 @@ class RustConvPartitioner(Partitioner):
             for ``profile="measure"``.
         candidates: take only these candidates (keys from
             :func:`rustconv.guided.candidate_keys`); used by the measurements.
+        stateful: the model's mutated buffers that feed a partition become
+            state the delegate owns (see above); False keeps them delegate
+            inputs with their ``copy_`` outside.
 
     Works with both lowering flows::
 
@@ -93,8 +101,10 @@ class RustConvPartitioner(Partitioner):
         measure_threads: int | None = None,
         candidates: set[str] | None = None,
         program: ExportedProgram | None = None,
+        stateful: bool = True,
     ) -> None:
         super().__init__()
+        self.stateful = stateful
         self.compile_specs = list(compile_specs or [])
         self.delegation_spec = DelegationSpec(
             RustConvBackend.__name__, validate_compile_specs(self.compile_specs)
@@ -156,9 +166,12 @@ class RustConvPartitioner(Partitioner):
             partition_tags[tag] = self.delegation_spec
 
         # Constant weights/biases used only by our nodes become delegate-owned.
-        # (tag_constant_data skips mutated buffers; they stay delegate inputs.)
+        # (tag_constant_data skips mutated buffers.)
         tag_constant_data(exported_program)
-        _untag_mutated_buffers(exported_program, partition_tags)
+        if self.stateful:
+            _tag_state(exported_program, partition_tags)
+        else:
+            _untag_mutated_buffers(exported_program, partition_tags)
         return PartitionResult(
             tagged_exported_program=exported_program, partition_tags=partition_tags
         )
@@ -238,6 +251,62 @@ def _log_rejections(proposal: Proposal) -> None:
         if lowering_for(node) is not None:
             # Only our own op kinds: "aten.mm is not a RustConv op" is noise.
             logger.info("RustConv does not take %s: %s", node.name, reason)
+
+
+def _tag_state(ep: ExportedProgram, tags: dict[str, DelegationSpec]) -> None:
+    """Mutated buffers read by one of our partitions become delegate-owned.
+
+    ``tag_mutated_buffer`` gives a buffer the tag of a partition reading it.
+    A buffer also read outside that partition, or whose new value is
+    computed outside it, stays a delegate input (others would read a stale
+    copy; the delegate could not update it).
+    """
+    ctx = GraphContext(ep)
+    sig = ep.graph_signature
+    # buffer target -> the node computing its new value
+    new_value = {
+        spec.target: spec.arg.name
+        for spec in sig.output_specs
+        if spec.kind == OutputKind.BUFFER_MUTATION
+    }
+    nodes = {node.name: node for node in ep.graph.nodes}
+    for node in ep.graph.nodes:
+        if ctx.is_mutable_buffer(node):
+            source = nodes.get(new_value.get(sig.inputs_to_buffers.get(node.name), ""))
+            _follow_state(node, source, tags)
+    tag_mutated_buffer(ep)
+    for node in ep.graph.nodes:
+        tag = node.meta.get("delegation_tag")
+        if not ctx.is_mutable_buffer(node) or tag not in tags:
+            continue
+        source = nodes.get(new_value.get(sig.inputs_to_buffers.get(node.name), ""))
+        shared = any(user.meta.get("delegation_tag") != tag for user in node.users)
+        # The new value must be computed by the same delegate: it updates
+        # the state in place at the end of its call.
+        if shared or source is None or source.meta.get("delegation_tag") != tag:
+            del node.meta["delegation_tag"]
+
+
+def _follow_state(buffer: Node, source: Node | None, tags: dict[str, DelegationSpec]) -> None:
+    """Moves the node computing a state's new value into the partition reading
+    the state, where it can be.
+
+    torch.fx's grouping may put a node that only feeds the program's output
+    (``conv_state``'s new value, a slice of the partition's ``cat``) in
+    another RustConv partition. Moving such a sink costs nothing and cannot
+    make a cycle: nothing reads it but the output, and what it reads is in
+    the partition it joins (or outside every partition).
+    """
+    users = {user.meta.get("delegation_tag") for user in buffer.users}
+    if source is None or len(users) != 1:
+        return
+    (tag,) = users
+    if tag not in tags or source.meta.get("delegation_tag") not in tags:
+        return
+    if any(user.op != "output" for user in source.users):
+        return
+    if all(n.meta.get("delegation_tag") in (tag, None) for n in source.all_input_nodes):
+        source.meta["delegation_tag"] = tag
 
 
 def _untag_mutated_buffers(ep: ExportedProgram, tags: dict[str, DelegationSpec]) -> None:

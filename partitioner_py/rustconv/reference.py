@@ -81,7 +81,7 @@ def run_blob(blob: bytes, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
     env: dict[int, torch.Tensor] = {}
     for index, value in enumerate(values):
-        if value.kind == ValueKind.Constant:
+        if value.kind in (ValueKind.Constant, ValueKind.State):  # a state: its initial value
             raw = parsed.segment[value.constantOffset : value.constantOffset + value.constantSize]
             shape = [d.size for d in value.dims]
             array = np.frombuffer(raw, dtype=_NUMPY_DTYPES[value.dtype]).reshape(shape)

@@ -52,6 +52,7 @@ __all__ = [
     "is_loaded",
     "has_scan_kernel",
     "candidate_paths",
+    "reset_state",
 ]
 
 BACKEND_NAME = "RustConvBackend"
@@ -136,6 +137,23 @@ def is_loaded() -> bool:
 def has_scan_kernel() -> bool:
     """Whether ``rustconv::linear_scan.out`` is a registered ExecuTorch operator."""
     return SCAN_KERNEL_NAME in _registered_operators()
+
+
+def reset_state() -> None:
+    """Puts every RustConv delegate's state back to its exported value.
+
+    Delegates own the mutable buffers the partitioner tagged (convolution and
+    scan states, see :class:`rustconv.RustConvPartitioner`); each restores
+    its initial state at the start of its next call. This is the backend
+    option ``reset_state`` (C++: ``executorch::runtime::set_option(
+    "RustConvBackend", ...)`` with ``reset_state = true``), reached through
+    the library's C entry point because ExecuTorch's Python runtime has no
+    backend options. It applies to every loaded program; loading a method
+    again also starts it from the exported state.
+    """
+    library = _library if _library is not None else ctypes.CDLL(None)
+    library.rustconv_reset_state.restype = None
+    library.rustconv_reset_state()
 
 
 _load()

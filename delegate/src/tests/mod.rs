@@ -25,6 +25,8 @@ struct V {
     kind: fb::ValueKind,
     io: u32,
     data: Option<Vec<f32>>,
+    /// For a state: the value copied into it after each call.
+    update: i32,
 }
 
 fn input(name: &'static str, io: u32, dims: &[(i64, bool)]) -> V {
@@ -34,6 +36,7 @@ fn input(name: &'static str, io: u32, dims: &[(i64, bool)]) -> V {
         kind: fb::ValueKind::Input,
         io,
         data: None,
+        update: -1,
     }
 }
 fn output(name: &'static str, io: u32, dims: &[(i64, bool)]) -> V {
@@ -43,6 +46,7 @@ fn output(name: &'static str, io: u32, dims: &[(i64, bool)]) -> V {
         kind: fb::ValueKind::Output,
         io,
         data: None,
+        update: -1,
     }
 }
 fn inter(name: &'static str, dims: &[(i64, bool)]) -> V {
@@ -52,6 +56,7 @@ fn inter(name: &'static str, dims: &[(i64, bool)]) -> V {
         kind: fb::ValueKind::Intermediate,
         io: 0,
         data: None,
+        update: -1,
     }
 }
 fn constant(name: &'static str, dims: &[i64], data: Vec<f32>) -> V {
@@ -61,6 +66,14 @@ fn constant(name: &'static str, dims: &[i64], data: Vec<f32>) -> V {
         kind: fb::ValueKind::Constant,
         io: 0,
         data: Some(data),
+        update: -1,
+    }
+}
+fn state(name: &'static str, dims: &[i64], data: Vec<f32>, update: i32) -> V {
+    V {
+        kind: fb::ValueKind::State,
+        update,
+        ..constant(name, dims, data)
     }
 }
 fn s(d: i64) -> (i64, bool) {
@@ -71,6 +84,7 @@ fn dynamic(bound: i64) -> (i64, bool) {
 }
 
 mod fused;
+mod streaming;
 
 #[derive(Clone, Copy)]
 enum N {
@@ -169,6 +183,7 @@ fn build_blob_grouped(
                     io_index: v.io,
                     constant_offset: if v.data.is_some() { offset } else { 0 },
                     constant_size: size,
+                    state_update: v.update,
                 },
             )
         })

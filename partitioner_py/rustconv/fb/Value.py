@@ -94,8 +94,15 @@ class Value(object):
             return self._tab.Get(flatbuffers.number_types.Uint64Flags, o + self._tab.Pos)
         return 0
 
+    # Value
+    def StateUpdate(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(18))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Int32Flags, o + self._tab.Pos)
+        return -1
+
 def ValueStart(builder):
-    builder.StartObject(7)
+    builder.StartObject(8)
 
 def Start(builder):
     ValueStart(builder)
@@ -148,6 +155,12 @@ def ValueAddConstantSize(builder, constantSize):
 def AddConstantSize(builder, constantSize):
     ValueAddConstantSize(builder, constantSize)
 
+def ValueAddStateUpdate(builder, stateUpdate):
+    builder.PrependInt32Slot(7, stateUpdate, -1)
+
+def AddStateUpdate(builder, stateUpdate):
+    ValueAddStateUpdate(builder, stateUpdate)
+
 def ValueEnd(builder):
     return builder.EndObject()
 
@@ -171,6 +184,7 @@ class ValueT(object):
         self.ioIndex = 0  # type: int
         self.constantOffset = 0  # type: int
         self.constantSize = 0  # type: int
+        self.stateUpdate = -1  # type: int
 
     @classmethod
     def InitFromBuf(cls, buf, pos):
@@ -207,6 +221,7 @@ class ValueT(object):
         self.ioIndex = value.IoIndex()
         self.constantOffset = value.ConstantOffset()
         self.constantSize = value.ConstantSize()
+        self.stateUpdate = value.StateUpdate()
 
     # ValueT
     def Pack(self, builder):
@@ -227,5 +242,6 @@ class ValueT(object):
         ValueAddIoIndex(builder, self.ioIndex)
         ValueAddConstantOffset(builder, self.constantOffset)
         ValueAddConstantSize(builder, self.constantSize)
+        ValueAddStateUpdate(builder, self.stateUpdate)
         value = ValueEnd(builder)
         return value

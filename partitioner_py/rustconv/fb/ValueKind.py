@@ -7,3 +7,4 @@ class ValueKind(object):
     Output = 1
     Constant = 2
     Intermediate = 3
+    State = 4

@@ -17,6 +17,7 @@ module                    ATen ops                                       blob op
 :mod:`.permute`           permute, transpose                             Permute
 :mod:`.slices`            slice (or folded into a conv)                  Slice
 :mod:`.split`             split, split_with_sizes, chunk + getitem       Slice
+:mod:`.select`            select (one index)                             Slice, Reshape
 :mod:`.reshape`           view, reshape, squeeze, unsqueeze              Reshape
 :mod:`.cat`               cat                                            Cat
 :mod:`.symint`            sym_size and SymInt arithmetic                 (none)
@@ -34,6 +35,7 @@ from rustconv.ops_lowering import (  # noqa: F401  (each module registers its lo
     permute,
     reshape,
     scan,
+    select,
     slices,
     split,
     symint,

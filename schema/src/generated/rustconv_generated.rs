@@ -114,14 +114,15 @@ impl flatbuffers::SimpleToVerifyInSlice for DType {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_VALUE_KIND: i8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_VALUE_KIND: i8 = 3;
+pub const ENUM_MAX_VALUE_KIND: i8 = 4;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_VALUE_KIND: [ValueKind; 4] = [
+pub const ENUM_VALUES_VALUE_KIND: [ValueKind; 5] = [
   ValueKind::Input,
   ValueKind::Output,
   ValueKind::Constant,
   ValueKind::Intermediate,
+  ValueKind::State,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -133,14 +134,16 @@ impl ValueKind {
   pub const Output: Self = Self(1);
   pub const Constant: Self = Self(2);
   pub const Intermediate: Self = Self(3);
+  pub const State: Self = Self(4);
 
   pub const ENUM_MIN: i8 = 0;
-  pub const ENUM_MAX: i8 = 3;
+  pub const ENUM_MAX: i8 = 4;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::Input,
     Self::Output,
     Self::Constant,
     Self::Intermediate,
+    Self::State,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -149,6 +152,7 @@ impl ValueKind {
       Self::Output => Some("Output"),
       Self::Constant => Some("Constant"),
       Self::Intermediate => Some("Intermediate"),
+      Self::State => Some("State"),
       _ => None,
     }
   }
@@ -744,6 +748,7 @@ impl<'a> Value<'a> {
   pub const VT_IO_INDEX: flatbuffers::VOffsetT = 12;
   pub const VT_CONSTANT_OFFSET: flatbuffers::VOffsetT = 14;
   pub const VT_CONSTANT_SIZE: flatbuffers::VOffsetT = 16;
+  pub const VT_STATE_UPDATE: flatbuffers::VOffsetT = 18;
 
   #[inline]
   pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
@@ -757,6 +762,7 @@ impl<'a> Value<'a> {
     let mut builder = ValueBuilder::new(_fbb);
     builder.add_constant_size(args.constant_size);
     builder.add_constant_offset(args.constant_offset);
+    builder.add_state_update(args.state_update);
     builder.add_io_index(args.io_index);
     if let Some(x) = args.dims { builder.add_dims(x); }
     if let Some(x) = args.name { builder.add_name(x); }
@@ -815,6 +821,13 @@ impl<'a> Value<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(Value::VT_CONSTANT_SIZE, Some(0)).unwrap()}
   }
+  #[inline]
+  pub fn state_update(&self) -> i32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<i32>(Value::VT_STATE_UPDATE, Some(-1)).unwrap()}
+  }
 }
 
 impl flatbuffers::Verifiable for Value<'_> {
@@ -831,6 +844,7 @@ impl flatbuffers::Verifiable for Value<'_> {
      .visit_field::<u32>("io_index", Self::VT_IO_INDEX, false)?
      .visit_field::<u64>("constant_offset", Self::VT_CONSTANT_OFFSET, false)?
      .visit_field::<u64>("constant_size", Self::VT_CONSTANT_SIZE, false)?
+     .visit_field::<i32>("state_update", Self::VT_STATE_UPDATE, false)?
      .finish();
     Ok(())
   }
@@ -843,6 +857,7 @@ pub struct ValueArgs<'a> {
     pub io_index: u32,
     pub constant_offset: u64,
     pub constant_size: u64,
+    pub state_update: i32,
 }
 impl<'a> Default for ValueArgs<'a> {
   #[inline]
@@ -855,6 +870,7 @@ impl<'a> Default for ValueArgs<'a> {
       io_index: 0,
       constant_offset: 0,
       constant_size: 0,
+      state_update: -1,
     }
   }
 }
@@ -893,6 +909,10 @@ impl<'a: 'b, 'b, A: flatbuffers::Allocator + 'a> ValueBuilder<'a, 'b, A> {
     self.fbb_.push_slot::<u64>(Value::VT_CONSTANT_SIZE, constant_size, 0);
   }
   #[inline]
+  pub fn add_state_update(&mut self, state_update: i32) {
+    self.fbb_.push_slot::<i32>(Value::VT_STATE_UPDATE, state_update, -1);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a, A>) -> ValueBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     ValueBuilder {
@@ -917,6 +937,7 @@ impl core::fmt::Debug for Value<'_> {
       ds.field("io_index", &self.io_index());
       ds.field("constant_offset", &self.constant_offset());
       ds.field("constant_size", &self.constant_size());
+      ds.field("state_update", &self.state_update());
       ds.finish()
   }
 }

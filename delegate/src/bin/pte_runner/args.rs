@@ -16,6 +16,17 @@ usage: pte_runner -model_path FILE [options]
   -output_npz_path FILE   write the outputs of the last iteration
   -num_threads N          threads for RustConvBackend, XNNPACK and the CPU kernels
   -seed N                 seed for random inputs (default: 0)
+  -steps_npz_paths A,B,.. a streaming sequence: each iteration runs the method
+                          once per file, in order (inputs named as for
+                          -inputs_npz_path), the model's state carried from call
+                          to call (a prefill, then decode steps); latency is
+                          reported per call position; -output_npz_path writes
+                          call k's outputs to FILE with .k before .npz
+  -decode_steps N         repeat the last of -steps_npz_paths until there are
+                          N + 1 calls per iteration (a prefill and N decode steps)
+  -reset_state            reset RustConv's delegate-owned state (the backend
+                          option reset_state) before every iteration but the
+                          first, so each replays the sequence from the start
   -help                   show this text";
 
 #[derive(Debug, Default, PartialEq)]
@@ -29,6 +40,9 @@ pub struct Args {
     pub output_npz_path: Option<PathBuf>,
     pub num_threads: Option<u32>,
     pub seed: u64,
+    pub steps_npz_paths: Vec<PathBuf>,
+    pub decode_steps: Option<usize>,
+    pub reset_state: bool,
     pub help: bool,
 }
 
@@ -50,6 +64,10 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
         };
         if name == "help" || name == "h" {
             args.help = true;
+            continue;
+        }
+        if name == "reset_state" {
+            args.reset_state = true;
             continue;
         }
         let mut value = || {
@@ -74,6 +92,10 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
                 args.num_threads = Some(n);
             }
             "seed" => args.seed = number(name, &value()?)?,
+            "steps_npz_paths" => {
+                args.steps_npz_paths = value()?.split(',').map(PathBuf::from).collect()
+            }
+            "decode_steps" => args.decode_steps = Some(number(name, &value()?)?),
             _ => return Err(format!("unknown flag '{arg}' (see -help)")),
         }
     }
@@ -83,6 +105,18 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
     args.model_path = model_path.ok_or("-model_path is required (see -help)")?;
     if args.iter == 0 {
         return Err("-iter must be at least 1".into());
+    }
+    if args.decode_steps.is_some() && args.steps_npz_paths.is_empty() {
+        return Err("-decode_steps needs -steps_npz_paths".into());
+    }
+    if !args.steps_npz_paths.is_empty() && args.inputs_npz_path.is_some() {
+        return Err("-steps_npz_paths and -inputs_npz_path exclude each other".into());
+    }
+    if let Some(n) = args.decode_steps {
+        let last = args.steps_npz_paths.last().cloned().unwrap_or_default();
+        while args.steps_npz_paths.len() < n + 1 {
+            args.steps_npz_paths.push(last.clone());
+        }
     }
     Ok(args)
 }
@@ -129,5 +163,22 @@ mod tests {
             .contains("needs a value"));
         assert!(parse_str("-model_path m -num_threads 0").is_err());
         assert!(parse_str("stray").is_err());
+        assert!(parse_str("-model_path m -decode_steps 3")
+            .unwrap_err()
+            .contains("needs -steps_npz_paths"));
+    }
+
+    #[test]
+    fn decode_steps_repeat_the_last_call() {
+        let a =
+            parse_str("-model_path m -steps_npz_paths p.npz,t.npz -decode_steps 3 -reset_state")
+                .unwrap();
+        let names: Vec<_> = a
+            .steps_npz_paths
+            .iter()
+            .map(|p| p.to_str().unwrap())
+            .collect();
+        assert_eq!(names, ["p.npz", "t.npz", "t.npz", "t.npz"]);
+        assert!(a.reset_state);
     }
 }

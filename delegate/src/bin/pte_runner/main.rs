@@ -10,6 +10,7 @@ mod ffi;
 mod npz;
 mod stats;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -80,6 +81,12 @@ fn run(argv: impl IntoIterator<Item = String>) -> Result<(), String> {
         Some(path) => Some((path, npz::read_all(path)?)),
         None => None,
     };
+    let mut step_files: Vec<(PathBuf, std::collections::HashMap<usize, Array>)> = Vec::new();
+    for path in &args.steps_npz_paths {
+        if !step_files.iter().any(|(p, _)| p == path) {
+            step_files.push((path.clone(), npz::read_all(path)?));
+        }
+    }
     let baseline = stats::reset_peak_rss();
     // Declared before `session`, so dropped after it: the session reads these
     // bytes in place (see `set_input`).
@@ -90,6 +97,18 @@ fn run(argv: impl IntoIterator<Item = String>) -> Result<(), String> {
     let inputs: Vec<Array>;
     let mut session = et::open_session(model, &args.method, args.etdump_path.is_some())
         .map_err(|e| e.what().to_owned())?;
+    if !args.steps_npz_paths.is_empty() {
+        // The calls' inputs, one set per distinct file, alive as long as the
+        // session (set_input reads them in place).
+        let sets: Vec<(PathBuf, Vec<Array>)> = step_files
+            .into_iter()
+            .map(|(path, arrays)| {
+                let inputs = npz::select_inputs(arrays, &path, session.num_inputs())?;
+                Ok((path, inputs))
+            })
+            .collect::<Result<_, String>>()?;
+        return run_sequence(&mut session, &args, &sets, baseline);
+    }
     inputs = match npz_arrays {
         Some((path, arrays)) => npz::select_inputs(arrays, path, session.num_inputs())?,
         None => random_inputs(&session, args.seed)?,
@@ -144,6 +163,99 @@ fn run(argv: impl IntoIterator<Item = String>) -> Result<(), String> {
             .pin_mut()
             .write_etdump(path)
             .map_err(|e| e.what().to_owned())?;
+    }
+    Ok(())
+}
+
+/// Streaming: every iteration runs the calls of `-steps_npz_paths` in order,
+/// the model's state carried between them; times per call position.
+fn run_sequence(
+    session: &mut cxx::UniquePtr<et::Session>,
+    args: &Args,
+    sets: &[(PathBuf, Vec<Array>)],
+    baseline: Option<u64>,
+) -> Result<(), String> {
+    let calls: Vec<&[Array]> = args
+        .steps_npz_paths
+        .iter()
+        .map(|p| {
+            let (_, inputs) = sets.iter().find(|(q, _)| q == p).expect("read above");
+            inputs.as_slice()
+        })
+        .collect();
+    let mut times = vec![Vec::with_capacity(args.iter); calls.len()];
+    let mut outputs = Vec::new();
+    for i in 0..args.warmup + args.iter {
+        if i > 0 && args.reset_state {
+            et::reset_state().map_err(|e| e.what().to_owned())?;
+        }
+        let last = i + 1 == args.warmup + args.iter;
+        for (k, inputs) in calls.iter().enumerate() {
+            set_inputs(session, inputs)?;
+            let start = Instant::now();
+            session
+                .pin_mut()
+                .execute()
+                .map_err(|e| format!("call {k}: {}", e.what()))?;
+            if i >= args.warmup {
+                times[k].push(start.elapsed());
+            }
+            if last && args.output_npz_path.is_some() {
+                outputs.push(read_outputs(session)?);
+            }
+        }
+    }
+    println!(
+        "pte_runner: {} '{}': {} iteration(s) of {} call(s), {} thread(s)",
+        args.model_path.display(),
+        args.method,
+        args.iter,
+        calls.len(),
+        args.num_threads
+            .map_or("default".to_owned(), |n| n.to_string())
+    );
+    // "latency:" is the decode steps' (every call after the first), the
+    // line the benchmark reads; the first call (the prefill) apart.
+    let decode: Vec<Duration> = times[1..].iter().flatten().copied().collect();
+    let steady = if decode.is_empty() {
+        &times[0]
+    } else {
+        &decode
+    };
+    println!("latency: {}", stats::summarize(steady));
+    println!("first call latency: {}", stats::summarize(&times[0]));
+    if let Some(kib) = stats::peak_rss_kib() {
+        println!(
+            "peak memory: {:.1} MiB above the inputs",
+            kib.saturating_sub(baseline.unwrap_or(0)) as f64 / 1024.0
+        );
+    }
+    if let Some(path) = &args.output_npz_path {
+        for (k, out) in outputs.iter().enumerate() {
+            npz::write_outputs(&step_path(path, k), out)?;
+        }
+    }
+    Ok(())
+}
+
+/// `out.npz` -> `out.3.npz` for call 3.
+fn step_path(path: &std::path::Path, k: usize) -> PathBuf {
+    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("out");
+    path.with_file_name(format!("{stem}.{k}.npz"))
+}
+
+fn set_inputs(session: &mut cxx::UniquePtr<et::Session>, inputs: &[Array]) -> Result<(), String> {
+    for (i, array) in inputs.iter().enumerate() {
+        let sizes: Vec<i32> = array.shape.iter().map(|&d| d as i32).collect();
+        // SAFETY: the input sets (`sets` in `run`) are never modified and
+        // outlive every execute of the session: `run` returns right after
+        // the sequence, and dropping the session reads no input.
+        unsafe {
+            session
+                .pin_mut()
+                .set_input(i, array.dtype.scalar_type(), &sizes, &array.data)
+        }
+        .map_err(|e| format!("input {i} with shape {:?}: {}", array.shape, e.what()))?;
     }
     Ok(())
 }

@@ -100,6 +100,15 @@ pub(crate) fn cost(g: &Conv1dGeometry) -> f64 {
         Backend::Neon => NEON_MACS_PER_SEC,
     };
     let rows = (p.batch * p.out_channels) as f64;
+    if g.out_len <= SHORT_OUTPUTS {
+        // The plain channel loop of `short_rows`: scalar, no row set-up.
+        return roofline(
+            direct_macs(g),
+            SCALAR_EDGE_MACS_PER_SEC,
+            compulsory_bytes(g),
+            STREAM_BYTES_PER_SEC,
+        );
+    }
     let span = (k - 1) * p.dilation;
     let scalar_edges = if simd::edge_window_too_small(span) {
         // Outputs per row where some tap reads padding; about half their
@@ -183,6 +192,10 @@ impl DepthwiseConv {
             dilation: p.dilation,
         };
         let rows = p.batch * channels;
+        if out_len <= SHORT_OUTPUTS {
+            short_rows(g, x, w, bias, y);
+            return;
+        }
         let kernel = &self.kernel;
         let row_part = |row: usize, l0: usize, y_part: &mut [f32]| {
             let c = row % channels;
@@ -265,6 +278,13 @@ impl DepthwiseConv {
         if rows == 0 || out_len == 0 {
             return;
         }
+        let (x, y) = match (x, y) {
+            (RowsIn::Slice(x), RowsOut::Slice(y)) if out_len <= SHORT_OUTPUTS => {
+                short_rows(g, x, w, bias, y);
+                return;
+            }
+            other => other,
+        };
         let span = (k - 1) * p.dilation;
         let window = FUSED_CHUNK + span;
         let kernel = &self.kernel;
@@ -427,6 +447,68 @@ impl DepthwiseConv {
                 }
             })
         });
+    }
+}
+
+/// Rows this short (a decode step: one output, or a few) skip the row
+/// kernels, whose set-up per row (edges, register blocks) costs more than the
+/// row: a plain loop over channels computes them.
+const SHORT_OUTPUTS: usize = 4;
+
+/// Multiply-adds below which a call runs on the calling thread alone: waking
+/// the pool costs more than the work (a decode step of a few thousand
+/// channels).
+const SERIAL_MACS: usize = 1 << 16;
+
+/// Channels `short_rows` computes together: independent accumulators, so
+/// the multiply-adds of one channel do not wait on each other's latency.
+const SHORT_BLOCK: usize = 16;
+
+/// Every output of a call whose rows are at most [`SHORT_OUTPUTS`] long:
+/// per output, the taps that land inside the row (the padding reads zeros),
+/// [`SHORT_BLOCK`] rows at a time.
+fn short_rows(g: &Conv1dGeometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, y: &mut [f32]) {
+    let p = &g.params;
+    let (channels, in_len, out_len, k) = (p.in_channels, p.in_len, g.out_len, p.kernel_size);
+    let (pad_left, dilation) = (p.pad_left, p.dilation);
+    // Rows r0 .. r0 + y_rows.len() / out_len.
+    let block = |(i, y_rows): (usize, &mut [f32])| {
+        let r0 = i * SHORT_BLOCK;
+        let n = y_rows.len() / out_len;
+        // Each row's channel, once per block (a division per row).
+        let mut ch = [0usize; SHORT_BLOCK];
+        for (m, c) in ch[..n].iter_mut().enumerate() {
+            *c = (r0 + m) % channels;
+        }
+        let mut acc = [0.0f32; SHORT_BLOCK];
+        for l in 0..out_len {
+            for (a, &c) in acc[..n].iter_mut().zip(&ch) {
+                *a = bias.map_or(0.0, |b| b[c]);
+            }
+            for j in 0..k {
+                // Input position l + j * dilation - pad_left, if in the row.
+                let at = (l + j * dilation).wrapping_sub(pad_left);
+                if at >= in_len {
+                    continue;
+                }
+                for (m, (a, &c)) in acc[..n].iter_mut().zip(&ch).enumerate() {
+                    *a += w[c * k + j] * x[(r0 + m) * in_len + at];
+                }
+            }
+            for (m, &a) in acc[..n].iter().enumerate() {
+                y_rows[m * out_len + l] = a;
+            }
+        }
+    };
+    let block_len = SHORT_BLOCK * out_len;
+    if y.len() * k <= SERIAL_MACS || rayon::current_num_threads() <= 1 {
+        y.chunks_mut(block_len).enumerate().for_each(block);
+    } else {
+        let min_blocks = SERIAL_MACS.div_ceil(block_len * k);
+        y.par_chunks_mut(block_len)
+            .enumerate()
+            .with_min_len(min_blocks)
+            .for_each(block);
     }
 }
 

@@ -388,3 +388,40 @@ fn calibrate() {
         println!("{line}");
     }
 }
+
+#[test]
+fn short_rows_match_reference_in_both_entry_points() {
+    // Decode-sized rows (one to four outputs) take the plain channel loop:
+    // padding on either side, dilation, bias, serial and parallel sizes.
+    let mut rng = Rng::new(11);
+    for (channels, in_len, k, pads, dilation) in [
+        (1024, 3, 3, (0, 0), 1),
+        (64, 1, 4, (3, 0), 1),
+        (5, 2, 3, (1, 1), 1),
+        (33, 5, 3, (0, 0), 2),
+        (40_000, 4, 4, (0, 0), 1),
+        (7, 1, 1, (0, 0), 1),
+    ] {
+        let p = depthwise(2, channels, in_len, k, pads, dilation);
+        let g = p.geometry().unwrap();
+        assert!(g.out_len <= SHORT_OUTPUTS, "{p:?}");
+        let x = rng.vec(p.input_elems(), -1.0, 1.0);
+        let w = rng.vec(p.weight_elems(), -1.0, 1.0);
+        let b = rng.vec(p.bias_elems(), -1.0, 1.0);
+        let kernel = DepthwiseConv::prepare(&g, &w);
+        for bias in [None, Some(&b[..])] {
+            let got = run_kernel(&kernel, &p, &x, &w, bias);
+            check(&p, &x, &w, bias, &got, &format!("run {p:?}"));
+            let mut y = vec![f32::NAN; g.output_elems];
+            kernel.run_rows(
+                &g,
+                RowsIn::Slice(&x),
+                &w,
+                bias,
+                RowsOut::Slice(&mut y),
+                &Scratch::default(),
+            );
+            check(&p, &x, &w, bias, &y, &format!("run_rows {p:?}"));
+        }
+    }
+}
