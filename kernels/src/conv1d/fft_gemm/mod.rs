@@ -109,7 +109,6 @@
 mod kernel;
 
 use rayon::prelude::*;
-use realfft::RealFftPlanner;
 
 use super::params::Conv1dGeometry;
 use crate::fused::RowSink;
@@ -208,11 +207,14 @@ pub(crate) struct FftGemmConv {
     /// Transform length and outputs per block.
     l: usize,
     m: usize,
-    /// `[group][panel][plane-pair][cin][MR][re, im]`: per panel of `MR`
-    /// output channels (the last padded with zeros), `conj(H_b)` for the
-    /// real bins 0 and `L/2` (`cin · MR` values each) and then each other
-    /// bin (`2 · cin · MR`), `cin · MR · L` values in all.
-    spectra: Box<[f32]>,
+    /// The weights, `[group][panel][tap][cin][MR]`: per panel of `MR`
+    /// output channels (the last padded with zeros) one row of `cin · MR`
+    /// per tap; then `NJ` zeros, which the last register row of a panel's
+    /// spectra product reads past the end.
+    weights: Box<[f32]>,
+    /// `W`: the `L` planes of `conj(H_b)` from the filter's taps, packed
+    /// like `F`.
+    wfwd: Box<[f32]>,
     /// `F`, packed for the micro-kernel (see `kernel::Layout`).
     fwd: Box<[f32]>,
     /// `G`, packed likewise.
@@ -220,6 +222,7 @@ pub(crate) struct FftGemmConv {
     kernel: TileKernel,
     cin: usize,
     cout: usize,
+    taps: usize,
 }
 
 impl FftGemmConv {
@@ -247,35 +250,22 @@ impl FftGemmConv {
         let m = l - r;
         debug_assert_eq!(w.len(), g.weight_elems);
 
-        // Weight spectra, one channel pair per realfft call, in parallel
-        // over output channels (prepare may allocate).
+        // The weights, repacked per panel for the spectra product that
+        // every tile runs (prepare may allocate).
         let panels = cout.div_ceil(mr);
-        let panel_len = cin * mr * l;
-        let fft = RealFftPlanner::<f64>::new().plan_fft_forward(l);
-        let mut spectra = vec![0.0f32; p.groups * panels * panel_len].into_boxed_slice();
-        spectra
+        let panel_len = taps * cin * mr;
+        let total = p.groups * panels * panel_len;
+        let mut weights = vec![0.0f32; total + kernel.block().nj()].into_boxed_slice();
+        weights[..total]
             .par_chunks_mut(panel_len)
             .enumerate()
             .for_each(|(gp, panel)| {
                 let (group, pn) = (gp / panels, gp % panels);
-                let mut input = fft.make_input_vec();
-                let mut out = fft.make_output_vec();
                 for i in 0..mr.min(cout - pn * mr) {
                     let o = group * cout + pn * mr + i;
                     for c in 0..cin {
-                        input.fill(0.0);
                         for k in 0..taps {
-                            input[k * p.dilation] = f64::from(w[(o * cin + c) * taps + k]);
-                        }
-                        fft.process(&mut input, &mut out)
-                            .expect("sizes from the plan");
-                        // conj(H_b): real part, minus the imaginary part.
-                        panel[c * mr + i] = out[0].re as f32;
-                        panel[cin * mr + c * mr + i] = out[l / 2].re as f32;
-                        for (b, h) in out.iter().enumerate().take(l / 2).skip(1) {
-                            let at = 2 * b * cin * mr + 2 * (c * mr + i);
-                            panel[at] = h.re as f32;
-                            panel[at + 1] = -h.im as f32;
+                            panel[(k * cin + c) * mr + i] = w[(o * cin + c) * taps + k];
                         }
                     }
                 }
@@ -293,6 +283,16 @@ impl FftGemmConv {
             }
         };
         let fwd = pack(l, l, mr, plane);
+        // W: F's columns at the taps' positions, imaginary rows negated
+        // (conj(H_b)).
+        let wfwd = pack(l, taps, mr, |row, k| {
+            let v = plane(row, k * p.dilation);
+            if row >= 2 && row % 2 == 1 {
+                -v
+            } else {
+                v
+            }
+        });
         // G: output rows t, plane columns; y = (1/L)(Y0 + (−1)^t Y_{L/2}
         // + 2 Σ_b (Re Y_b cos − Im Y_b sin)).
         let inv = pack(m, l, mr, |t, col| {
@@ -307,12 +307,14 @@ impl FftGemmConv {
         Some(FftGemmConv {
             l,
             m,
-            spectra,
+            weights,
+            wfwd,
             fwd,
             inv,
             kernel,
             cin,
             cout,
+            taps,
         })
     }
 
@@ -332,7 +334,7 @@ impl FftGemmConv {
     }
 
     pub(crate) fn prepared_bytes(&self) -> usize {
-        4 * (self.spectra.len() + self.fwd.len() + self.inv.len())
+        4 * (self.weights.len() + self.wfwd.len() + self.fwd.len() + self.inv.len())
     }
 
     /// Computes `y = conv1d(x, w) + bias` for `g` (the prepared static
@@ -385,7 +387,7 @@ impl FftGemmConv {
         let block: Block = self.kernel.block();
         let nj = block.nj();
         let panels = cout.div_ceil(block.mr);
-        let panel_len = cin * block.mr * self.l;
+        let panel_len = self.taps * cin * block.mr;
         let col_tiles = g.out_len.div_ceil(m).div_ceil(nj);
         let outer = p.batch * p.groups * col_tiles;
         // Split output channels only where the pool would idle otherwise.
@@ -400,6 +402,8 @@ impl FftGemmConv {
             cout,
             fwd: &self.fwd,
             inv: &self.inv,
+            taps: self.taps,
+            wfwd: &self.wfwd,
         };
         (0..outer * runs).into_par_iter().for_each(|t| {
             let (rest, run) = (t / runs, t % runs);
@@ -413,7 +417,7 @@ impl FftGemmConv {
                 j0,
                 blocks: (g.out_len.div_ceil(m) - j0).min(nj),
                 out_len: g.out_len,
-                spectra: &self.spectra[group * panels * panel_len..][..panels * panel_len],
+                weights: &self.weights[group * panels * panel_len..],
                 panels: run * per_run..((run + 1) * per_run).min(panels),
                 bias: bias.map(|bias| &bias[group * cout..][..cout]),
             };
