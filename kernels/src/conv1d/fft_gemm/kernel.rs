@@ -116,13 +116,13 @@ pub(crate) fn spectra_row(cin: usize, b: Block) -> usize {
 }
 
 /// Scratch floats one tile needs before the emit temporaries: the window,
-/// the input spectra, a panel's weight spectra, its output spectra, the
+/// the input spectra, the weight spectra of `MR` planes, a panel's output spectra, the
 /// transposed outputs and the output row.
 pub(crate) fn tile_scratch(lay_l: usize, m: usize, cin: usize, b: Block) -> usize {
     let nj = b.nj();
     lay_l * nj
         + lay_l * cin * nj
-        + lay_l * spectra_row(cin, b)
+        + b.mr * spectra_row(cin, b)
         + lay_l * b.mr * nj
         + m.next_multiple_of(b.mr) * nj
         + nj * m
@@ -210,11 +210,14 @@ unsafe fn tile_generic<S: Simd, const MR: usize, const NR: usize>(
         "weight transform"
     );
     assert!(a.bias.is_none_or(|bias| bias.len() == lay.cout), "bias");
-    assert!(l >= 4 && l.is_multiple_of(2) && m <= l, "transform");
+    assert!(
+        l >= 4 && l.is_multiple_of(2) && m <= l && MR.is_multiple_of(2),
+        "transform"
+    );
 
     let (xw, rest) = scratch.split_at_mut(l * nj);
     let (xs, rest) = rest.split_at_mut(l * cin * nj);
-    let (ws, rest) = rest.split_at_mut(l * wrow);
+    let (ws, rest) = rest.split_at_mut(MR * wrow);
     let (yp, rest) = rest.split_at_mut(l * MR * nj);
     let (out_t, rest) = rest.split_at_mut(m_pad * nj);
     let (row, tmp) = rest.split_at_mut(nj * m);
@@ -254,13 +257,17 @@ unsafe fn tile_generic<S: Simd, const MR: usize, const NR: usize>(
     }
 
     for p in a.panels.clone() {
-        // 2a. The panel's weight spectra, ws [plane][cin][MR] (rows wrow
-        // apart): W times its weights [tap][cin · MR], NJ columns a call.
+        // 2. Per panel of MR planes (whole bins: MR is even): its weight
+        // spectra, ws [plane][cin][MR] (rows wrow apart), W's panel times
+        // the weights [tap][cin · MR], NJ columns a call; then the channel
+        // mixing of those bins into yp [plane][MR][nj] while ws is in
+        // cache. Planes 0 and 1 are the real bins 0 and l/2; planes 2b,
+        // 2b + 1 bin b's parts.
         let wp = &a.weights[p * panel_len..];
         for (q, f) in lay.wfwd.chunks_exact(taps * MR).enumerate() {
             let rows = (l - q * MR).min(MR);
             for n0 in (0..cin * MR).step_by(nj) {
-                let out = &mut ws[q * MR * wrow + n0..];
+                let out = &mut ws[n0..];
                 assert!(out.len() >= (rows - 1) * wrow + nj);
                 assert!(wp.len() >= (taps - 1) * cin * MR + n0 + nj);
                 // SAFETY: reads `f` (taps · MR values) and nj values at
@@ -279,45 +286,48 @@ unsafe fn tile_generic<S: Simd, const MR: usize, const NR: usize>(
                     )
                 }
             }
-        }
-        // 2. Channel mixing, into yp [plane][MR][nj]. Planes 0 and 1 are
-        // the real bins 0 and l/2; planes 2b, 2b + 1 bin b's parts.
-        for plane in 0..2 {
-            // SAFETY: reads cin · MR weight spectra and cin rows of nj
-            // values of one plane of `xs`; writes MR rows of nj values of
-            // one plane of `yp`, all inside the slices (sizes above).
-            unsafe {
-                real_micro::<S, MR, NR>(
-                    ws[plane * wrow..][..cin * MR].as_ptr(),
-                    xs[plane * cin * nj..][..cin * nj].as_ptr(),
-                    nj,
-                    cin,
-                    yp[plane * MR * nj..][..MR * nj].as_mut_ptr(),
-                    nj,
-                    MR,
-                )
-            }
-        }
-        for bin in 1..l / 2 {
-            let (wr, wi) = ws[2 * bin * wrow..][..2 * wrow].split_at(wrow);
-            let (xr, xi) = xs[2 * bin * cin * nj..][..2 * cin * nj].split_at(cin * nj);
-            let (yr, yi) = yp[2 * bin * MR * nj..][..2 * MR * nj].split_at_mut(MR * nj);
-            // SAFETY: reads cin · MR weight spectra of each part (wrow >=
-            // cin · MR) and cin rows of nj values of each part; writes MR
-            // rows of nj values of each part; all inside the slices just
-            // taken.
-            unsafe {
-                complex_micro::<S, MR, NR>(
-                    wr.as_ptr(),
-                    wi.as_ptr(),
-                    xr.as_ptr(),
-                    xi.as_ptr(),
-                    nj,
-                    cin,
-                    yr.as_mut_ptr(),
-                    yi.as_mut_ptr(),
-                    nj,
-                )
+            for r in (0..rows).step_by(2) {
+                let plane = q * MR + r;
+                if plane == 0 {
+                    for plane in 0..2 {
+                        // SAFETY: reads cin · MR weight spectra and cin rows
+                        // of nj values of one plane of `xs`; writes MR rows
+                        // of nj values of one plane of `yp`, all inside the
+                        // slices (sizes above).
+                        unsafe {
+                            real_micro::<S, MR, NR>(
+                                ws[plane * wrow..][..cin * MR].as_ptr(),
+                                xs[plane * cin * nj..][..cin * nj].as_ptr(),
+                                nj,
+                                cin,
+                                yp[plane * MR * nj..][..MR * nj].as_mut_ptr(),
+                                nj,
+                                MR,
+                            )
+                        }
+                    }
+                    continue;
+                }
+                let (wr, wi) = ws[r * wrow..][..2 * wrow].split_at(wrow);
+                let (xr, xi) = xs[plane * cin * nj..][..2 * cin * nj].split_at(cin * nj);
+                let (yr, yi) = yp[plane * MR * nj..][..2 * MR * nj].split_at_mut(MR * nj);
+                // SAFETY: reads cin · MR weight spectra of each part (wrow
+                // >= cin · MR) and cin rows of nj values of each part;
+                // writes MR rows of nj values of each part; all inside the
+                // slices just taken.
+                unsafe {
+                    complex_micro::<S, MR, NR>(
+                        wr.as_ptr(),
+                        wi.as_ptr(),
+                        xr.as_ptr(),
+                        xi.as_ptr(),
+                        nj,
+                        cin,
+                        yr.as_mut_ptr(),
+                        yi.as_mut_ptr(),
+                        nj,
+                    )
+                }
             }
         }
         // 3. Inverse, per output channel of the panel.
