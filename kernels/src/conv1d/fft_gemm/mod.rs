@@ -1,6 +1,6 @@
 //! Dense and grouped conv1d with moderate filters and many channels:
 //! block FFT convolution whose channel mixing is one complex GEMM per
-//! frequency bin, weight spectra computed at prepare.
+//! frequency bin, weight spectra computed per tile from the weights.
 //!
 //! Applies to stride 1 with any dilation, padding, bias and groups, where
 //! the dilated filter spans at most 96 samples. It wins where a group
@@ -47,27 +47,42 @@
 //! micro-kernel as the channel mixing, vectorised across blocks, they cost
 //! `L²` multiply-adds per block where a radix FFT costs `~2.5 L log2 L`
 //! flops but runs one scalar block at a time: at these sizes the matrix
-//! form is the faster. realfft (rustfft) computes the weight spectra at
-//! prepare, in f64.
+//! form is the faster.
+//!
+//! # Weight spectra per tile
+//!
+//! Kept at prepare, the weight spectra would take `L` floats per channel
+//! pair against the weights' `K` (`32 / 11` for the conv stack), and peak
+//! memory above the GEMM path's and XNNPACK's. So prepare keeps only the
+//! weights, repacked per panel of `MR` output channels (`[tap][cin][MR]`,
+//! the weights' size plus the last panel's padding), and each tile
+//! computes a panel's spectra as one more product on the same
+//! micro-kernel: `W` (`L × K`, `F`'s columns at the taps, imaginary rows
+//! negated for `conj(H_b)`) times the panel's `K × (cin · MR)` weights,
+//! `MR` planes (whole bins) at a time, each mixed while in cache. That is
+//! `L · K` multiply-adds per channel pair and tile against the mixing's
+//! `(2L − 2) · NJ`: `11 / 62 ≈ 18%` more for the conv stack on AVX-512.
 //!
 //! The transform length is chosen at prepare by the cost model
 //! ([`cost`]), among 16, 32, 64 and 128 with `M >= L / 4`: longer
 //! transforms mean fewer products but more transform work per block and
-//! larger weight spectra (`L` floats per channel pair, against `K`).
+//! more weight spectra to compute per tile.
 //!
 //! # Work split, scratch, fusion
 //!
 //! A tile is (batch item, group, run of `NJ` consecutive blocks, run of
 //! panels of output channels); `NJ` is one register row of the
 //! micro-kernels (32 blocks on AVX-512). A tile transforms its input,
-//! mixes, and transforms back one panel of output channels at a time,
+//! computes a panel's weight spectra, mixes, and transforms back one
+//! panel of output channels at a time,
 //! handing each finished output row (`NJ · M` positions) to the caller
 //! while in cache: stored, or passed to a fused epilogue (the
 //! [`RowSink`] of the delegate's fused programs: bias, ReLU and other
 //! elementwise ops run on the row, never as a pass of their own). The
 //! output channels are split into several runs only where there are too
 //! few tiles for the pool. Everything a tile needs (window, input spectra,
-//! a panel's output spectra, the row) is in its thread's scratch slot,
+//! `MR` planes of weight spectra, a panel's output spectra, the row) is in
+//! its thread's scratch slot,
 //! sized at prepare; `run` allocates nothing. Each output is computed the
 //! same way whatever the split, so results do not depend on the number of
 //! threads.
@@ -81,19 +96,20 @@
 //!
 //! | shape                  | `gemm`      | `fft_gemm`  |
 //! |------------------------|-------------|-------------|
-//! | 250→250, K=11, N=4096  | 53.6 (60.3) | 18.2 (21.8) |
-//! | 256→256, K=5, N=4096   | 28.6 (28.7) | 17.2 (19.3) |
-//! | 128→128, K=7, N=4096   | 9.5 (10.3)  | 4.8 (5.5)   |
-//! | 64→64, K=11, N=4096    | 3.6 (4.3)   | 1.9 (1.9)   |
-//! | 32→32, K=11, N=4096    | 0.88 (1.17) | 0.68 (0.66) |
-//! | 512→512, K=3, N=2048   | 34.8 (34.0) | 36.9 (34.3) |
-//! | 250→250, K=11, N=512   | 11.4 (7.5)  | 4.4 (3.6)   |
+//! | 250→250, K=11, N=4096  | 51.1 (60.3) | 20.7 (25.3) |
+//! | 256→256, K=5, N=4096   | 25.9 (28.7) | 17.9 (20.6) |
+//! | 128→128, K=7, N=4096   | 8.7 (10.3)  | 5.1 (6.0)   |
+//! | 64→64, K=11, N=4096    | 3.4 (4.3)   | 1.9 (2.1)   |
+//! | 32→32, K=11, N=4096    | 0.83 (1.17) | 0.69 (0.72) |
+//! | 512→512, K=3, N=2048   | 29.7 (34.0) | 28.8 (35.9) |
+//! | 250→250, K=11, N=512   | 7.0 (7.5)   | 3.4 (4.2)   |
 //!
-//! So [`RELATIVE_RATE`] = 0.8 puts the estimates within about 1.2× of the
-//! measurements and on the right side of the `gemm` ones (K = 3 with 512
-//! channels is a tie, and the model keeps the GEMM there). The weight
-//! spectra cost memory: `L / K` times the weights (`32 / 11` for the conv
-//! stack: 8 MB per 250-channel layer instead of 2.75).
+//! So [`RELATIVE_RATE`] = 0.8 puts the estimates within about 1.25× above
+//! the measurements, as the `gemm` ones are, and on the right side of them
+//! (K = 3 with 512 channels is a tie, and the model keeps the GEMM there).
+//! Computing the weight spectra per tile costs about 15% over keeping
+//! them (18.2 ms on the first shape, measured the same way): the price of
+//! prepared memory at the weights' size instead of `L / K` times it.
 //!
 //! # Accuracy
 //!
@@ -168,10 +184,12 @@ fn lengths(g: &Conv1dGeometry) -> impl Iterator<Item = usize> {
 /// blocks counted, as computed), the forward transform (`L²` per input
 /// channel and block, plus the window copy), the channel mixing
 /// (`2L − 2` per channel pair and block, output channels padded to the
-/// panel) and the inverse (`M · L` per output channel and block), at
-/// [`RELATIVE_RATE`] times the `gemm` algorithm's large-matrix rate. Bytes:
-/// the compulsory ones plus the weight spectra, which every tile streams
-/// once. The larger of the two, plus [`SECONDS_PER_TILE`] per tile.
+/// panel), the weight spectra (`L · K` per channel pair, once per tile,
+/// over columns padded to whole register rows) and the inverse (`M · L`
+/// per output channel and block), at [`RELATIVE_RATE`] times the `gemm`
+/// algorithm's large-matrix rate. Bytes: the compulsory ones plus the
+/// weights, which every tile streams once. The larger of the two, plus
+/// [`SECONDS_PER_TILE`] per tile.
 pub(crate) fn cost(g: &Conv1dGeometry) -> f64 {
     lengths(g)
         .map(|l| cost_at(g, l))
@@ -192,11 +210,14 @@ fn cost_at(g: &Conv1dGeometry, l: usize) -> f64 {
     let forward = cin * cols * (lf * lf + lf);
     let mixing = cout_pad * cin * cols * (2.0 * lf - 2.0);
     let inverse = cout * cols * (m.next_multiple_of(block.mr) as f64 * lf + m as f64);
+    let panels = g.out_per_group.div_ceil(block.mr);
+    let spectra_cols = (g.in_per_group * block.mr).next_multiple_of(block.nj()) as f64;
+    let weight_spectra = (tiles_per_row * panels) as f64 * spectra_cols * lf * p.kernel_size as f64;
     let outer = (p.batch * p.groups) as f64;
-    let macs = outer * (forward + mixing + inverse);
+    let macs = outer * (forward + mixing + weight_spectra + inverse);
     let rate = DIRECT_MACS_PER_SEC * super::gemm::SPEEDUP_OVER_DIRECT * RELATIVE_RATE;
-    let spectra = 4.0 * (p.groups * g.out_per_group * g.in_per_group * l) as f64;
-    let bytes = compulsory_bytes(g) + spectra * (p.batch * tiles_per_row) as f64;
+    let weights = 4.0 * g.weight_elems as f64;
+    let bytes = compulsory_bytes(g) + weights * (p.batch * tiles_per_row) as f64;
     let tiles = outer * tiles_per_row as f64;
     roofline(macs, rate, bytes) + tiles * SECONDS_PER_TILE
 }
