@@ -77,6 +77,11 @@ pub(crate) struct Layout<'a> {
     pub fwd: &'a [f32],
     /// `G`, `M × L`, in panels of `MR` outputs: `[panel][plane][MR]`.
     pub inv: &'a [f32],
+    /// Taps of the filter.
+    pub taps: usize,
+    /// The weights' transform `W` (`L` planes of `conj(H_b)` × `taps`), in
+    /// panels of `MR` planes: `[panel][tap][MR]`.
+    pub wfwd: &'a [f32],
 }
 
 /// One tile's inputs (see the module docs).
@@ -90,8 +95,9 @@ pub(crate) struct TileArgs<'a> {
     pub blocks: usize,
     /// Outputs of the row (the tile's last block may reach past it).
     pub out_len: usize,
-    /// The group's packed weight spectra, `[panel][cin · MR · L]`.
-    pub spectra: &'a [f32],
+    /// The group's packed weights, `[panel][tap][cin][MR]` (then at least
+    /// `NJ` more values, read past the last panel's end and ignored).
+    pub weights: &'a [f32],
     /// The tile's panels of output channels within the group.
     pub panels: std::ops::Range<usize>,
     /// The group's bias, if any.
@@ -103,12 +109,23 @@ pub(crate) struct TileArgs<'a> {
 /// thread's scratch).
 pub(crate) type Emit<'e> = &'e mut dyn FnMut(usize, &mut [f32], &mut [f32]);
 
+/// Values per plane of a panel's weight spectra in scratch: `cin · MR`,
+/// rounded up to whole register rows.
+pub(crate) fn spectra_row(cin: usize, b: Block) -> usize {
+    (cin * b.mr).next_multiple_of(b.nj())
+}
+
 /// Scratch floats one tile needs before the emit temporaries: the window,
-/// the input spectra, a panel's output spectra, the transposed outputs and
-/// the output row.
+/// the input spectra, the weight spectra of `MR` planes, a panel's output spectra, the
+/// transposed outputs and the output row.
 pub(crate) fn tile_scratch(lay_l: usize, m: usize, cin: usize, b: Block) -> usize {
     let nj = b.nj();
-    lay_l * nj + lay_l * cin * nj + lay_l * b.mr * nj + m.next_multiple_of(b.mr) * nj + nj * m
+    lay_l * nj
+        + lay_l * cin * nj
+        + b.mr * spectra_row(cin, b)
+        + lay_l * b.mr * nj
+        + m.next_multiple_of(b.mr) * nj
+        + nj * m
 }
 
 type TileFn = unsafe fn(&Layout<'_>, &TileArgs<'_>, &mut [f32], Emit<'_>);
@@ -184,13 +201,23 @@ unsafe fn tile_generic<S: Simd, const MR: usize, const NR: usize>(
     assert!(a.x.len() == cin * a.in_len, "x group");
     assert!(lay.fwd.len() == l.div_ceil(MR) * l * MR, "forward matrix");
     assert!(lay.inv.len() == m_pad * l, "inverse matrix");
-    let panel_len = cin * MR * l;
-    assert!(a.spectra.len() >= a.panels.end * panel_len, "spectra");
+    let taps = lay.taps;
+    let panel_len = taps * cin * MR;
+    let wrow = spectra_row(cin, b);
+    assert!(a.weights.len() >= a.panels.end * panel_len + nj, "weights");
+    assert!(
+        lay.wfwd.len() == l.div_ceil(MR) * taps * MR,
+        "weight transform"
+    );
     assert!(a.bias.is_none_or(|bias| bias.len() == lay.cout), "bias");
-    assert!(l >= 4 && l.is_multiple_of(2) && m <= l, "transform");
+    assert!(
+        l >= 4 && l.is_multiple_of(2) && m <= l && MR.is_multiple_of(2),
+        "transform"
+    );
 
     let (xw, rest) = scratch.split_at_mut(l * nj);
     let (xs, rest) = rest.split_at_mut(l * cin * nj);
+    let (ws, rest) = rest.split_at_mut(MR * wrow);
     let (yp, rest) = rest.split_at_mut(l * MR * nj);
     let (out_t, rest) = rest.split_at_mut(m_pad * nj);
     let (row, tmp) = rest.split_at_mut(nj * m);
@@ -230,43 +257,77 @@ unsafe fn tile_generic<S: Simd, const MR: usize, const NR: usize>(
     }
 
     for p in a.panels.clone() {
-        let w = &a.spectra[p * panel_len..][..panel_len];
-        // 2. Channel mixing, into yp [plane][MR][nj]. Planes 0 and 1 are
-        // the real bins 0 and l/2; planes 2b, 2b + 1 bin b's parts.
-        for plane in 0..2 {
-            // SAFETY: reads cin · MR weights and cin rows of nj values
-            // of one plane of `xs`; writes MR rows of nj values of one
-            // plane of `yp`, all inside the slices (sizes above).
-            unsafe {
-                real_micro::<S, MR, NR>(
-                    w[plane * cin * MR..][..cin * MR].as_ptr(),
-                    xs[plane * cin * nj..][..cin * nj].as_ptr(),
-                    nj,
-                    cin,
-                    yp[plane * MR * nj..][..MR * nj].as_mut_ptr(),
-                    nj,
-                    MR,
-                )
+        // 2. Per panel of MR planes (whole bins: MR is even): its weight
+        // spectra, ws [plane][cin][MR] (rows wrow apart), W's panel times
+        // the weights [tap][cin · MR], NJ columns a call; then the channel
+        // mixing of those bins into yp [plane][MR][nj] while ws is in
+        // cache. Planes 0 and 1 are the real bins 0 and l/2; planes 2b,
+        // 2b + 1 bin b's parts.
+        let wp = &a.weights[p * panel_len..];
+        for (q, f) in lay.wfwd.chunks_exact(taps * MR).enumerate() {
+            let rows = (l - q * MR).min(MR);
+            for n0 in (0..cin * MR).step_by(nj) {
+                let out = &mut ws[n0..];
+                assert!(out.len() >= (rows - 1) * wrow + nj);
+                assert!(wp.len() >= (taps - 1) * cin * MR + n0 + nj);
+                // SAFETY: reads `f` (taps · MR values) and nj values at
+                // each kk · cin · MR + n0 of `wp`, kk < taps (asserted:
+                // the weights run NJ past the last panel); writes `rows`
+                // rows of nj values wrow apart inside `out` (asserted).
+                unsafe {
+                    real_micro::<S, MR, NR>(
+                        f.as_ptr(),
+                        wp[n0..].as_ptr(),
+                        cin * MR,
+                        taps,
+                        out.as_mut_ptr(),
+                        wrow,
+                        rows,
+                    )
+                }
             }
-        }
-        for bin in 1..l / 2 {
-            let wb = &w[2 * bin * cin * MR..][..2 * cin * MR];
-            let (xr, xi) = xs[2 * bin * cin * nj..][..2 * cin * nj].split_at(cin * nj);
-            let (yr, yi) = yp[2 * bin * MR * nj..][..2 * MR * nj].split_at_mut(MR * nj);
-            // SAFETY: reads 2 · cin · MR weights and cin rows of nj values
-            // of each part; writes MR rows of nj values of each part; all
-            // inside the slices just taken.
-            unsafe {
-                complex_micro::<S, MR, NR>(
-                    wb.as_ptr(),
-                    xr.as_ptr(),
-                    xi.as_ptr(),
-                    nj,
-                    cin,
-                    yr.as_mut_ptr(),
-                    yi.as_mut_ptr(),
-                    nj,
-                )
+            for r in (0..rows).step_by(2) {
+                let plane = q * MR + r;
+                if plane == 0 {
+                    for plane in 0..2 {
+                        // SAFETY: reads cin · MR weight spectra and cin rows
+                        // of nj values of one plane of `xs`; writes MR rows
+                        // of nj values of one plane of `yp`, all inside the
+                        // slices (sizes above).
+                        unsafe {
+                            real_micro::<S, MR, NR>(
+                                ws[plane * wrow..][..cin * MR].as_ptr(),
+                                xs[plane * cin * nj..][..cin * nj].as_ptr(),
+                                nj,
+                                cin,
+                                yp[plane * MR * nj..][..MR * nj].as_mut_ptr(),
+                                nj,
+                                MR,
+                            )
+                        }
+                    }
+                    continue;
+                }
+                let (wr, wi) = ws[r * wrow..][..2 * wrow].split_at(wrow);
+                let (xr, xi) = xs[plane * cin * nj..][..2 * cin * nj].split_at(cin * nj);
+                let (yr, yi) = yp[plane * MR * nj..][..2 * MR * nj].split_at_mut(MR * nj);
+                // SAFETY: reads cin · MR weight spectra of each part (wrow
+                // >= cin · MR) and cin rows of nj values of each part;
+                // writes MR rows of nj values of each part; all inside the
+                // slices just taken.
+                unsafe {
+                    complex_micro::<S, MR, NR>(
+                        wr.as_ptr(),
+                        wi.as_ptr(),
+                        xr.as_ptr(),
+                        xi.as_ptr(),
+                        nj,
+                        cin,
+                        yr.as_mut_ptr(),
+                        yi.as_mut_ptr(),
+                        nj,
+                    )
+                }
             }
         }
         // 3. Inverse, per output channel of the panel.
@@ -346,18 +407,20 @@ unsafe fn real_micro<S: Simd, const MR: usize, const NR: usize>(
     }
 }
 
-/// The complex product of `MR` rows of packed weights `a` (`[k][MR][re,
-/// im]`) and `k` rows of `NR` vectors (parts at `br`, `bi`, rows
-/// `b_stride` apart), into `MR` rows at `cr`, `ci` (`c_stride` apart).
+/// The complex product of `MR` rows of packed weights (parts at `ar`,
+/// `ai`, each `[k][MR]`) and `k` rows of `NR` vectors (parts at `br`,
+/// `bi`, rows `b_stride` apart), into `MR` rows at `cr`, `ci` (`c_stride`
+/// apart).
 ///
 /// # Safety
-/// `S`'s features are present; `a` readable for `2 · k · MR` values, `br`
+/// `S`'s features are present; `ar` and `ai` readable for `k · MR` values, `br`
 /// and `bi` for `NR · LANES` values at each `kk · b_stride`, `kk < k`; `cr`
 /// and `ci` writable for `NR · LANES` values at each of `MR` rows.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn complex_micro<S: Simd, const MR: usize, const NR: usize>(
-    a: *const f32,
+    ar: *const f32,
+    ai: *const f32,
     br: *const f32,
     bi: *const f32,
     b_stride: usize,
@@ -378,10 +441,10 @@ unsafe fn complex_micro<S: Simd, const MR: usize, const NR: usize>(
                 xr[n] = S::load(br.add(kk * b_stride + n * S::LANES));
                 xi[n] = S::load(bi.add(kk * b_stride + n * S::LANES));
             }
-            let ak = a.add(2 * kk * MR);
+            let (akr, aki) = (ar.add(kk * MR), ai.add(kk * MR));
             for i in 0..MR {
-                let wr = S::splat(*ak.add(2 * i));
-                let wi = S::splat(*ak.add(2 * i + 1));
+                let wr = S::splat(*akr.add(i));
+                let wi = S::splat(*aki.add(i));
                 for n in 0..NR {
                     re[i][n] = S::mul_add(re[i][n], wr, xr[n]);
                     re[i][n] = S::neg_mul_add(re[i][n], wi, xi[n]);

@@ -1,6 +1,6 @@
 //! Dense and grouped conv1d with moderate filters and many channels:
 //! block FFT convolution whose channel mixing is one complex GEMM per
-//! frequency bin, weight spectra computed at prepare.
+//! frequency bin, weight spectra computed per tile from the weights.
 //!
 //! Applies to stride 1 with any dilation, padding, bias and groups, where
 //! the dilated filter spans at most 96 samples. It wins where a group
@@ -47,27 +47,42 @@
 //! micro-kernel as the channel mixing, vectorised across blocks, they cost
 //! `L²` multiply-adds per block where a radix FFT costs `~2.5 L log2 L`
 //! flops but runs one scalar block at a time: at these sizes the matrix
-//! form is the faster. realfft (rustfft) computes the weight spectra at
-//! prepare, in f64.
+//! form is the faster.
+//!
+//! # Weight spectra per tile
+//!
+//! Kept at prepare, the weight spectra would take `L` floats per channel
+//! pair against the weights' `K` (`32 / 11` for the conv stack), and peak
+//! memory above the GEMM path's and XNNPACK's. So prepare keeps only the
+//! weights, repacked per panel of `MR` output channels (`[tap][cin][MR]`,
+//! the weights' size plus the last panel's padding), and each tile
+//! computes a panel's spectra as one more product on the same
+//! micro-kernel: `W` (`L × K`, `F`'s columns at the taps, imaginary rows
+//! negated for `conj(H_b)`) times the panel's `K × (cin · MR)` weights,
+//! `MR` planes (whole bins) at a time, each mixed while in cache. That is
+//! `L · K` multiply-adds per channel pair and tile against the mixing's
+//! `(2L − 2) · NJ`: `11 / 62 ≈ 18%` more for the conv stack on AVX-512.
 //!
 //! The transform length is chosen at prepare by the cost model
 //! ([`cost`]), among 16, 32, 64 and 128 with `M >= L / 4`: longer
 //! transforms mean fewer products but more transform work per block and
-//! larger weight spectra (`L` floats per channel pair, against `K`).
+//! more weight spectra to compute per tile.
 //!
 //! # Work split, scratch, fusion
 //!
 //! A tile is (batch item, group, run of `NJ` consecutive blocks, run of
 //! panels of output channels); `NJ` is one register row of the
 //! micro-kernels (32 blocks on AVX-512). A tile transforms its input,
-//! mixes, and transforms back one panel of output channels at a time,
+//! computes a panel's weight spectra, mixes, and transforms back one
+//! panel of output channels at a time,
 //! handing each finished output row (`NJ · M` positions) to the caller
 //! while in cache: stored, or passed to a fused epilogue (the
 //! [`RowSink`] of the delegate's fused programs: bias, ReLU and other
 //! elementwise ops run on the row, never as a pass of their own). The
 //! output channels are split into several runs only where there are too
 //! few tiles for the pool. Everything a tile needs (window, input spectra,
-//! a panel's output spectra, the row) is in its thread's scratch slot,
+//! `MR` planes of weight spectra, a panel's output spectra, the row) is in
+//! its thread's scratch slot,
 //! sized at prepare; `run` allocates nothing. Each output is computed the
 //! same way whatever the split, so results do not depend on the number of
 //! threads.
@@ -81,19 +96,21 @@
 //!
 //! | shape                  | `gemm`      | `fft_gemm`  |
 //! |------------------------|-------------|-------------|
-//! | 250→250, K=11, N=4096  | 53.6 (60.3) | 18.2 (21.8) |
-//! | 256→256, K=5, N=4096   | 28.6 (28.7) | 17.2 (19.3) |
-//! | 128→128, K=7, N=4096   | 9.5 (10.3)  | 4.8 (5.5)   |
-//! | 64→64, K=11, N=4096    | 3.6 (4.3)   | 1.9 (1.9)   |
-//! | 32→32, K=11, N=4096    | 0.88 (1.17) | 0.68 (0.66) |
-//! | 512→512, K=3, N=2048   | 34.8 (34.0) | 36.9 (34.3) |
-//! | 250→250, K=11, N=512   | 11.4 (7.5)  | 4.4 (3.6)   |
+//! | 250→250, K=11, N=4096  | 51.1 (60.3) | 20.7 (25.3) |
+//! | 256→256, K=5, N=4096   | 25.9 (28.7) | 17.9 (20.6) |
+//! | 128→128, K=7, N=4096   | 8.7 (10.3)  | 5.1 (6.0)   |
+//! | 64→64, K=11, N=4096    | 3.4 (4.3)   | 1.9 (2.1)   |
+//! | 32→32, K=11, N=4096    | 0.83 (1.17) | 0.69 (0.72) |
+//! | 512→512, K=3, N=2048   | 29.7 (34.0) | 28.8 (35.9) |
+//! | 250→250, K=11, N=512   | 7.0 (7.5)   | 3.4 (4.2)   |
 //!
-//! So [`RELATIVE_RATE`] = 0.8 puts the estimates within about 1.2× of the
-//! measurements and on the right side of the `gemm` ones (K = 3 with 512
-//! channels is a tie, and the model keeps the GEMM there). The weight
-//! spectra cost memory: `L / K` times the weights (`32 / 11` for the conv
-//! stack: 8 MB per 250-channel layer instead of 2.75).
+//! So [`RELATIVE_RATE`] = 0.8 puts the estimates within about 1.25× above
+//! the measurements, as the `gemm` ones are, and on the right side of them
+//! (K = 3 with 512 channels is a tie, and the model keeps the GEMM there).
+//! Computing the weight spectra per tile costs about 18% over keeping
+//! them (on the first shape 0.40 of the `gemm` time, against 0.34 when
+//! prepare kept them, measured the same way): the price of prepared
+//! memory at the weights' size instead of `L / K` times it.
 //!
 //! # Accuracy
 //!
@@ -109,7 +126,6 @@
 mod kernel;
 
 use rayon::prelude::*;
-use realfft::RealFftPlanner;
 
 use super::params::Conv1dGeometry;
 use crate::fused::RowSink;
@@ -169,10 +185,12 @@ fn lengths(g: &Conv1dGeometry) -> impl Iterator<Item = usize> {
 /// blocks counted, as computed), the forward transform (`L²` per input
 /// channel and block, plus the window copy), the channel mixing
 /// (`2L − 2` per channel pair and block, output channels padded to the
-/// panel) and the inverse (`M · L` per output channel and block), at
-/// [`RELATIVE_RATE`] times the `gemm` algorithm's large-matrix rate. Bytes:
-/// the compulsory ones plus the weight spectra, which every tile streams
-/// once. The larger of the two, plus [`SECONDS_PER_TILE`] per tile.
+/// panel), the weight spectra (`L · K` per channel pair, once per tile,
+/// over columns padded to whole register rows) and the inverse (`M · L`
+/// per output channel and block), at [`RELATIVE_RATE`] times the `gemm`
+/// algorithm's large-matrix rate. Bytes: the compulsory ones plus the
+/// weights, which every tile streams once. The larger of the two, plus
+/// [`SECONDS_PER_TILE`] per tile.
 pub(crate) fn cost(g: &Conv1dGeometry) -> f64 {
     lengths(g)
         .map(|l| cost_at(g, l))
@@ -193,11 +211,14 @@ fn cost_at(g: &Conv1dGeometry, l: usize) -> f64 {
     let forward = cin * cols * (lf * lf + lf);
     let mixing = cout_pad * cin * cols * (2.0 * lf - 2.0);
     let inverse = cout * cols * (m.next_multiple_of(block.mr) as f64 * lf + m as f64);
+    let panels = g.out_per_group.div_ceil(block.mr);
+    let spectra_cols = (g.in_per_group * block.mr).next_multiple_of(block.nj()) as f64;
+    let weight_spectra = (tiles_per_row * panels) as f64 * spectra_cols * lf * p.kernel_size as f64;
     let outer = (p.batch * p.groups) as f64;
-    let macs = outer * (forward + mixing + inverse);
+    let macs = outer * (forward + mixing + weight_spectra + inverse);
     let rate = DIRECT_MACS_PER_SEC * super::gemm::SPEEDUP_OVER_DIRECT * RELATIVE_RATE;
-    let spectra = 4.0 * (p.groups * g.out_per_group * g.in_per_group * l) as f64;
-    let bytes = compulsory_bytes(g) + spectra * (p.batch * tiles_per_row) as f64;
+    let weights = 4.0 * g.weight_elems as f64;
+    let bytes = compulsory_bytes(g) + weights * (p.batch * tiles_per_row) as f64;
     let tiles = outer * tiles_per_row as f64;
     roofline(macs, rate, bytes) + tiles * SECONDS_PER_TILE
 }
@@ -208,11 +229,14 @@ pub(crate) struct FftGemmConv {
     /// Transform length and outputs per block.
     l: usize,
     m: usize,
-    /// `[group][panel][plane-pair][cin][MR][re, im]`: per panel of `MR`
-    /// output channels (the last padded with zeros), `conj(H_b)` for the
-    /// real bins 0 and `L/2` (`cin · MR` values each) and then each other
-    /// bin (`2 · cin · MR`), `cin · MR · L` values in all.
-    spectra: Box<[f32]>,
+    /// The weights, `[group][panel][tap][cin][MR]`: per panel of `MR`
+    /// output channels (the last padded with zeros) one row of `cin · MR`
+    /// per tap; then `NJ` zeros, which the last register row of a panel's
+    /// spectra product reads past the end.
+    weights: Box<[f32]>,
+    /// `W`: the `L` planes of `conj(H_b)` from the filter's taps, packed
+    /// like `F`.
+    wfwd: Box<[f32]>,
     /// `F`, packed for the micro-kernel (see `kernel::Layout`).
     fwd: Box<[f32]>,
     /// `G`, packed likewise.
@@ -220,6 +244,7 @@ pub(crate) struct FftGemmConv {
     kernel: TileKernel,
     cin: usize,
     cout: usize,
+    taps: usize,
 }
 
 impl FftGemmConv {
@@ -247,35 +272,22 @@ impl FftGemmConv {
         let m = l - r;
         debug_assert_eq!(w.len(), g.weight_elems);
 
-        // Weight spectra, one channel pair per realfft call, in parallel
-        // over output channels (prepare may allocate).
+        // The weights, repacked per panel for the spectra product that
+        // every tile runs (prepare may allocate).
         let panels = cout.div_ceil(mr);
-        let panel_len = cin * mr * l;
-        let fft = RealFftPlanner::<f64>::new().plan_fft_forward(l);
-        let mut spectra = vec![0.0f32; p.groups * panels * panel_len].into_boxed_slice();
-        spectra
+        let panel_len = taps * cin * mr;
+        let total = p.groups * panels * panel_len;
+        let mut weights = vec![0.0f32; total + kernel.block().nj()].into_boxed_slice();
+        weights[..total]
             .par_chunks_mut(panel_len)
             .enumerate()
             .for_each(|(gp, panel)| {
                 let (group, pn) = (gp / panels, gp % panels);
-                let mut input = fft.make_input_vec();
-                let mut out = fft.make_output_vec();
                 for i in 0..mr.min(cout - pn * mr) {
                     let o = group * cout + pn * mr + i;
                     for c in 0..cin {
-                        input.fill(0.0);
                         for k in 0..taps {
-                            input[k * p.dilation] = f64::from(w[(o * cin + c) * taps + k]);
-                        }
-                        fft.process(&mut input, &mut out)
-                            .expect("sizes from the plan");
-                        // conj(H_b): real part, minus the imaginary part.
-                        panel[c * mr + i] = out[0].re as f32;
-                        panel[cin * mr + c * mr + i] = out[l / 2].re as f32;
-                        for (b, h) in out.iter().enumerate().take(l / 2).skip(1) {
-                            let at = 2 * b * cin * mr + 2 * (c * mr + i);
-                            panel[at] = h.re as f32;
-                            panel[at + 1] = -h.im as f32;
+                            panel[(k * cin + c) * mr + i] = w[(o * cin + c) * taps + k];
                         }
                     }
                 }
@@ -293,6 +305,16 @@ impl FftGemmConv {
             }
         };
         let fwd = pack(l, l, mr, plane);
+        // W: F's columns at the taps' positions, imaginary rows negated
+        // (conj(H_b)).
+        let wfwd = pack(l, taps, mr, |row, k| {
+            let v = plane(row, k * p.dilation);
+            if row >= 2 && row % 2 == 1 {
+                -v
+            } else {
+                v
+            }
+        });
         // G: output rows t, plane columns; y = (1/L)(Y0 + (−1)^t Y_{L/2}
         // + 2 Σ_b (Re Y_b cos − Im Y_b sin)).
         let inv = pack(m, l, mr, |t, col| {
@@ -307,12 +329,14 @@ impl FftGemmConv {
         Some(FftGemmConv {
             l,
             m,
-            spectra,
+            weights,
+            wfwd,
             fwd,
             inv,
             kernel,
             cin,
             cout,
+            taps,
         })
     }
 
@@ -332,7 +356,7 @@ impl FftGemmConv {
     }
 
     pub(crate) fn prepared_bytes(&self) -> usize {
-        4 * (self.spectra.len() + self.fwd.len() + self.inv.len())
+        4 * (self.weights.len() + self.wfwd.len() + self.fwd.len() + self.inv.len())
     }
 
     /// Computes `y = conv1d(x, w) + bias` for `g` (the prepared static
@@ -385,7 +409,7 @@ impl FftGemmConv {
         let block: Block = self.kernel.block();
         let nj = block.nj();
         let panels = cout.div_ceil(block.mr);
-        let panel_len = cin * block.mr * self.l;
+        let panel_len = self.taps * cin * block.mr;
         let col_tiles = g.out_len.div_ceil(m).div_ceil(nj);
         let outer = p.batch * p.groups * col_tiles;
         // Split output channels only where the pool would idle otherwise.
@@ -400,6 +424,8 @@ impl FftGemmConv {
             cout,
             fwd: &self.fwd,
             inv: &self.inv,
+            taps: self.taps,
+            wfwd: &self.wfwd,
         };
         (0..outer * runs).into_par_iter().for_each(|t| {
             let (rest, run) = (t / runs, t % runs);
@@ -413,7 +439,7 @@ impl FftGemmConv {
                 j0,
                 blocks: (g.out_len.div_ceil(m) - j0).min(nj),
                 out_len: g.out_len,
-                spectra: &self.spectra[group * panels * panel_len..][..panels * panel_len],
+                weights: &self.weights[group * panels * panel_len..],
                 panels: run * per_run..((run + 1) * per_run).min(panels),
                 bias: bias.map(|bias| &bias[group * cout..][..cout]),
             };
