@@ -15,9 +15,9 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPar
 from rustconv import RustConvPartitioner, blocks
 from rustconv.compile_specs import fusion
 from rustconv.inspect import delegate_calls, plan_blob
+from rustconv.profile import name_ops_from_plan
 from rustconv.profiling import (
     lower_with_etrecord,
-    name_ops_from_plan,
     parse_delegate_metadata,
     read_profile,
 )

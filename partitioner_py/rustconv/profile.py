@@ -26,13 +26,41 @@ from pathlib import Path
 from typing import Any
 
 from rustconv import native
-from rustconv.profiling import BACKEND_ID, Profile, name_ops_from_plan, read_profile
+from rustconv.profiling import BACKEND_ID, Profile, read_profile
 
-__all__ = ["copy_bandwidth_gbps", "main", "profile_pte", "report", "run_pte"]
+__all__ = [
+    "copy_bandwidth_gbps",
+    "main",
+    "name_ops_from_plan",
+    "profile_pte",
+    "report",
+    "run_pte",
+]
 
 _COPY_BYTES = 256 << 20
 #: Untimed iterations before the timed ones when this command runs the program.
 WARMUP = 2
+
+
+def name_ops_from_plan(profile: Profile, pte: bytes) -> None:
+    """Fills the original ops of RustConv kernels that the trace left unnamed
+    (no ETRecord) from the program's own plan (:mod:`rustconv.inspect`): the
+    n-th RustConv call of the trace is the n-th RustConv delegate of the
+    program (one method, calls in instruction order)."""
+    from rustconv.inspect import delegate_calls, plan_blob
+
+    ours = [c for c in profile.calls if c.backend == BACKEND_ID]
+    if not any(not k.op_types for c in ours for k in c.kernels):
+        return
+    delegates = delegate_calls(pte)
+    if len(delegates) != len(ours):
+        return  # several methods, or a trace of another program: leave them unnamed
+    for call, delegate in zip(ours, delegates, strict=True):
+        plan = plan_blob(delegate.blob, delegate.compile_specs)
+        absorbed = {k["kernel"]: [a["op"] for a in k["absorbed"]] for k in plan["kernels"]}
+        for kernel in call.kernels:
+            if not kernel.op_types:
+                kernel.op_types = absorbed.get(kernel.kernel, [])
 
 
 def run_pte(

@@ -26,7 +26,6 @@ __all__ = [
     "lower_with_etrecord",
     "OpProfile",
     "Profile",
-    "name_ops_from_plan",
     "parse_delegate_metadata",
     "read_profile",
 ]
@@ -188,27 +187,6 @@ def read_profile(etdump: str | Path, etrecord: str | Path | None = None) -> Prof
                 order.append(("op", len(ops)))
                 ops.append(OpProfile(str(event.name), times, list(event.op_types)))
     return Profile(method_ms=method_ms, calls=calls, ops=ops, order=order)
-
-
-def name_ops_from_plan(profile: Profile, pte: bytes) -> None:
-    """Fills the original ops of RustConv kernels that the trace left unnamed
-    (no ETRecord) from the program's own plan (:mod:`rustconv.inspect`): the
-    n-th RustConv call of the trace is the n-th RustConv delegate of the
-    program (one method, calls in instruction order)."""
-    from rustconv.inspect import delegate_calls, plan_blob
-
-    ours = [c for c in profile.calls if c.backend == BACKEND_ID]
-    if not any(not k.op_types for c in ours for k in c.kernels):
-        return
-    delegates = delegate_calls(pte)
-    if len(delegates) != len(ours):
-        return  # several methods, or a trace of another program: leave them unnamed
-    for call, delegate in zip(ours, delegates, strict=True):
-        plan = plan_blob(delegate.blob, delegate.compile_specs)
-        absorbed = {k["kernel"]: [a["op"] for a in k["absorbed"]] for k in plan["kernels"]}
-        for kernel in call.kernels:
-            if not kernel.op_types:
-                kernel.op_types = absorbed.get(kernel.kernel, [])
 
 
 def lower_with_etrecord(

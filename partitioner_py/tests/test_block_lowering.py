@@ -22,6 +22,11 @@ Expected groupings (dim 8, k 3 for the LFM2 blocks):
 * ``HyenaLongConv``: 7 ops (the causal pad folds) -> 6 nodes, 1 kernel.
 * ``DiagonalSSM``: 12 ops -> 12 nodes (softplus decomposed), 1 kernel.
 * ``ConvStack``: 24 ops -> 24 nodes, 12 kernels (conv + ReLU each).
+
+The blocks are lowered with ``stateful=False``: the LFM2 example's conv state
+stays a delegate input and its new value a delegate output, which is what
+lets these tests set the state and read its update. The delegate-owned form
+(the default) is tested on the streaming blocks in ``tests/test_streaming.py``.
 """
 
 from __future__ import annotations
@@ -84,9 +89,9 @@ def _lower(model: torch.nn.Module, inputs, flow: str, dynamic: bool):
         model, tuple(inputs), dynamic_shapes=model.dynamic_shapes() if dynamic else None
     )
     if flow == "to_edge":
-        return to_edge(ep).to_backend(RustConvPartitioner())
+        return to_edge(ep).to_backend(RustConvPartitioner(stateful=False))
     return to_edge_transform_and_lower(
-        ep, partitioner=[RustConvPartitioner(), XnnpackPartitioner()]
+        ep, partitioner=[RustConvPartitioner(stateful=False), XnnpackPartitioner()]
     )
 
 

@@ -58,10 +58,10 @@ def test_import_rustconv_does_not_load_the_runtime():
     Checked on the source (a subprocess import would cost seconds of torch start-up).
     """
     package = Path(rustconv.__file__).parent
-    # runtime.py loads the library; inspect.py is a command-line tool
-    # (python -m rustconv.inspect) that asks it for plans; nothing in the
-    # package imports either.
-    loaders = {"runtime.py", "inspect.py"}
+    # runtime.py loads the library; inspect.py and profile.py are
+    # command-line tools (python -m rustconv.inspect / rustconv.profile) that
+    # ask it for plans; nothing else in the package imports them.
+    loaders = {"runtime.py", "inspect.py", "profile.py"}
     for path in package.rglob("*.py"):
         imported = _imported_modules(path)
         if path.name in loaders:
