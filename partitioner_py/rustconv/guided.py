@@ -16,19 +16,27 @@ of crossing between delegates is in the numbers:
   both out (e.g. XNNPACK taking both in one call), ``rest_rest_ms[i] =
   T_-i,-(i+1) - T_-i - T_-(i+1) + T_all``.
 
+Each time is the fastest of the timed iterations: these are differences of
+whole-program times, and interference from other work only ever adds time.
+
 The choice is the cheapest sequence over the chain of candidates by dynamic
 programming, each step costing its time under its choice plus the
 transition from the previous choice (``rest_rest_ms`` between two candidates
 both left out, zero otherwise). The decision and the measurements are
 printed, saved (``decision_path``) and can be given back as a profile file
-(``RustConvPartitioner(profile="decision.json")``): a profile measured on the
-target decides an export on the workstation.
+(``RustConvPartitioner(profile="decision.json")``).
+
+On the target: :func:`export_variants` writes the variants, their manifest
+and a script that runs them in ``pte_runner`` there; the directory, with the
+ETDumps the script leaves, is the profile
+(``RustConvPartitioner(profile=<dir>)``), so measurements taken on the phone
+decide the export on the workstation. ``profile="measure"`` runs the same
+loop on this machine.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +44,17 @@ from typing import Any
 
 from torch.export import ExportedProgram
 
-__all__ = ["Decision", "candidate_keys", "decide", "lower_guided", "measure"]
+__all__ = [
+    "Decision",
+    "candidate_keys",
+    "decide",
+    "decide_from_variants",
+    "export_variants",
+    "load_profile",
+    "lower_guided",
+    "measure",
+    "run_variants",
+]
 
 DELEGATE, REST = "rustconv", "rest"
 
@@ -175,6 +193,145 @@ def _lower(ep: ExportedProgram, keep: set[str] | None, compile_specs, rest: list
     return program, ours.last_candidates
 
 
+#: The manifest :func:`export_variants` writes beside the programs.
+MANIFEST = "variants.json"
+#: The script that runs every variant on the target.
+RUN_SCRIPT = "run_on_target.sh"
+
+
+def export_variants(
+    ep: ExportedProgram,
+    out_dir: str | Path,
+    compile_specs=None,
+    rest: list | None = None,
+    iters: int = 10,
+    threads: int | None = None,
+) -> Path:
+    """Writes the programs to time (module docs: every candidate delegated,
+    each left out, neighbours left out together) into ``out_dir``, with the
+    ETRecord of the first, a manifest (:data:`MANIFEST`) and a shell script
+    (:data:`RUN_SCRIPT`) that runs each in ``pte_runner`` writing an ETDump
+    beside it. Copy the directory to the target, run the script there
+    (``PTE_RUNNER=/path/to/pte_runner sh run_on_target.sh``), copy it back
+    and pass it as ``RustConvPartitioner(profile=out_dir)``. Returns
+    ``out_dir``.
+
+    ``ep`` is the exported (ATen) program; each variant is lowered from it
+    (``to_edge_transform_and_lower`` with RustConv first, then ``rest``)."""
+    from rustconv.profile import WARMUP, runner_args
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rest = rest or []
+    program, keys = _lower(ep, None, compile_specs, rest, out / "all.etrecord")
+    (out / "all.pte").write_bytes(program.buffer)
+    variants = [{"name": "all", "left_out": []}]
+    variants += [{"name": f"without_{i}", "left_out": [i]} for i in range(len(keys))]
+    variants += [
+        {"name": f"without_{i}_{i + 1}", "left_out": [i, i + 1]} for i in range(len(keys) - 1)
+    ]
+    for variant in variants[1:]:
+        keep = set(keys) - {keys[i] for i in variant["left_out"]}
+        program, _ = _lower(ep, keep, compile_specs, rest, None)
+        (out / f"{variant['name']}.pte").write_bytes(program.buffer)
+    manifest = {
+        "keys": keys,
+        "iterations": iters,
+        "warmup": WARMUP,
+        "threads": threads,
+        "rest": [type(p).__name__ for p in rest] or ["ExecuTorch CPU kernels"],
+        "variants": variants,
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    lines = [
+        "#!/bin/sh",
+        "# Runs every variant in pte_runner, each writing NAME.etdump here. Run it",
+        "# on the target (PTE_RUNNER=/path/to/pte_runner sh run_on_target.sh), copy",
+        "# the directory back and pass it as RustConvPartitioner(profile=<dir>).",
+        "set -e",
+        'cd "$(dirname "$0")"',
+        'RUNNER="${PTE_RUNNER:-pte_runner}"',
+    ]
+    for v in variants:
+        args = runner_args(f"{v['name']}.pte", f"{v['name']}.etdump", iters, WARMUP, threads)
+        lines.append('"$RUNNER" ' + " ".join(args) + " > /dev/null")
+    script = out / RUN_SCRIPT
+    script.write_text("\n".join(lines) + "\n")
+    script.chmod(0o755)
+    return out
+
+
+def _manifest(directory: Path) -> dict[str, Any]:
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{directory} has no {MANIFEST}: not a directory written by export_variants"
+        )
+    return json.loads(path.read_text())
+
+
+def run_variants(directory: str | Path) -> None:
+    """Runs the variants of ``directory`` on this machine, as
+    :data:`RUN_SCRIPT` does on the target."""
+    from rustconv.profile import run_pte
+
+    directory = Path(directory)
+    manifest = _manifest(directory)
+    for v in manifest["variants"]:
+        run_pte(
+            directory / f"{v['name']}.pte",
+            directory / f"{v['name']}.etdump",
+            iters=manifest["iterations"],
+            threads=manifest["threads"],
+            warmup=manifest["warmup"],
+        )
+
+
+def decide_from_variants(directory: str | Path) -> Decision:
+    """The decision from the ETDumps the variants of ``directory`` wrote
+    (on the target, or here with :func:`run_variants`)."""
+    from rustconv.profiling import BACKEND_ID, read_profile
+
+    directory = Path(directory)
+    manifest = _manifest(directory)
+    keys = manifest["keys"]
+    missing = [
+        f"{v['name']}.etdump"
+        for v in manifest["variants"]
+        if not (directory / f"{v['name']}.etdump").is_file()
+    ]
+    if missing:
+        raise FileNotFoundError(
+            f"{directory} lacks {', '.join(missing)}: run {RUN_SCRIPT} there (on the target) "
+            "and copy the ETDumps back"
+        )
+
+    def method_ms(name: str, etrecord: Path | None = None):
+        profile = read_profile(directory / f"{name}.etdump", etrecord)
+        profile.drop_first(manifest["warmup"])
+        return min(profile.method_ms), profile
+
+    t_all, full = method_ms("all", directory / "all.etrecord")
+    calls = [c for c in full.calls if c.backend == BACKEND_ID]
+    if len(calls) != len(keys):
+        raise RuntimeError(f"expected {len(keys)} RustConv calls, the program made {len(calls)}")
+    rustconv_ms = [min(c.times_ms) for c in calls]
+    by_left_out = {tuple(v["left_out"]): method_ms(v["name"])[0] for v in manifest["variants"][1:]}
+    without = [by_left_out[(i,)] for i in range(len(keys))]
+    pairs = [by_left_out[(i, i + 1)] for i in range(len(keys) - 1)]
+    rest_ms = [r + w - t_all for r, w in zip(rustconv_ms, without, strict=True)]
+    rest_rest = [p - without[i] - without[i + 1] + t_all for i, p in enumerate(pairs)]
+    measurements = {
+        "iterations": manifest["iterations"],
+        "threads": manifest["threads"],
+        "rest": manifest["rest"],
+        "method_ms_all_delegated": t_all,
+        "method_ms_without": without,
+        "method_ms_without_pair": pairs,
+    }
+    return decide(keys, rustconv_ms, rest_ms, rest_rest, measurements)
+
+
 def measure(
     ep: ExportedProgram,
     compile_specs=None,
@@ -182,54 +339,31 @@ def measure(
     iters: int = 10,
     threads: int | None = None,
 ) -> Decision:
-    """Times the variants described in the module docs on this machine.
-
-    ``ep`` is the exported (ATen) program; each variant is lowered from it
-    (``to_edge_transform_and_lower`` with RustConv first, then ``rest``)."""
-    from rustconv.profile import WARMUP, run_pte
-    from rustconv.profiling import BACKEND_ID, read_profile
-
-    rest = rest or []
+    """The on-target loop run on this machine: :func:`export_variants`,
+    :func:`run_variants`, :func:`decide_from_variants`."""
     with tempfile.TemporaryDirectory() as tmp:
+        export_variants(ep, tmp, compile_specs, rest, iters, threads)
+        run_variants(tmp)
+        return decide_from_variants(tmp)
 
-        def run(keep: set[str] | None, name: str):
-            etrecord = Path(tmp) / f"{name}.etrecord" if keep is None else None
-            program, keys = _lower(ep, keep, compile_specs, rest, etrecord)
-            pte, trace = Path(tmp) / f"{name}.pte", Path(tmp) / f"{name}.etdump"
-            pte.write_bytes(program.buffer)
-            run_pte(pte, trace, iters=iters, threads=threads, warmup=WARMUP)
-            profile = read_profile(trace, etrecord)
-            profile.drop_first(WARMUP)
-            return profile, keys
 
-        full, keys = run(None, "all")
-        all_keys = set(keys)
-        t_all = statistics.median(full.method_ms)
-        calls = [c for c in full.calls if c.backend == BACKEND_ID]
-        if len(calls) != len(keys):
-            raise RuntimeError(
-                f"expected {len(keys)} RustConv calls, the program made {len(calls)}"
+def load_profile(profile: str | Path | dict, keys: list[str]) -> Decision:
+    """A decision for the candidates ``keys`` from what
+    ``RustConvPartitioner(profile=...)`` accepts besides ``"measure"``: a
+    directory of variants run on the target, a saved decision file, or its
+    dict."""
+    if isinstance(profile, dict):
+        return from_profile(profile, keys)
+    path = Path(profile)
+    if path.is_dir():
+        decision = decide_from_variants(path)
+        if decision.keys != keys:
+            raise ValueError(
+                f"the variants in {path} were exported from another program (their candidates "
+                "differ from this program's)"
             )
-        rustconv_ms = [statistics.median(c.times_ms) for c in calls]
-        without = [
-            statistics.median(run(all_keys - {k}, f"without_{i}")[0].method_ms)
-            for i, k in enumerate(keys)
-        ]
-        pairs = [
-            statistics.median(run(all_keys - {a, b}, f"without_{i}_{i + 1}")[0].method_ms)
-            for i, (a, b) in enumerate(zip(keys, keys[1:], strict=False))
-        ]
-    rest_ms = [r + w - t_all for r, w in zip(rustconv_ms, without, strict=True)]
-    rest_rest = [p - without[i] - without[i + 1] + t_all for i, p in enumerate(pairs)]
-    measurements = {
-        "iterations": iters,
-        "threads": threads,
-        "rest": [type(p).__name__ for p in rest] or ["ExecuTorch CPU kernels"],
-        "method_ms_all_delegated": t_all,
-        "method_ms_without": without,
-        "method_ms_without_pair": pairs,
-    }
-    return decide(keys, rustconv_ms, rest_ms, rest_rest, measurements)
+        return decision
+    return from_profile(json.loads(path.read_text()), keys)
 
 
 def save(decision: Decision, path: str | Path) -> None:

@@ -23,7 +23,6 @@ behaviour (the buffer a delegate input, its new value a delegate output).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -67,8 +66,9 @@ class RustConvPartitioner(Partitioner):
             :mod:`rustconv.compile_specs` (e.g. ``num_threads(4)``). Unknown
             keys are refused here rather than at load time.
         profile: profile-guided partitioning (:mod:`rustconv.guided`): a
-            profile file (a decision saved by an earlier run, e.g. measured on
-            the target) or its dict, or ``"measure"`` to time every candidate
+            directory of variants run on the target
+            (:func:`rustconv.guided.export_variants`), a decision saved by an
+            earlier run or its dict, or ``"measure"`` to time every candidate
             here, delegated and left to ``rest`` (lowered from ``program``,
             the exported ATen program); only the candidates that are faster
             in RustConv are taken. The decision is printed.
@@ -139,10 +139,7 @@ class RustConvPartitioner(Partitioner):
             if decision.keys != guided.candidate_keys(exported_program):
                 raise ValueError("the measured candidates differ from this program's")
         else:
-            doc = self.profile
-            if not isinstance(doc, dict):
-                doc = json.loads(Path(doc).read_text())
-            decision = guided.from_profile(doc, guided.candidate_keys(exported_program))
+            decision = guided.load_profile(self.profile, guided.candidate_keys(exported_program))
         print(decision.format())
         if self.decision_path is not None:
             guided.save(decision, self.decision_path)

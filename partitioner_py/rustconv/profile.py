@@ -35,6 +35,7 @@ __all__ = [
     "profile_pte",
     "report",
     "run_pte",
+    "runner_args",
 ]
 
 _COPY_BYTES = 256 << 20
@@ -63,6 +64,18 @@ def name_ops_from_plan(profile: Profile, pte: bytes) -> None:
                 kernel.op_types = absorbed.get(kernel.kernel, [])
 
 
+def runner_args(
+    pte: Path | str, etdump: Path | str, iters: int, warmup: int, threads: int | None
+) -> list[str]:
+    """pte_runner's flags for a profiled run (also written into the scripts
+    that run programs on the target, :func:`rustconv.guided.export_variants`)."""
+    args = ["-model_path", str(pte), "-iter", str(iters), "-warmup", str(warmup),
+            "-etdump_path", str(etdump)]  # fmt: skip
+    if threads is not None:
+        args.append(f"-num_threads={threads}")
+    return args
+
+
 def run_pte(
     pte: Path,
     etdump: Path,
@@ -73,12 +86,9 @@ def run_pte(
 ) -> str:
     """Runs ``pte`` in pte_runner writing ``etdump``; returns its output.
     The ETDump holds the warm-up iterations too (first)."""
-    cmd = [*native.pte_runner_command(), "-model_path", str(pte), "-iter", str(iters),
-           "-warmup", str(warmup), "-etdump_path", str(etdump)]  # fmt: skip
+    cmd = [*native.pte_runner_command(), *runner_args(pte, etdump, iters, warmup, threads)]
     if inputs is not None:
         cmd += ["-inputs_npz_path", str(inputs)]
-    if threads is not None:
-        cmd += [f"-num_threads={threads}"]
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
         raise RuntimeError(f"pte_runner failed: {run.stderr.strip().splitlines()[-1:]}")
