@@ -8,6 +8,11 @@ thread count for all):
   every candidate the plan log line lists (conv only);
 * ``xnnpack``: XnnpackPartitioner;
 * ``et_cpu``: no delegate, ExecuTorch's optimized/portable CPU kernels;
+* ``ours_traced`` (only when named): ours' program with an ETDump written
+  (``-etdump_path``): what profiling costs when on;
+* ``ours_baseline`` (only when named): ours' program in another pte_runner
+  build (``--baseline-runner``, e.g. an earlier commit's): what a runtime
+  change costs, such as profiling support when it is off;
 * blocks only: ``ours`` is RustConvPartitioner then XnnpackPartitioner (the
   linears go to XNNPACK), ``ours_unfused`` the same with
   ``compile_specs.fusion(False)``.
@@ -48,6 +53,8 @@ ACCURACY_ATOL = 1e-3
 LABELS = {
     "ours": "RustConv (ours)",
     "ours_unfused": "RustConv, fusion off",
+    "ours_traced": "RustConv, ETDump on",
+    "ours_baseline": "RustConv, baseline runner",
     "xnnpack": "XNNPACK",
     "et_cpu": "ExecuTorch CPU kernels",
     "eager": "PyTorch eager",
@@ -65,6 +72,8 @@ BASELINES = {
 ORDER = (
     "eager",
     "ours",
+    "ours_traced",
+    "ours_baseline",
     "ours_unfused",
     "candidates",
     "xnnpack",
@@ -73,7 +82,9 @@ ORDER = (
     "c_scan",
     "io_floor",
 )
-RUNS_IN_RUNNER = ("ours", "ours_unfused", "xnnpack", "et_cpu")
+RUNS_IN_RUNNER = ("ours", "ours_traced", "ours_baseline", "ours_unfused", "xnnpack", "et_cpu")
+#: Alternatives that run ours' program, differently.
+SAME_PROGRAM_AS_OURS = ("ours_traced", "ours_baseline")
 NOT_APPLICABLE = {
     ("xnnpack", "scan"): "XNNPACK has no kernel for the custom op rustconv::linear_scan",
     ("et_cpu", "scan"): "ExecuTorch has no kernel for the custom op rustconv::linear_scan",
@@ -97,7 +108,7 @@ def work_model(alt: str, kind: str) -> str:
         return "block"
     if kind == "scan":
         return "scan_loop" if alt == "eager" else "stream"
-    if alt == "ours":
+    if alt in ("ours", *SAME_PROGRAM_AS_OURS):
         return "auto"
     if alt in ("torch_fft", "ours:fft"):
         return "fft"
@@ -121,6 +132,7 @@ def steps_for(setting: Setting, alternatives: tuple[str, ...]) -> list[str]:
 @dataclass
 class Context:
     runner: Path
+    baseline_runner: Path | None
     threads: int
     warmup: int
     repeats: int
@@ -292,13 +304,15 @@ class SettingBench:
     def run_in_runner(self, alt: str, estimate_s: float | None = None) -> dict:
         ctx, s = self.ctx, self.s
         row = new_row(s, alt)
-        fft = alt in ("ours", "ours:fft")
+        program = "ours" if alt in SAME_PROGRAM_AS_OURS else alt
+        runner = ctx.baseline_runner if alt == "ours_baseline" else ctx.runner
+        fft = program in ("ours", "ours:fft")
         needs = max(projection.export_bytes(s), projection.runner_bytes(s, fft))
         proj = self._guard(row, alt, needs, estimate_s)
         if proj is None:
             return row
         try:
-            lowered = lowered_pte(alt, self.data, ctx.seed, ctx.cache_dir, ctx.planned_inputs)
+            lowered = lowered_pte(program, self.data, ctx.seed, ctx.cache_dir, ctx.planned_inputs)
         except Exception as e:  # any failure is recorded; the run goes on
             row["status"] = f"error: lowering: {one_line(e)}"
             return row
@@ -318,13 +332,14 @@ class SettingBench:
             row["note"] = "XNNPACK did not take the conv; it ran on ExecuTorch's kernels"
 
         out_npz = ctx.work_dir / f"out-{s.slug}-{alt.replace(':', '-')}.npz"
+        etdump = out_npz.with_suffix(".etdump") if alt == "ours_traced" else None
         projected = proj.seconds
         try:
             if not proj.measured and projected > 0.5:
                 # A rough projection: time one call before planning the repeats.
                 probe = measure.run_pte(
-                    ctx.runner, lowered.pte, self.npz, out_npz, 0, 1, ctx.threads,
-                    timeout_s=2 * ctx.time_limit_s + 120,
+                    runner, lowered.pte, self.npz, out_npz, 0, 1, ctx.threads,
+                    timeout_s=2 * ctx.time_limit_s + 120, etdump=etdump,
                 )  # fmt: skip
                 projected = probe.timing.median_ms / 1e3
                 if projected > ctx.time_limit_s:
@@ -340,7 +355,7 @@ class SettingBench:
             warm, reps = measure.plan_repeats(projected, ctx.warmup, ctx.repeats, ctx.budget_s)
             timeout = 4 * (warm + reps) * max(projected, 0.05) + 120
             result = measure.run_pte(
-                ctx.runner, lowered.pte, self.npz, out_npz, warm, reps, ctx.threads, timeout
+                runner, lowered.pte, self.npz, out_npz, warm, reps, ctx.threads, timeout, etdump
             )
         except measure.RunnerTimeout as e:
             row["status"] = "DNF"

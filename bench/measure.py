@@ -228,9 +228,11 @@ def run_pte(
     iters: int,
     threads: int,
     timeout_s: float,
+    etdump: Path | None = None,
 ) -> RunnerResult:
     """Runs pte_runner once and parses its latency, peak memory, plan lines
-    and output 0."""
+    and output 0; with ``etdump``, the run is traced into that file (then
+    removed)."""
     out_npz.unlink(missing_ok=True)
     cmd = [
         str(runner),
@@ -241,6 +243,8 @@ def run_pte(
         "-iter", str(iters),
         "-num_threads", str(threads),
     ]  # fmt: skip
+    if etdump is not None:
+        cmd += ["-etdump_path", str(etdump)]
     try:
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as e:
@@ -257,6 +261,10 @@ def run_pte(
     with np.load(out_npz) as outputs:
         output = outputs["0"]
     out_npz.unlink(missing_ok=True)
+    if etdump is not None:
+        if not etdump.is_file():
+            raise RunnerError(f"pte_runner wrote no ETDump at {etdump}")
+        etdump.unlink()
     # pte_runner reports percentiles, not samples: keep the median as the one
     # sample Timing needs.
     return RunnerResult(

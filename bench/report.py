@@ -46,6 +46,8 @@ BLOCK_GOALS = {
 }
 #: Block peak memory is compared against these alternatives.
 BLOCK_MEMORY_VS = ("ours_unfused", "xnnpack")
+#: Alternatives reported as ours' overheads, not compared as baselines.
+OVERHEAD_ALTS = {"ours_traced", "ours_baseline"}
 
 
 def write_rows(out: Path, meta: dict, rows: list[dict]) -> None:
@@ -168,11 +170,7 @@ def analyze(meta: dict, rows: list[dict]) -> dict:
     blocks = [r for r in results if r.kind == "blocks"]
     results = [r for r in results if r.kind != "blocks"]
     conv_speedups = [r.speedup_best for r in results if r.kind == "conv" and r.speedup_best]
-    geomean = (
-        math.exp(sum(math.log(x) for x in conv_speedups) / len(conv_speedups))
-        if conv_speedups
-        else None
-    )
+    geomean = _geomean(conv_speedups)
     return {
         "settings": results,
         "geomean": geomean,
@@ -517,6 +515,7 @@ def markdown(meta: dict, analysis: dict, rows: list[dict], images: list[str]) ->
         ]
     if analysis["blocks"]:
         lines += _blocks_markdown(analysis)
+    lines += _overheads_markdown(meta, results + analysis["blocks"])
 
     if conv:
         lines += [
@@ -680,6 +679,50 @@ def markdown(meta: dict, analysis: dict, rows: list[dict], images: list[str]) ->
     if images:
         lines += ["## Plots", ""] + [f"![{Path(i).stem}]({i})" for i in images] + [""]
     return "\n".join(lines)
+
+
+def _geomean(xs: list[float]) -> float | None:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
+
+
+def _overheads_markdown(meta: dict, results: list[SettingResult]) -> list[str]:
+    """ours against the same programs traced (ETDump on) and in the baseline
+    runner build, where those were named (alt=ours_traced,ours_baseline)."""
+    measured = [r for r in results if _ok(r.ours) and (OVERHEAD_ALTS & r.rows.keys())]
+    if not measured:
+        return []
+    lines = [
+        "## Runtime overheads",
+        "",
+        "The same program as *ours*, in the same run: *ETDump on* writes an ETDump "
+        "(`-etdump_path`, one event per fused kernel per call); *baseline runner* is "
+        f"`{meta.get('baseline_runner') or '–'}`. Cost = its median / ours - 1 for ETDump on "
+        "(what profiling costs when on), ours / baseline - 1 for the baseline (what this "
+        "build costs over it).",
+        "",
+    ]
+    body, traced, baseline = [], [], []
+    for r in measured:
+        ours = r.ours["median_ms"]
+        cells = [r.name, _ms(ours)]
+        for alt, into in (("ours_traced", traced), ("ours_baseline", baseline)):
+            row = r.rows.get(alt)
+            if not _ok(row):
+                cells += [cell(row), "–"]
+                continue
+            ratio = row["median_ms"] / ours if alt == "ours_traced" else ours / row["median_ms"]
+            into.append(ratio)
+            cells += [_ms(row["median_ms"]), f"{(ratio - 1) * 100:+.1f}%"]
+        body.append(cells)
+    header = ["setting", "ours", "ETDump on", "cost", "baseline runner", "this build's cost"]
+    lines += _table(header, body) + [""]
+    for name, ratios in (("ETDump on", traced), ("this build over the baseline", baseline)):
+        if ratios:
+            lines.append(
+                f"- {name}: geometric mean {(_geomean(ratios) - 1) * 100:+.1f}% "
+                f"over {len(ratios)} settings"
+            )
+    return lines + [""]
 
 
 def _calls_cell(row: dict | None) -> str:

@@ -50,6 +50,8 @@ ALL_ALTERNATIVES = (
     "c_scan",
     "io_floor",
 )
+#: Run only when named (alt=..): the runtime's own overheads, beside ours.
+OPT_IN_ALTERNATIVES = ("ours_traced", "ours_baseline")
 
 
 def parse_filters(tokens: list[str], full: bool) -> tuple[list[workload.Setting], tuple[str, ...]]:
@@ -84,13 +86,14 @@ def parse_filters(tokens: list[str], full: bool) -> tuple[list[workload.Setting]
                     for v in values
                     if v.startswith("ours:") and v[5:] in alternatives.KNOWN_ALGORITHMS
                 )
-                unknown = set(values) - set(ALL_ALTERNATIVES) - set(forced)
+                known = ALL_ALTERNATIVES + OPT_IN_ALTERNATIVES
+                unknown = set(values) - set(known) - set(forced)
                 if unknown:
                     raise SystemExit(
-                        f"unknown alternative(s) {sorted(unknown)}: {ALL_ALTERNATIVES}"
+                        f"unknown alternative(s) {sorted(unknown)}: {known}"
                         f" or ours:NAME, NAME one of {alternatives.KNOWN_ALGORITHMS}"
                     )
-                alts = tuple(a for a in ALL_ALTERNATIVES if a in values) + forced
+                alts = tuple(a for a in known if a in values) + forced
             elif key == "block":
                 unknown = set(values) - set(workload.BLOCKS)
                 if unknown:
@@ -129,6 +132,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="output dir (default out/bench/<timestamp>)")
     p.add_argument("--cache-dir", type=Path, default=ROOT / "out" / "bench" / "cache")
     p.add_argument("--runner", type=Path, default=None, help="pte_runner ($PTE_RUNNER)")
+    p.add_argument(
+        "--baseline-runner",
+        type=Path,
+        default=None,
+        help="another pte_runner build (e.g. of an earlier commit) for alt=ours_baseline: "
+        "the same programs, to measure what a runtime change costs",
+    )
     p.add_argument("--warmup", type=int, default=None, help="warm-up calls (quick 2, full 3)")
     p.add_argument("--repeats", type=int, default=None, help="timed calls (quick 7, full 20)")
     p.add_argument("--time-limit", type=float, default=60.0, help="s per call before DNF")
@@ -203,6 +213,8 @@ def main(argv=None) -> int:
     )
     if not runner.is_file():
         raise SystemExit(f"pte_runner not found at {runner}: build with scripts/setup.sh")
+    if "ours_baseline" in alts and not (args.baseline_runner and args.baseline_runner.is_file()):
+        raise SystemExit("alt=ours_baseline needs --baseline-runner PATH (a pte_runner build)")
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = args.out or ROOT / "out" / "bench" / stamp
     out.mkdir(parents=True, exist_ok=True)
@@ -238,10 +250,12 @@ def main(argv=None) -> int:
         "torch": torch.__version__,
         "executorch": _version("executorch"),
         "runner": str(runner),
+        "baseline_runner": str(args.baseline_runner) if args.baseline_runner else None,
         "command": " ".join(["bench/run.py", *(sys.argv[1:] if argv is None else argv)]),
     }
     ctx = alternatives.Context(
         runner=runner,
+        baseline_runner=args.baseline_runner,
         threads=args.threads,
         warmup=args.warmup,
         repeats=args.repeats,

@@ -165,3 +165,34 @@ def test_end_to_end_blocks_tiny(tmp_path):
     goals = summary.split("### Goals (blocks)")[1].split("block goals pass")[0]
     # ssm, lfm2_hf, hyena, and peak memory.
     assert goals.count("**PASS**") + goals.count("**FAIL**") == 4
+
+
+def test_overhead_alternatives_only_when_named():
+    _, default = run.parse_filters([], full=False)
+    assert not set(default) & set(run.OPT_IN_ALTERNATIVES)
+    _, alts = run.parse_filters(["alt=ours,ours_traced,ours_baseline"], full=False)
+    assert alts == ("ours", "ours_traced", "ours_baseline")
+    with pytest.raises(SystemExit, match="baseline-runner"):
+        run.main(["C=8", "N=64", "K=4", "alt=ours,ours_baseline", "--runner", str(RUNNER)])
+
+
+@pytest.mark.skipif(not RUNNER.is_file(), reason="pte_runner not built (scripts/setup.sh)")
+def test_overheads_tiny(tmp_path):
+    """ETDump on and a baseline runner (here the same build) run ours' program."""
+    out = tmp_path / "out"
+    argv = [
+        "conv", "C=8", "N=64", "K=4", "alt=ours,ours_traced,ours_baseline", "--warmup", "1",
+        "--repeats", "2", "--threads", "1", "--bandwidth-mib", "16", "--out", str(out),
+        "--cache-dir", str(tmp_path / "cache"), "--runner", str(RUNNER),
+        "--baseline-runner", str(RUNNER), "--no-plots",
+    ]  # fmt: skip
+    assert run.main(argv) == 0
+    with open(out / "results.csv") as f:
+        rows = {r["alternative"]: r for r in csv.DictReader(f)}
+    for alt in ("ours", "ours_traced", "ours_baseline"):
+        assert rows[alt]["status"] == "ok", (alt, rows[alt]["status"], rows[alt]["note"])
+        assert float(rows[alt]["max_abs_err"]) <= 1e-3
+        assert "RustConvBackend" in rows[alt]["delegated"]
+    summary = (out / "summary.md").read_text()
+    assert "## Runtime overheads" in summary
+    assert "ETDump on: geometric mean" in summary and "over the baseline: geometric mean" in summary
