@@ -812,3 +812,140 @@ fn shared_subexpressions_are_computed_once_and_give_the_same_values() {
         }
     }
 }
+
+#[test]
+fn decomposed_softplus_and_silu_are_evaluated_as_one_op() {
+    let mut env = TestEnv::new();
+    let xs: Vec<f32> = (0..60).map(|i| (i as f32 - 30.0) * 1.1).collect();
+    let x = env.stored(&[2, 30], xs.clone());
+    let v = env.virt(&[2, 30]);
+    // where(x > 20, x, log1p(exp(x))), as the edge dialect writes softplus.
+    let mut p = Program::default();
+    let l = p.push(Expr::Load, x);
+    let e = p.push(
+        Expr::Unary {
+            op: UnaryOp::Exp,
+            x: l,
+        },
+        v,
+    );
+    let lp = p.push(
+        Expr::Unary {
+            op: UnaryOp::Log1p,
+            x: e,
+        },
+        v,
+    );
+    let c = p.push(Expr::Const(20.0), v);
+    let g = p.push(
+        Expr::Binary {
+            op: BinaryOp::Gt,
+            a: l,
+            b: c,
+        },
+        v,
+    );
+    let w = p.push(
+        Expr::Where {
+            cond: g,
+            a: l,
+            b: lp,
+        },
+        v,
+    );
+    assert_eq!(
+        p.nodes()[w].expr,
+        Expr::Unary {
+            op: UnaryOp::Softplus,
+            x: l
+        }
+    );
+    // Then its silu, sigmoid on either side of the product.
+    let s = p.push(
+        Expr::Unary {
+            op: UnaryOp::Sigmoid,
+            x: w,
+        },
+        v,
+    );
+    let m = p.push(
+        Expr::Binary {
+            op: BinaryOp::Mul,
+            a: s,
+            b: w,
+        },
+        v,
+    );
+    assert_eq!(
+        p.nodes()[m].expr,
+        Expr::Unary {
+            op: UnaryOp::Silu,
+            x: w
+        }
+    );
+    let got = eval_all(&p, &env);
+    for (&x, &g) in xs.iter().zip(&got) {
+        let x = x as f64;
+        let sp = if x > 20.0 { x } else { x.exp().ln_1p() };
+        let want = sp / (1.0 + (-sp).exp());
+        assert!(
+            (g as f64 - want).abs() <= 1e-6 * (1.0 + want.abs()),
+            "{x}: {g} vs {want}"
+        );
+    }
+    // Another threshold or comparison is not softplus: left as written.
+    let mut q = Program::default();
+    let l = q.push(Expr::Load, x);
+    let e = q.push(
+        Expr::Unary {
+            op: UnaryOp::Exp,
+            x: l,
+        },
+        v,
+    );
+    let lp = q.push(
+        Expr::Unary {
+            op: UnaryOp::Log1p,
+            x: e,
+        },
+        v,
+    );
+    let c = q.push(Expr::Const(10.0), v);
+    let g = q.push(
+        Expr::Binary {
+            op: BinaryOp::Gt,
+            a: l,
+            b: c,
+        },
+        v,
+    );
+    let w = q.push(
+        Expr::Where {
+            cond: g,
+            a: l,
+            b: lp,
+        },
+        v,
+    );
+    assert!(matches!(q.nodes()[w].expr, Expr::Where { .. }));
+    let got = eval_all(&q, &env);
+    for (&x, &g) in xs.iter().zip(&got) {
+        let want = if x > 10.0 {
+            x as f64
+        } else {
+            (x as f64).exp().ln_1p()
+        };
+        assert!((g as f64 - want).abs() <= 1e-6 * (1.0 + want.abs()));
+    }
+}
+
+#[test]
+fn line_copies_and_prefetches_of_every_length() {
+    for n in 0..70 {
+        let src: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 3.0).collect();
+        let mut dst = vec![f32::NAN; n];
+        ops::copy(&mut dst, &src);
+        assert_eq!(dst, src);
+        ops::prefetch(&src);
+    }
+}
