@@ -234,7 +234,11 @@ impl PreparedConv1d {
     /// Whether [`Self::run_rows`] hands its output to an epilogue inside
     /// its loops; otherwise the output must be stored.
     pub fn fuses_output(&self) -> bool {
-        matches!(self.imp, Imp::Depthwise(_) | Imp::Gemm(_) | Imp::FftGemm(_))
+        match &self.imp {
+            Imp::Depthwise(_) | Imp::Gemm(_) | Imp::FftGemm(_) => true,
+            Imp::Fft(k) => k.fuses_output(),
+            _ => false,
+        }
     }
 
     /// `f32` elements of scratch each thread needs for [`Self::run_rows`]
@@ -247,6 +251,7 @@ impl PreparedConv1d {
             }
             Imp::Gemm(k) => k.rows_scratch(&self.max, y_temps),
             Imp::FftGemm(k) => k.rows_scratch(y_temps),
+            Imp::Fft(k) => k.rows_scratch(y_temps),
             _ => self.scratch_per_thread(),
         }
     }
@@ -301,6 +306,9 @@ impl PreparedConv1d {
                         k.run_into(&g, x, bias, sink, scratch)
                     }
                     (Imp::FftGemm(k), RowsIn::Slice(x), RowsOut::Fused(sink)) => {
+                        k.run_into(&g, x, bias, sink, scratch)
+                    }
+                    (Imp::Fft(k), RowsIn::Slice(x), RowsOut::Fused(sink)) if k.fuses_output() => {
                         k.run_into(&g, x, bias, sink, scratch)
                     }
                     _ => return Err(not_fusable()),

@@ -949,3 +949,107 @@ fn line_copies_and_prefetches_of_every_length() {
         ops::prefetch(&src);
     }
 }
+
+#[test]
+fn fft_conv_hands_its_blocks_to_an_epilogue() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let mut rng = Rng::new(11);
+    // 40 channels: a whole group of 32 and a partial one; lengths that are
+    // not multiples of 16 nor of the sink's chunk; K = N (a Hyena filter)
+    // and a shorter filter over several blocks.
+    for (batch, ch, n, k) in [(2, 40, 1500, 1500), (1, 33, 3001, 300)] {
+        let p = Conv1dParams {
+            batch,
+            in_channels: ch,
+            out_channels: ch,
+            in_len: n,
+            kernel_size: k,
+            stride: 1,
+            pad_left: k - 1,
+            pad_right: 0,
+            dilation: 1,
+            groups: ch,
+        };
+        let w = rng.vec(ch * k, -0.1, 0.1);
+        let prepared = PreparedConv1d::new(&p, &w, Choice::Force(Algorithm::Fft)).unwrap();
+        let bias = rng.vec(ch, -0.5, 0.5);
+        let x = rng.vec(batch * ch * n, -1.0, 1.0);
+        let mut env = TestEnv::new();
+        let gate = env.stored(&[batch, ch, n], rng.vec(batch * ch * n, -2.0, 2.0));
+        let y = env.virt(&[batch, ch, n]);
+        // gelu(y * gate)
+        let mut epi = Program::default();
+        let an = epi.push(Expr::Anchor, y);
+        let lg = epi.push(Expr::Load, gate);
+        let m = epi.push(
+            Expr::Binary {
+                op: BinaryOp::Mul,
+                a: an,
+                b: lg,
+            },
+            y,
+        );
+        epi.push(
+            Expr::Unary {
+                op: UnaryOp::Gelu,
+                x: m,
+            },
+            y,
+        );
+        let mut yref = vec![0.0; batch * ch * n];
+        let scratch0 = Scratch::new(2, prepared.scratch_per_thread());
+        pool.install(|| prepared.run(&p, &x, Some(&w), Some(&bias), &mut yref, &scratch0))
+            .unwrap();
+        let mut want = yref.clone();
+        for (w_, g) in want.iter_mut().zip(&env.data[gate]) {
+            let mut v = [*w_ * g];
+            UnaryOp::Gelu.apply(&mut v);
+            *w_ = v[0];
+        }
+        let mut got = vec![f32::NAN; want.len()];
+        let shape = Shape::new(&[batch, ch, n]);
+        let sink = EpilogueSink::new(&epi, &env, shape, &[], &mut got, shape);
+        let yt = sink.temporaries();
+        if !prepared.fuses_output() {
+            // The realfft engine (no AVX-512): a stored output only.
+            let scratch = Scratch::new(2, prepared.rows_scratch_per_thread(0, yt));
+            let r = pool.install(|| {
+                prepared.run_rows(
+                    &p,
+                    RowsIn::Slice(&x),
+                    Some(&w),
+                    Some(&bias),
+                    RowsOut::Fused(&sink),
+                    0,
+                    yt,
+                    &scratch,
+                )
+            });
+            assert!(matches!(r, Err(crate::KernelError::NotFusable { .. })));
+            return;
+        }
+        let scratch = Scratch::new(2, prepared.rows_scratch_per_thread(0, yt));
+        pool.install(|| {
+            prepared.run_rows(
+                &p,
+                RowsIn::Slice(&x),
+                Some(&w),
+                Some(&bias),
+                RowsOut::Fused(&sink),
+                0,
+                yt,
+                &scratch,
+            )
+        })
+        .unwrap();
+        for (i, (g, w_)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w_).abs() <= 1e-5 * (1.0 + w_.abs()),
+                "n={n} k={k}: element {i}: {g} vs {w_}"
+            );
+        }
+    }
+}

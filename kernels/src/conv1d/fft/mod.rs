@@ -235,6 +235,48 @@ impl FftConv {
         }
     }
 
+    /// Whether [`Self::run_into`] runs an epilogue in the engine's output
+    /// loop (the AVX-512 lanes engine); otherwise the output is stored.
+    pub(crate) fn fuses_output(&self) -> bool {
+        match &self.engine {
+            Engine::Real(_) => false,
+            #[cfg(target_arch = "x86_64")]
+            Engine::Lanes(_) => true,
+        }
+    }
+
+    /// `f32` elements of scratch per thread for [`Self::run_into`] with a
+    /// sink needing `y_temps` line-sized temporaries.
+    pub(crate) fn rows_scratch(&self, y_temps: usize) -> usize {
+        match &self.engine {
+            Engine::Real(_) => self.scratch_per_thread(),
+            #[cfg(target_arch = "x86_64")]
+            Engine::Lanes(e) => e.rows_scratch(y_temps),
+        }
+    }
+
+    /// [`Self::run`] with the output handed to `sink` as each block of it
+    /// is computed.
+    ///
+    /// # Panics
+    /// On an engine that does not [`Self::fuses_output`] (a caller's bug).
+    pub(crate) fn run_into(
+        &self,
+        g: &Conv1dGeometry,
+        x: &[f32],
+        bias: Option<&[f32]>,
+        sink: &dyn crate::fused::RowSink,
+        scratch: &Scratch,
+    ) {
+        debug_assert_eq!(plan::span(g), self.span);
+        debug_assert_eq!(x.len(), g.input_elems);
+        match &self.engine {
+            Engine::Real(_) => panic!("the realfft engine does not take an epilogue"),
+            #[cfg(target_arch = "x86_64")]
+            Engine::Lanes(e) => e.run_into(g, x, bias, sink, scratch),
+        }
+    }
+
     /// [`Self::run`] on the realfft engine.
     fn run_real(
         &self,
