@@ -951,7 +951,7 @@ fn line_copies_and_prefetches_of_every_length() {
 }
 
 #[test]
-fn fft_conv_hands_its_blocks_to_an_epilogue() {
+fn fft_conv_runs_prologues_and_epilogues_in_its_block_loops() {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(2)
         .build()
@@ -976,8 +976,27 @@ fn fft_conv_hands_its_blocks_to_an_epilogue() {
         let w = rng.vec(ch * k, -0.1, 0.1);
         let prepared = PreparedConv1d::new(&p, &w, Choice::Force(Algorithm::Fft)).unwrap();
         let bias = rng.vec(ch, -0.5, 0.5);
-        let x = rng.vec(batch * ch * n, -1.0, 1.0);
         let mut env = TestEnv::new();
+        // The input is v * u (Hyena's gate before the conv).
+        let v = env.stored(&[batch, ch, n], rng.vec(batch * ch * n, -1.0, 1.0));
+        let u = env.stored(&[batch, ch, n], rng.vec(batch * ch * n, -1.0, 1.0));
+        let xv = env.virt(&[batch, ch, n]);
+        let mut pro = Program::default();
+        let lv = pro.push(Expr::Load, v);
+        let lu = pro.push(Expr::Load, u);
+        pro.push(
+            Expr::Binary {
+                op: BinaryOp::Mul,
+                a: lv,
+                b: lu,
+            },
+            xv,
+        );
+        let x: Vec<f32> = env.data[v]
+            .iter()
+            .zip(&env.data[u])
+            .map(|(a, b)| a * b)
+            .collect();
         let gate = env.stored(&[batch, ch, n], rng.vec(batch * ch * n, -2.0, 2.0));
         let y = env.virt(&[batch, ch, n]);
         // gelu(y * gate)
@@ -1009,47 +1028,47 @@ fn fft_conv_hands_its_blocks_to_an_epilogue() {
             UnaryOp::Gelu.apply(&mut v);
             *w_ = v[0];
         }
-        let mut got = vec![f32::NAN; want.len()];
         let shape = Shape::new(&[batch, ch, n]);
-        let sink = EpilogueSink::new(&epi, &env, shape, &[], &mut got, shape);
-        let yt = sink.temporaries();
-        if !prepared.fuses_output() {
-            // The realfft engine (no AVX-512): a stored output only.
-            let scratch = Scratch::new(2, prepared.rows_scratch_per_thread(0, yt));
+        let source = ProgramRows::new(&pro, &env);
+        let xt = source.temporaries();
+        // Epilogue only, prologue only, both.
+        for (fused_in, fused_out) in [(false, true), (true, false), (true, true)] {
+            let mut got = vec![f32::NAN; want.len()];
+            let mut stored = vec![f32::NAN; want.len()];
+            let sink = EpilogueSink::new(&epi, &env, shape, &[], &mut got, shape);
+            let yt = sink.temporaries();
+            let x_in = if fused_in {
+                RowsIn::Fused(&source)
+            } else {
+                RowsIn::Slice(&x)
+            };
+            let y_out = if fused_out {
+                RowsOut::Fused(&sink)
+            } else {
+                RowsOut::Slice(&mut stored)
+            };
+            let scratch = Scratch::new(2, prepared.rows_scratch_per_thread(xt, yt));
             let r = pool.install(|| {
-                prepared.run_rows(
-                    &p,
-                    RowsIn::Slice(&x),
-                    Some(&w),
-                    Some(&bias),
-                    RowsOut::Fused(&sink),
-                    0,
-                    yt,
-                    &scratch,
-                )
+                prepared.run_rows(&p, x_in, Some(&w), Some(&bias), y_out, xt, yt, &scratch)
             });
-            assert!(matches!(r, Err(crate::KernelError::NotFusable { .. })));
-            return;
-        }
-        let scratch = Scratch::new(2, prepared.rows_scratch_per_thread(0, yt));
-        pool.install(|| {
-            prepared.run_rows(
-                &p,
-                RowsIn::Slice(&x),
-                Some(&w),
-                Some(&bias),
-                RowsOut::Fused(&sink),
-                0,
-                yt,
-                &scratch,
-            )
-        })
-        .unwrap();
-        for (i, (g, w_)) in got.iter().zip(&want).enumerate() {
-            assert!(
-                (g - w_).abs() <= 1e-5 * (1.0 + w_.abs()),
-                "n={n} k={k}: element {i}: {g} vs {w_}"
-            );
+            if !prepared.fuses_output() {
+                // The realfft engine (no AVX-512): stored operands only.
+                assert!(!prepared.fuses_input());
+                assert!(matches!(r, Err(crate::KernelError::NotFusable { .. })));
+                continue;
+            }
+            r.unwrap();
+            let (result, reference) = if fused_out {
+                (&got, &want)
+            } else {
+                (&stored, &yref)
+            };
+            for (i, (g, w_)) in result.iter().zip(reference).enumerate() {
+                assert!(
+                    (g - w_).abs() <= 1e-5 * (1.0 + w_.abs()),
+                    "n={n} k={k} in {fused_in} out {fused_out}: element {i}: {g} vs {w_}"
+                );
+            }
         }
     }
 }

@@ -47,7 +47,7 @@ use rayon::prelude::*;
 use realfft::RealFftPlanner;
 
 use super::super::params::Conv1dGeometry;
-use crate::fused::{block_tmp, RowSink};
+use crate::fused::{block_tmp, RowSink, RowSource, RowsIn, RowsOut};
 use crate::scratch::Scratch;
 
 /// Lanes of one vector.
@@ -242,7 +242,13 @@ impl LanesConv {
         scratch: &Scratch,
     ) {
         assert_eq!(y.len(), g.output_elems);
-        self.run_dest(g, x, bias, Dest::Stored(OutPtr(y.as_mut_ptr())), scratch)
+        self.run_dest(
+            g,
+            Input::Stored(x),
+            bias,
+            Dest::Stored(OutPtr(y.as_mut_ptr())),
+            scratch,
+        )
     }
 
     /// [`Self::run`] with the output handed to `sink` (an epilogue) in
@@ -252,25 +258,39 @@ impl LanesConv {
     pub(crate) fn run_into(
         &self,
         g: &Conv1dGeometry,
-        x: &[f32],
+        x: RowsIn,
         bias: Option<&[f32]>,
-        sink: &dyn RowSink,
+        y: RowsOut,
         scratch: &Scratch,
     ) {
-        assert!(scratch.per_thread() >= self.rows_scratch(sink.temporaries()));
-        self.run_dest(g, x, bias, Dest::Sink(sink), scratch)
+        let input = match x {
+            RowsIn::Slice(x) => Input::Stored(x),
+            RowsIn::Fused(src) => Input::Fused(src),
+        };
+        let (dest, y_temps) = match y {
+            RowsOut::Slice(y) => {
+                assert_eq!(y.len(), g.output_elems);
+                (Dest::Stored(OutPtr(y.as_mut_ptr())), 0)
+            }
+            RowsOut::Fused(sink) => (Dest::Sink(sink), sink.temporaries()),
+        };
+        let temps = x.temporaries().max(y_temps);
+        assert!(scratch.per_thread() >= self.rows_scratch(temps));
+        self.run_dest(g, input, bias, dest, scratch)
     }
 
     fn run_dest(
         &self,
         g: &Conv1dGeometry,
-        x: &[f32],
+        x: Input,
         bias: Option<&[f32]>,
         out: Dest,
         scratch: &Scratch,
     ) {
         let p = &g.params;
-        assert_eq!(x.len(), g.input_elems);
+        if let Input::Stored(x) = x {
+            assert_eq!(x.len(), g.input_elems);
+        }
         assert!(bias.is_none_or(|b| b.len() == p.out_channels));
         assert!(available(), "prepared for AVX-512 on a CPU without it");
         let tasks = p.batch * self.groups;
@@ -318,7 +338,7 @@ impl LanesConv {
     unsafe fn run_task(
         &self,
         g: &Conv1dGeometry,
-        x: &[f32],
+        x: Input,
         bias: Option<&[f32]>,
         out: Dest,
         group: usize,
@@ -368,7 +388,7 @@ impl LanesConv {
                 Dest::Sink(sink) => {
                     // SAFETY: as below (`bp` is aligned and sized for the
                     // transform; the rows are the group's).
-                    unsafe { self.transform(spectra, x, start, in_len, row0, rows, bp) };
+                    unsafe { self.transform(spectra, x, start, in_len, row0, rows, bp, sink_buf) };
                     // SAFETY: AVX-512 F is present; `bp` holds the block's
                     // outputs at positions < len (whole tiles read at most
                     // LANES positions past, within the slack).
@@ -395,7 +415,7 @@ impl LanesConv {
             // that exist; output writes are masked to outputs l0 .. l0 +
             // len of rows that exist, within this task's range.
             unsafe {
-                self.transform(spectra, x, start, in_len, row0, rows, bp);
+                self.transform(spectra, x, start, in_len, row0, rows, bp, sink_buf);
 
                 // Output tiles start where the rows' outputs are 64-byte
                 // aligned (whole tiles read at most LANES positions past
@@ -459,13 +479,28 @@ impl LanesConv {
     unsafe fn transform(
         &self,
         spectra: &[f32],
-        x: &[f32],
+        x: Input,
         start: isize,
         in_len: usize,
         row0: usize,
         rows: usize,
         bp: *mut f32,
+        stage: &mut [f32],
     ) {
+        let x = match x {
+            Input::Stored(x) => x,
+            Input::Fused(src) => {
+                // SAFETY: the caller's contract, passed on.
+                unsafe { self.stage_input(src, start, in_len, row0, rows, bp, stage) };
+                // SAFETY: as below: every position t < m was written.
+                unsafe {
+                    self.forward(bp, self.m);
+                    pointwise(bp, self.m, spectra.as_ptr());
+                    self.inverse(bp, self.m);
+                }
+                return;
+            }
+        };
         let m = self.m;
         // SAFETY: input reads are masked to samples 0 .. in_len of rows
         // that exist; every position t < m of the buffer is written before
@@ -520,6 +555,80 @@ impl LanesConv {
             self.forward(bp, m);
             pointwise(bp, m, spectra.as_ptr());
             self.inverse(bp, m);
+        }
+    }
+
+    /// Writes the segment of `m` positions from sample `start` of rows
+    /// `row0 .. row0 + rows`, computed by `src` (a prologue) [`SINK_CHUNK`]
+    /// positions of [`LANES`] rows at a time into `stage` (followed by the
+    /// program's temporaries), zeros outside samples `0 .. in_len`, into
+    /// `bp` as [`Self::transform`] lays it out.
+    ///
+    /// # Safety
+    /// AVX-512 F must be present; `bp` must be 64-byte aligned and valid
+    /// for `POS * (m + LANES)` values.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn stage_input(
+        &self,
+        src: &dyn RowSource,
+        start: isize,
+        in_len: usize,
+        row0: usize,
+        rows: usize,
+        bp: *mut f32,
+        stage: &mut [f32],
+    ) {
+        let (stage, tmp) = stage.split_at_mut(LANES * SINK_CHUNK);
+        let m = self.m;
+        for half in 0..2 {
+            let lanes = rows.saturating_sub(half * LANES).min(LANES);
+            for c0 in (0..m).step_by(SINK_CHUNK) {
+                let n = SINK_CHUNK.min(m - c0);
+                // Samples s0 .. s0 + n; those in lo .. hi exist.
+                let s0 = start + c0 as isize;
+                let lo = s0.clamp(0, in_len as isize);
+                let hi = (s0 + n as isize).clamp(0, in_len as isize);
+                let len = (hi - lo) as usize;
+                if len > 0 && lanes > 0 {
+                    src.fill_rows(
+                        row0 + half * LANES,
+                        lanes,
+                        lo as usize,
+                        len,
+                        &mut stage[..lanes * len],
+                        tmp,
+                    );
+                }
+                for t in (0..n).step_by(LANES) {
+                    let mut tile = [_mm512_setzero_ps(); LANES];
+                    let at = s0 + t as isize;
+                    let a = (lo - at).clamp(0, LANES as isize) as u32;
+                    let b = (hi - at).clamp(0, LANES as isize) as u32;
+                    if a < b && lanes > 0 {
+                        let mask = (((1u64 << b) - 1) & !((1u64 << a) - 1)) as u16;
+                        for (lane, v) in tile.iter_mut().enumerate().take(lanes) {
+                            // Position `at` of this row is stage element
+                            // lane * len + (at - lo); the mask selects
+                            // samples lo .. hi, elements 0 .. len of it.
+                            let p = stage
+                                .as_ptr()
+                                .wrapping_add(lane * len)
+                                .wrapping_offset(at - lo);
+                            // SAFETY: the masked load reads only the
+                            // selected elements, all within the row.
+                            *v = unsafe { _mm512_maskz_loadu_ps(mask, p) };
+                        }
+                        // SAFETY: AVX-512 F is present.
+                        unsafe { transpose16(&mut tile) };
+                    }
+                    for (i, v) in tile.iter().enumerate() {
+                        // SAFETY: position c0 + t + i < m; the buffer holds
+                        // POS values (64-byte aligned) per position.
+                        unsafe { _mm512_store_ps(bp.add(POS * (c0 + t + i) + half * LANES), *v) };
+                    }
+                }
+            }
         }
     }
 
@@ -663,6 +772,13 @@ impl LanesConv {
 /// The output pointer shared by the tasks, which write disjoint parts.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
+
+/// Where a task's inputs come from: stored, or computed by a prologue.
+#[derive(Clone, Copy)]
+enum Input<'a> {
+    Stored(&'a [f32]),
+    Fused(&'a dyn RowSource),
+}
 
 /// Where a task's outputs go: stored, or handed to an epilogue.
 #[derive(Clone, Copy)]
