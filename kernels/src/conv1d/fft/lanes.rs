@@ -36,6 +36,17 @@
 //! `8 * (M / 2 + 1)` bytes per channel as the realfft engine's spectra (a
 //! partial last group pads with zero lanes). Per thread, the buffer of
 //! `M` positions (`128 * M` bytes) and 64 bytes of alignment slack.
+//!
+//! # Fusion
+//!
+//! [`LanesConv::run_into`] takes the input from a prologue and / or hands
+//! the output to an epilogue ([`crate::fused`]): a block's segment is
+//! computed 16 rows of [`SINK_CHUNK`] positions at a time into a staging
+//! block and transposed in from there, and its outputs are transposed out
+//! into that block and handed over likewise, while in cache. Nothing of the
+//! input or output but the stored operands and result touches memory (the
+//! Hyena block: no arena at all). Scratch grows by the staging block (32
+//! KiB) and the programs' line temporaries.
 
 #![allow(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
