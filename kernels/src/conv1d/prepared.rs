@@ -228,13 +228,21 @@ impl PreparedConv1d {
     /// Whether [`Self::run_rows`] takes a computed input (a prologue run in
     /// this algorithm's loops); otherwise the input must be stored.
     pub fn fuses_input(&self) -> bool {
-        matches!(self.imp, Imp::Depthwise(_))
+        match &self.imp {
+            Imp::Depthwise(_) => true,
+            Imp::Fft(k) => k.fuses(),
+            _ => false,
+        }
     }
 
     /// Whether [`Self::run_rows`] hands its output to an epilogue inside
     /// its loops; otherwise the output must be stored.
     pub fn fuses_output(&self) -> bool {
-        matches!(self.imp, Imp::Depthwise(_) | Imp::Gemm(_) | Imp::FftGemm(_))
+        match &self.imp {
+            Imp::Depthwise(_) | Imp::Gemm(_) | Imp::FftGemm(_) => true,
+            Imp::Fft(k) => k.fuses(),
+            _ => false,
+        }
     }
 
     /// `f32` elements of scratch each thread needs for [`Self::run_rows`]
@@ -247,6 +255,7 @@ impl PreparedConv1d {
             }
             Imp::Gemm(k) => k.rows_scratch(&self.max, y_temps),
             Imp::FftGemm(k) => k.rows_scratch(y_temps),
+            Imp::Fft(k) => k.rows_scratch(x_temps.max(y_temps)),
             _ => self.scratch_per_thread(),
         }
     }
@@ -303,6 +312,7 @@ impl PreparedConv1d {
                     (Imp::FftGemm(k), RowsIn::Slice(x), RowsOut::Fused(sink)) => {
                         k.run_into(&g, x, bias, sink, scratch)
                     }
+                    (Imp::Fft(k), x, y) if k.fuses() => k.run_rows(&g, x, bias, y, scratch),
                     _ => return Err(not_fusable()),
                 }
                 Ok(())

@@ -12,10 +12,22 @@
 // more digits than f32 holds.
 #![allow(clippy::excessive_precision)]
 
+/// `a * b + c`, as one fused multiply-add where `F` (the caller compiled
+/// for a CPU with FMA; without it `mul_add` would be a libm call), else as
+/// two operations. The polynomials below are Horner chains of these.
+#[inline(always)]
+fn fma<const F: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if F {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
 /// `e^x`; below about -87.3 it returns the smallest normal (about 1.2e-38)
 /// instead of a subnormal or 0, and infinity above 88.7.
 #[inline(always)]
-pub(crate) fn exp(x: f32) -> f32 {
+pub(crate) fn exp<const F: bool>(x: f32) -> f32 {
     // e^x = 2^n * e^r, n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2],
     // e^r by a degree-6 polynomial (Cephes expf's coefficients).
     const LN2_HI: f32 = 0.693_359_4;
@@ -26,16 +38,16 @@ pub(crate) fn exp(x: f32) -> f32 {
     // libm call on baseline x86_64, and `as i32` a saturating conversion:
     // either would stop vectorisation). The sum's low mantissa bits hold n.
     const ROUND: f32 = 12_582_912.0;
-    let shifted = x * std::f32::consts::LOG2_E + ROUND;
+    let shifted = fma::<F>(x, std::f32::consts::LOG2_E, ROUND);
     let n = shifted - ROUND;
-    let r = x - n * LN2_HI - n * LN2_LO;
+    let r = fma::<F>(-n, LN2_LO, fma::<F>(-n, LN2_HI, x));
     let p = 1.987_569_1e-4_f32;
-    let p = p * r + 1.398_199_9e-3;
-    let p = p * r + 8.333_452e-3;
-    let p = p * r + 4.166_579_6e-2;
-    let p = p * r + 1.666_666_5e-1;
-    let p = p * r + 5.000_000_1e-1;
-    let er = p * r * r + r + 1.0;
+    let p = fma::<F>(p, r, 1.398_199_9e-3);
+    let p = fma::<F>(p, r, 8.333_452e-3);
+    let p = fma::<F>(p, r, 4.166_579_6e-2);
+    let p = fma::<F>(p, r, 1.666_666_5e-1);
+    let p = fma::<F>(p, r, 5.000_000_1e-1);
+    let er = fma::<F>(p, r * r, r) + 1.0;
     // 2^n as two factors 2^n1 * 2^n2 (each within [-63, 64]), so that
     // n = 128 (x near the clamp) overflows to infinity and n = -126 stays
     // exact, with no branch.
@@ -48,7 +60,7 @@ pub(crate) fn exp(x: f32) -> f32 {
 
 /// Natural logarithm for `x > 0`; `ln(0) = -inf`, negative or NaN gives NaN.
 #[inline(always)]
-pub(crate) fn ln(x: f32) -> f32 {
+pub(crate) fn ln<const F: bool>(x: f32) -> f32 {
     // x = m * 2^e with m in [sqrt(1/2), sqrt(2)); ln x = e ln 2 + ln m, with
     // ln m from the Cephes logf polynomial in f = m - 1.
     // Subnormals: scale into the normal range first (no call, no branch).
@@ -63,14 +75,14 @@ pub(crate) fn ln(x: f32) -> f32 {
     let f = m - 1.0;
     let z = f * f;
     let p = 7.037_683_6e-2_f32;
-    let p = p * f - 1.151_461e-1;
-    let p = p * f + 1.167_699_9e-1;
-    let p = p * f - 1.242_014_1e-1;
-    let p = p * f + 1.424_932_3e-1;
-    let p = p * f - 1.666_805_8e-1;
-    let p = p * f + 2.000_071_4e-1;
-    let p = p * f - 2.499_999_4e-1;
-    let p = p * f + 3.333_333e-1;
+    let p = fma::<F>(p, f, -1.151_461e-1);
+    let p = fma::<F>(p, f, 1.167_699_9e-1);
+    let p = fma::<F>(p, f, -1.242_014_1e-1);
+    let p = fma::<F>(p, f, 1.424_932_3e-1);
+    let p = fma::<F>(p, f, -1.666_805_8e-1);
+    let p = fma::<F>(p, f, 2.000_071_4e-1);
+    let p = fma::<F>(p, f, -2.499_999_4e-1);
+    let p = fma::<F>(p, f, 3.333_333e-1);
     let y = f + (p * f * z - 0.5 * z) + e as f32 * std::f32::consts::LN_2;
     // Zero, negatives, infinity and NaN, where the bit trick does not hold.
     if x == f32::INFINITY {
@@ -87,9 +99,9 @@ pub(crate) fn ln(x: f32) -> f32 {
 /// `ln(1 + x)`, accurate for small `x`: `ln(u) - ((u - 1) - x) / u` with
 /// `u = 1 + x` removes the rounding of `1 + x` to first order.
 #[inline(always)]
-pub(crate) fn log1p(x: f32) -> f32 {
+pub(crate) fn log1p<const F: bool>(x: f32) -> f32 {
     let u = 1.0 + x;
-    let y = ln(u) - ((u - 1.0) - x) / u;
+    let y = ln::<F>(u) - ((u - 1.0) - x) / u;
     if u == f32::INFINITY {
         u
     } else {
@@ -97,24 +109,61 @@ pub(crate) fn log1p(x: f32) -> f32 {
     }
 }
 
+/// `softplus(x) = max(x, 0) + log1p(e^-|x|)` (beta 1; PyTorch's threshold
+/// 20 changes nothing in f32). `t = e^-|x|` lies in `(0, 1]`, so the
+/// rounding correction of [`log1p`] needs no division by `1 + t` (it is
+/// below an ulp of 1, and `1 / (1 + t)` within a factor 2 of 1), and `ln`
+/// needs none of its special cases: NaN alone is passed through.
+#[inline(always)]
+pub(crate) fn softplus<const F: bool>(x: f32) -> f32 {
+    let t = exp::<F>(-x.abs());
+    let u = 1.0 + t;
+    let bits = u.to_bits();
+    // u in [1, 2]: exponent 0, or 1 for u = 2 exactly.
+    let mut e = ((bits >> 23) & 0xff) as i32 - 127;
+    let mut m = f32::from_bits((bits & 0x007f_ffff) | 0x3f80_0000);
+    let shift = m > std::f32::consts::SQRT_2;
+    m = if shift { m * 0.5 } else { m };
+    e += shift as i32;
+    let f = m - 1.0;
+    let z = f * f;
+    let p = 7.037_683_6e-2_f32;
+    let p = fma::<F>(p, f, -1.151_461e-1);
+    let p = fma::<F>(p, f, 1.167_699_9e-1);
+    let p = fma::<F>(p, f, -1.242_014_1e-1);
+    let p = fma::<F>(p, f, 1.424_932_3e-1);
+    let p = fma::<F>(p, f, -1.666_805_8e-1);
+    let p = fma::<F>(p, f, 2.000_071_4e-1);
+    let p = fma::<F>(p, f, -2.499_999_4e-1);
+    let p = fma::<F>(p, f, 3.333_333e-1);
+    let ln_u = f + (p * f * z - 0.5 * z) + e as f32 * std::f32::consts::LN_2;
+    let log1p_t = ln_u - ((u - 1.0) - t);
+    let y = if x > 0.0 { x } else { 0.0 } + log1p_t;
+    if x.is_nan() {
+        x
+    } else {
+        y
+    }
+}
+
 /// Logistic sigmoid `1 / (1 + e^-x)`.
 #[inline(always)]
-pub(crate) fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + exp(-x))
+pub(crate) fn sigmoid<const F: bool>(x: f32) -> f32 {
+    1.0 / (1.0 + exp::<F>(-x))
 }
 
 /// Hyperbolic tangent: Cephes tanhf's odd polynomial below 0.625 (where
 /// `1 - 2 / (e^2x + 1)` would cancel), that form above.
 #[inline(always)]
-pub(crate) fn tanh(x: f32) -> f32 {
+pub(crate) fn tanh<const F: bool>(x: f32) -> f32 {
     let z = x * x;
     let p = -5.704_988_7e-3_f32;
-    let p = p * z + 2.063_908_9e-2;
-    let p = p * z - 5.373_971_6e-2;
-    let p = p * z + 1.333_144_2e-1;
-    let p = p * z - 3.333_328_2e-1;
+    let p = fma::<F>(p, z, 2.063_908_9e-2);
+    let p = fma::<F>(p, z, -5.373_971_6e-2);
+    let p = fma::<F>(p, z, 1.333_144_2e-1);
+    let p = fma::<F>(p, z, -3.333_328_2e-1);
     let small = p * z * x + x;
-    let big = 1.0 - 2.0 / (exp(2.0 * x) + 1.0);
+    let big = 1.0 - 2.0 / (exp::<F>(2.0 * x) + 1.0);
     if x.abs() < 0.625 {
         small
     } else {
@@ -125,17 +174,17 @@ pub(crate) fn tanh(x: f32) -> f32 {
 /// The error function by Abramowitz and Stegun 7.1.26: |error| < 5e-7 in
 /// f32 (a rational form would be tighter; this is far inside 1e-4).
 #[inline(always)]
-pub(crate) fn erf(x: f32) -> f32 {
+pub(crate) fn erf<const F: bool>(x: f32) -> f32 {
     // erf(x) = sign(x) (1 - t P(t) e^{-x^2}), t = 1 / (1 + p |x|), with the
     // five-term fit of A&S 7.1.26 evaluated in f32 (max error 1.5e-7).
     let a = x.abs();
     let t = 1.0 / (1.0 + 0.327_591_1 * a);
     let p = 1.061_405_4_f32;
-    let p = p * t - 1.453_152_1;
-    let p = p * t + 1.421_413_8;
-    let p = p * t - 0.284_496_74;
-    let p = p * t + 0.254_829_6;
-    let y = 1.0 - p * t * exp(-a * a);
+    let p = fma::<F>(p, t, -1.453_152_1);
+    let p = fma::<F>(p, t, 1.421_413_8);
+    let p = fma::<F>(p, t, -0.284_496_74);
+    let p = fma::<F>(p, t, 0.254_829_6);
+    let y = 1.0 - p * t * exp::<F>(-a * a);
     if x < 0.0 {
         -y
     } else {
@@ -145,15 +194,15 @@ pub(crate) fn erf(x: f32) -> f32 {
 
 /// GELU, exact form: `x/2 (1 + erf(x / sqrt 2))`.
 #[inline(always)]
-pub(crate) fn gelu(x: f32) -> f32 {
-    0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
+pub(crate) fn gelu<const F: bool>(x: f32) -> f32 {
+    0.5 * x * (1.0 + erf::<F>(x * std::f32::consts::FRAC_1_SQRT_2))
 }
 
 /// GELU, tanh approximation (PyTorch's `approximate="tanh"`).
 #[inline(always)]
-pub(crate) fn gelu_tanh(x: f32) -> f32 {
+pub(crate) fn gelu_tanh<const F: bool>(x: f32) -> f32 {
     const K: f32 = 0.797_884_56; // sqrt(2 / pi)
-    0.5 * x * (1.0 + tanh(K * (x + 0.044_715 * x * x * x)))
+    0.5 * x * (1.0 + tanh::<F>(K * (x + 0.044_715 * x * x * x)))
 }
 
 #[cfg(test)]
@@ -176,8 +225,16 @@ mod tests {
         }
     }
 
+    /// Each test runs both forms: with fused multiply-adds (as the AVX2,
+    /// AVX-512 and aarch64 loops compile) and without (baseline x86-64).
     #[test]
     fn exp_and_ln_are_within_a_few_ulp() {
+        exp_and_ln::<false>();
+        exp_and_ln::<true>();
+    }
+
+    fn exp_and_ln<const F: bool>() {
+        let (exp, ln) = (exp::<F>, ln::<F>);
         check("exp", exp, f64::exp, -87.0, 88.0, 3e-7);
         check("ln", ln, f64::ln, 1e-30, 1e30, 3e-7);
         check("ln", ln, f64::ln, 0.5, 2.0, 3e-7);
@@ -191,6 +248,12 @@ mod tests {
 
     #[test]
     fn derived_functions_match_their_definitions() {
+        derived::<false>();
+        derived::<true>();
+    }
+
+    fn derived<const F: bool>() {
+        let (log1p, sigmoid, tanh) = (log1p::<F>, sigmoid::<F>, tanh::<F>);
         check("log1p", log1p, f64::ln_1p, -0.999, 1e6, 4e-7);
         check("log1p", log1p, f64::ln_1p, -1e-6, 1e-6, 4e-7);
         check(
@@ -202,20 +265,27 @@ mod tests {
             1e-6,
         );
         check("tanh", tanh, f64::tanh, -20.0, 20.0, 2e-6);
-        // Softplus lives in ops.rs (three loops over a block).
-        let softplus = |x: f32| {
-            let mut v = [x];
-            super::super::ops::UnaryOp::Softplus.apply(&mut v);
-            v[0]
-        };
         let softplus64 = |x: f64| if x > 20.0 { x } else { x.exp().ln_1p() };
-        check("softplus", softplus, softplus64, -80.0, 80.0, 1e-6);
+        check("softplus", softplus::<F>, softplus64, -80.0, 80.0, 1e-6);
+        check("softplus", softplus::<F>, softplus64, -1e-3, 1e-3, 1e-6);
+        check("softplus", softplus::<F>, softplus64, 1e3, 1e30, 1e-7);
+        assert!(softplus::<F>(f32::NAN).is_nan());
+        assert_eq!(softplus::<F>(f32::INFINITY), f32::INFINITY);
+        // e^x flushes to the smallest normal (see exp), not to 0.
+        assert!((0.0..1.2e-38).contains(&softplus::<F>(f32::NEG_INFINITY)));
+        assert!((0.0..1.2e-38).contains(&softplus::<F>(-200.0)));
         assert_eq!(tanh(100.0), 1.0);
         assert_eq!(tanh(-100.0), -1.0);
     }
 
     #[test]
     fn erf_and_gelu_are_within_5e7_absolute() {
+        erf_and_gelu::<false>();
+        erf_and_gelu::<true>();
+    }
+
+    fn erf_and_gelu<const F: bool>() {
+        let (erf, gelu, gelu_tanh) = (erf::<F>, gelu::<F>, gelu_tanh::<F>);
         fn erf64(x: f64) -> f64 {
             // Rust's std has no erf: integrate in f64 instead,
             // erf(x) = 2/sqrt(pi) * integral_0^x e^{-t^2} dt, Simpson, 2000 steps.

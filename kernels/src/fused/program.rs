@@ -14,7 +14,7 @@
 //! Shapes come from an [`Env`] at run time, so dynamic sizes (a slice that
 //! counts from the end, a cat of parts of varying length) resolve per call.
 
-use super::ops::{clamp, select, BinaryOp, UnaryOp};
+use super::ops::{clamp, copy, prefetch, select, BinaryOp, UnaryOp};
 use super::shape::{Shape, MAX_RANK};
 
 /// What a program reads at run time: the shape of every value it names and
@@ -147,7 +147,14 @@ impl Program {
     ///
     /// # Panics
     /// If an operand index is not an earlier node.
+    ///
+    /// Two decompositions the edge dialect produces are recognised here and
+    /// pushed as the one op they compute, so that evaluation makes one pass
+    /// instead of four or two (the nodes they replace stay, unevaluated):
+    /// `where(x > 20, x, log1p(exp(x)))` is `softplus(x)` and
+    /// `x * sigmoid(x)` is `silu(x)`.
     pub fn push(&mut self, expr: Expr, value: usize) -> usize {
+        let expr = self.recognise(expr);
         let n = self.nodes.len();
         for operand in operands(&expr) {
             assert!(operand < n, "operand {operand} of node {n} is not earlier");
@@ -173,6 +180,55 @@ impl Program {
         });
         self.nodes.push(Node { expr, value });
         n
+    }
+
+    /// The one op `expr` computes when it ends a known decomposition (see
+    /// [`Self::push`]), else `expr`.
+    fn recognise(&self, expr: Expr) -> Expr {
+        let unary_of = |i: usize| match self.nodes.get(i).map(|n| &n.expr) {
+            Some(&Expr::Unary { op, x }) => Some((op, x)),
+            _ => None,
+        };
+        match expr {
+            Expr::Where { cond, a, b } => {
+                let threshold = matches!(
+                    self.nodes.get(cond).map(|n| &n.expr),
+                    Some(&Expr::Binary { op: BinaryOp::Gt, a: x, b: c })
+                        if x == a && self.nodes.get(c).map(|n| &n.expr) == Some(&Expr::Const(20.0))
+                );
+                let log1p_exp = unary_of(b)
+                    .filter(|&(op, _)| op == UnaryOp::Log1p)
+                    .and_then(|(_, e)| unary_of(e))
+                    == Some((UnaryOp::Exp, a));
+                if threshold && log1p_exp {
+                    return Expr::Unary {
+                        op: UnaryOp::Softplus,
+                        x: a,
+                    };
+                }
+                expr
+            }
+            Expr::Binary {
+                op: BinaryOp::Mul,
+                a,
+                b,
+            } => {
+                if unary_of(b) == Some((UnaryOp::Sigmoid, a)) {
+                    return Expr::Unary {
+                        op: UnaryOp::Silu,
+                        x: a,
+                    };
+                }
+                if unary_of(a) == Some((UnaryOp::Sigmoid, b)) {
+                    return Expr::Unary {
+                        op: UnaryOp::Silu,
+                        x: b,
+                    };
+                }
+                expr
+            }
+            expr => expr,
+        }
     }
 
     /// Counts a read of node `i`; a computing node read twice gets a slot.
@@ -338,13 +394,13 @@ impl Program {
         let slot = self.meta[i].slot.map(usize::from);
         if let Some(k) = slot {
             if memo.keys[k] == Some((*line, len)) {
-                out.copy_from_slice(&memo.data[k * memo.len..][..len]);
+                copy(out, &memo.data[k * memo.len..][..len]);
                 return;
             }
         }
         self.compute_node(i, env, anchor, line, out, tmp, memo);
         if let Some(k) = slot {
-            memo.data[k * memo.len..][..len].copy_from_slice(out);
+            copy(&mut memo.data[k * memo.len..][..len], out);
             memo.keys[k] = Some((*line, len));
         }
     }
@@ -364,7 +420,7 @@ impl Program {
         let node = &self.nodes[i];
         match node.expr {
             Expr::Load => load(env.data(node.value), &env.shape(node.value), line, out),
-            Expr::Anchor => out.copy_from_slice(&anchor[..len]),
+            Expr::Anchor => copy(out, &anchor[..len]),
             Expr::Const(c) => out.fill(c),
             Expr::Unary { op, x } => {
                 self.eval_node(x, env, anchor, line, out, tmp, memo);
@@ -549,7 +605,13 @@ fn load(data: &[f32], shape: &Shape, line: &Line, out: &mut [f32]) {
     let stride: usize = (0..rank).map(|d| line.step[d] * strides[d]).sum();
     match stride {
         0 => out.fill(data[start]),
-        1 => out.copy_from_slice(&data[start..start + out.len()]),
+        1 => {
+            let end = start + out.len();
+            copy(out, &data[start..end]);
+            // The next line of a row walk: ask for it now, so that it
+            // arrives while this one is computed.
+            prefetch(&data[end.min(data.len())..(end + out.len()).min(data.len())]);
+        }
         _ => {
             // One bounds check for the whole line, then plain strided reads.
             let last = start + stride * (out.len() - 1);

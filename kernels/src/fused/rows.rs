@@ -12,6 +12,7 @@
 
 use std::marker::PhantomData;
 
+use super::ops::copy;
 use super::program::{Env, Line, Program};
 use super::shape::{Shape, MAX_RANK};
 
@@ -332,15 +333,16 @@ impl<'a> SharedOut<'a> {
         );
         if stride == 1 {
             // The common case (a result stored as the kernel walks it): one
-            // vectorised copy instead of a strided loop.
+            // vectorised copy instead of a strided loop (vector moves, not
+            // `memcpy`: see `ops::copy`).
             // SAFETY: `start .. start + values.len()` is in bounds (checked
             // above, `last` is its end); no other task writes these elements
             // (see the Sync impl), nothing reads them during the kernel call
-            // (which holds the `&mut` borrow), and `values` is a separate
-            // buffer, so the ranges do not overlap.
-            unsafe {
-                std::ptr::copy_nonoverlapping(values.as_ptr(), self.ptr.add(start), values.len())
-            };
+            // (which holds the `&mut` borrow), so this exclusive slice
+            // aliases nothing while it lives, and `values` is a separate
+            // buffer.
+            let dst = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), values.len()) };
+            copy(dst, values);
             return;
         }
         for (t, &v) in values.iter().enumerate() {

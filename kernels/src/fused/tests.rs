@@ -812,3 +812,263 @@ fn shared_subexpressions_are_computed_once_and_give_the_same_values() {
         }
     }
 }
+
+#[test]
+fn decomposed_softplus_and_silu_are_evaluated_as_one_op() {
+    let mut env = TestEnv::new();
+    let xs: Vec<f32> = (0..60).map(|i| (i as f32 - 30.0) * 1.1).collect();
+    let x = env.stored(&[2, 30], xs.clone());
+    let v = env.virt(&[2, 30]);
+    // where(x > 20, x, log1p(exp(x))), as the edge dialect writes softplus.
+    let mut p = Program::default();
+    let l = p.push(Expr::Load, x);
+    let e = p.push(
+        Expr::Unary {
+            op: UnaryOp::Exp,
+            x: l,
+        },
+        v,
+    );
+    let lp = p.push(
+        Expr::Unary {
+            op: UnaryOp::Log1p,
+            x: e,
+        },
+        v,
+    );
+    let c = p.push(Expr::Const(20.0), v);
+    let g = p.push(
+        Expr::Binary {
+            op: BinaryOp::Gt,
+            a: l,
+            b: c,
+        },
+        v,
+    );
+    let w = p.push(
+        Expr::Where {
+            cond: g,
+            a: l,
+            b: lp,
+        },
+        v,
+    );
+    assert_eq!(
+        p.nodes()[w].expr,
+        Expr::Unary {
+            op: UnaryOp::Softplus,
+            x: l
+        }
+    );
+    // Then its silu, sigmoid on either side of the product.
+    let s = p.push(
+        Expr::Unary {
+            op: UnaryOp::Sigmoid,
+            x: w,
+        },
+        v,
+    );
+    let m = p.push(
+        Expr::Binary {
+            op: BinaryOp::Mul,
+            a: s,
+            b: w,
+        },
+        v,
+    );
+    assert_eq!(
+        p.nodes()[m].expr,
+        Expr::Unary {
+            op: UnaryOp::Silu,
+            x: w
+        }
+    );
+    let got = eval_all(&p, &env);
+    for (&x, &g) in xs.iter().zip(&got) {
+        let x = x as f64;
+        let sp = if x > 20.0 { x } else { x.exp().ln_1p() };
+        let want = sp / (1.0 + (-sp).exp());
+        assert!(
+            (g as f64 - want).abs() <= 1e-6 * (1.0 + want.abs()),
+            "{x}: {g} vs {want}"
+        );
+    }
+    // Another threshold or comparison is not softplus: left as written.
+    let mut q = Program::default();
+    let l = q.push(Expr::Load, x);
+    let e = q.push(
+        Expr::Unary {
+            op: UnaryOp::Exp,
+            x: l,
+        },
+        v,
+    );
+    let lp = q.push(
+        Expr::Unary {
+            op: UnaryOp::Log1p,
+            x: e,
+        },
+        v,
+    );
+    let c = q.push(Expr::Const(10.0), v);
+    let g = q.push(
+        Expr::Binary {
+            op: BinaryOp::Gt,
+            a: l,
+            b: c,
+        },
+        v,
+    );
+    let w = q.push(
+        Expr::Where {
+            cond: g,
+            a: l,
+            b: lp,
+        },
+        v,
+    );
+    assert!(matches!(q.nodes()[w].expr, Expr::Where { .. }));
+    let got = eval_all(&q, &env);
+    for (&x, &g) in xs.iter().zip(&got) {
+        let want = if x > 10.0 {
+            x as f64
+        } else {
+            (x as f64).exp().ln_1p()
+        };
+        assert!((g as f64 - want).abs() <= 1e-6 * (1.0 + want.abs()));
+    }
+}
+
+#[test]
+fn line_copies_and_prefetches_of_every_length() {
+    for n in 0..70 {
+        let src: Vec<f32> = (0..n).map(|i| i as f32 * 0.5 - 3.0).collect();
+        let mut dst = vec![f32::NAN; n];
+        ops::copy(&mut dst, &src);
+        assert_eq!(dst, src);
+        ops::prefetch(&src);
+    }
+}
+
+#[test]
+fn fft_conv_runs_prologues_and_epilogues_in_its_block_loops() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let mut rng = Rng::new(11);
+    // 40 channels: a whole group of 32 and a partial one; lengths that are
+    // not multiples of 16 nor of the sink's chunk; K = N (a Hyena filter)
+    // and a shorter filter over several blocks.
+    for (batch, ch, n, k) in [(2, 40, 1500, 1500), (1, 33, 3001, 300)] {
+        let p = Conv1dParams {
+            batch,
+            in_channels: ch,
+            out_channels: ch,
+            in_len: n,
+            kernel_size: k,
+            stride: 1,
+            pad_left: k - 1,
+            pad_right: 0,
+            dilation: 1,
+            groups: ch,
+        };
+        let w = rng.vec(ch * k, -0.1, 0.1);
+        let prepared = PreparedConv1d::new(&p, &w, Choice::Force(Algorithm::Fft)).unwrap();
+        let bias = rng.vec(ch, -0.5, 0.5);
+        let mut env = TestEnv::new();
+        // The input is v * u (Hyena's gate before the conv).
+        let v = env.stored(&[batch, ch, n], rng.vec(batch * ch * n, -1.0, 1.0));
+        let u = env.stored(&[batch, ch, n], rng.vec(batch * ch * n, -1.0, 1.0));
+        let xv = env.virt(&[batch, ch, n]);
+        let mut pro = Program::default();
+        let lv = pro.push(Expr::Load, v);
+        let lu = pro.push(Expr::Load, u);
+        pro.push(
+            Expr::Binary {
+                op: BinaryOp::Mul,
+                a: lv,
+                b: lu,
+            },
+            xv,
+        );
+        let x: Vec<f32> = env.data[v]
+            .iter()
+            .zip(&env.data[u])
+            .map(|(a, b)| a * b)
+            .collect();
+        let gate = env.stored(&[batch, ch, n], rng.vec(batch * ch * n, -2.0, 2.0));
+        let y = env.virt(&[batch, ch, n]);
+        // gelu(y * gate)
+        let mut epi = Program::default();
+        let an = epi.push(Expr::Anchor, y);
+        let lg = epi.push(Expr::Load, gate);
+        let m = epi.push(
+            Expr::Binary {
+                op: BinaryOp::Mul,
+                a: an,
+                b: lg,
+            },
+            y,
+        );
+        epi.push(
+            Expr::Unary {
+                op: UnaryOp::Gelu,
+                x: m,
+            },
+            y,
+        );
+        let mut yref = vec![0.0; batch * ch * n];
+        let scratch0 = Scratch::new(2, prepared.scratch_per_thread());
+        pool.install(|| prepared.run(&p, &x, Some(&w), Some(&bias), &mut yref, &scratch0))
+            .unwrap();
+        let mut want = yref.clone();
+        for (w_, g) in want.iter_mut().zip(&env.data[gate]) {
+            let mut v = [*w_ * g];
+            UnaryOp::Gelu.apply(&mut v);
+            *w_ = v[0];
+        }
+        let shape = Shape::new(&[batch, ch, n]);
+        let source = ProgramRows::new(&pro, &env);
+        let xt = source.temporaries();
+        // Epilogue only, prologue only, both.
+        for (fused_in, fused_out) in [(false, true), (true, false), (true, true)] {
+            let mut got = vec![f32::NAN; want.len()];
+            let mut stored = vec![f32::NAN; want.len()];
+            let sink = EpilogueSink::new(&epi, &env, shape, &[], &mut got, shape);
+            let yt = sink.temporaries();
+            let x_in = if fused_in {
+                RowsIn::Fused(&source)
+            } else {
+                RowsIn::Slice(&x)
+            };
+            let y_out = if fused_out {
+                RowsOut::Fused(&sink)
+            } else {
+                RowsOut::Slice(&mut stored)
+            };
+            let scratch = Scratch::new(2, prepared.rows_scratch_per_thread(xt, yt));
+            let r = pool.install(|| {
+                prepared.run_rows(&p, x_in, Some(&w), Some(&bias), y_out, xt, yt, &scratch)
+            });
+            if !prepared.fuses_output() {
+                // The realfft engine (no AVX-512): stored operands only.
+                assert!(!prepared.fuses_input());
+                assert!(matches!(r, Err(crate::KernelError::NotFusable { .. })));
+                continue;
+            }
+            r.unwrap();
+            let (result, reference) = if fused_out {
+                (&got, &want)
+            } else {
+                (&stored, &yref)
+            };
+            for (i, (g, w_)) in result.iter().zip(reference).enumerate() {
+                assert!(
+                    (g - w_).abs() <= 1e-5 * (1.0 + w_.abs()),
+                    "n={n} k={k} in {fused_in} out {fused_out}: element {i}: {g} vs {w_}"
+                );
+            }
+        }
+    }
+}

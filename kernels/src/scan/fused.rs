@@ -15,7 +15,7 @@ use crate::fused::{PairSource, RowsIn, RowsOut};
 use crate::scratch::Scratch;
 
 /// Time steps computed per chunk.
-pub const FUSED_CHUNK: usize = 1024;
+pub const FUSED_CHUNK: usize = 512;
 
 /// Fewest elements per task.
 const MIN_TASK_ELEMS: usize = 16 * 1024;

@@ -36,6 +36,17 @@
 //! `8 * (M / 2 + 1)` bytes per channel as the realfft engine's spectra (a
 //! partial last group pads with zero lanes). Per thread, the buffer of
 //! `M` positions (`128 * M` bytes) and 64 bytes of alignment slack.
+//!
+//! # Fusion
+//!
+//! [`LanesConv::run_into`] takes the input from a prologue and / or hands
+//! the output to an epilogue ([`crate::fused`]): a block's segment is
+//! computed 16 rows of [`SINK_CHUNK`] positions at a time into a staging
+//! block and transposed in from there, and its outputs are transposed out
+//! into that block and handed over likewise, while in cache. Nothing of the
+//! input or output but the stored operands and result touches memory (the
+//! Hyena block: no arena at all). Scratch grows by the staging block (32
+//! KiB) and the programs' line temporaries.
 
 #![allow(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
@@ -47,6 +58,7 @@ use rayon::prelude::*;
 use realfft::RealFftPlanner;
 
 use super::super::params::Conv1dGeometry;
+use crate::fused::{block_tmp, RowSink, RowSource, RowsIn, RowsOut};
 use crate::scratch::Scratch;
 
 /// Lanes of one vector.
@@ -223,6 +235,14 @@ impl LanesConv {
         std::mem::size_of_val(self.spectra.as_slice())
     }
 
+    /// `f32` elements of scratch per thread for [`Self::run_into`] with a
+    /// sink needing `y_temps` line-sized temporaries: the transform buffer,
+    /// a staging block of [`LANES`] rows of [`SINK_CHUNK`] outputs, and the
+    /// sink's temporaries.
+    pub(crate) fn rows_scratch(&self, y_temps: usize) -> usize {
+        self.scratch_per_thread() + LANES * SINK_CHUNK + block_tmp(y_temps, SINK_CHUNK)
+    }
+
     /// Computes `y` for `g` in parallel on the current rayon pool.
     pub(crate) fn run(
         &self,
@@ -232,9 +252,56 @@ impl LanesConv {
         y: &mut [f32],
         scratch: &Scratch,
     ) {
-        let p = &g.params;
-        assert_eq!(x.len(), g.input_elems);
         assert_eq!(y.len(), g.output_elems);
+        self.run_dest(
+            g,
+            Input::Stored(x),
+            bias,
+            Dest::Stored(OutPtr(y.as_mut_ptr())),
+            scratch,
+        )
+    }
+
+    /// [`Self::run`] with the output handed to `sink` (an epilogue) in
+    /// blocks of [`LANES`] rows of [`SINK_CHUNK`] outputs as each block of
+    /// the transform is finished, while they are in cache. `scratch` needs
+    /// [`Self::rows_scratch`] elements per thread.
+    pub(crate) fn run_into(
+        &self,
+        g: &Conv1dGeometry,
+        x: RowsIn,
+        bias: Option<&[f32]>,
+        y: RowsOut,
+        scratch: &Scratch,
+    ) {
+        let input = match x {
+            RowsIn::Slice(x) => Input::Stored(x),
+            RowsIn::Fused(src) => Input::Fused(src),
+        };
+        let (dest, y_temps) = match y {
+            RowsOut::Slice(y) => {
+                assert_eq!(y.len(), g.output_elems);
+                (Dest::Stored(OutPtr(y.as_mut_ptr())), 0)
+            }
+            RowsOut::Fused(sink) => (Dest::Sink(sink), sink.temporaries()),
+        };
+        let temps = x.temporaries().max(y_temps);
+        assert!(scratch.per_thread() >= self.rows_scratch(temps));
+        self.run_dest(g, input, bias, dest, scratch)
+    }
+
+    fn run_dest(
+        &self,
+        g: &Conv1dGeometry,
+        x: Input,
+        bias: Option<&[f32]>,
+        out: Dest,
+        scratch: &Scratch,
+    ) {
+        let p = &g.params;
+        if let Input::Stored(x) = x {
+            assert_eq!(x.len(), g.input_elems);
+        }
         assert!(bias.is_none_or(|b| b.len() == p.out_channels));
         assert!(available(), "prepared for AVX-512 on a CPU without it");
         let tasks = p.batch * self.groups;
@@ -253,17 +320,18 @@ impl LanesConv {
         };
         let run_len = blocks.div_ceil(splits) * self.block;
         let splits = g.out_len.div_ceil(run_len);
-        let out = OutPtr(y.as_mut_ptr());
         (0..tasks * splits).into_par_iter().for_each(|task| {
             let (group, run) = (task / splits, task % splits);
             let first = run * run_len;
             let end = (first + run_len).min(g.out_len);
             scratch.with_slot(|s| {
-                // SAFETY: AVX-512 F is present (asserted above); `out` is
-                // valid for `output_elems` and this task writes only its
-                // group's rows at outputs `first .. end`, which no other
-                // task writes; `s` holds `scratch_per_thread` values
-                // (checked by the caller, `PreparedConv1d::run`).
+                // SAFETY: AVX-512 F is present (asserted above); a stored
+                // `out` is valid for `output_elems` (asserted by `run`) and
+                // this task writes only its group's rows at outputs
+                // `first .. end`, which no other task writes (a sink is
+                // handed exactly those); `s` holds `scratch_per_thread`
+                // values (checked by the caller, `PreparedConv1d::run`),
+                // `rows_scratch` with a sink (asserted by `run_into`).
                 unsafe { self.run_task(g, x, bias, out, group, first, end, s) }
             });
         });
@@ -281,9 +349,9 @@ impl LanesConv {
     unsafe fn run_task(
         &self,
         g: &Conv1dGeometry,
-        x: &[f32],
+        x: Input,
         bias: Option<&[f32]>,
-        out: OutPtr,
+        out: Dest,
         group: usize,
         first: usize,
         end: usize,
@@ -301,7 +369,7 @@ impl LanesConv {
         // Align the buffer to 64 bytes (the slack is LANES values). It has
         // LANES positions past m, which output tiles may read (and ignore).
         let skip = s.as_ptr().align_offset(64).min(LANES);
-        let buf = &mut s[skip..][..POS * (m + LANES)];
+        let (buf, sink_buf) = s[skip..].split_at_mut(POS * (m + LANES));
         let bp = buf.as_mut_ptr();
         let bias_of = |lane: usize| match bias {
             Some(bias) if lane < rows => bias[c0 + lane],
@@ -315,6 +383,31 @@ impl LanesConv {
             // block's outputs read positions t < len + span - 1.
             let start = l0 as isize - pad_left as isize;
             let need = (len + self.span - 1) as isize;
+            if let (Dest::Sink(sink), true) = (out, start + need <= 0 || start >= in_len as isize) {
+                // Only padding under this block: the bias alone, through
+                // the sink.
+                let (values, tmp) = sink_buf.split_at_mut(len);
+                for lane in 0..rows {
+                    values.fill(bias_of(lane));
+                    sink.store(row0 + lane, l0, values, tmp);
+                }
+                l0 += len;
+                continue;
+            }
+            let out = match out {
+                Dest::Stored(out) => out,
+                Dest::Sink(sink) => {
+                    // SAFETY: as below (`bp` is aligned and sized for the
+                    // transform; the rows are the group's).
+                    unsafe { self.transform(spectra, x, start, in_len, row0, rows, bp, sink_buf) };
+                    // SAFETY: AVX-512 F is present; `bp` holds the block's
+                    // outputs at positions < len (whole tiles read at most
+                    // LANES positions past, within the slack).
+                    unsafe { self.hand_over(sink, bp, row0, rows, l0, len, &bias_of, sink_buf) };
+                    l0 += len;
+                    continue;
+                }
+            };
             if start + need <= 0 || start >= in_len as isize {
                 // Only padding under this block: the bias alone.
                 for lane in 0..rows {
@@ -333,54 +426,8 @@ impl LanesConv {
             // that exist; output writes are masked to outputs l0 .. l0 +
             // len of rows that exist, within this task's range.
             unsafe {
-                // Input tiles start where the rows' samples are 64-byte
-                // aligned when all rows share an alignment (in_len a
-                // multiple of 16), after an unaligned first tile that the
-                // next one overlaps (same values), so that loads do not
-                // split cache lines. The last tile may run past m, into
-                // the slack positions.
-                let src0 = (x.as_ptr() as usize)
-                    .wrapping_add(4 * row0 * in_len)
-                    .wrapping_add_signed(4 * start);
-                let lead = if in_len % LANES == 0 {
-                    (64 - src0 % 64) % 64 / 4
-                } else {
-                    0
-                };
-                let tiles = std::iter::once(0)
-                    .filter(|_| lead > 0)
-                    .chain((lead..m).step_by(LANES));
-                for half in 0..2 {
-                    for t in tiles.clone() {
-                        let mut tile = [_mm512_setzero_ps(); LANES];
-                        let at = start + t as isize;
-                        let lo = (-at).clamp(0, LANES as isize) as u32;
-                        let hi = (in_len as isize - at).clamp(0, LANES as isize) as u32;
-                        if lo < hi {
-                            let mask = (((1u32 << hi) - 1) & !((1u32 << lo) - 1)) as u16;
-                            for (lane, v) in tile.iter_mut().enumerate() {
-                                let lane = half * LANES + lane;
-                                if lane >= rows {
-                                    break;
-                                }
-                                let row = x.as_ptr().add((row0 + lane) * in_len);
-                                let src = row.wrapping_offset(at);
-                                *v = if mask == u16::MAX {
-                                    _mm512_loadu_ps(src)
-                                } else {
-                                    _mm512_maskz_loadu_ps(mask, src)
-                                };
-                            }
-                            transpose16(&mut tile);
-                        }
-                        for (i, v) in tile.iter().enumerate() {
-                            _mm512_store_ps(bp.add(POS * (t + i) + half * LANES), *v);
-                        }
-                    }
-                }
-                self.forward(bp, m);
-                pointwise(bp, m, spectra.as_ptr());
-                self.inverse(bp, m);
+                self.transform(spectra, x, start, in_len, row0, rows, bp, sink_buf);
+
                 // Output tiles start where the rows' outputs are 64-byte
                 // aligned (whole tiles read at most LANES positions past
                 // len <= m, within the slack), when all rows share an alignment (out_len a
@@ -425,6 +472,234 @@ impl LanesConv {
                 }
             }
             l0 += len;
+        }
+    }
+
+    /// Reads the segment of `m` positions from `start` of the group's
+    /// `rows` rows from `row0` (zeros outside the input) into `bp`,
+    /// transformed, multiplied by the spectra and transformed back: the
+    /// block's outputs at positions `0 .. len`, [`POS`] values apart.
+    ///
+    /// # Safety
+    /// AVX-512 F must be present; `bp` must be 64-byte aligned and valid
+    /// for `POS * (m + LANES)` values; rows `row0 .. row0 + rows` must be
+    /// rows of `x` (`in_len` samples each) of the group whose spectra
+    /// `spectra` holds.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn transform(
+        &self,
+        spectra: &[f32],
+        x: Input,
+        start: isize,
+        in_len: usize,
+        row0: usize,
+        rows: usize,
+        bp: *mut f32,
+        stage: &mut [f32],
+    ) {
+        let x = match x {
+            Input::Stored(x) => x,
+            Input::Fused(src) => {
+                // SAFETY: the caller's contract, passed on.
+                unsafe { self.stage_input(src, start, in_len, row0, rows, bp, stage) };
+                // SAFETY: as below: every position t < m was written.
+                unsafe {
+                    self.forward(bp, self.m);
+                    pointwise(bp, self.m, spectra.as_ptr());
+                    self.inverse(bp, self.m);
+                }
+                return;
+            }
+        };
+        let m = self.m;
+        // SAFETY: input reads are masked to samples 0 .. in_len of rows
+        // that exist; every position t < m of the buffer is written before
+        // the transforms read it, and tiles touch at most LANES positions
+        // past m, within the buffer's slack (the caller's contract).
+        unsafe {
+            // Input tiles start where the rows' samples are 64-byte
+            // aligned when all rows share an alignment (in_len a
+            // multiple of 16), after an unaligned first tile that the
+            // next one overlaps (same values), so that loads do not
+            // split cache lines. The last tile may run past m, into
+            // the slack positions.
+            let src0 = (x.as_ptr() as usize)
+                .wrapping_add(4 * row0 * in_len)
+                .wrapping_add_signed(4 * start);
+            let lead = if in_len.is_multiple_of(LANES) {
+                (64 - src0 % 64) % 64 / 4
+            } else {
+                0
+            };
+            let tiles = std::iter::once(0)
+                .filter(|_| lead > 0)
+                .chain((lead..m).step_by(LANES));
+            for half in 0..2 {
+                for t in tiles.clone() {
+                    let mut tile = [_mm512_setzero_ps(); LANES];
+                    let at = start + t as isize;
+                    let lo = (-at).clamp(0, LANES as isize) as u32;
+                    let hi = (in_len as isize - at).clamp(0, LANES as isize) as u32;
+                    if lo < hi {
+                        let mask = (((1u32 << hi) - 1) & !((1u32 << lo) - 1)) as u16;
+                        for (lane, v) in tile.iter_mut().enumerate() {
+                            let lane = half * LANES + lane;
+                            if lane >= rows {
+                                break;
+                            }
+                            let row = x.as_ptr().add((row0 + lane) * in_len);
+                            let src = row.wrapping_offset(at);
+                            *v = if mask == u16::MAX {
+                                _mm512_loadu_ps(src)
+                            } else {
+                                _mm512_maskz_loadu_ps(mask, src)
+                            };
+                        }
+                        transpose16(&mut tile);
+                    }
+                    for (i, v) in tile.iter().enumerate() {
+                        _mm512_store_ps(bp.add(POS * (t + i) + half * LANES), *v);
+                    }
+                }
+            }
+            self.forward(bp, m);
+            pointwise(bp, m, spectra.as_ptr());
+            self.inverse(bp, m);
+        }
+    }
+
+    /// Writes the segment of `m` positions from sample `start` of rows
+    /// `row0 .. row0 + rows`, computed by `src` (a prologue) [`SINK_CHUNK`]
+    /// positions of [`LANES`] rows at a time into `stage` (followed by the
+    /// program's temporaries), zeros outside samples `0 .. in_len`, into
+    /// `bp` as [`Self::transform`] lays it out.
+    ///
+    /// # Safety
+    /// AVX-512 F must be present; `bp` must be 64-byte aligned and valid
+    /// for `POS * (m + LANES)` values.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn stage_input(
+        &self,
+        src: &dyn RowSource,
+        start: isize,
+        in_len: usize,
+        row0: usize,
+        rows: usize,
+        bp: *mut f32,
+        stage: &mut [f32],
+    ) {
+        let (stage, tmp) = stage.split_at_mut(LANES * SINK_CHUNK);
+        let m = self.m;
+        for half in 0..2 {
+            let lanes = rows.saturating_sub(half * LANES).min(LANES);
+            for c0 in (0..m).step_by(SINK_CHUNK) {
+                let n = SINK_CHUNK.min(m - c0);
+                // Samples s0 .. s0 + n; those in lo .. hi exist.
+                let s0 = start + c0 as isize;
+                let lo = s0.clamp(0, in_len as isize);
+                let hi = (s0 + n as isize).clamp(0, in_len as isize);
+                let len = (hi - lo) as usize;
+                if len > 0 && lanes > 0 {
+                    src.fill_rows(
+                        row0 + half * LANES,
+                        lanes,
+                        lo as usize,
+                        len,
+                        &mut stage[..lanes * len],
+                        tmp,
+                    );
+                }
+                for t in (0..n).step_by(LANES) {
+                    let mut tile = [_mm512_setzero_ps(); LANES];
+                    let at = s0 + t as isize;
+                    let a = (lo - at).clamp(0, LANES as isize) as u32;
+                    let b = (hi - at).clamp(0, LANES as isize) as u32;
+                    if a < b && lanes > 0 {
+                        let mask = (((1u64 << b) - 1) & !((1u64 << a) - 1)) as u16;
+                        for (lane, v) in tile.iter_mut().enumerate().take(lanes) {
+                            // Position `at` of this row is stage element
+                            // lane * len + (at - lo); the mask selects
+                            // samples lo .. hi, elements 0 .. len of it.
+                            let p = stage
+                                .as_ptr()
+                                .wrapping_add(lane * len)
+                                .wrapping_offset(at - lo);
+                            // SAFETY: the masked load reads only the
+                            // selected elements, all within the row.
+                            *v = unsafe { _mm512_maskz_loadu_ps(mask, p) };
+                        }
+                        // SAFETY: AVX-512 F is present.
+                        unsafe { transpose16(&mut tile) };
+                    }
+                    for (i, v) in tile.iter().enumerate() {
+                        // SAFETY: position c0 + t + i < m; the buffer holds
+                        // POS values (64-byte aligned) per position.
+                        unsafe { _mm512_store_ps(bp.add(POS * (c0 + t + i) + half * LANES), *v) };
+                    }
+                }
+            }
+        }
+    }
+
+    /// Hands the block's outputs `0 .. len` in `bp` (plus the bias) to
+    /// `sink`, [`LANES`] rows of [`SINK_CHUNK`] outputs at a time, staged
+    /// row-major in `stage` (followed by the sink's temporaries).
+    ///
+    /// # Safety
+    /// AVX-512 F must be present; `bp` must be 64-byte aligned and hold
+    /// the block (`POS * (m + LANES)` values, `len <= m`).
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn hand_over(
+        &self,
+        sink: &dyn RowSink,
+        bp: *const f32,
+        row0: usize,
+        rows: usize,
+        l0: usize,
+        len: usize,
+        bias_of: &dyn Fn(usize) -> f32,
+        stage: &mut [f32],
+    ) {
+        let (stage, tmp) = stage.split_at_mut(LANES * SINK_CHUNK);
+        for half in 0..2 {
+            let lanes = rows.saturating_sub(half * LANES).min(LANES);
+            if lanes == 0 {
+                break;
+            }
+            for c0 in (0..len).step_by(SINK_CHUNK) {
+                let n = SINK_CHUNK.min(len - c0);
+                for t in (0..n).step_by(LANES) {
+                    let count = (n - t).min(LANES);
+                    let mut tile = [_mm512_setzero_ps(); LANES];
+                    for (i, v) in tile.iter_mut().enumerate() {
+                        // SAFETY: position c0 + t + i < len + LANES <= m +
+                        // LANES, within the buffer (aligned: POS values of
+                        // 64 bytes apart, half * LANES values in).
+                        *v = unsafe { _mm512_load_ps(bp.add(POS * (c0 + t + i) + half * LANES)) };
+                    }
+                    // SAFETY: AVX-512 F is present (this function's contract).
+                    unsafe { transpose16(&mut tile) };
+                    let mask = ((1u32 << count) - 1) as u16;
+                    for (lane, v) in tile.iter().enumerate().take(lanes) {
+                        let v = _mm512_add_ps(*v, _mm512_set1_ps(bias_of(half * LANES + lane)));
+                        let row = &mut stage[lane * n..][..n];
+                        // SAFETY: the masked store writes `count` values at
+                        // t .. t + count <= n of this row of the stage.
+                        unsafe { _mm512_mask_storeu_ps(row.as_mut_ptr().add(t), mask, v) };
+                    }
+                }
+                sink.store_rows(
+                    row0 + half * LANES,
+                    lanes,
+                    l0 + c0,
+                    n,
+                    &stage[..lanes * n],
+                    tmp,
+                );
+            }
         }
     }
 
@@ -508,6 +783,23 @@ impl LanesConv {
 /// The output pointer shared by the tasks, which write disjoint parts.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
+
+/// Where a task's inputs come from: stored, or computed by a prologue.
+#[derive(Clone, Copy)]
+enum Input<'a> {
+    Stored(&'a [f32]),
+    Fused(&'a dyn RowSource),
+}
+
+/// Where a task's outputs go: stored, or handed to an epilogue.
+#[derive(Clone, Copy)]
+enum Dest<'a> {
+    Stored(OutPtr),
+    Sink(&'a dyn RowSink),
+}
+
+/// Outputs per row a sink is handed at a time by [`LanesConv::run_into`].
+const SINK_CHUNK: usize = 512;
 // SAFETY: tasks only write disjoint ranges through it (see `run`).
 unsafe impl Send for OutPtr {}
 // SAFETY: as above.

@@ -235,6 +235,52 @@ impl FftConv {
         }
     }
 
+    /// Whether [`Self::run_into`] runs a prologue in the engine's input
+    /// loop and an epilogue in its output loop (the AVX-512 lanes engine);
+    /// otherwise the input and output are stored.
+    pub(crate) fn fuses(&self) -> bool {
+        match &self.engine {
+            Engine::Real(_) => false,
+            #[cfg(target_arch = "x86_64")]
+            Engine::Lanes(_) => true,
+        }
+    }
+
+    /// `f32` elements of scratch per thread for [`Self::run_rows`] with a
+    /// source or sink needing `temps` line-sized temporaries at most.
+    // Off x86-64 only the realfft engine exists, which uses no argument.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+    pub(crate) fn rows_scratch(&self, temps: usize) -> usize {
+        match &self.engine {
+            Engine::Real(_) => self.scratch_per_thread(),
+            #[cfg(target_arch = "x86_64")]
+            Engine::Lanes(e) => e.rows_scratch(temps),
+        }
+    }
+
+    /// [`Self::run`] with the input computed by a prologue as each block
+    /// reads it and / or the output handed to an epilogue as each block of
+    /// it is computed.
+    ///
+    /// # Panics
+    /// On an engine that does not [`Self::fuses`] (a caller's bug).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+    pub(crate) fn run_rows(
+        &self,
+        g: &Conv1dGeometry,
+        x: crate::fused::RowsIn,
+        bias: Option<&[f32]>,
+        y: crate::fused::RowsOut,
+        scratch: &Scratch,
+    ) {
+        debug_assert_eq!(plan::span(g), self.span);
+        match &self.engine {
+            Engine::Real(_) => panic!("the realfft engine does not take fused operands"),
+            #[cfg(target_arch = "x86_64")]
+            Engine::Lanes(e) => e.run_into(g, x, bias, y, scratch),
+        }
+    }
+
     /// [`Self::run`] on the realfft engine.
     fn run_real(
         &self,
