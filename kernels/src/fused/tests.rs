@@ -231,6 +231,11 @@ fn fused_depthwise_matches_the_plain_kernel() {
         (2, 3, 40, 3, (2, 2), 2),
         (1, 4, 1, 3, (2, 0), 1),
         (1, 2, 3000, 32, (31, 0), 1),
+        // Decode steps (the column path): more channels than one block,
+        // a few outputs, padding, and one large enough to run in parallel.
+        (1, 1500, 3, 3, (0, 0), 1),
+        (2, 70, 5, 4, (1, 0), 1),
+        (2, 9000, 4, 4, (0, 0), 1),
     ] {
         let p = Conv1dParams {
             batch,
