@@ -370,12 +370,19 @@ fn fused_depthwise_matches_the_plain_kernel() {
 
 #[test]
 fn fused_scan_matches_the_plain_scan() {
+    // Long rows, and decode steps (the column path): more channels than one
+    // block, a few steps, and one large enough to run in parallel.
+    for (b, c, n) in [(2, 3, 2100), (1, 1500, 1), (2, 5, 3), (2, 20_000, 2)] {
+        check_fused_scan(b, c, n);
+    }
+}
+
+fn check_fused_scan(b: usize, c: usize, n: usize) {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(2)
         .build()
         .unwrap();
     let mut rng = Rng::new(3);
-    let (b, c, n) = (2, 3, 2100);
     let p = ScanParams {
         batch: b,
         channels: c,
