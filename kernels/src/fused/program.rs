@@ -553,9 +553,13 @@ fn load(data: &[f32], shape: &Shape, line: &Line, out: &mut [f32]) {
         _ => {
             // One bounds check for the whole line, then plain strided reads.
             let last = start + stride * (out.len() - 1);
-            let data = &data[start..=last];
-            for (t, o) in out.iter_mut().enumerate() {
-                *o = data[t * stride];
+            // `step_by` walks the checked range without a check per element
+            // (a column across channels of a `[B, C, K]` state is such a line).
+            for (o, &v) in out
+                .iter_mut()
+                .zip(data[start..=last].iter().step_by(stride))
+            {
+                *o = v;
             }
         }
     }

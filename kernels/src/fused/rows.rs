@@ -637,8 +637,9 @@ pub fn materialise(
                     let n = LINE_CHUNK.min(run - c0);
                     for t in 0..row_len {
                         source.fill_col(i * run + c0, t, &mut col[..n], tmp);
-                        for (r, &v) in col[..n].iter().enumerate() {
-                            out[(c0 + r) * row_len + t] = v;
+                        let rows = out[c0 * row_len..].chunks_exact_mut(row_len);
+                        for (row, &v) in rows.zip(&col[..n]) {
+                            row[t] = v;
                         }
                     }
                 }

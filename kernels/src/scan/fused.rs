@@ -224,8 +224,8 @@ fn columns(p: &ScanParams, x0: RowsIn, au: Decay, y: RowsOut, scratch: &Scratch)
             let column = |operand: RowsIn, t: usize, col: &mut [f32], tmp: &mut [f32]| match operand
             {
                 RowsIn::Slice(v) => {
-                    for (r, c) in col.iter_mut().enumerate() {
-                        *c = v[(row0 + r) * len + t];
+                    for (c, row) in col.iter_mut().zip(v[row0 * len..].chunks_exact(len)) {
+                        *c = row[t];
                     }
                 }
                 RowsIn::Fused(src) => src.fill_col(row0, t, col, tmp),
@@ -243,8 +243,8 @@ fn columns(p: &ScanParams, x0: RowsIn, au: Decay, y: RowsOut, scratch: &Scratch)
                 }
                 match (&mut y_blk, sink) {
                     (Some(y_blk), _) => {
-                        for (r, &v) in s.iter().enumerate() {
-                            y_blk[r * len + t] = v;
+                        for (row, &v) in y_blk.chunks_exact_mut(len).zip(&*s) {
+                            row[t] = v;
                         }
                     }
                     (None, Some(sink)) => sink.store_col(row0, t, s, tmp),

@@ -88,8 +88,8 @@ impl DepthwiseConv {
                 let run = |b: usize, blk: usize, y_blk: &mut [f32]| {
                     with_buffers(&mut |cols, acc, tmp| {
                         self.block(g, b, blk * block, x, bias, cols, acc, tmp, |l, acc, _| {
-                            for (r, &a) in acc.iter().enumerate() {
-                                y_blk[r * out_len + l] = a;
+                            for (row, &a) in y_blk.chunks_exact_mut(out_len).zip(acc) {
+                                row[l] = a;
                             }
                         })
                     })
@@ -152,8 +152,9 @@ impl DepthwiseConv {
         for (t, col) in cols.chunks_exact_mut(n).take(in_len).enumerate() {
             match x {
                 RowsIn::Slice(x) => {
-                    for (r, v) in col.iter_mut().enumerate() {
-                        *v = x[(row0 + r) * in_len + t];
+                    let rows = x[row0 * in_len..].chunks_exact(in_len);
+                    for (v, row) in col.iter_mut().zip(rows) {
+                        *v = row[t];
                     }
                 }
                 RowsIn::Fused(source) => source.fill_col(row0, t, col, tmp),
