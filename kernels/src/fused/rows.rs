@@ -637,9 +637,16 @@ pub fn materialise(
                     let n = LINE_CHUNK.min(run - c0);
                     for t in 0..row_len {
                         source.fill_col(i * run + c0, t, &mut col[..n], tmp);
-                        let rows = out[c0 * row_len..].chunks_exact_mut(row_len);
-                        for (row, &v) in rows.zip(&col[..n]) {
-                            row[t] = v;
+                        let rows = &mut out[c0 * row_len..];
+                        match row_len {
+                            2 => scatter::<2>(rows, t, &col[..n]),
+                            3 => scatter::<3>(rows, t, &col[..n]),
+                            4 => scatter::<4>(rows, t, &col[..n]),
+                            _ => {
+                                for (row, &v) in rows.chunks_exact_mut(row_len).zip(&col[..n]) {
+                                    row[t] = v;
+                                }
+                            }
                         }
                     }
                 }
@@ -662,6 +669,15 @@ pub fn materialise(
                 }
             })
         });
+}
+
+/// `rows[r * S + t] = col[r]`: a column into rows of a fixed length (a
+/// conv state's `K - 1`), unrolled by the compiler.
+#[inline(always)]
+fn scatter<const S: usize>(rows: &mut [f32], t: usize, col: &[f32]) {
+    for (row, &v) in rows.chunks_exact_mut(S).zip(col) {
+        row[t] = v;
+    }
 }
 
 /// Hands stored rows of a kernel's output (`row_len` elements each) to

@@ -824,3 +824,30 @@ fn shared_subexpressions_are_computed_once_and_give_the_same_values() {
         }
     }
 }
+
+#[test]
+fn columns_of_short_rows_read_and_materialise_every_element() {
+    // A decode step reads `[C, S]` tensors a column at a time (stride S,
+    // fixed-stride copies for S <= 4) and materialise writes short rows the
+    // same way: every element, whatever the stride and column length.
+    let mut rng = Rng::new(5);
+    for s in 1..=6 {
+        for c in [1, 2, 7, 1025, 2100] {
+            let mut env = TestEnv::new();
+            let x = env.stored(&[1, c, s], rng.vec(c * s, -1.0, 1.0));
+            let mut p = Program::default();
+            p.push(Expr::Load, x);
+            let mut col = vec![0.0; c];
+            for t in 0..s {
+                p.eval(&env, &[], &Line::along([0, 0, t, 0], 1), &mut col, &mut []);
+                for (r, v) in col.iter().enumerate() {
+                    assert_eq!(*v, env.data[x][r * s + t], "s={s} c={c} t={t} r={r}");
+                }
+            }
+            let mut out = vec![f32::NAN; c * s];
+            let scratch = Scratch::new(1, line_scratch(p.temporaries()));
+            materialise(&ProgramRows::new(&p, &env), &mut out, s, &scratch);
+            assert_eq!(out, env.data[x], "materialise s={s} c={c}");
+        }
+    }
+}
