@@ -613,6 +613,9 @@ pub fn line_scratch(temporaries: usize) -> usize {
 /// decode step's state update: `K - 1` elements per channel).
 const SHORT_ROW: usize = 8;
 
+/// Fewest rows a column must span to beat a walk of the program per row.
+const MIN_COL_ROWS: usize = 32;
+
 /// Stores `source`'s rows (`row_len` elements each) into `out`, in
 /// parallel on the current pool: one pass over memory for a whole fused
 /// elementwise program.
@@ -627,7 +630,7 @@ pub fn materialise(
         return;
     }
     let run = source.col_rows();
-    if row_len <= SHORT_ROW && run > 1 && (out.len() / row_len).is_multiple_of(run) {
+    if row_len <= SHORT_ROW && run >= MIN_COL_ROWS && (out.len() / row_len).is_multiple_of(run) {
         // Lines across the rows (one program walk per LINE_CHUNK rows and
         // time step, not per row), scattered into the short rows.
         let item = |(i, out): (usize, &mut [f32])| {

@@ -188,10 +188,10 @@ fn scan(
 
 /// Steps at most this many (a decode step: one, or a few) run a column of
 /// channels at a time ([`columns`]).
-const SHORT_STEPS: usize = 4;
+pub(super) const SHORT_STEPS: usize = 4;
 
 /// Elements below which a short scan runs on the calling thread.
-const SERIAL_ELEMS: usize = 1 << 16;
+pub(super) const SERIAL_ELEMS: usize = 1 << 16;
 
 /// A scan of a few steps is a vector operation across channels: per block
 /// of [`FUSED_CHUNK`] channels, the state column starts at `x0`'s and each
