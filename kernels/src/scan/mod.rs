@@ -134,6 +134,9 @@ pub fn linear_scan_f32(
     Ok(())
 }
 
+/// `x0`, `a`, `u` and `y` of a run of rows, as zipped chunks.
+type ShortRows<'a> = (&'a [f32], ((&'a [f32], &'a [f32]), &'a mut [f32]));
+
 /// A decode step (rows of a few steps): the plain recurrence over rows,
 /// which the compiler vectorises across channels for one step, with none
 /// of the row kernels' set-up; on the calling thread below
@@ -144,7 +147,7 @@ fn short_rows(p: &ScanParams, x0: &[f32], a: &[f32], u: &[f32], y: &mut [f32]) {
     if len == 0 {
         return;
     }
-    let rows = |(x0, ((a, u), y)): (&[f32], ((&[f32], &[f32]), &mut [f32]))| {
+    let rows = |(x0, ((a, u), y)): ShortRows| {
         if len == 1 {
             for (((y, &s), &a), &u) in y.iter_mut().zip(x0).zip(a).zip(u) {
                 *y = a * s + u;
