@@ -14,9 +14,10 @@
 //!
 //! Rows run in parallel on the current rayon pool, several short rows per
 //! task; when there are too few rows to keep every thread busy, rows are
-//! also split into time chunks. The weights are read in place: prepare
-//! keeps only the chosen row kernel (backend and tap count), no copy of
-//! `w`, and no scratch is needed.
+//! also split into time chunks. The row kernels read the weights in place
+//! and need no scratch. A decode step (at most four outputs per row) runs
+//! across channels instead ([`columns`]), on a transposed copy of the taps
+//! made at prepare (`K * C` floats).
 
 mod columns;
 mod simd;
