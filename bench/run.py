@@ -12,9 +12,11 @@ pick workloads and alternatives, e.g.::
     bench/run.py --quick alt=ours,xnnpack     # only these alternatives
     bench/run.py blocks                       # the reference blocks at the issue's sizes
     bench/run.py blocks C=16 N=64 block=ssm   # tiny sizes, one block
+    bench/run.py decode                       # one-token calls with state carried
 
 Blocks run only when named (``blocks`` or ``block=..``); C= and N= then
-replace every block's width and length.
+replace every block's width and length. Decode steps (one token per call,
+state carried; run as blocks) likewise: ``decode`` or ``block=decode_..``.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ def parse_filters(tokens: list[str], full: bool) -> tuple[list[workload.Setting]
     ks = workload.FULL_K if full else workload.QUICK_K
     alts = ALL_ALTERNATIVES
     blocks = tuple(workload.BLOCKS)
+    decode = tuple(workload.DECODE_BLOCKS)
     block_c = block_n = None  # explicit C= / N= also size the blocks
     for token in tokens:
         if token in workload.KINDS:
@@ -70,7 +73,8 @@ def parse_filters(tokens: list[str], full: bool) -> tuple[list[workload.Setting]
         values = [v.strip() for v in value.split(",") if v.strip()]
         if not sep or not values:
             raise SystemExit(
-                f"bad filter {token!r}: use conv, scan, blocks, C=.., N=.., K=.., block=.., alt=.."
+                f"bad filter {token!r}: use conv, scan, blocks, decode, C=.., N=.., K=.., "
+                "block=.., alt=.."
             )
         try:
             if key == "C":
@@ -95,14 +99,17 @@ def parse_filters(tokens: list[str], full: bool) -> tuple[list[workload.Setting]
                     )
                 alts = tuple(a for a in known if a in values) + forced
             elif key == "block":
-                unknown = set(values) - set(workload.BLOCKS)
+                known = (*workload.BLOCKS, *workload.DECODE_BLOCKS)
+                unknown = set(values) - set(known)
                 if unknown:
-                    raise SystemExit(
-                        f"unknown block(s) {sorted(unknown)}: {tuple(workload.BLOCKS)}"
-                    )
+                    raise SystemExit(f"unknown block(s) {sorted(unknown)}: {known}")
                 blocks = tuple(b for b in workload.BLOCKS if b in values)
-                if "blocks" not in kinds:
-                    kinds.append("blocks")
+                decode = tuple(b for b in workload.DECODE_BLOCKS if b in values)
+                for kind, named in (("blocks", blocks), ("decode", decode)):
+                    if named and kind not in kinds:
+                        kinds.append(kind)
+                if not blocks and "blocks" in kinds:
+                    kinds.remove("blocks")
             else:
                 raise SystemExit(f"unknown filter key {key!r} in {token!r}")
         except ValueError as e:
@@ -110,7 +117,7 @@ def parse_filters(tokens: list[str], full: bool) -> tuple[list[workload.Setting]
     if any(v <= 0 for v in (*cs, *ns)) or any(k != "N" and int(k) <= 0 for k in ks):
         raise SystemExit("C, N and K must be positive")
     settings = workload.make_settings(
-        tuple(kinds) or workload.DEFAULT_KINDS, cs, ns, ks, blocks, block_c, block_n
+        tuple(kinds) or workload.DEFAULT_KINDS, cs, ns, ks, blocks, block_c, block_n, decode
     )
     return settings, alts
 
@@ -125,7 +132,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "filters",
         nargs="*",
-        help="conv | scan | blocks | C=.. | N=.. | K=..(or N) | block=.. | alt=..",
+        help="conv | scan | blocks | decode | C=.. | N=.. | K=..(or N) | block=.. | alt=..",
     )
     cores = len(os.sched_getaffinity(0))
     p.add_argument("--threads", type=int, default=cores, help=f"threads (default {cores})")

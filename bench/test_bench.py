@@ -108,6 +108,17 @@ def test_blocks_filters():
     assert [(s.block, s.C, s.N) for s in settings] == [("hyena", 16, 64), ("ssm", 16, 64)]
     default, _ = run.parse_filters([], full=False)
     assert not any(s.kind == "blocks" for s in default)
+    # Decode steps run only when named, as blocks of one token.
+    assert not any(
+        s.block in workload.DECODE_BLOCKS for s in run.parse_filters(["blocks"], False)[0]
+    )
+    decode, _ = run.parse_filters(["decode"], full=False)
+    assert {s.block for s in decode} == set(workload.DECODE_BLOCKS)
+    assert all(s.kind == "blocks" and s.N == 1 for s in decode)
+    assert sorted(s.C for s in decode if s.block == "decode_conv") == [1024, 2048, 4096]
+    assert [(s.block, s.C) for s in decode if s.block == "decode_ssm"] == [("decode_ssm", 2048)]
+    settings, _ = run.parse_filters(["block=decode_scan", "C=8"], full=False)
+    assert [(s.block, s.C, s.N) for s in settings] == [("decode_scan", 8, 1)]
 
 
 def test_forced_algorithm_filter():
@@ -196,3 +207,32 @@ def test_overheads_tiny(tmp_path):
     summary = (out / "summary.md").read_text()
     assert "## Runtime overheads" in summary
     assert "ETDump on: geometric mean" in summary and "over the baseline: geometric mean" in summary
+
+
+@pytest.mark.skipif(not RUNNER.is_file(), reason="pte_runner not built (scripts/setup.sh)")
+def test_end_to_end_decode_tiny(tmp_path):
+    """One-token calls with state carried: every alternative runs and agrees
+    with eager (the steps' inputs make repeated calls settle), ours is one
+    RustConv call with no state buffer left to copy back, and the goals are
+    checked."""
+    out = tmp_path / "out"
+    argv = [
+        "decode", "C=16", "--warmup", "1", "--repeats", "2", "--bandwidth-mib", "16",
+        "--out", str(out), "--cache-dir", str(tmp_path / "cache"), "--runner", str(RUNNER),
+        "--no-plots", "--threads", "1",
+    ]  # fmt: skip
+    assert run.main(argv) == 0
+    with open(out / "results.csv") as f:
+        rows = {(r["block"], r["alternative"]): r for r in csv.DictReader(f)}
+    for block in workload.DECODE_BLOCKS:
+        for alt in ("ours", "ours_unfused", "xnnpack", "et_cpu", "eager"):
+            row = rows[(block, alt)]
+            assert row["status"] == "ok", (block, alt, row["status"], row["note"])
+            assert float(row["median_ms"]) > 0, (block, alt)
+            assert float(row["max_abs_err"]) <= 1e-3, (block, alt)
+        assert rows[(block, "ours")]["N"] == "1"
+        assert int(rows[(block, "ours")]["rustconv_calls"]) == 1, block
+    summary = (out / "summary.md").read_text()
+    goals = summary.split("### Goals (blocks)")[1].split("block goals pass")[0]
+    # Five decode workloads and peak memory.
+    assert goals.count("**PASS**") + goals.count("**FAIL**") == 6

@@ -9,6 +9,11 @@ Two workloads (batch 1, C channels, length N):
 * ``blocks`` (only when asked): the reference blocks of ``rustconv.blocks``
   (LFM2's short convolution, Hyena, a diagonal SSM, a conv stack) at the
   issue's sizes, ``C`` being the block's width and ``N`` its length.
+* ``decode`` (only when asked): one-token calls with state carried across
+  calls (a state buffer the call reads and updates): a depthwise conv step
+  and a scan step at C in {1024, 2048, 4096}, the LFM2 short conv (between
+  its projections, and whole) at 1024 and 2048, the streaming SSM at 2048.
+  They run as blocks (``N`` = 1, the machinery and goals of blocks).
 
 Inputs and weights are drawn from a ``torch.Generator`` seeded from the
 setting, so every run (and every cached .pte) sees the same numbers.
@@ -36,7 +41,7 @@ QUICK_C = (512,)
 QUICK_N = (1024, 4096)
 QUICK_K = ("4", "128")
 
-KINDS = ("conv", "scan", "blocks")
+KINDS = ("conv", "scan", "blocks", "decode")
 #: What runs when no workload is named: blocks run only when asked for.
 DEFAULT_KINDS = ("conv", "scan")
 
@@ -51,6 +56,16 @@ BLOCKS = {
     "ssm": ("DiagonalSSM", 2048, 4096),
     "conv_stack": ("ConvStack", 250, 4096),
 }
+#: The decode workload: name -> (class, widths C), one token (N = 1) per
+#: call. Classes are ``rustconv.blocks``' or this module's (the steps).
+DECODE_BLOCKS = {
+    "decode_conv": ("DepthwiseConvStep", (1024, 2048, 4096)),
+    "decode_scan": ("ScanStep", (1024, 2048, 4096)),
+    "decode_lfm2_core": ("Lfm2ShortConvExampleCore", (1024, 2048)),
+    "decode_lfm2": ("Lfm2ShortConvExample", (1024, 2048)),
+    "decode_ssm": ("SsmStep", (2048,)),
+}
+DECODE_K = 4  # the conv step's filter
 CONV_STACK_K, CONV_STACK_LAYERS, LFM2_K = 11, 12, 3
 BYTES_PER_ELEMENT = 4  # float32
 
@@ -94,7 +109,10 @@ class Setting:
     def input_bytes(self) -> int:
         if self.kind == "blocks":
             one = self.C * self.N * BYTES_PER_ELEMENT
-            return one if self.block in ("lfm2_hf", "lfm2_example", "conv_stack") else 3 * one
+            if self.block == "decode_scan":
+                return 2 * one
+            single = ("lfm2_hf", "lfm2_example", "conv_stack", "decode_conv", "decode_lfm2")
+            return one if self.block in single else 3 * one
         if self.kind == "scan":
             return (2 * self.C * self.N + self.C) * BYTES_PER_ELEMENT
         return self.C * self.N * BYTES_PER_ELEMENT
@@ -123,6 +141,11 @@ class Setting:
             "hyena": 2.0 * c * n * n + elementwise,
             "ssm": 2 * elementwise,
             "conv_stack": 2.0 * CONV_STACK_LAYERS * c * c * CONV_STACK_K * n,
+            "decode_conv": 2 * c * n * DECODE_K,
+            "decode_scan": 2 * c * n,
+            "decode_lfm2_core": 2 * c * n * LFM2_K + elementwise,
+            "decode_lfm2": 2 * n * c * 4 * c + 2 * c * n * LFM2_K + elementwise,
+            "decode_ssm": 2 * elementwise,
         }[self.block]
 
     @property
@@ -175,6 +198,11 @@ def block_weight_elements(block: str, c: int, n: int) -> int:
         "hyena": c * n + c,
         "ssm": 2 * c,
         "conv_stack": CONV_STACK_LAYERS * (c * c * CONV_STACK_K + c),
+        "decode_conv": c * DECODE_K + c * (DECODE_K - 1),
+        "decode_scan": c,
+        "decode_lfm2_core": c * LFM2_K + c * (LFM2_K - 1),
+        "decode_lfm2": c * LFM2_K + c * (LFM2_K - 1) + 4 * c * c,
+        "decode_ssm": 2 * c,
     }[block]
 
 
@@ -186,12 +214,19 @@ def make_settings(
     blocks: tuple[str, ...] = tuple(BLOCKS),
     block_c: tuple[int, ...] | None = None,
     block_n: tuple[int, ...] | None = None,
+    decode: tuple[str, ...] = tuple(DECODE_BLOCKS),
 ) -> list[Setting]:
     """The product of the given values, deduplicated, small work first (so
     projections of large settings can use measured smaller ones). Blocks run
-    at their own sizes unless ``block_c``/``block_n`` replace them."""
+    at their own sizes unless ``block_c``/``block_n`` replace them; decode
+    steps (run as blocks) likewise, at N = 1."""
     settings = set()
     for kind in kinds:
+        if kind == "decode":
+            for b in decode:
+                for c, n in product(block_c or DECODE_BLOCKS[b][1], block_n or (1,)):
+                    settings.add(Setting("blocks", c, n, block=b))
+            continue
         if kind == "blocks":
             for b in blocks:
                 _, c0, n0 = BLOCKS[b]
@@ -207,7 +242,7 @@ def make_settings(
     unique = {}
     for s in sorted(settings, key=lambda s: s.K_label != "N"):
         unique.setdefault((s.kind, s.C, s.N, s.K, s.block), s)
-    blocks_order = list(BLOCKS)
+    blocks_order = list(BLOCKS) + list(DECODE_BLOCKS)
     return sorted(
         unique.values(),
         key=lambda s: (
@@ -275,9 +310,76 @@ class SettingData:
         return total
 
 
+class DepthwiseConvStep(torch.nn.Module):
+    """A causal depthwise conv that streams: its last ``K - 1`` inputs in a
+    state buffer prepended with ``cat`` (LFM2's pattern, no gating)."""
+
+    def __init__(self, c: int, k: int = DECODE_K):
+        super().__init__()
+        self.k = k
+        self.conv = torch.nn.Conv1d(c, c, k, groups=c, bias=False)
+        self.register_buffer("state", torch.zeros(1, c, k - 1))
+
+    def forward(self, x):
+        xs = torch.cat([self.state, x], dim=-1)
+        with torch.no_grad():
+            self.state.copy_(xs[..., -(self.k - 1) :])
+        return self.conv(xs)
+
+    def make_inputs(self, seq: int = 1, seed: int = 0) -> tuple[torch.Tensor, ...]:
+        gen = torch.Generator().manual_seed(seed)
+        return (torch.randn(1, self.conv.in_channels, seq, generator=gen),)
+
+
+class ScanStep(torch.nn.Module):
+    """A linear scan from a state buffer, its last step copied back."""
+
+    def __init__(self, c: int):
+        super().__init__()
+        self.register_buffer("state", torch.zeros(1, c))
+
+    def forward(self, a, u):
+        h = torch.ops.rustconv.linear_scan(self.state, a, u)
+        with torch.no_grad():
+            self.state.copy_(h[:, :, -1])
+        return h
+
+    def make_inputs(self, seq: int = 1, seed: int = 0) -> tuple[torch.Tensor, ...]:
+        # Decays below 1/4: every alternative, whatever its number of calls
+        # with the same input, has reached the same state (to 1e-5).
+        gen = torch.Generator().manual_seed(seed)
+        c = self.state.shape[1]
+        return (
+            torch.rand(1, c, seq, generator=gen) / 4,
+            torch.randn(1, c, seq, generator=gen),
+        )
+
+
+def _ssm_step(c: int) -> torch.nn.Module:
+    from rustconv import blocks
+
+    class SsmStep(blocks.DiagonalSSMStreaming):
+        """The streaming SSM with ``p`` shifted by +4 (``dt`` about 4, decays
+        below ``exp(-2)``), so repeated calls with one input settle."""
+
+        def make_inputs(self, seq: int = 1, seed: int = 0, dtype=torch.float32):
+            p, x, z = super().make_inputs(seq=seq, seed=seed, dtype=dtype)
+            return (p + 4.0, x, z)
+
+    return SsmStep(c)
+
+
 def make_block(setting: Setting, seed: int) -> torch.nn.Module:
     from rustconv import blocks
 
+    if setting.block in DECODE_BLOCKS:
+        cls_name = DECODE_BLOCKS[setting.block][0]
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            if cls_name == "SsmStep":
+                return _ssm_step(setting.C).eval()
+            cls = globals().get(cls_name) or getattr(blocks, cls_name)
+            return cls(setting.C).eval()
     cls_name, _, _ = BLOCKS[setting.block]
     cls = getattr(blocks, cls_name)
     with torch.random.fork_rng():

@@ -18,8 +18,8 @@ mod shape;
 pub use ops::{BinaryOp, UnaryOp};
 pub use program::{resolve_start, Env, Expr, Line, Node, Program, MAX_SHARED};
 pub use rows::{
-    block_tmp, drain, line_scratch, materialise, EpilogueSink, PairSource, ProgramRows, RowSink,
-    RowSource, RowsIn, RowsOut, SharedOut, StoreView, LINE_CHUNK, ROW_BLOCK,
+    block_tmp, col_tmp, drain, line_scratch, materialise, EpilogueSink, PairSource, ProgramRows,
+    RowSink, RowSource, RowsIn, RowsOut, SharedOut, StoreView, LINE_CHUNK, ROW_BLOCK,
 };
 pub use shape::{Shape, MAX_RANK};
 

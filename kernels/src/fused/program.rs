@@ -615,11 +615,33 @@ fn load(data: &[f32], shape: &Shape, line: &Line, out: &mut [f32]) {
         _ => {
             // One bounds check for the whole line, then plain strided reads.
             let last = start + stride * (out.len() - 1);
-            let data = &data[start..=last];
-            for (t, o) in out.iter_mut().enumerate() {
-                *o = data[t * stride];
+            let line = &data[start..=last];
+            // A column across the channels of a `[B, C, K - 1]` conv state
+            // (a decode step's read) has a small stride: fixed-stride copies
+            // the compiler unrolls, without a check per element.
+            match stride {
+                2 => gather::<2>(line, out),
+                3 => gather::<3>(line, out),
+                4 => gather::<4>(line, out),
+                _ => {
+                    for (o, &v) in out.iter_mut().zip(line.iter().step_by(stride)) {
+                        *o = v;
+                    }
+                }
             }
         }
+    }
+}
+
+/// `out[t] = line[t * S]`, `line` holding `S * (out.len() - 1) + 1`
+/// elements.
+#[inline(always)]
+fn gather<const S: usize>(line: &[f32], out: &mut [f32]) {
+    if let Some((last, body)) = out.split_last_mut() {
+        for (o, chunk) in body.iter_mut().zip(line.chunks_exact(S)) {
+            *o = chunk[0];
+        }
+        *last = line[line.len() - 1];
     }
 }
 

@@ -41,6 +41,31 @@ pub trait RowSource: Sync {
             self.fill(row0 + r, t0, out, tmp);
         }
     }
+
+    /// Writes element `t` of rows `row0 .. row0 + out.len()` into `out`: a
+    /// column, as a decode step (a time extent of one or a few) reads its
+    /// operand. The rows are consecutive channels of one batch item. `tmp`
+    /// holds at least [`col_tmp`]`(temporaries, out.len())` elements. By
+    /// default an element per row; a program evaluates one line across the
+    /// rows, paying its per-line set-up once instead of per row.
+    fn fill_col(&self, row0: usize, t: usize, out: &mut [f32], tmp: &mut [f32]) {
+        for (r, o) in out.iter_mut().enumerate() {
+            self.fill(row0 + r, t, std::slice::from_mut(o), tmp);
+        }
+    }
+
+    /// How many consecutive rows (from a multiple of it) one
+    /// [`Self::fill_col`] may take: the channels of a batch item.
+    fn col_rows(&self) -> usize {
+        1
+    }
+}
+
+/// Scratch elements [`RowSource::fill_col`], [`PairSource::fill_pair_col`]
+/// and [`RowSink::store_col`] need for columns of `rows` rows and programs
+/// needing `temporaries` temporaries.
+pub fn col_tmp(temporaries: usize, rows: usize) -> usize {
+    temporaries * rows
 }
 
 /// Computes two operands of a kernel together: a prologue whose results
@@ -60,6 +85,26 @@ pub trait PairSource: Sync {
     );
     /// Line-sized temporaries `fill_pair` needs.
     fn pair_temporaries(&self) -> usize;
+    /// Element `t` of rows `row0 .. row0 + first.len()` of both operands,
+    /// as [`RowSource::fill_col`].
+    fn fill_pair_col(
+        &self,
+        row0: usize,
+        t: usize,
+        first: &mut [f32],
+        second: &mut [f32],
+        tmp: &mut [f32],
+    ) {
+        for (r, (f, s)) in first.iter_mut().zip(second.iter_mut()).enumerate() {
+            self.fill_pair(
+                row0 + r,
+                t,
+                std::slice::from_mut(f),
+                std::slice::from_mut(s),
+                tmp,
+            );
+        }
+    }
 }
 
 /// Finishes and stores a kernel's output (a fused epilogue).
@@ -82,6 +127,14 @@ pub trait RowSink: Sync {
     ) {
         for (r, values) in values.chunks_exact(len).take(rows).enumerate() {
             self.store(row0 + r, t0, values, tmp);
+        }
+    }
+
+    /// Takes element `t` of rows `row0 .. row0 + values.len()` (a column,
+    /// as [`RowSource::fill_col`] reads one). By default an element per row.
+    fn store_col(&self, row0: usize, t: usize, values: &[f32], tmp: &mut [f32]) {
+        for (r, v) in values.iter().enumerate() {
+            self.store(row0 + r, t, std::slice::from_ref(v), tmp);
         }
     }
 }
@@ -185,6 +238,22 @@ fn unravel(mut row: usize, shape: &Shape, dims: usize) -> [usize; MAX_RANK] {
 }
 
 impl ProgramRows<'_> {
+    /// The line across rows `row0 ..` at element `t` (the dimension before
+    /// time, or for scalar rows the last one), or `None` for a root with no
+    /// such dimension.
+    fn col_line(&self, row0: usize, t: usize) -> Option<Line> {
+        let rank = self.shape.rank();
+        if self.scalar_rows {
+            (rank >= 1).then(|| Line::along(unravel(row0, &self.shape, rank), rank - 1))
+        } else if rank >= 2 {
+            let mut base = unravel(row0, &self.shape, rank - 1);
+            base[rank - 1] = t;
+            Some(Line::along(base, rank - 2))
+        } else {
+            None
+        }
+    }
+
     /// The line of row `row` from element `t0` (in the root's coordinates).
     fn row_line(&self, row: usize, t0: usize) -> Line {
         let rank = self.shape.rank();
@@ -220,6 +289,32 @@ impl PairSource for ProgramRows<'_> {
     fn pair_temporaries(&self) -> usize {
         self.program.temporaries()
     }
+
+    fn fill_pair_col(
+        &self,
+        row0: usize,
+        t: usize,
+        first: &mut [f32],
+        second: &mut [f32],
+        tmp: &mut [f32],
+    ) {
+        match self.col_line(row0, t) {
+            Some(line) => self
+                .program
+                .eval_roots(self.env, &[], &line, &mut [first, second], tmp),
+            None => {
+                for (r, (f, s)) in first.iter_mut().zip(second.iter_mut()).enumerate() {
+                    self.fill_pair(
+                        row0 + r,
+                        t,
+                        std::slice::from_mut(f),
+                        std::slice::from_mut(s),
+                        tmp,
+                    );
+                }
+            }
+        }
+    }
 }
 
 impl RowSource for ProgramRows<'_> {
@@ -230,6 +325,26 @@ impl RowSource for ProgramRows<'_> {
 
     fn temporaries(&self) -> usize {
         self.program.temporaries()
+    }
+
+    fn col_rows(&self) -> usize {
+        let rank = self.shape.rank();
+        match (self.scalar_rows, rank) {
+            (true, r) if r >= 1 => self.shape[r - 1],
+            (false, r) if r >= 2 => self.shape[r - 2],
+            _ => 1,
+        }
+    }
+
+    fn fill_col(&self, row0: usize, t: usize, out: &mut [f32], tmp: &mut [f32]) {
+        match self.col_line(row0, t) {
+            Some(line) => self.program.eval(self.env, &[], &line, out, tmp),
+            None => {
+                for (r, o) in out.iter_mut().enumerate() {
+                    self.fill(row0 + r, t, std::slice::from_mut(o), tmp);
+                }
+            }
+        }
     }
 
     fn fill_rows(
@@ -432,6 +547,23 @@ impl RowSink for EpilogueSink<'_> {
         1 + self.program.temporaries()
     }
 
+    fn store_col(&self, row0: usize, t: usize, values: &[f32], tmp: &mut [f32]) {
+        let rank = self.anchor_shape.rank();
+        if rank < 2 {
+            for (r, v) in values.iter().enumerate() {
+                self.store(row0 + r, t, std::slice::from_ref(v), tmp);
+            }
+            return;
+        }
+        let mut base = unravel(row0, &self.anchor_shape, rank - 1);
+        base[rank - 1] = t;
+        let line = Line::along(base, rank - 2);
+        let (buf, rest) = tmp.split_at_mut(values.len());
+        self.program.eval(self.env, values, &line, buf, rest);
+        let (start, stride) = self.store_at(&line);
+        self.out.store_line(start, stride, buf);
+    }
+
     fn store_rows(
         &self,
         row0: usize,
@@ -473,10 +605,18 @@ pub const LINE_CHUNK: usize = 1024;
 const MIN_TASK_ELEMS: usize = 16 * 1024;
 
 /// f32 elements of per-thread scratch [`materialise`] or [`drain`] needs
-/// for a source or sink needing `temporaries` line-sized temporaries.
+/// for a source or sink needing `temporaries` line-sized temporaries (and
+/// a column buffer, for short rows).
 pub fn line_scratch(temporaries: usize) -> usize {
-    temporaries * LINE_CHUNK
+    (temporaries + 1) * LINE_CHUNK
 }
+
+/// Rows at most this long [`materialise`] computes a column at a time (a
+/// decode step's state update: `K - 1` elements per channel).
+const SHORT_ROW: usize = 8;
+
+/// Fewest rows a column must span to beat a walk of the program per row.
+const MIN_COL_ROWS: usize = 32;
 
 /// Stores `source`'s rows (`row_len` elements each) into `out`, in
 /// parallel on the current pool: one pass over memory for a whole fused
@@ -491,6 +631,39 @@ pub fn materialise(
     if out.is_empty() || row_len == 0 {
         return;
     }
+    let run = source.col_rows();
+    if row_len <= SHORT_ROW && run >= MIN_COL_ROWS && (out.len() / row_len).is_multiple_of(run) {
+        // Lines across the rows (one program walk per LINE_CHUNK rows and
+        // time step, not per row), scattered into the short rows.
+        let item = |(i, out): (usize, &mut [f32])| {
+            scratch.with_slot(|slot| {
+                let (col, tmp) = slot.split_at_mut(LINE_CHUNK);
+                for c0 in (0..run).step_by(LINE_CHUNK) {
+                    let n = LINE_CHUNK.min(run - c0);
+                    for t in 0..row_len {
+                        source.fill_col(i * run + c0, t, &mut col[..n], tmp);
+                        let rows = &mut out[c0 * row_len..];
+                        match row_len {
+                            2 => scatter::<2>(rows, t, &col[..n]),
+                            3 => scatter::<3>(rows, t, &col[..n]),
+                            4 => scatter::<4>(rows, t, &col[..n]),
+                            _ => {
+                                for (row, &v) in rows.chunks_exact_mut(row_len).zip(&col[..n]) {
+                                    row[t] = v;
+                                }
+                            }
+                        }
+                    }
+                }
+            })
+        };
+        if out.len() <= MIN_TASK_ELEMS {
+            out.chunks_mut(run * row_len).enumerate().for_each(item);
+        } else {
+            out.par_chunks_mut(run * row_len).enumerate().for_each(item);
+        }
+        return;
+    }
     out.par_chunks_mut(row_len)
         .enumerate()
         .with_min_len(MIN_TASK_ELEMS.div_ceil(row_len))
@@ -501,6 +674,15 @@ pub fn materialise(
                 }
             })
         });
+}
+
+/// `rows[r * S + t] = col[r]`: a column into rows of a fixed length (a
+/// conv state's `K - 1`), unrolled by the compiler.
+#[inline(always)]
+fn scatter<const S: usize>(rows: &mut [f32], t: usize, col: &[f32]) {
+    for (row, &v) in rows.chunks_exact_mut(S).zip(col) {
+        row[t] = v;
+    }
 }
 
 /// Hands stored rows of a kernel's output (`row_len` elements each) to

@@ -231,6 +231,11 @@ fn fused_depthwise_matches_the_plain_kernel() {
         (2, 3, 40, 3, (2, 2), 2),
         (1, 4, 1, 3, (2, 0), 1),
         (1, 2, 3000, 32, (31, 0), 1),
+        // Decode steps (the column path): more channels than one block,
+        // a few outputs, padding, and one large enough to run in parallel.
+        (1, 1500, 3, 3, (0, 0), 1),
+        (2, 70, 5, 4, (1, 0), 1),
+        (2, 9000, 4, 4, (0, 0), 1),
     ] {
         let p = Conv1dParams {
             batch,
@@ -365,12 +370,19 @@ fn fused_depthwise_matches_the_plain_kernel() {
 
 #[test]
 fn fused_scan_matches_the_plain_scan() {
+    // Long rows, and decode steps (the column path): more channels than one
+    // block, a few steps, and one large enough to run in parallel.
+    for (b, c, n) in [(2, 3, 2100), (1, 1500, 1), (2, 5, 3), (2, 20_000, 2)] {
+        check_fused_scan(b, c, n);
+    }
+}
+
+fn check_fused_scan(b: usize, c: usize, n: usize) {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(2)
         .build()
         .unwrap();
     let mut rng = Rng::new(3);
-    let (b, c, n) = (2, 3, 2100);
     let p = ScanParams {
         batch: b,
         channels: c,
@@ -1069,6 +1081,33 @@ fn fft_conv_runs_prologues_and_epilogues_in_its_block_loops() {
                     "n={n} k={k} in {fused_in} out {fused_out}: element {i}: {g} vs {w_}"
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn columns_of_short_rows_read_and_materialise_every_element() {
+    // A decode step reads `[C, S]` tensors a column at a time (stride S,
+    // fixed-stride copies for S <= 4) and materialise writes short rows the
+    // same way: every element, whatever the stride and column length.
+    let mut rng = Rng::new(5);
+    for s in 1..=6 {
+        for c in [1, 2, 7, 1025, 2100] {
+            let mut env = TestEnv::new();
+            let x = env.stored(&[1, c, s], rng.vec(c * s, -1.0, 1.0));
+            let mut p = Program::default();
+            p.push(Expr::Load, x);
+            let mut col = vec![0.0; c];
+            for t in 0..s {
+                p.eval(&env, &[], &Line::along([0, 0, t, 0], 1), &mut col, &mut []);
+                for (r, v) in col.iter().enumerate() {
+                    assert_eq!(*v, env.data[x][r * s + t], "s={s} c={c} t={t} r={r}");
+                }
+            }
+            let mut out = vec![f32::NAN; c * s];
+            let scratch = Scratch::new(1, line_scratch(p.temporaries()));
+            materialise(&ProgramRows::new(&p, &env), &mut out, s, &scratch);
+            assert_eq!(out, env.data[x], "materialise s={s} c={c}");
         }
     }
 }

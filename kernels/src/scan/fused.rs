@@ -59,6 +59,7 @@ pub fn linear_scan_rows_pair(
 }
 
 /// How the scan gets `a` and `u`.
+#[derive(Clone, Copy)]
 enum Decay<'a> {
     Separate(RowsIn<'a>, RowsIn<'a>),
     Pair(&'a dyn PairSource),
@@ -110,6 +111,10 @@ fn scan(
     }
     let (rows, len) = (p.state_elems(), p.len);
     if rows == 0 || len == 0 {
+        return Ok(());
+    }
+    if len <= SHORT_STEPS {
+        columns(p, x0, au, y, scratch);
         return Ok(());
     }
     let backend = Backend::detect();
@@ -179,4 +184,101 @@ fn scan(
             .for_each(|r| row(r, None)),
     }
     Ok(())
+}
+
+/// Steps at most this many (a decode step: one, or a few) run a column of
+/// channels at a time ([`columns`]).
+pub(super) const SHORT_STEPS: usize = 4;
+
+/// Elements below which a short scan runs on the calling thread.
+pub(super) const SERIAL_ELEMS: usize = 1 << 16;
+
+/// A scan of a few steps is a vector operation across channels: per block
+/// of [`FUSED_CHUNK`] channels, the state column starts at `x0`'s and each
+/// step reads a column of `a` and `u` (from a prologue, one program line
+/// across the channels: a transposed `[B, N, C]` projection is read
+/// contiguously, and the program's set-up is paid per column, not per row),
+/// updates it (`s = a * s + u`, the two roundings of the row kernels) and
+/// stores it, or hands it to the epilogue as one line.
+fn columns(p: &ScanParams, x0: RowsIn, au: Decay, y: RowsOut, scratch: &Scratch) {
+    let (channels, len) = (p.channels, p.len);
+    let blocks = channels.div_ceil(FUSED_CHUNK);
+    let serial = p.seq_elems() <= SERIAL_ELEMS || rayon::current_num_threads() <= 1;
+    let sink = match &y {
+        RowsOut::Fused(sink) => Some(*sink),
+        RowsOut::Slice(_) => None,
+    };
+    // Channels `c0 ..` of item `b`; `y_blk` their stored rows, if stored.
+    let block = |b: usize, c0: usize, mut y_blk: Option<&mut [f32]>| {
+        let n = FUSED_CHUNK.min(channels - c0);
+        let row0 = b * channels + c0;
+        scratch.with_slot(|slot| {
+            let (bufs, tmp) = slot.split_at_mut(3 * FUSED_CHUNK);
+            let (a_col, rest) = bufs.split_at_mut(FUSED_CHUNK);
+            let (u_col, s) = rest.split_at_mut(FUSED_CHUNK);
+            let (a_col, u_col, s) = (&mut a_col[..n], &mut u_col[..n], &mut s[..n]);
+            match x0 {
+                RowsIn::Slice(x0) => s.copy_from_slice(&x0[row0..row0 + n]),
+                RowsIn::Fused(src) => src.fill_col(row0, 0, s, tmp),
+            }
+            let column = |operand: RowsIn, t: usize, col: &mut [f32], tmp: &mut [f32]| match operand
+            {
+                RowsIn::Slice(v) => {
+                    for (c, row) in col.iter_mut().zip(v[row0 * len..].chunks_exact(len)) {
+                        *c = row[t];
+                    }
+                }
+                RowsIn::Fused(src) => src.fill_col(row0, t, col, tmp),
+            };
+            for t in 0..len {
+                match au {
+                    Decay::Pair(src) => src.fill_pair_col(row0, t, a_col, u_col, tmp),
+                    Decay::Separate(a, u) => {
+                        column(a, t, a_col, tmp);
+                        column(u, t, u_col, tmp);
+                    }
+                }
+                for ((s, &a), &u) in s.iter_mut().zip(&*a_col).zip(&*u_col) {
+                    *s = a * *s + u;
+                }
+                match (&mut y_blk, sink) {
+                    (Some(y_blk), _) => {
+                        for (row, &v) in y_blk.chunks_exact_mut(len).zip(&*s) {
+                            row[t] = v;
+                        }
+                    }
+                    (None, Some(sink)) => sink.store_col(row0, t, s, tmp),
+                    (None, None) => unreachable!("stored outputs come with their block"),
+                }
+            }
+        })
+    };
+    match y {
+        RowsOut::Slice(y) => {
+            let item = channels * len;
+            if serial {
+                for (b, y_item) in y.chunks_mut(item).enumerate() {
+                    for (i, y_blk) in y_item.chunks_mut(FUSED_CHUNK * len).enumerate() {
+                        block(b, i * FUSED_CHUNK, Some(y_blk));
+                    }
+                }
+            } else {
+                y.par_chunks_mut(item).enumerate().for_each(|(b, y_item)| {
+                    y_item
+                        .par_chunks_mut(FUSED_CHUNK * len)
+                        .enumerate()
+                        .for_each(|(i, y_blk)| block(b, i * FUSED_CHUNK, Some(y_blk)))
+                });
+            }
+        }
+        RowsOut::Fused(_) => {
+            let tasks = p.batch * blocks;
+            let run = |t: usize| block(t / blocks, (t % blocks) * FUSED_CHUNK, None);
+            if serial {
+                (0..tasks).for_each(run);
+            } else {
+                (0..tasks).into_par_iter().for_each(run);
+            }
+        }
+    }
 }

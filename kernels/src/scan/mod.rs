@@ -124,10 +124,61 @@ pub fn linear_scan_f32(
     y: &mut [f32],
 ) -> Result<(), KernelError> {
     check(p, x0, a, u, y)?;
+    if p.len <= fused::SHORT_STEPS {
+        short_rows(p, x0, a, u, y);
+        return Ok(());
+    }
     let threads = rayon::current_num_threads();
     let strategy = Strategy::choose(p, threads);
     run(strategy, Backend::detect(), p, x0, a, u, y, threads);
     Ok(())
+}
+
+/// `x0`, `a`, `u` and `y` of a run of rows, as zipped chunks.
+type ShortRows<'a> = (&'a [f32], ((&'a [f32], &'a [f32]), &'a mut [f32]));
+
+/// A decode step (rows of a few steps): the plain recurrence over rows,
+/// which the compiler vectorises across channels for one step, with none
+/// of the row kernels' set-up; on the calling thread below
+/// [`fused::SERIAL_ELEMS`] elements.
+fn short_rows(p: &ScanParams, x0: &[f32], a: &[f32], u: &[f32], y: &mut [f32]) {
+    use rayon::prelude::*;
+    let len = p.len;
+    if len == 0 {
+        return;
+    }
+    let rows = |(x0, ((a, u), y)): ShortRows| {
+        if len == 1 {
+            for (((y, &s), &a), &u) in y.iter_mut().zip(x0).zip(a).zip(u) {
+                *y = a * s + u;
+            }
+            return;
+        }
+        for (((&s0, a), u), y) in x0
+            .iter()
+            .zip(a.chunks_exact(len))
+            .zip(u.chunks_exact(len))
+            .zip(y.chunks_exact_mut(len))
+        {
+            let mut s = s0;
+            for ((y, &a), &u) in y.iter_mut().zip(a).zip(u) {
+                s = a * s + u;
+                *y = s;
+            }
+        }
+    };
+    if p.seq_elems() <= fused::SERIAL_ELEMS || rayon::current_num_threads() <= 1 {
+        rows((x0, ((a, u), y)));
+    } else {
+        const BLOCK: usize = 4096;
+        x0.par_chunks(BLOCK)
+            .zip(
+                a.par_chunks(BLOCK * len)
+                    .zip(u.par_chunks(BLOCK * len))
+                    .zip(y.par_chunks_mut(BLOCK * len)),
+            )
+            .for_each(rows);
+    }
 }
 
 /// [`linear_scan_f32`] with the strategy and backend forced, so that tests

@@ -699,3 +699,38 @@ fn scan_throughput() {
         }
     }
 }
+
+#[test]
+fn decode_steps_equal_the_plain_loop_bit_for_bit() {
+    // Rows of at most four steps take the plain recurrence (serial, and in
+    // parallel past 64K elements): exactly the sequential loop's roundings.
+    let mut rng = Rng::new(21);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap();
+    for (b, c, len) in [
+        (1, 1024, 1),
+        (2, 3, 2),
+        (1, 5, 4),
+        (2, 40_000, 1),
+        (3, 9_000, 3),
+    ] {
+        let p = params(b, c, len);
+        let x0 = rng.vec(b * c, -1.0, 1.0);
+        let a = rng.vec(b * c * len, 0.0, 1.0);
+        let u = rng.vec(b * c * len, -1.0, 1.0);
+        let mut y = vec![f32::NAN; b * c * len];
+        pool.install(|| linear_scan_f32(&p, &x0, &a, &u, &mut y))
+            .unwrap();
+        let mut want = vec![0.0; y.len()];
+        for r in 0..b * c {
+            let mut s = x0[r];
+            for t in 0..len {
+                s = a[r * len + t] * s + u[r * len + t];
+                want[r * len + t] = s;
+            }
+        }
+        assert_eq!(y, want, "{p:?}");
+    }
+}

@@ -14,10 +14,12 @@
 //!
 //! Rows run in parallel on the current rayon pool, several short rows per
 //! task; when there are too few rows to keep every thread busy, rows are
-//! also split into time chunks. The weights are read in place: prepare
-//! keeps only the chosen row kernel (backend and tap count), no copy of
-//! `w`, and no scratch is needed.
+//! also split into time chunks. The row kernels read the weights in place
+//! and need no scratch. A decode step (at most four outputs per row) runs
+//! across channels instead ([`columns`]), on a transposed copy of the taps
+//! made at prepare (`K * C` floats).
 
+mod columns;
 mod simd;
 
 use rayon::prelude::*;
@@ -100,6 +102,15 @@ pub(crate) fn cost(g: &Conv1dGeometry) -> f64 {
         Backend::Neon => NEON_MACS_PER_SEC,
     };
     let rows = (p.batch * p.out_channels) as f64;
+    if columns::applies(g) {
+        // Vectorised across channels, no row set-up.
+        return roofline(
+            direct_macs(g),
+            PORTABLE_MACS_PER_SEC,
+            compulsory_bytes(g),
+            STREAM_BYTES_PER_SEC,
+        );
+    }
     if g.out_len <= SHORT_OUTPUTS {
         // The plain channel loop of `short_rows`: scalar, no row set-up.
         return roofline(
@@ -141,20 +152,29 @@ const MIN_CHUNK_OUTPUTS: usize = 2048;
 const MIN_TASK_MACS: usize = 1 << 15;
 
 /// The prepared kernel: the row kernel for this tap count on the backend
-/// detected at prepare. Holds no weight data.
+/// detected at prepare, and the taps transposed (`[K, C]`) for the decode
+/// path ([`columns`]), which vectorises across channels.
 pub(crate) struct DepthwiseConv {
     kernel: RowKernel,
+    /// `taps_t[j * C + c] = w[c, j]`.
+    taps_t: Vec<f32>,
 }
 
 impl DepthwiseConv {
-    pub(crate) fn prepare(g: &Conv1dGeometry, _w: &[f32]) -> Self {
-        Self::with_backend(g, Backend::detect()).expect("detected backend is available")
+    pub(crate) fn prepare(g: &Conv1dGeometry, w: &[f32]) -> Self {
+        Self::with_backend(g, w, Backend::detect()).expect("detected backend is available")
     }
 
     /// The kernel on a given backend, or `None` where this CPU lacks it.
-    pub(crate) fn with_backend(g: &Conv1dGeometry, backend: Backend) -> Option<Self> {
+    pub(crate) fn with_backend(g: &Conv1dGeometry, w: &[f32], backend: Backend) -> Option<Self> {
+        let (c, k) = (g.params.out_channels, g.params.kernel_size);
+        let mut taps_t = vec![0.0; c * k];
+        for (i, &v) in w.iter().take(c * k).enumerate() {
+            taps_t[(i % k) * c + i / k] = v;
+        }
         Some(DepthwiseConv {
             kernel: RowKernel::new(backend, g.params.kernel_size, g.params.dilation)?,
+            taps_t,
         })
     }
 
@@ -163,7 +183,7 @@ impl DepthwiseConv {
     }
 
     pub(crate) fn prepared_bytes(&self) -> usize {
-        0
+        std::mem::size_of_val(self.taps_t.as_slice())
     }
 
     /// Computes `y` for the call's geometry `g` (at most the prepared
@@ -192,6 +212,10 @@ impl DepthwiseConv {
             dilation: p.dilation,
         };
         let rows = p.batch * channels;
+        if columns::applies(g) {
+            self.columns(g, RowsIn::Slice(x), bias, RowsOut::Slice(y), None);
+            return;
+        }
         if out_len <= SHORT_OUTPUTS {
             short_rows(g, x, w, bias, y);
             return;
@@ -254,7 +278,9 @@ impl DepthwiseConv {
         let block_window = BLOCK_CHUNK + span;
         let per_block = ROW_BLOCK * (block_window + BLOCK_CHUNK)
             + block_tmp(x_temps, block_window).max(block_tmp(y_temps, BLOCK_CHUNK));
-        per_row.max(per_block)
+        per_row
+            .max(per_block)
+            .max(columns::scratch(x_temps, y_temps))
     }
 
     /// [`Self::run`] with a fused input and / or output: each task computes
@@ -276,6 +302,12 @@ impl DepthwiseConv {
         let (channels, in_len, out_len, k) = (p.in_channels, p.in_len, g.out_len, p.kernel_size);
         let rows = p.batch * channels;
         if rows == 0 || out_len == 0 {
+            return;
+        }
+        if columns::applies(g) {
+            // Stored operands use stack buffers (`run` gets no scratch).
+            let fused = matches!(x, RowsIn::Fused(_)) || matches!(y, RowsOut::Fused(_));
+            self.columns(g, x, bias, y, fused.then_some(scratch));
             return;
         }
         let (x, y) = match (x, y) {

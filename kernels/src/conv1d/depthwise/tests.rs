@@ -82,7 +82,7 @@ fn grid_matches_reference_on_every_backend() {
                         let w = rng.vec(p.weight_elems(), -1.0, 1.0);
                         let b = rng.vec(p.bias_elems(), -1.0, 1.0);
                         let bias = (rng.range(0, 1) == 1).then_some(&b[..]);
-                        let kernel = DepthwiseConv::with_backend(&g, backend).unwrap();
+                        let kernel = DepthwiseConv::with_backend(&g, &w, backend).unwrap();
                         assert_eq!(kernel.kernel.backend(), backend);
                         let got = run_kernel(&kernel, &p, &x, &w, bias);
                         let ctx = format!("{backend:?}, bias {}: {p:?}", bias.is_some());
@@ -119,7 +119,7 @@ fn structured_inputs_match_reference_exactly() {
                     .map(|i| (i % 5) as f32 - 2.0)
                     .collect();
                 let b: Vec<f32> = (0..p.bias_elems()).map(|i| i as f32).collect();
-                let kernel = DepthwiseConv::with_backend(&g, backend).unwrap();
+                let kernel = DepthwiseConv::with_backend(&g, &w, backend).unwrap();
                 for bias in [None, Some(&b[..])] {
                     assert_eq!(
                         run_kernel(&kernel, &p, &x, &w, bias),
@@ -145,7 +145,7 @@ fn long_rows_split_into_chunks_give_the_same_bits_on_any_pool() {
             let x = rng.vec(p.input_elems(), -1.0, 1.0);
             let w = rng.vec(p.weight_elems(), -1.0, 1.0);
             let b = rng.vec(p.bias_elems(), -1.0, 1.0);
-            let kernel = DepthwiseConv::with_backend(&g, backend).unwrap();
+            let kernel = DepthwiseConv::with_backend(&g, &w, backend).unwrap();
             let run_on = |threads| {
                 let pool = rayon::ThreadPoolBuilder::new()
                     .num_threads(threads)
@@ -183,7 +183,8 @@ fn prepared_for_max_shape_runs_smaller_calls() {
             PreparedConv1d::new(&max, &w, Choice::Force(Algorithm::DepthwiseSimd)).unwrap();
         assert_eq!(prepared.algorithm(), Algorithm::DepthwiseSimd);
         assert_eq!(prepared.scratch_per_thread(), 0);
-        assert_eq!(prepared.prepared_bytes(), 0);
+        // The transposed taps of the decode path.
+        assert_eq!(prepared.prepared_bytes(), 9 * k * 4);
         assert!(prepared.reads_weights());
         let scratch = Scratch::default();
         for (batch, in_len) in [(2, 300), (1, 300), (2, 1), (1, 17), (2, 129), (0, 50)] {
@@ -370,7 +371,7 @@ fn calibrate() {
             });
             line += &format!(" direct {:6.1} GF/s", 2.0 * macs / t / 1e9);
             for backend in Backend::all_available() {
-                let kernel = DepthwiseConv::with_backend(&g, backend).unwrap();
+                let kernel = DepthwiseConv::with_backend(&g, &w, backend).unwrap();
                 let t = time(threads, &mut || {
                     kernel.run(&g, &x, &w, Some(&b), &mut y, &scratch)
                 });
@@ -401,6 +402,9 @@ fn short_rows_match_reference_in_both_entry_points() {
         (33, 5, 3, (0, 0), 2),
         (40_000, 4, 4, (0, 0), 1),
         (7, 1, 1, (0, 0), 1),
+        // Past the decode path's columns: the plain channel loop.
+        (64, 20, 17, (0, 0), 1),
+        (3, 17, 4, (0, 0), 5),
     ] {
         let p = depthwise(2, channels, in_len, k, pads, dilation);
         let g = p.geometry().unwrap();
