@@ -18,6 +18,7 @@ from rustconv.compile_specs import algorithm
 from rustconv.guided import (
     DELEGATE,
     REST,
+    ROUNDS,
     candidate_keys,
     decide,
     export_variants,
@@ -142,10 +143,9 @@ def test_variants_run_by_their_script_decide_the_export(tmp_path):
     )
     assert run.returncode == 0, run.stderr
     assert sorted(p.name for p in variants.glob("*.etdump")) == [
-        "all.etdump",
-        "without_0.etdump",
-        "without_0_1.etdump",
-        "without_1.etdump",
+        f"{name}.{r}.etdump"
+        for name in ["all", "without_0", "without_0_1", "without_1"]
+        for r in range(1, ROUNDS + 1)
     ]
     ours = RustConvPartitioner(specs, profile=variants)
     program = to_edge_transform_and_lower(

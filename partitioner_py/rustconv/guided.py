@@ -18,6 +18,10 @@ of crossing between delegates is in the numbers:
 
 Each time is the fastest of the timed iterations: these are differences of
 whole-program times, and interference from other work only ever adds time.
+The variants run in interleaved rounds (every variant once per round, see
+:data:`ROUNDS`), so a slow stretch of the target (a background task, a
+phone throttling as it warms up) slows every variant instead of the ones
+that happened to run then.
 
 The choice is the cheapest sequence over the chain of candidates by dynamic
 programming, each step costing its time under its choice plus the
@@ -197,6 +201,13 @@ def _lower(ep: ExportedProgram, keep: set[str] | None, compile_specs, rest: list
 MANIFEST = "variants.json"
 #: The script that runs every variant on the target.
 RUN_SCRIPT = "run_on_target.sh"
+#: Rounds of :data:`RUN_SCRIPT` by default: each runs every variant once.
+ROUNDS = 3
+
+
+def etdump_name(variant: str, round_: int) -> str:
+    """The ETDump a variant's run in round ``round_`` (from 1) writes."""
+    return f"{variant}.{round_}.etdump"
 
 
 def export_variants(
@@ -206,12 +217,14 @@ def export_variants(
     rest: list | None = None,
     iters: int = 10,
     threads: int | None = None,
+    rounds: int = ROUNDS,
 ) -> Path:
     """Writes the programs to time (module docs: every candidate delegated,
     each left out, neighbours left out together) into ``out_dir``, with the
     ETRecord of the first, a manifest (:data:`MANIFEST`) and a shell script
-    (:data:`RUN_SCRIPT`) that runs each in ``pte_runner`` writing an ETDump
-    beside it. Copy the directory to the target, run the script there
+    (:data:`RUN_SCRIPT`) that runs each in ``pte_runner`` (``iters`` timed
+    iterations) in each of ``rounds`` rounds, writing an ETDump per run
+    (:func:`etdump_name`) beside it. Copy the directory to the target, run the script there
     (``PTE_RUNNER=/path/to/pte_runner sh run_on_target.sh``), copy it back
     and pass it as ``RustConvPartitioner(profile=out_dir)``. Returns
     ``out_dir``.
@@ -237,6 +250,7 @@ def export_variants(
     manifest = {
         "keys": keys,
         "iterations": iters,
+        "rounds": rounds,
         "warmup": WARMUP,
         "threads": threads,
         "rest": [type(p).__name__ for p in rest] or ["ExecuTorch CPU kernels"],
@@ -245,16 +259,21 @@ def export_variants(
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
     lines = [
         "#!/bin/sh",
-        "# Runs every variant in pte_runner, each writing NAME.etdump here. Run it",
-        "# on the target (PTE_RUNNER=/path/to/pte_runner sh run_on_target.sh), copy",
-        "# the directory back and pass it as RustConvPartitioner(profile=<dir>).",
+        "# Runs every variant in pte_runner once per round, each writing",
+        "# NAME.ROUND.etdump here. Run it on the target",
+        "# (PTE_RUNNER=/path/to/pte_runner sh run_on_target.sh), copy the directory",
+        "# back and pass it as RustConvPartitioner(profile=<dir>).",
         "set -e",
         'cd "$(dirname "$0")"',
         'RUNNER="${PTE_RUNNER:-pte_runner}"',
+        f"for round in {' '.join(str(r) for r in range(1, rounds + 1))}; do",
     ]
     for v in variants:
-        args = runner_args(f"{v['name']}.pte", f"{v['name']}.etdump", iters, WARMUP, threads)
-        lines.append('"$RUNNER" ' + " ".join(args) + " > /dev/null")
+        args = runner_args(
+            f"{v['name']}.pte", etdump_name(v["name"], "$round"), iters, WARMUP, threads
+        )
+        lines.append('    "$RUNNER" ' + " ".join(args) + " > /dev/null")
+    lines.append("done")
     script = out / RUN_SCRIPT
     script.write_text("\n".join(lines) + "\n")
     script.chmod(0o755)
@@ -277,14 +296,15 @@ def run_variants(directory: str | Path) -> None:
 
     directory = Path(directory)
     manifest = _manifest(directory)
-    for v in manifest["variants"]:
-        run_pte(
-            directory / f"{v['name']}.pte",
-            directory / f"{v['name']}.etdump",
-            iters=manifest["iterations"],
-            threads=manifest["threads"],
-            warmup=manifest["warmup"],
-        )
+    for round_ in range(1, manifest["rounds"] + 1):
+        for v in manifest["variants"]:
+            run_pte(
+                directory / f"{v['name']}.pte",
+                directory / etdump_name(v["name"], round_),
+                iters=manifest["iterations"],
+                threads=manifest["threads"],
+                warmup=manifest["warmup"],
+            )
 
 
 def decide_from_variants(directory: str | Path) -> Decision:
@@ -295,10 +315,12 @@ def decide_from_variants(directory: str | Path) -> Decision:
     directory = Path(directory)
     manifest = _manifest(directory)
     keys = manifest["keys"]
+    rounds = range(1, manifest["rounds"] + 1)
     missing = [
-        f"{v['name']}.etdump"
+        etdump_name(v["name"], r)
+        for r in rounds
         for v in manifest["variants"]
-        if not (directory / f"{v['name']}.etdump").is_file()
+        if not (directory / etdump_name(v["name"], r)).is_file()
     ]
     if missing:
         raise FileNotFoundError(
@@ -306,23 +328,30 @@ def decide_from_variants(directory: str | Path) -> Decision:
             "and copy the ETDumps back"
         )
 
-    def method_ms(name: str, etrecord: Path | None = None):
-        profile = read_profile(directory / f"{name}.etdump", etrecord)
-        profile.drop_first(manifest["warmup"])
-        return min(profile.method_ms), profile
+    def profiles(name: str, etrecord: Path | None = None):
+        for r in rounds:
+            profile = read_profile(directory / etdump_name(name, r), etrecord)
+            profile.drop_first(manifest["warmup"])
+            yield profile
 
-    t_all, full = method_ms("all", directory / "all.etrecord")
-    calls = [c for c in full.calls if c.backend == BACKEND_ID]
-    if len(calls) != len(keys):
-        raise RuntimeError(f"expected {len(keys)} RustConv calls, the program made {len(calls)}")
-    rustconv_ms = [min(c.times_ms) for c in calls]
-    by_left_out = {tuple(v["left_out"]): method_ms(v["name"])[0] for v in manifest["variants"][1:]}
+    def method_ms(name: str) -> float:
+        return min(min(p.method_ms) for p in profiles(name))
+
+    full = list(profiles("all", directory / "all.etrecord"))
+    t_all = min(min(p.method_ms) for p in full)
+    per_round = [[c for c in p.calls if c.backend == BACKEND_ID] for p in full]
+    if any(len(calls) != len(keys) for calls in per_round):
+        made = sorted({len(calls) for calls in per_round})
+        raise RuntimeError(f"expected {len(keys)} RustConv calls, the program made {made}")
+    rustconv_ms = [min(min(calls[i].times_ms) for calls in per_round) for i in range(len(keys))]
+    by_left_out = {tuple(v["left_out"]): method_ms(v["name"]) for v in manifest["variants"][1:]}
     without = [by_left_out[(i,)] for i in range(len(keys))]
     pairs = [by_left_out[(i, i + 1)] for i in range(len(keys) - 1)]
     rest_ms = [r + w - t_all for r, w in zip(rustconv_ms, without, strict=True)]
     rest_rest = [p - without[i] - without[i + 1] + t_all for i, p in enumerate(pairs)]
     measurements = {
         "iterations": manifest["iterations"],
+        "rounds": manifest["rounds"],
         "threads": manifest["threads"],
         "rest": manifest["rest"],
         "method_ms_all_delegated": t_all,
