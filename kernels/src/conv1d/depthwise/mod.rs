@@ -15,9 +15,11 @@
 //! Rows run in parallel on the current rayon pool, several short rows per
 //! task; when there are too few rows to keep every thread busy, rows are
 //! also split into time chunks. The row kernels read the weights in place
-//! and need no scratch. A decode step (at most four outputs per row) runs
-//! across channels instead ([`columns`]), on a transposed copy of the taps
-//! made at prepare (`K * C` floats).
+//! and need no scratch. A decode step (at most four outputs per row), and a
+//! call whose fused operands lie channels-last (`[B, N, C]` tensors seen
+//! through transposes), run across channels instead ([`columns`], with the
+//! column kernel of [`tile`]), on a transposed copy of the taps made at
+//! prepare (`K * C` floats).
 
 mod columns;
 mod simd;
