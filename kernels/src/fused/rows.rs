@@ -59,6 +59,13 @@ pub trait RowSource: Sync {
     fn col_rows(&self) -> usize {
         1
     }
+
+    /// Whether this operand is read better a column at a time than a row
+    /// at a time: its rows lie far apart in memory and its columns close
+    /// together (a transposed `[B, N, C]` tensor).
+    fn prefers_columns(&self) -> bool {
+        false
+    }
 }
 
 /// Scratch elements [`RowSource::fill_col`], [`PairSource::fill_pair_col`]
@@ -136,6 +143,12 @@ pub trait RowSink: Sync {
         for (r, v) in values.iter().enumerate() {
             self.store(row0 + r, t, std::slice::from_ref(v), tmp);
         }
+    }
+
+    /// Whether this result is stored better a column at a time than a row
+    /// at a time (as [`RowSource::prefers_columns`]).
+    fn prefers_columns(&self) -> bool {
+        false
     }
 }
 
@@ -334,6 +347,10 @@ impl RowSource for ProgramRows<'_> {
             (false, r) if r >= 2 => self.shape[r - 2],
             _ => 1,
         }
+    }
+
+    fn prefers_columns(&self) -> bool {
+        self.across && !self.scalar_rows
     }
 
     fn fill_col(&self, row0: usize, t: usize, out: &mut [f32], tmp: &mut [f32]) {
@@ -545,6 +562,10 @@ impl RowSink for EpilogueSink<'_> {
 
     fn temporaries(&self) -> usize {
         1 + self.program.temporaries()
+    }
+
+    fn prefers_columns(&self) -> bool {
+        self.across
     }
 
     fn store_col(&self, row0: usize, t: usize, values: &[f32], tmp: &mut [f32]) {

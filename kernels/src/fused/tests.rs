@@ -217,7 +217,8 @@ fn strided_slices_and_a_cat_along_lines_of_another_dimension() {
 }
 
 /// A prologue `x1 * x2` read from `[B, N, C]` (transposed) and an epilogue
-/// `silu(y) * c` stored transposed again, around a depthwise conv: equal to
+/// `silu(y) * c` stored transposed again (the channels-last walk) or as is
+/// (rows, transposed through scratch), around a depthwise conv: equal to
 /// the plain kernel on materialised tensors.
 #[test]
 fn fused_depthwise_matches_the_plain_kernel() {
@@ -226,7 +227,7 @@ fn fused_depthwise_matches_the_plain_kernel() {
         .build()
         .unwrap();
     let mut rng = Rng::new(7);
-    for &(batch, ch, n, k, (pl, pr), dil) in &[
+    for (case, transposed_out) in [
         (1, 5, 2500, 4, (3, 0), 1),
         (2, 3, 40, 3, (2, 2), 2),
         (1, 4, 1, 3, (2, 0), 1),
@@ -236,7 +237,17 @@ fn fused_depthwise_matches_the_plain_kernel() {
         (1, 1500, 3, 3, (0, 0), 1),
         (2, 70, 5, 4, (1, 0), 1),
         (2, 9000, 4, 4, (0, 0), 1),
-    ] {
+        // Long rows across channels: several channel blocks with a tail
+        // that fills no vector, partial last tiles, padding on both sides,
+        // dilation, and the longest span walked across channels.
+        (2, 300, 100, 3, (2, 0), 1),
+        (1, 37, 70, 5, (3, 5), 2),
+        (1, 20, 200, 17, (16, 0), 1),
+    ]
+    .iter()
+    .flat_map(|case| [(case, true), (case, false)])
+    {
+        let &(batch, ch, n, k, (pl, pr), dil) = case;
         let p = Conv1dParams {
             batch,
             in_channels: ch,
@@ -253,10 +264,12 @@ fn fused_depthwise_matches_the_plain_kernel() {
         let mut env = TestEnv::new();
         let x1 = env.stored(&[batch, n, ch], rng.vec(batch * n * ch, -1.0, 1.0));
         let x2 = env.stored(&[batch, n, ch], rng.vec(batch * n * ch, -1.0, 1.0));
-        let c = env.stored(
-            &[batch, out_len, ch],
-            rng.vec(batch * out_len * ch, -1.0, 1.0),
-        );
+        let c_dims = if transposed_out {
+            [batch, out_len, ch]
+        } else {
+            [batch, ch, out_len]
+        };
+        let c = env.stored(&c_dims, rng.vec(batch * out_len * ch, -1.0, 1.0));
         let xt = env.virt(&[batch, n, ch]);
         let x = env.virt(&[batch, ch, n]);
         let y = env.virt(&[batch, ch, out_len]);
@@ -294,13 +307,17 @@ fn fused_depthwise_matches_the_plain_kernel() {
             y,
         );
         let lc = epi.push(Expr::Load, c);
-        let cv = epi.push(
-            Expr::View {
-                x: lc,
-                map: transpose,
-            },
-            ct,
-        );
+        let cv = if transposed_out {
+            epi.push(
+                Expr::View {
+                    x: lc,
+                    map: transpose,
+                },
+                ct,
+            )
+        } else {
+            lc
+        };
         epi.push(
             Expr::Binary {
                 op: BinaryOp::Mul,
@@ -324,8 +341,12 @@ fn fused_depthwise_matches_the_plain_kernel() {
                 for t in 0..out_len {
                     let v = yref[(bi * ch + cc) * out_len + t];
                     let silu = v / (1.0 + (-v).exp());
-                    want[(bi * out_len + t) * ch + cc] =
-                        silu * env.data[c][(bi * out_len + t) * ch + cc];
+                    let at = if transposed_out {
+                        (bi * out_len + t) * ch + cc
+                    } else {
+                        (bi * ch + cc) * out_len + t
+                    };
+                    want[at] = silu * env.data[c][at];
                 }
             }
         }
@@ -335,15 +356,18 @@ fn fused_depthwise_matches_the_plain_kernel() {
             map: transpose,
             rank: 3,
         }];
+        let views: &[StoreView] = if transposed_out { &views } else { &[] };
         let source = ProgramRows::new(&pro, &env);
         let sink = EpilogueSink::new(
             &epi,
             &env,
             Shape::new(&[batch, ch, out_len]),
-            &views,
+            views,
             &mut got,
-            Shape::new(&[batch, out_len, ch]),
+            Shape::new(&c_dims),
         );
+        assert!(source.prefers_columns());
+        assert_eq!(sink.prefers_columns(), transposed_out);
         let (xt_, yt_) = (source.temporaries(), sink.temporaries());
         let scratch = Scratch::new(3, prepared.rows_scratch_per_thread(xt_, yt_));
         pool.install(|| {
@@ -362,7 +386,7 @@ fn fused_depthwise_matches_the_plain_kernel() {
         for (i, (g, w_)) in got.iter().zip(&want).enumerate() {
             assert!(
                 (g - w_).abs() <= 1e-5 * (1.0 + w_.abs()),
-                "case n={n} k={k}: element {i}: {g} vs {w_}"
+                "case {case:?} transposed out {transposed_out}: element {i}: {g} vs {w_}"
             );
         }
     }

@@ -1,52 +1,106 @@
-//! The decode path: a call whose rows are a few outputs long (one token of
-//! a streaming model, with its `K - 1` remembered inputs) is a vector
-//! operation across channels, not along time. Per block of channels it reads
-//! each input *column* (one time step of every channel: from a stored
-//! `[B, C, N]` tensor, a short strided gather; from a prologue, one program
-//! line across the channels, so a transposed `[B, N, C]` projection is read
-//! contiguously and the program's per-line set-up is paid once per column
-//! instead of once per row), computes every output column with the
-//! transposed taps (`acc[c] += w[c, j] * x[c, t + j * dilation]`, contiguous
-//! in `c`, auto-vectorised) and stores it, or hands it to the epilogue as
-//! one line.
+//! The channels-last walk: a call computed across channels, a time step
+//! (a *column*: that step of every channel of a block) at a time, instead
+//! of along each channel's row.
+//!
+//! Two kinds of call take it:
+//!
+//! * **decode steps** ([`applies`]): rows a few outputs long (one token of a
+//!   streaming model, with its `K - 1` remembered inputs) are a vector
+//!   operation across channels; along time they would pay the row kernels'
+//!   set-up per row for one output.
+//! * **channels-last operands** ([`prefers`]): when the input comes from a
+//!   prologue that reads across channels contiguously and the output goes
+//!   to an epilogue that writes across them (the `[B, N, C]` projections
+//!   around an LFM2-style short conv, seen through transposes), walking rows
+//!   would transpose both through scratch; columns read and write them as
+//!   they lie, each program line once per column of a block.
+//!
+//! Per block of channels and tile of outputs, the walk reads the tile's
+//! input window into scratch column by column (zero columns for padding; a
+//! stored `[B, C, N]` input by a short strided gather, a fused one as one
+//! program line across the channels), runs the column kernel ([`super::tile`]:
+//! taps in registers, vectorised across channels) and hands each output
+//! column to the epilogue as one line (or scatters it into stored rows).
+//! Consecutive tiles of a task share the filter's span of window columns,
+//! which are moved, not recomputed.
 //!
 //! Small calls (a decode step of a few thousand channels) run on the calling
 //! thread: waking the pool costs more than their work.
 
 use rayon::prelude::*;
 
+use super::tile::Tile;
 use super::{DepthwiseConv, SERIAL_MACS, SHORT_OUTPUTS};
 use crate::conv1d::params::Conv1dGeometry;
 use crate::fused::{col_tmp, RowsIn, RowsOut};
 use crate::scratch::Scratch;
 
-/// Channels per block with stored operands (buffers on the stack).
+/// Channels per block of a decode step with stored operands (buffers on the
+/// stack: `run` gets no scratch).
 const STACK_BLOCK: usize = 64;
-/// Channels per block with a fused operand (buffers in scratch): a whole
-/// decode step's channels, so each program line is as long as possible.
+/// Channels per block of a decode step with a fused operand: a whole step's
+/// channels, so each program line is as long as possible.
 const FUSED_BLOCK: usize = 1024;
-/// Input columns the path holds: `SHORT_OUTPUTS` outputs with filters up
-/// to 13 taps; longer spans take the row paths.
+/// Window columns a decode step holds: [`SHORT_OUTPUTS`] outputs with
+/// filters up to 13 taps; longer spans take the row paths.
 const MAX_COLS: usize = 16;
+/// Channels per block of long rows. Each column of a block is one line a
+/// prologue reads and an epilogue writes, contiguous in a channels-last
+/// tensor: whole pages of it, so that the hardware prefetchers stream it
+/// (256-channel lines, a kilobyte each from rows several kilobytes apart,
+/// ran at about 2.5 times this one's time, latency bound).
+const LONG_BLOCK: usize = 1024;
+/// Fewest outputs per tile of long rows: a tile's window and outputs stay
+/// in L2 (`(2 * TILE + span) * LONG_BLOCK` floats); a filter's span more
+/// keeps the columns the next tile reuses from outnumbering the new ones.
+const TILE: usize = 8;
+/// Longest filter span (`(K - 1) * dilation`) long rows walk across
+/// channels; longer filters walk rows.
+const MAX_SPAN: usize = 16;
 
-/// Work on one block's buffers: input columns, output column, temporaries.
+/// Whether the call is a decode step, which always takes this walk.
+pub(super) fn applies(g: &Conv1dGeometry) -> bool {
+    g.out_len <= SHORT_OUTPUTS && g.out_len + span(g) <= MAX_COLS
+}
+
+/// Whether a call of long rows takes this walk for its operands: both are
+/// programs whose rows lie far apart in memory ([`crate::fused::RowSource::prefers_columns`]).
+pub(super) fn prefers(g: &Conv1dGeometry, x: &RowsIn, y: &RowsOut) -> bool {
+    span(g) <= MAX_SPAN
+        && matches!(x, RowsIn::Fused(s) if s.prefers_columns())
+        && matches!(y, RowsOut::Fused(s) if s.prefers_columns())
+}
+
+fn span(g: &Conv1dGeometry) -> usize {
+    (g.params.kernel_size - 1) * g.params.dilation
+}
+
+/// Outputs per tile of long rows.
+fn long_tile(g: &Conv1dGeometry) -> usize {
+    TILE.max(span(g))
+}
+
+/// Per-thread scratch of the walk with a fused operand (a call of geometry
+/// `g` or smaller): the window, the output tile and the programs'
+/// temporaries, for a decode step and for long rows.
+pub(super) fn scratch(g: &Conv1dGeometry, x_temps: usize, y_temps: usize) -> usize {
+    let temps = x_temps.max(y_temps);
+    let decode = (MAX_COLS + SHORT_OUTPUTS) * FUSED_BLOCK + col_tmp(temps, FUSED_BLOCK);
+    let long = if span(g) <= MAX_SPAN {
+        (2 * long_tile(g) + span(g)) * LONG_BLOCK + col_tmp(temps, LONG_BLOCK)
+    } else {
+        0
+    };
+    decode.max(long)
+}
+
+/// Buffers of one block: the window, the output tile, temporaries.
 type BlockFn<'a> = dyn FnMut(&mut [f32], &mut [f32], &mut [f32]) + 'a;
 
-/// Whether the call takes this path.
-pub(super) fn applies(g: &Conv1dGeometry) -> bool {
-    g.out_len <= SHORT_OUTPUTS && g.params.in_len <= MAX_COLS
-}
-
-/// Per-thread scratch of the fused form: the input columns, an output
-/// column and the programs' temporaries.
-pub(super) fn scratch(x_temps: usize, y_temps: usize) -> usize {
-    (MAX_COLS + 1) * FUSED_BLOCK + col_tmp(x_temps.max(y_temps), FUSED_BLOCK)
-}
-
 impl DepthwiseConv {
-    /// Computes the call (see the module docs). `scratch` is `None` for
-    /// stored operands (stack buffers), and holds [`scratch`] elements per
-    /// thread otherwise.
+    /// Computes the call (see the module docs). `scratch` is `None` for a
+    /// decode step with stored operands (stack buffers), and holds
+    /// [`scratch`] elements per thread otherwise.
     pub(super) fn columns(
         &self,
         g: &Conv1dGeometry,
@@ -60,38 +114,67 @@ impl DepthwiseConv {
         if p.batch * channels == 0 || out_len == 0 {
             return;
         }
-        let block = if scratch.is_some() {
-            FUSED_BLOCK
-        } else {
-            STACK_BLOCK
+        let (block, tile) = match (applies(g), scratch) {
+            (true, None) => (STACK_BLOCK, out_len),
+            (true, Some(_)) => (FUSED_BLOCK, out_len),
+            (false, _) => (LONG_BLOCK, long_tile(g)),
         };
         let blocks = channels.div_ceil(block);
+        let tiles = out_len.div_ceil(tile);
         let macs = p.batch * channels * out_len * p.kernel_size;
-        let serial = macs <= SERIAL_MACS || rayon::current_num_threads() <= 1;
-        // Buffers for one block: the input columns, an output column, the
-        // programs' temporaries.
+        let threads = rayon::current_num_threads();
+        let serial = macs <= SERIAL_MACS || threads <= 1;
+        // Tiles a task computes one after the other (sharing their windows'
+        // overlap): enough tasks for about four per thread.
+        let tiles_per_task = if serial {
+            tiles
+        } else {
+            tiles
+                .div_ceil((4 * threads).div_ceil(p.batch * blocks))
+                .max(1)
+        };
+        let groups = tiles.div_ceil(tiles_per_task);
+        let window = tile + span(g);
         let with_buffers = |f: &mut BlockFn| match scratch {
             None => {
-                let mut cols = [0.0f32; STACK_BLOCK * MAX_COLS];
-                let mut acc = [0.0f32; STACK_BLOCK];
-                f(&mut cols, &mut acc, &mut [])
+                let mut win = [0.0f32; STACK_BLOCK * MAX_COLS];
+                let mut out = [0.0f32; STACK_BLOCK * SHORT_OUTPUTS];
+                f(&mut win, &mut out, &mut [])
             }
             Some(scratch) => scratch.with_slot(|slot| {
-                let (cols, rest) = slot.split_at_mut(MAX_COLS * FUSED_BLOCK);
-                let (acc, tmp) = rest.split_at_mut(FUSED_BLOCK);
-                f(cols, acc, tmp)
+                let (win, rest) = slot.split_at_mut(window * block);
+                let (out, tmp) = rest.split_at_mut(tile * block);
+                f(win, out, tmp)
             }),
         };
         match y {
             RowsOut::Slice(y) => {
-                // Block `blk` of item `b`: its rows are one contiguous range.
+                // A decode step (`prefers` needs a fused output): one tile,
+                // and block `blk` of item `b` is one contiguous range of rows.
+                debug_assert_eq!(tiles, 1);
                 let run = |b: usize, blk: usize, y_blk: &mut [f32]| {
-                    with_buffers(&mut |cols, acc, tmp| {
-                        self.block(g, b, blk * block, x, bias, cols, acc, tmp, |l, acc, _| {
-                            for (row, &a) in y_blk.chunks_exact_mut(out_len).zip(acc) {
-                                row[l] = a;
-                            }
-                        })
+                    with_buffers(&mut |win, out, tmp| {
+                        self.tiles(
+                            g,
+                            b,
+                            blk * block,
+                            block,
+                            0..1,
+                            tile,
+                            x,
+                            bias,
+                            win,
+                            out,
+                            tmp,
+                            |_, m, out, _| {
+                                let n = y_blk.len() / out_len;
+                                for (c, row) in y_blk.chunks_exact_mut(out_len).enumerate() {
+                                    for (l, v) in row[..m].iter_mut().enumerate() {
+                                        *v = out[l * n + c];
+                                    }
+                                }
+                            },
+                        )
                     })
                 };
                 let item = channels * out_len;
@@ -111,15 +194,34 @@ impl DepthwiseConv {
                 }
             }
             RowsOut::Fused(sink) => {
-                let run = |t: usize| {
-                    let (b, c0) = (t / blocks, (t % blocks) * block);
-                    with_buffers(&mut |cols, acc, tmp| {
-                        self.block(g, b, c0, x, bias, cols, acc, tmp, |l, acc, tmp| {
-                            sink.store_col(b * channels + c0, l, acc, tmp)
-                        })
+                let run = |task: usize| {
+                    let (item_block, group) = (task / groups, task % groups);
+                    let (b, c0) = (item_block / blocks, (item_block % blocks) * block);
+                    let first = group * tiles_per_task;
+                    let range = first..(first + tiles_per_task).min(tiles);
+                    with_buffers(&mut |win, out, tmp| {
+                        self.tiles(
+                            g,
+                            b,
+                            c0,
+                            block,
+                            range.clone(),
+                            tile,
+                            x,
+                            bias,
+                            win,
+                            out,
+                            tmp,
+                            |l0, m, out, tmp| {
+                                let n = out.len() / m;
+                                for (l, col) in out.chunks_exact(n).enumerate() {
+                                    sink.store_col(b * channels + c0, l0 + l, col, tmp);
+                                }
+                            },
+                        )
                     })
                 };
-                let tasks = p.batch * blocks;
+                let tasks = p.batch * blocks * groups;
                 if serial {
                     (0..tasks).for_each(run);
                 } else {
@@ -129,56 +231,75 @@ impl DepthwiseConv {
         }
     }
 
-    /// One block of channels `c0 ..` (as many as `acc` holds, at most the
-    /// rest) of batch item `b`: reads its input columns into `cols`, then
-    /// hands each output column to `emit` (with `tmp`, free again by then).
+    /// Tiles `tiles` (of `tile` outputs each) of the block of channels
+    /// `c0 ..` (`block` of them, at most the rest) of batch
+    /// item `b`: reads each tile's input window into `win`, computes it into
+    /// `out` and hands it to `emit(l0, m, out, tmp)` (outputs `l0 .. l0 + m`,
+    /// time-major; `tmp` free again by then).
     #[allow(clippy::too_many_arguments)]
-    fn block(
+    fn tiles(
         &self,
         g: &Conv1dGeometry,
         b: usize,
         c0: usize,
+        block: usize,
+        tiles: std::ops::Range<usize>,
+        tile: usize,
         x: RowsIn,
         bias: Option<&[f32]>,
-        cols: &mut [f32],
-        acc: &mut [f32],
+        win: &mut [f32],
+        out: &mut [f32],
         tmp: &mut [f32],
-        mut emit: impl FnMut(usize, &[f32], &mut [f32]),
+        mut emit: impl FnMut(usize, usize, &[f32], &mut [f32]),
     ) {
         let p = &g.params;
-        let (channels, in_len, k) = (p.in_channels, p.in_len, p.kernel_size);
-        let n = acc.len().min(channels - c0);
+        let (channels, in_len) = (p.in_channels, p.in_len);
+        let n = block.min(channels - c0);
         let row0 = b * channels + c0;
-        for (t, col) in cols.chunks_exact_mut(n).take(in_len).enumerate() {
-            match x {
-                RowsIn::Slice(x) => {
-                    let rows = x[row0 * in_len..].chunks_exact(in_len);
-                    for (v, row) in col.iter_mut().zip(rows) {
-                        *v = row[t];
-                    }
-                }
-                RowsIn::Fused(source) => source.fill_col(row0, t, col, tmp),
-            }
-        }
-        let acc = &mut acc[..n];
-        for l in 0..g.out_len {
-            match bias {
-                Some(bias) => acc.copy_from_slice(&bias[c0..c0 + n]),
-                None => acc.fill(0.0),
-            }
-            for j in 0..k {
-                // Input position l + j * dilation - pad_left, if in the row.
-                let at = (l + j * p.dilation).wrapping_sub(p.pad_left);
+        let span = span(g);
+        // Window column `i` of the tile at `l0` is input `l0 + i - pad_left`.
+        let fill = |win: &mut [f32], l0: usize, cols: std::ops::Range<usize>, tmp: &mut [f32]| {
+            for i in cols {
+                let col = &mut win[i * n..][..n];
+                let at = (l0 + i).wrapping_sub(p.pad_left);
                 if at >= in_len {
+                    col.fill(0.0);
                     continue;
                 }
-                let col = &cols[at * n..][..n];
-                let taps = &self.taps_t[j * channels + c0..][..n];
-                for ((a, &w), &v) in acc.iter_mut().zip(taps).zip(col) {
-                    *a += w * v;
+                match x {
+                    RowsIn::Slice(x) => {
+                        let rows = x[row0 * in_len..].chunks_exact(in_len);
+                        for (v, row) in col.iter_mut().zip(rows) {
+                            *v = row[at];
+                        }
+                    }
+                    RowsIn::Fused(source) => source.fill_col(row0, at, col, tmp),
                 }
             }
-            emit(l, acc, tmp);
+        };
+        let first = tiles.start;
+        for t in tiles {
+            let l0 = t * tile;
+            let m = tile.min(g.out_len - l0);
+            if t == first {
+                fill(win, l0, 0..m + span, tmp);
+            } else {
+                // The previous (full) tile's last `span` columns are this
+                // one's first.
+                win.copy_within(tile * n..(tile + span) * n, 0);
+                fill(win, l0, span..m + span, tmp);
+            }
+            let tile_args = Tile {
+                n,
+                m,
+                dilation: p.dilation,
+                taps: &self.taps_t[c0..],
+                tap_stride: channels,
+                bias: bias.map(|b| &b[c0..c0 + n]),
+                win: &win[..(m + span) * n],
+            };
+            self.column_kernel.run(&tile_args, out);
+            emit(l0, m, &out[..m * n], tmp);
         }
     }
 }

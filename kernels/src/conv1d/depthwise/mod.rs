@@ -15,12 +15,15 @@
 //! Rows run in parallel on the current rayon pool, several short rows per
 //! task; when there are too few rows to keep every thread busy, rows are
 //! also split into time chunks. The row kernels read the weights in place
-//! and need no scratch. A decode step (at most four outputs per row) runs
-//! across channels instead ([`columns`]), on a transposed copy of the taps
-//! made at prepare (`K * C` floats).
+//! and need no scratch. A decode step (at most four outputs per row), and a
+//! call whose fused operands lie channels-last (`[B, N, C]` tensors seen
+//! through transposes), run across channels instead ([`columns`], with the
+//! column kernel of [`tile`]), on a transposed copy of the taps made at
+//! prepare (`K * C` floats).
 
 mod columns;
 mod simd;
+mod tile;
 
 use rayon::prelude::*;
 
@@ -151,11 +154,12 @@ const MIN_CHUNK_OUTPUTS: usize = 2048;
 /// Work (multiply-adds) below which a task is not worth its scheduling.
 const MIN_TASK_MACS: usize = 1 << 15;
 
-/// The prepared kernel: the row kernel for this tap count on the backend
-/// detected at prepare, and the taps transposed (`[K, C]`) for the decode
-/// path ([`columns`]), which vectorises across channels.
+/// The prepared kernel: the row and column kernels for this tap count on
+/// the backend detected at prepare, and the taps transposed (`[K, C]`) for
+/// the column kernel ([`columns`]), which vectorises across channels.
 pub(crate) struct DepthwiseConv {
     kernel: RowKernel,
+    column_kernel: tile::ColumnKernel,
     /// `taps_t[j * C + c] = w[c, j]`.
     taps_t: Vec<f32>,
 }
@@ -174,6 +178,7 @@ impl DepthwiseConv {
         }
         Some(DepthwiseConv {
             kernel: RowKernel::new(backend, g.params.kernel_size, g.params.dilation)?,
+            column_kernel: tile::ColumnKernel::new(backend, g.params.kernel_size)?,
             taps_t,
         })
     }
@@ -280,7 +285,7 @@ impl DepthwiseConv {
             + block_tmp(x_temps, block_window).max(block_tmp(y_temps, BLOCK_CHUNK));
         per_row
             .max(per_block)
-            .max(columns::scratch(x_temps, y_temps))
+            .max(columns::scratch(g, x_temps, y_temps))
     }
 
     /// [`Self::run`] with a fused input and / or output: each task computes
@@ -304,8 +309,9 @@ impl DepthwiseConv {
         if rows == 0 || out_len == 0 {
             return;
         }
-        if columns::applies(g) {
-            // Stored operands use stack buffers (`run` gets no scratch).
+        if columns::applies(g) || columns::prefers(g, &x, &y) {
+            // A decode step's stored operands use stack buffers, as `run`
+            // (which gets no scratch) does.
             let fused = matches!(x, RowsIn::Fused(_)) || matches!(y, RowsOut::Fused(_));
             self.columns(g, x, bias, y, fused.then_some(scratch));
             return;
