@@ -14,6 +14,7 @@ mod ops;
 mod program;
 mod rows;
 mod shape;
+mod strided;
 
 pub use ops::{BinaryOp, UnaryOp};
 pub use program::{resolve_start, Env, Expr, Line, Node, Program, MAX_SHARED};

@@ -16,6 +16,7 @@
 
 use super::ops::{clamp, copy, prefetch, select, BinaryOp, UnaryOp};
 use super::shape::{Shape, MAX_RANK};
+use super::strided;
 
 /// What a program reads at run time: the shape of every value it names and
 /// the data of those it loads (row-major f32).
@@ -617,12 +618,12 @@ fn load(data: &[f32], shape: &Shape, line: &Line, out: &mut [f32]) {
             let last = start + stride * (out.len() - 1);
             let line = &data[start..=last];
             // A column across the channels of a `[B, C, K - 1]` conv state
-            // (a decode step's read) has a small stride: fixed-stride copies
-            // the compiler unrolls, without a check per element.
+            // (a decode step's read) has a small stride: deinterleaved a
+            // vector at a time.
             match stride {
-                2 => gather::<2>(line, out),
-                3 => gather::<3>(line, out),
-                4 => gather::<4>(line, out),
+                2 => strided::gather::<2>(line, out),
+                3 => strided::gather::<3>(line, out),
+                4 => strided::gather::<4>(line, out),
                 _ => {
                     for (o, &v) in out.iter_mut().zip(line.iter().step_by(stride)) {
                         *o = v;
@@ -630,18 +631,6 @@ fn load(data: &[f32], shape: &Shape, line: &Line, out: &mut [f32]) {
                 }
             }
         }
-    }
-}
-
-/// `out[t] = line[t * S]`, `line` holding `S * (out.len() - 1) + 1`
-/// elements.
-#[inline(always)]
-fn gather<const S: usize>(line: &[f32], out: &mut [f32]) {
-    if let Some((last, body)) = out.split_last_mut() {
-        for (o, chunk) in body.iter_mut().zip(line.chunks_exact(S)) {
-            *o = chunk[0];
-        }
-        *last = line[line.len() - 1];
     }
 }
 

@@ -15,6 +15,7 @@ use std::marker::PhantomData;
 use super::ops::copy;
 use super::program::{Env, Line, Program};
 use super::shape::{Shape, MAX_RANK};
+use super::strided;
 
 /// Computes elements of an operand on the fly (a fused prologue).
 pub trait RowSource: Sync {
@@ -665,9 +666,9 @@ pub fn materialise(
                         source.fill_col(i * run + c0, t, &mut col[..n], tmp);
                         let rows = &mut out[c0 * row_len..];
                         match row_len {
-                            2 => scatter::<2>(rows, t, &col[..n]),
-                            3 => scatter::<3>(rows, t, &col[..n]),
-                            4 => scatter::<4>(rows, t, &col[..n]),
+                            2 => strided::scatter::<2>(rows, t, &col[..n]),
+                            3 => strided::scatter::<3>(rows, t, &col[..n]),
+                            4 => strided::scatter::<4>(rows, t, &col[..n]),
                             _ => {
                                 for (row, &v) in rows.chunks_exact_mut(row_len).zip(&col[..n]) {
                                     row[t] = v;
@@ -695,15 +696,6 @@ pub fn materialise(
                 }
             })
         });
-}
-
-/// `rows[r * S + t] = col[r]`: a column into rows of a fixed length (a
-/// conv state's `K - 1`), unrolled by the compiler.
-#[inline(always)]
-fn scatter<const S: usize>(rows: &mut [f32], t: usize, col: &[f32]) {
-    for (row, &v) in rows.chunks_exact_mut(S).zip(col) {
-        row[t] = v;
-    }
 }
 
 /// Hands stored rows of a kernel's output (`row_len` elements each) to

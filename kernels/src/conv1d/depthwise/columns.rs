@@ -167,6 +167,11 @@ impl DepthwiseConv {
                             out,
                             tmp,
                             |_, m, out, _| {
+                                if out_len == 1 {
+                                    // One token: the column is the block's rows.
+                                    y_blk.copy_from_slice(out);
+                                    return;
+                                }
                                 let n = y_blk.len() / out_len;
                                 for (c, row) in y_blk.chunks_exact_mut(out_len).enumerate() {
                                     for (l, v) in row[..m].iter_mut().enumerate() {

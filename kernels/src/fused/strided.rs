@@ -1,0 +1,329 @@
+//! Columns of short rows: `out[i] = line[i * S]` (a gather) and
+//! `rows[i * S + t] = col[i]` (a scatter) for strides `S` of 2 to 4.
+//!
+//! A decode step reads and writes its conv state, `[B, C, K - 1]`, a time
+//! step (a column across the channels) at a time: one element in every
+//! `K - 1`. Element by element those moves were most of a step's time
+//! (a third of a 4096-channel conv step); deinterleaving whole vectors does
+//! them at the speed of the loads: AVX-512 permutes of `S` loaded vectors
+//! into one, NEON's structure loads and stores (`vld2q` .. `vld4q`,
+//! `vst2q` .. `vst4q`). Elsewhere (AVX2 and older x86-64) plain loops.
+
+#![allow(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
+
+/// `out[i] = line[i * S]`; `line` holds at least `S * (out.len() - 1) + 1`
+/// elements.
+///
+/// # Panics
+/// If `line` is shorter than that.
+pub(crate) fn gather<const S: usize>(line: &[f32], out: &mut [f32]) {
+    let Some(last) = out.len().checked_sub(1) else {
+        return;
+    };
+    assert!(line.len() > S * last, "gather past the line");
+    let done = simd_gather::<S>(line, out);
+    for (i, o) in out.iter_mut().enumerate().skip(done) {
+        *o = line[i * S];
+    }
+}
+
+/// `rows[i * S + t] = col[i]` for every `i < col.len()`; `rows` holds at
+/// least `S * col.len()` elements and `t < S`.
+///
+/// # Panics
+/// If `rows` is shorter than that or `t >= S`.
+pub(crate) fn scatter<const S: usize>(rows: &mut [f32], t: usize, col: &[f32]) {
+    assert!(
+        t < S && rows.len() >= S * col.len(),
+        "scatter past the rows"
+    );
+    let done = simd_scatter::<S>(rows, t, col);
+    for (i, &v) in col.iter().enumerate().skip(done) {
+        rows[i * S + t] = v;
+    }
+}
+
+/// The vector part of [`gather`]: how many leading outputs it wrote.
+#[inline]
+fn simd_gather<const S: usize>(line: &[f32], out: &mut [f32]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512 F is present; `gather` checked the line's length.
+        return unsafe { x86::gather::<S>(line, out) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        // SAFETY: NEON is part of the aarch64 baseline; `gather` checked
+        // the line's length.
+        return unsafe { neon::gather::<S>(line, out) };
+    }
+    #[allow(unreachable_code)]
+    {
+        let _ = (line, out);
+        0
+    }
+}
+
+/// The vector part of [`scatter`]: how many leading inputs it stored.
+#[inline]
+fn simd_scatter<const S: usize>(rows: &mut [f32], t: usize, col: &[f32]) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512f") {
+        // SAFETY: AVX-512 F is present; `scatter` checked the lengths.
+        return unsafe { x86::scatter::<S>(rows, t, col) };
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        // SAFETY: NEON is part of the aarch64 baseline; `scatter` checked
+        // the lengths.
+        return unsafe { neon::scatter::<S>(rows, t, col) };
+    }
+    #[allow(unreachable_code)]
+    {
+        let _ = (rows, t, col);
+        0
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// Lane `i` of the result is element `S * i` of `S` consecutive
+    /// vectors: `lo` picks those of the first two (`S * i < 32`), `hi`
+    /// those of the third and fourth, `high` says which.
+    struct GatherIdx {
+        lo: __m512i,
+        hi: __m512i,
+        high: __mmask16,
+    }
+
+    #[inline(always)]
+    fn gather_idx<const S: usize>() -> ([i32; 16], [i32; 16], u16) {
+        let (mut lo, mut hi, mut high) = ([0i32; 16], [0i32; 16], 0u16);
+        for i in 0..16 {
+            let e = (S * i) as i32;
+            if e < 32 {
+                lo[i] = e;
+            } else {
+                hi[i] = e - 32;
+                high |= 1 << i;
+            }
+        }
+        (lo, hi, high)
+    }
+
+    /// # Safety
+    /// AVX-512 F is present and `line` holds `S * (out.len() - 1) + 1`
+    /// elements or more.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn gather<const S: usize>(line: &[f32], out: &mut [f32]) -> usize {
+        let (lo, hi, high) = gather_idx::<S>();
+        // SAFETY: plain loads of 16 i32 from arrays of 16.
+        let idx = unsafe {
+            GatherIdx {
+                lo: _mm512_loadu_si512(lo.as_ptr().cast()),
+                hi: _mm512_loadu_si512(hi.as_ptr().cast()),
+                high,
+            }
+        };
+        // Blocks of 16 outputs whose `16 * S` inputs lie in the line.
+        let blocks = (line.len() / (16 * S)).min(out.len() / 16);
+        let (src, dst) = (line.as_ptr(), out.as_mut_ptr());
+        for b in 0..blocks {
+            // SAFETY: block `b` reads `line[16 * S * b .. 16 * S * (b + 1)]`
+            // and writes `out[16 * b .. 16 * (b + 1)]`, both in bounds
+            // (`blocks` above); unaligned loads and stores.
+            unsafe {
+                let p = src.add(16 * S * b);
+                let v0 = _mm512_loadu_ps(p);
+                let v1 = _mm512_loadu_ps(p.add(16));
+                let mut r = _mm512_permutex2var_ps(v0, idx.lo, v1);
+                if S > 2 {
+                    let v2 = _mm512_loadu_ps(p.add(32));
+                    let v3 = if S > 3 {
+                        _mm512_loadu_ps(p.add(48))
+                    } else {
+                        v2
+                    };
+                    let h = _mm512_permutex2var_ps(v2, idx.hi, v3);
+                    r = _mm512_mask_blend_ps(idx.high, r, h);
+                }
+                _mm512_storeu_ps(dst.add(16 * b), r);
+            }
+        }
+        16 * blocks
+    }
+
+    /// # Safety
+    /// AVX-512 F is present, `t < S` and `rows` holds `S * col.len()`
+    /// elements or more.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn scatter<const S: usize>(rows: &mut [f32], t: usize, col: &[f32]) -> usize {
+        // Vector `j` of a block's `S` holds row elements `16 j ..`: those
+        // at position `t` of their row take the block's `col` lane `q / S`.
+        let mut idx = [[0i32; 16]; 4];
+        let mut mask = [0u16; 4];
+        for (j, (idx, mask)) in idx.iter_mut().zip(&mut mask).enumerate().take(S) {
+            for (e, v) in idx.iter_mut().enumerate() {
+                let q = 16 * j + e;
+                if q % S == t {
+                    *v = (q / S) as i32;
+                    *mask |= 1 << e;
+                }
+            }
+        }
+        // SAFETY: plain loads of 16 i32 from arrays of 16.
+        let idx: [__m512i; 4] =
+            std::array::from_fn(|j| unsafe { _mm512_loadu_si512(idx[j].as_ptr().cast()) });
+        let blocks = col.len() / 16;
+        let (src, dst) = (col.as_ptr(), rows.as_mut_ptr());
+        for b in 0..blocks {
+            // SAFETY: block `b` reads `col[16 b .. 16 (b + 1)]` and
+            // rewrites `rows[16 S b .. 16 S (b + 1)]`, in bounds since
+            // `rows` holds `S * col.len()`; unaligned loads and stores.
+            unsafe {
+                let c = _mm512_loadu_ps(src.add(16 * b));
+                for j in 0..S {
+                    let p = dst.add(16 * (S * b + j));
+                    let v = _mm512_mask_permutexvar_ps(_mm512_loadu_ps(p), mask[j], idx[j], c);
+                    _mm512_storeu_ps(p, v);
+                }
+            }
+        }
+        16 * blocks
+    }
+}
+
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use std::arch::aarch64::*;
+
+    /// # Safety
+    /// NEON is present and `line` holds `S * (out.len() - 1) + 1` elements
+    /// or more.
+    #[target_feature(enable = "neon")]
+    pub(super) unsafe fn gather<const S: usize>(line: &[f32], out: &mut [f32]) -> usize {
+        // Blocks of 4 outputs whose `4 * S` inputs lie in the line.
+        let blocks = (line.len() / (4 * S)).min(out.len() / 4);
+        let (src, dst) = (line.as_ptr(), out.as_mut_ptr());
+        for b in 0..blocks {
+            // SAFETY: block `b` reads `line[4 S b .. 4 S (b + 1)]` and
+            // writes `out[4 b .. 4 (b + 1)]`, in bounds (`blocks` above).
+            unsafe {
+                let p = src.add(4 * S * b);
+                let v = match S {
+                    2 => vld2q_f32(p).0,
+                    3 => vld3q_f32(p).0,
+                    _ => vld4q_f32(p).0,
+                };
+                vst1q_f32(dst.add(4 * b), v);
+            }
+        }
+        4 * blocks
+    }
+
+    /// # Safety
+    /// NEON is present, `t < S` and `rows` holds `S * col.len()` elements
+    /// or more.
+    #[target_feature(enable = "neon")]
+    pub(super) unsafe fn scatter<const S: usize>(rows: &mut [f32], t: usize, col: &[f32]) -> usize {
+        let blocks = col.len() / 4;
+        let (src, dst) = (col.as_ptr(), rows.as_mut_ptr());
+        for b in 0..blocks {
+            // SAFETY: block `b` reads `col[4 b .. 4 (b + 1)]` and rewrites
+            // `rows[4 S b .. 4 S (b + 1)]`, in bounds since `rows` holds
+            // `S * col.len()`.
+            unsafe {
+                let c = vld1q_f32(src.add(4 * b));
+                let p = dst.add(4 * S * b);
+                match S {
+                    2 => {
+                        let mut r = vld2q_f32(p);
+                        match t {
+                            0 => r.0 = c,
+                            _ => r.1 = c,
+                        }
+                        vst2q_f32(p, r);
+                    }
+                    3 => {
+                        let mut r = vld3q_f32(p);
+                        match t {
+                            0 => r.0 = c,
+                            1 => r.1 = c,
+                            _ => r.2 = c,
+                        }
+                        vst3q_f32(p, r);
+                    }
+                    _ => {
+                        let mut r = vld4q_f32(p);
+                        match t {
+                            0 => r.0 = c,
+                            1 => r.1 = c,
+                            2 => r.2 = c,
+                            _ => r.3 = c,
+                        }
+                        vst4q_f32(p, r);
+                    }
+                }
+            }
+        }
+        4 * blocks
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_stride<const S: usize>() {
+        for n in [0, 1, 3, 4, 5, 15, 16, 17, 33, 64, 100] {
+            // Exactly as long as the gather needs (its last block must not
+            // read past it), and longer.
+            for extra in [0, S - 1] {
+                let len = if n == 0 { 0 } else { S * (n - 1) + 1 + extra };
+                let line: Vec<f32> = (0..len).map(|i| i as f32).collect();
+                let mut out = vec![f32::NAN; n];
+                gather::<S>(&line, &mut out);
+                let want: Vec<f32> = (0..n).map(|i| (i * S) as f32).collect();
+                assert_eq!(out, want, "gather S={S} n={n}");
+            }
+            for t in 0..S {
+                let mut rows = vec![-1.0f32; S * n + 1];
+                let col: Vec<f32> = (0..n).map(|i| i as f32).collect();
+                scatter::<S>(&mut rows, t, &col);
+                for (q, &v) in rows.iter().enumerate() {
+                    let want = if q < S * n && q % S == t {
+                        (q / S) as f32
+                    } else {
+                        -1.0
+                    };
+                    assert_eq!(v, want, "scatter S={S} t={t} n={n} element {q}");
+                }
+            }
+        }
+    }
+
+    /// Every stride, length (whole vectors, tails, lines exactly as long as
+    /// needed) and column, against the definition; the vector paths run on
+    /// this CPU where it has them (AVX-512 here, NEON under QEMU).
+    #[test]
+    fn gathers_and_scatters_move_exactly_their_elements() {
+        check_stride::<2>();
+        check_stride::<3>();
+        check_stride::<4>();
+    }
+
+    #[test]
+    #[should_panic(expected = "gather past the line")]
+    fn a_short_line_is_refused_before_any_load() {
+        gather::<3>(&[0.0; 45], &mut [0.0; 16]);
+    }
+
+    #[test]
+    #[should_panic(expected = "scatter past the rows")]
+    fn short_rows_are_refused_before_any_store() {
+        scatter::<3>(&mut [0.0; 47], 0, &[0.0; 16]);
+    }
+}
