@@ -12,6 +12,7 @@
 mod math;
 mod ops;
 mod program;
+mod recipes;
 mod rows;
 mod shape;
 

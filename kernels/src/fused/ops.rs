@@ -12,7 +12,7 @@ use super::math;
 /// architectures they compile for the target's baseline: NEON on aarch64).
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Isa {
+pub(super) enum Isa {
     Baseline,
     Avx2,
     Avx512,
@@ -21,7 +21,7 @@ enum Isa {
 #[cfg(target_arch = "x86_64")]
 impl Isa {
     #[inline]
-    fn detect() -> Isa {
+    pub(super) fn detect() -> Isa {
         // std caches the CPUID results; these are a load and a test.
         if is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx2")
@@ -38,7 +38,7 @@ impl Isa {
 
 /// Whether the baseline build (no run-time detected features) has fused
 /// multiply-add: aarch64's NEON does; x86-64's baseline does not.
-const BASELINE_FMA: bool = cfg!(target_arch = "aarch64");
+pub(super) const BASELINE_FMA: bool = cfg!(target_arch = "aarch64");
 
 /// One-operand elementwise functions (the schema's `UnaryOp`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

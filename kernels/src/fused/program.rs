@@ -288,6 +288,12 @@ impl Program {
         }
     }
 
+    /// The roots [`Self::set_roots`] named (empty for a single-root
+    /// program), without the allocation of [`Self::roots`].
+    pub(super) fn named_roots(&self) -> &[usize] {
+        &self.roots
+    }
+
     /// Nodes whose line one evaluation computes once for all its uses.
     pub fn shared(&self) -> usize {
         self.slots
@@ -444,38 +450,8 @@ impl Program {
                 self.eval_node(cond, env, anchor, line, cv, rest, memo);
                 select(cv, out, bv);
             }
-            Expr::Broadcast { x } => {
-                let (to, from) = (env.shape(node.value), env.shape(self.nodes[x].value));
-                let lead = to.rank() - from.rank();
-                let mut child = Line::default();
-                for d in 0..from.rank() {
-                    if from[d] != 1 {
-                        child.base[d] = line.base[d + lead];
-                        child.step[d] = line.step[d + lead];
-                    }
-                }
-                self.eval_node(x, env, anchor, &child, out, tmp, memo);
-            }
-            Expr::Slice {
-                x,
-                dim,
-                start,
-                step,
-            } => {
-                let size = env.shape(self.nodes[x].value)[dim];
-                let mut child = *line;
-                child.base[dim] = resolve_start(start, size) + step * line.base[dim];
-                child.step[dim] = step * line.step[dim];
-                self.eval_node(x, env, anchor, &child, out, tmp, memo);
-            }
-            Expr::View { x, map } => {
-                let mut child = Line::default();
-                for (d, m) in map.iter().enumerate().take(env.shape(node.value).rank()) {
-                    if let Some(m) = *m {
-                        child.base[m as usize] = line.base[d];
-                        child.step[m as usize] = line.step[d];
-                    }
-                }
+            Expr::Broadcast { x } | Expr::View { x, .. } | Expr::Slice { x, .. } => {
+                let child = self.view_line(i, env, line);
                 self.eval_node(x, env, anchor, &child, out, tmp, memo);
             }
             Expr::Cat { ref parts, dim } => {
@@ -511,6 +487,115 @@ impl Program {
             }
         }
     }
+}
+
+impl Program {
+    /// The line a view node (broadcast, permute / squeeze, slice) reads of
+    /// its operand when asked for `line`; any other node's `line` itself.
+    fn view_line(&self, i: usize, env: &dyn Env, line: &Line) -> Line {
+        let node = &self.nodes[i];
+        match node.expr {
+            Expr::Broadcast { x } => {
+                let (to, from) = (env.shape(node.value), env.shape(self.nodes[x].value));
+                let lead = to.rank() - from.rank();
+                let mut child = Line::default();
+                for d in 0..from.rank() {
+                    if from[d] != 1 {
+                        child.base[d] = line.base[d + lead];
+                        child.step[d] = line.step[d + lead];
+                    }
+                }
+                child
+            }
+            Expr::Slice {
+                x,
+                dim,
+                start,
+                step,
+            } => {
+                let size = env.shape(self.nodes[x].value)[dim];
+                let mut child = *line;
+                child.base[dim] = resolve_start(start, size) + step * line.base[dim];
+                child.step[dim] = step * line.step[dim];
+                child
+            }
+            Expr::View { map, .. } => {
+                let mut child = Line::default();
+                for (d, m) in map.iter().enumerate().take(env.shape(node.value).rank()) {
+                    if let Some(m) = *m {
+                        child.base[m as usize] = line.base[d];
+                        child.step[m as usize] = line.step[d];
+                    }
+                }
+                child
+            }
+            _ => *line,
+        }
+    }
+
+    /// Whether node `i` is a *leaf*: a stored tensor or a constant, read
+    /// through views only (what [`Self::leaf`] resolves).
+    pub(super) fn is_leaf(&self, mut i: usize) -> bool {
+        loop {
+            match self.nodes[i].expr {
+                Expr::Load | Expr::Const(_) => return true,
+                Expr::Broadcast { x } | Expr::View { x, .. } | Expr::Slice { x, .. } => i = x,
+                _ => return false,
+            }
+        }
+    }
+
+    /// The `len` elements of leaf `i` (see [`Self::is_leaf`]) along `line`
+    /// when they need no copy: one value repeated (a constant, or a stored
+    /// tensor read with stride 0, such as a per-channel parameter along
+    /// time) or a contiguous run of a stored tensor. `None` for other
+    /// nodes and strided reads, which [`Self::eval`] gathers.
+    ///
+    /// # Panics
+    /// If a contiguous line leaves its tensor (a bug of the caller's plan,
+    /// as in [`Self::eval`]).
+    pub(super) fn leaf<'e>(
+        &self,
+        mut i: usize,
+        env: &'e dyn Env,
+        line: &Line,
+        len: usize,
+    ) -> Option<Leaf<'e>> {
+        let mut line = *line;
+        loop {
+            let node = &self.nodes[i];
+            match node.expr {
+                Expr::Const(c) => return Some(Leaf::Scalar(c)),
+                Expr::Load => {
+                    let shape = env.shape(node.value);
+                    let strides = shape.strides();
+                    let rank = shape.rank();
+                    let start: usize = (0..rank).map(|d| line.base[d] * strides[d]).sum();
+                    let stride: usize = (0..rank).map(|d| line.step[d] * strides[d]).sum();
+                    let data = env.data(node.value);
+                    return match stride {
+                        0 => Some(Leaf::Scalar(data[start])),
+                        1 => Some(Leaf::Contiguous(&data[start..start + len])),
+                        _ => None,
+                    };
+                }
+                Expr::Broadcast { x } | Expr::View { x, .. } | Expr::Slice { x, .. } => {
+                    line = self.view_line(i, env, &line);
+                    i = x;
+                }
+                _ => return None,
+            }
+        }
+    }
+}
+
+/// A leaf's elements along a line, read in place ([`Program::leaf`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Leaf<'a> {
+    /// Every element is this value.
+    Scalar(f32),
+    /// The elements, in order.
+    Contiguous(&'a [f32]),
 }
 
 impl Program {

@@ -14,6 +14,7 @@ use std::marker::PhantomData;
 
 use super::ops::copy;
 use super::program::{Env, Line, Program};
+use super::recipes::{Discretise, Gate};
 use super::shape::{Shape, MAX_RANK};
 
 /// Computes elements of an operand on the fly (a fused prologue).
@@ -196,6 +197,8 @@ pub struct ProgramRows<'a> {
     scalar_rows: bool,
     /// Blocks of rows are read across them (see [`prefers_across`]).
     across: bool,
+    /// The one-pass loop for a pair of this form (`recipes.rs`).
+    discretise: Option<Discretise>,
 }
 
 impl<'a> ProgramRows<'a> {
@@ -214,6 +217,7 @@ impl<'a> ProgramRows<'a> {
             shape,
             scalar_rows: false,
             across,
+            discretise: Discretise::find(program, program.named_roots()),
         }
     }
 
@@ -282,6 +286,11 @@ impl PairSource for ProgramRows<'_> {
         tmp: &mut [f32],
     ) {
         let line = self.row_line(row, t0);
+        if let Some(recipe) = &self.discretise {
+            if recipe.run(self.program, self.env, &line, first, second) {
+                return;
+            }
+        }
         self.program
             .eval_roots(self.env, &[], &line, &mut [first, second], tmp);
     }
@@ -432,6 +441,27 @@ impl<'a> SharedOut<'a> {
         self.store_line(start, stride, values)
     }
 
+    /// Calls `f` with elements `start .. start + len` to write (`f` may
+    /// leave them unwritten) and returns what it returns.
+    ///
+    /// # Panics
+    /// If the run leaves the tensor.
+    fn with_line<R>(&self, start: usize, len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+        assert!(
+            start + len <= self.len,
+            "store past the end ({} of {})",
+            start + len,
+            self.len
+        );
+        // SAFETY: in bounds (checked above); no other task writes these
+        // elements (see the Sync impl) and nothing reads them during the
+        // kernel call (which holds the `&mut` borrow), so this exclusive
+        // slice aliases nothing while `f` holds it, and it cannot outlive
+        // `f`.
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) };
+        f(dst)
+    }
+
     /// Writes `values[t]` at offset `start + t * stride`.
     ///
     /// # Panics
@@ -482,6 +512,8 @@ pub struct EpilogueSink<'a> {
     out_shape: Shape,
     /// Blocks of rows are finished and stored across them.
     across: bool,
+    /// The one-pass loop for an epilogue of this form (`recipes.rs`).
+    gate: Option<Gate>,
 }
 
 impl<'a> EpilogueSink<'a> {
@@ -502,6 +534,7 @@ impl<'a> EpilogueSink<'a> {
             out: SharedOut::new(out),
             out_shape,
             across: false,
+            gate: Gate::find(program),
         };
         let rank = anchor_shape.rank();
         if rank >= 2 {
@@ -537,9 +570,18 @@ impl RowSink for EpilogueSink<'_> {
         let mut base = unravel(row, &self.anchor_shape, rank - 1);
         base[rank - 1] = t0;
         let line = Line::along(base, rank - 1);
+        let (start, stride) = self.store_at(&line);
+        if let (Some(gate), 1) = (&self.gate, stride) {
+            // Gated straight into the result: no buffer, no copy.
+            let done = self.out.with_line(start, values.len(), |out| {
+                gate.run(self.program, self.env, &line, values, out)
+            });
+            if done {
+                return;
+            }
+        }
         let (buf, rest) = tmp.split_at_mut(values.len());
         self.program.eval(self.env, values, &line, buf, rest);
-        let (start, stride) = self.store_at(&line);
         self.out.store_line(start, stride, buf);
     }
 

@@ -1,0 +1,376 @@
+//! Recipes: single-pass loops for the elementwise programs that surround a
+//! selective scan, recognised in a [`Program`]'s structure.
+//!
+//! The interpreter ([`Program::eval`]) makes one pass over a line buffer
+//! per node, and copies every stored operand and shared value into a
+//! buffer first. For the diagonal SSM block (`dt = softplus(p)`,
+//! `a = exp(-dt * A)`, `u = dt * x`, the scan, `y * silu(z)`) that is 11
+//! passes and 9 line copies per chunk: half of the block's time went to
+//! them and to walking the tree, beside the transcendental arithmetic
+//! itself. The discretisation of a Mamba-style scan and the gate after it
+//! are the same few ops in every such model (Mamba's own kernel fuses
+//! exactly these), so they get dedicated loops: each operand is read
+//! once, in place, every intermediate stays in a register, and `a`, `u`
+//! and the gated output are each stored once (the output straight into
+//! the result).
+//!
+//! A recipe computes the ops the program names, in the same order, with
+//! the same functions (`math.rs`, same instruction-set variant): its
+//! results are the interpreter's, bit for bit (NaN aside, whose sign may
+//! differ; the tests check this), so taking it is never a numerical
+//! decision. It is matched once per program, on structure alone; per
+//! line it runs only when its stored operands are read contiguously and
+//! its per-row factor is one value along the line (a `[C, 1]` parameter
+//! along time). Any other line, or any other program, is interpreted.
+
+// The instruction-set variants are `unsafe fn`s with target features,
+// called only after detecting those features.
+#![allow(unsafe_code)]
+
+use super::math;
+#[cfg(target_arch = "x86_64")]
+use super::ops::Isa;
+use super::ops::BASELINE_FMA;
+use super::program::{Env, Expr, Leaf, Line, Program};
+use super::{BinaryOp, UnaryOp};
+
+/// The discretisation of a diagonal selective scan, computing its two
+/// operands together: `a = exp(±dt * k)` and `u = dt * x`, with
+/// `dt = softplus(p)` (or `dt = p`) computed once for both, `k` one value
+/// per line and `p`, `x` stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Discretise {
+    /// The leaf `dt` is computed from.
+    p: usize,
+    /// `dt = softplus(p)`; else `dt = p`.
+    softplus: bool,
+    /// The leaf of the per-line factor `k`.
+    k: usize,
+    /// `a = exp(-(dt * k))`: an odd number of negations in the exponent.
+    negate: bool,
+    /// The leaf `u` multiplies `dt` by.
+    x: usize,
+}
+
+impl Discretise {
+    /// The recipe for a program whose two roots are `[a, u]` of this form
+    /// (factors in either order, negations anywhere in `a`'s product).
+    pub(super) fn find(program: &Program, roots: &[usize]) -> Option<Discretise> {
+        let nodes = program.nodes();
+        let &[ra, ru] = roots else { return None };
+        let Expr::Unary {
+            op: UnaryOp::Exp,
+            x: mut e,
+        } = nodes[ra].expr
+        else {
+            return None;
+        };
+        // Strips negations, counting them.
+        let strip = |mut i: usize, negate: &mut bool| {
+            while let Expr::Unary {
+                op: UnaryOp::Neg,
+                x,
+            } = nodes[i].expr
+            {
+                *negate = !*negate;
+                i = x;
+            }
+            i
+        };
+        let mut negate = false;
+        e = strip(e, &mut negate);
+        let Expr::Binary {
+            op: BinaryOp::Mul,
+            a: f1,
+            b: f2,
+        } = nodes[e].expr
+        else {
+            return None;
+        };
+        let (f1, f2) = (strip(f1, &mut negate), strip(f2, &mut negate));
+        let Expr::Binary {
+            op: BinaryOp::Mul,
+            a: g1,
+            b: g2,
+        } = nodes[ru].expr
+        else {
+            return None;
+        };
+        // `dt` is the factor both roots share; the other ones are leaves.
+        let (dt, k, x) = [(f1, f2), (f2, f1)]
+            .into_iter()
+            .flat_map(|(dt, k)| [(dt, k, g1, g2), (dt, k, g2, g1)])
+            .find(|&(dt, _, g_dt, _)| dt == g_dt)
+            .map(|(dt, k, _, x)| (dt, k, x))?;
+        if !program.is_leaf(k) || !program.is_leaf(x) {
+            return None;
+        }
+        let (p, softplus) = match nodes[dt].expr {
+            Expr::Unary {
+                op: UnaryOp::Softplus,
+                x: p,
+            } if program.is_leaf(p) => (p, true),
+            _ if program.is_leaf(dt) => (dt, false),
+            _ => return None,
+        };
+        Some(Discretise {
+            p,
+            softplus,
+            k,
+            negate,
+            x,
+        })
+    }
+
+    /// Writes both operands along `line` into `a` and `u` (equally long)
+    /// and returns true, or returns false, writing nothing, where this
+    /// line's reads do not fit the recipe (see the module docs).
+    pub(super) fn run(
+        &self,
+        program: &Program,
+        env: &dyn Env,
+        line: &Line,
+        a: &mut [f32],
+        u: &mut [f32],
+    ) -> bool {
+        let len = a.len();
+        debug_assert_eq!(len, u.len());
+        let leaf = |i| program.leaf(i, env, line, len);
+        let (Some(Leaf::Contiguous(p)), Some(Leaf::Contiguous(x)), Some(Leaf::Scalar(k))) =
+            (leaf(self.p), leaf(self.x), leaf(self.k))
+        else {
+            return false;
+        };
+        // `(-dt) * k`, `-(dt * k)` and `dt * (-k)` round alike: negation
+        // is exact and rounding symmetric.
+        let k = if self.negate { -k } else { k };
+        discretise(p, x, k, self.softplus, a, u);
+        true
+    }
+}
+
+/// The gate after a scan: `y * silu(z)` (or `y * z`), `y` the anchor's
+/// chunk and `z` stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Gate {
+    /// The gate's leaf.
+    z: usize,
+    /// `y * silu(z)`; else `y * z`.
+    silu: bool,
+}
+
+impl Gate {
+    /// The recipe for an epilogue whose root has this form (factors in
+    /// either order).
+    pub(super) fn find(program: &Program) -> Option<Gate> {
+        let nodes = program.nodes();
+        let Expr::Binary {
+            op: BinaryOp::Mul,
+            a,
+            b,
+        } = nodes.get(program.root())?.expr
+        else {
+            return None;
+        };
+        let g = match (&nodes[a].expr, &nodes[b].expr) {
+            (Expr::Anchor, _) => b,
+            (_, Expr::Anchor) => a,
+            _ => return None,
+        };
+        match nodes[g].expr {
+            Expr::Unary {
+                op: UnaryOp::Silu,
+                x: z,
+            } if program.is_leaf(z) => Some(Gate { z, silu: true }),
+            _ if program.is_leaf(g) => Some(Gate { z: g, silu: false }),
+            _ => None,
+        }
+    }
+
+    /// Writes the gated `y` (the anchor's values along `line`) into `out`
+    /// (as long) and returns true, or returns false, writing nothing,
+    /// where the gate is not read contiguously along this line.
+    pub(super) fn run(
+        &self,
+        program: &Program,
+        env: &dyn Env,
+        line: &Line,
+        y: &[f32],
+        out: &mut [f32],
+    ) -> bool {
+        match program.leaf(self.z, env, line, y.len()) {
+            Some(Leaf::Contiguous(z)) => {
+                gate(y, z, self.silu, out);
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// `a[i] = exp(dt * k)`, `u[i] = dt * x[i]` with `dt = softplus(p[i])`
+/// (`softplus`) or `p[i]`, in one pass with the widest vectors this CPU
+/// has. All slices equally long.
+pub(super) fn discretise(
+    p: &[f32],
+    x: &[f32],
+    k: f32,
+    softplus: bool,
+    a: &mut [f32],
+    u: &mut [f32],
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match Isa::detect() {
+            // SAFETY: the CPU has AVX-512F, AVX2 and FMA (just detected).
+            Isa::Avx512 => return unsafe { discretise_avx512(p, x, k, softplus, a, u) },
+            // SAFETY: the CPU has AVX2 and FMA (just detected).
+            Isa::Avx2 => return unsafe { discretise_avx2(p, x, k, softplus, a, u) },
+            Isa::Baseline => {}
+        }
+    }
+    discretise_generic::<BASELINE_FMA>(p, x, k, softplus, a, u)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn discretise_avx512(
+    p: &[f32],
+    x: &[f32],
+    k: f32,
+    softplus: bool,
+    a: &mut [f32],
+    u: &mut [f32],
+) {
+    discretise_generic::<true>(p, x, k, softplus, a, u)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn discretise_avx2(
+    p: &[f32],
+    x: &[f32],
+    k: f32,
+    softplus: bool,
+    a: &mut [f32],
+    u: &mut [f32],
+) {
+    discretise_generic::<true>(p, x, k, softplus, a, u)
+}
+
+/// Elements per block of the loops: fixed-size blocks of several vectors
+/// compile to interleaved independent chains.
+const BLOCK: usize = 64;
+
+/// The loops, inlined into each instruction-set variant; `F`: the
+/// variant has fused multiply-add (as [`UnaryOp::apply`]'s, so the math
+/// rounds as the interpreter's does).
+#[inline(always)]
+fn discretise_generic<const F: bool>(
+    p: &[f32],
+    x: &[f32],
+    k: f32,
+    softplus: bool,
+    a: &mut [f32],
+    u: &mut [f32],
+) {
+    // One loop per form, so that neither tests `softplus` per element.
+    // (Closures here would not inherit the caller's target features: every
+    // helper is an `#[inline(always)]` fn.)
+    #[inline(always)]
+    fn run<const F: bool>(
+        p: &[f32],
+        x: &[f32],
+        k: f32,
+        a: &mut [f32],
+        u: &mut [f32],
+        dt: impl Fn(f32) -> f32 + Copy,
+    ) {
+        for (((&p, &x), a), u) in p.iter().zip(x).zip(a.iter_mut()).zip(u.iter_mut()) {
+            let dt = dt(p);
+            *a = math::exp::<F>(dt * k);
+            *u = dt * x;
+        }
+    }
+    #[inline(always)]
+    fn each<const F: bool>(
+        p: &[f32],
+        x: &[f32],
+        k: f32,
+        a: &mut [f32],
+        u: &mut [f32],
+        dt: impl Fn(f32) -> f32 + Copy,
+    ) {
+        let (mut pc, mut xc, mut ac, mut uc) = (
+            p.chunks_exact(BLOCK),
+            x.chunks_exact(BLOCK),
+            a.chunks_exact_mut(BLOCK),
+            u.chunks_exact_mut(BLOCK),
+        );
+        for (((p, x), a), u) in (&mut pc).zip(&mut xc).zip(&mut ac).zip(&mut uc) {
+            let (p, x): (&[f32; BLOCK], &[f32; BLOCK]) =
+                (p.try_into().unwrap(), x.try_into().unwrap());
+            let (a, u): (&mut [f32; BLOCK], &mut [f32; BLOCK]) =
+                (a.try_into().unwrap(), u.try_into().unwrap());
+            let mut dts = [0.0f32; BLOCK];
+            for (d, &p) in dts.iter_mut().zip(p) {
+                *d = dt(p);
+            }
+            for ((a, u), (&d, &x)) in a.iter_mut().zip(u.iter_mut()).zip(dts.iter().zip(x)) {
+                *a = math::exp::<F>(d * k);
+                *u = d * x;
+            }
+        }
+        let (p, x) = (pc.remainder(), xc.remainder());
+        run::<F>(p, x, k, ac.into_remainder(), uc.into_remainder(), dt);
+    }
+    if softplus {
+        each::<F>(p, x, k, a, u, math::softplus::<F>)
+    } else {
+        each::<F>(p, x, k, a, u, |p| p)
+    }
+}
+
+/// `out[i] = y[i] * silu(z[i])` (`silu`) or `y[i] * z[i]`, in one pass.
+/// All slices equally long.
+pub(super) fn gate(y: &[f32], z: &[f32], silu: bool, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match Isa::detect() {
+            // SAFETY: the CPU has AVX-512F, AVX2 and FMA (just detected).
+            Isa::Avx512 => return unsafe { gate_avx512(y, z, silu, out) },
+            // SAFETY: the CPU has AVX2 and FMA (just detected).
+            Isa::Avx2 => return unsafe { gate_avx2(y, z, silu, out) },
+            Isa::Baseline => {}
+        }
+    }
+    gate_generic::<BASELINE_FMA>(y, z, silu, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn gate_avx512(y: &[f32], z: &[f32], silu: bool, out: &mut [f32]) {
+    gate_generic::<true>(y, z, silu, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn gate_avx2(y: &[f32], z: &[f32], silu: bool, out: &mut [f32]) {
+    gate_generic::<true>(y, z, silu, out)
+}
+
+#[inline(always)]
+fn gate_generic<const F: bool>(y: &[f32], z: &[f32], silu: bool, out: &mut [f32]) {
+    #[inline(always)]
+    fn each(y: &[f32], z: &[f32], out: &mut [f32], g: impl Fn(f32) -> f32) {
+        for ((o, &y), &z) in out.iter_mut().zip(y).zip(z) {
+            *o = y * g(z);
+        }
+    }
+    if silu {
+        // `z * sigmoid(z)`, as `UnaryOp::Silu` computes it.
+        each(y, z, out, |z| z * math::sigmoid::<F>(z))
+    } else {
+        each(y, z, out, |z| z)
+    }
+}
