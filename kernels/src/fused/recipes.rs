@@ -274,60 +274,74 @@ fn discretise_generic<const F: bool>(
     a: &mut [f32],
     u: &mut [f32],
 ) {
-    // One loop per form, so that neither tests `softplus` per element.
-    // (Closures here would not inherit the caller's target features: every
-    // helper is an `#[inline(always)]` fn.)
-    #[inline(always)]
-    fn run<const F: bool>(
-        p: &[f32],
-        x: &[f32],
-        k: f32,
-        a: &mut [f32],
-        u: &mut [f32],
-        dt: impl Fn(f32) -> f32 + Copy,
-    ) {
-        for (((&p, &x), a), u) in p.iter().zip(x).zip(a.iter_mut()).zip(u.iter_mut()) {
-            let dt = dt(p);
-            *a = math::exp::<F>(dt * k);
-            *u = dt * x;
-        }
-    }
-    #[inline(always)]
-    fn each<const F: bool>(
-        p: &[f32],
-        x: &[f32],
-        k: f32,
-        a: &mut [f32],
-        u: &mut [f32],
-        dt: impl Fn(f32) -> f32 + Copy,
-    ) {
-        let (mut pc, mut xc, mut ac, mut uc) = (
-            p.chunks_exact(BLOCK),
-            x.chunks_exact(BLOCK),
-            a.chunks_exact_mut(BLOCK),
-            u.chunks_exact_mut(BLOCK),
-        );
-        for (((p, x), a), u) in (&mut pc).zip(&mut xc).zip(&mut ac).zip(&mut uc) {
-            let (p, x): (&[f32; BLOCK], &[f32; BLOCK]) =
-                (p.try_into().unwrap(), x.try_into().unwrap());
-            let (a, u): (&mut [f32; BLOCK], &mut [f32; BLOCK]) =
-                (a.try_into().unwrap(), u.try_into().unwrap());
-            let mut dts = [0.0f32; BLOCK];
-            for (d, &p) in dts.iter_mut().zip(p) {
-                *d = dt(p);
-            }
-            for ((a, u), (&d, &x)) in a.iter_mut().zip(u.iter_mut()).zip(dts.iter().zip(x)) {
-                *a = math::exp::<F>(d * k);
-                *u = d * x;
-            }
-        }
-        let (p, x) = (pc.remainder(), xc.remainder());
-        run::<F>(p, x, k, ac.into_remainder(), uc.into_remainder(), dt);
-    }
-    if softplus {
-        each::<F>(p, x, k, a, u, math::softplus::<F>)
+    // One loop per form, so that none tests a flag per element. A decay
+    // (`exp(-dt * A)` with `A > 0`, so `k <= 0`) of a softplus (`dt >= 0`)
+    // never has a positive exponent: the cheaper `exp` for those applies,
+    // equal bit for bit.
+    if softplus && k <= 0.0 {
+        blocks(
+            p,
+            x,
+            k,
+            a,
+            u,
+            math::softplus::<F>,
+            math::exp_nonpositive::<F>,
+        )
+    } else if softplus {
+        blocks(p, x, k, a, u, math::softplus::<F>, math::exp::<F>)
     } else {
-        each::<F>(p, x, k, a, u, |p| p)
+        blocks(p, x, k, a, u, |p| p, math::exp::<F>)
+    }
+}
+
+/// The loop over [`BLOCK`]s and the remainder. (Closures in the
+/// instruction-set variants would not inherit their target features:
+/// helpers are `#[inline(always)]` fns, the functions they take inlined.)
+#[inline(always)]
+fn blocks(
+    p: &[f32],
+    x: &[f32],
+    k: f32,
+    a: &mut [f32],
+    u: &mut [f32],
+    dt: impl Fn(f32) -> f32 + Copy,
+    exp: impl Fn(f32) -> f32 + Copy,
+) {
+    let (mut pc, mut xc, mut ac, mut uc) = (
+        p.chunks_exact(BLOCK),
+        x.chunks_exact(BLOCK),
+        a.chunks_exact_mut(BLOCK),
+        u.chunks_exact_mut(BLOCK),
+    );
+    for (((p, x), a), u) in (&mut pc).zip(&mut xc).zip(&mut ac).zip(&mut uc) {
+        // `dt` for the whole block first, then `a` and `u`: fixed-length
+        // loops of independent vectors (measured 10% faster than one
+        // loop doing both per vector).
+        let mut dts = [0.0f32; BLOCK];
+        for (d, &p) in dts.iter_mut().zip(p) {
+            *d = dt(p);
+        }
+        line(&dts, x, k, a, u, |d| d, exp);
+    }
+    let (p, x) = (pc.remainder(), xc.remainder());
+    line(p, x, k, ac.into_remainder(), uc.into_remainder(), dt, exp);
+}
+
+#[inline(always)]
+fn line(
+    p: &[f32],
+    x: &[f32],
+    k: f32,
+    a: &mut [f32],
+    u: &mut [f32],
+    dt: impl Fn(f32) -> f32,
+    exp: impl Fn(f32) -> f32,
+) {
+    for (((&p, &x), a), u) in p.iter().zip(x).zip(a.iter_mut()).zip(u.iter_mut()) {
+        let dt = dt(p);
+        *a = exp(dt * k);
+        *u = dt * x;
     }
 }
 
