@@ -534,7 +534,7 @@ impl Program {
     }
 
     /// Whether node `i` is a *leaf*: a stored tensor or a constant, read
-    /// through views only (what [`Self::leaf`] resolves).
+    /// through views only (what [`Self::leaf_map`] resolves).
     pub(super) fn is_leaf(&self, mut i: usize) -> bool {
         loop {
             match self.nodes[i].expr {
@@ -545,51 +545,115 @@ impl Program {
         }
     }
 
-    /// The `len` elements of leaf `i` (see [`Self::is_leaf`]) along `line`
-    /// when they need no copy: one value repeated (a constant, or a stored
-    /// tensor read with stride 0, such as a per-channel parameter along
-    /// time) or a contiguous run of a stored tensor. `None` for other
-    /// nodes and strided reads, which [`Self::eval`] gathers.
-    ///
-    /// # Panics
-    /// If a contiguous line leaves its tensor (a bug of the caller's plan,
-    /// as in [`Self::eval`]).
-    pub(super) fn leaf<'e>(
-        &self,
-        mut i: usize,
-        env: &'e dyn Env,
-        line: &Line,
-        len: usize,
-    ) -> Option<Leaf<'e>> {
-        let mut line = *line;
+    /// How leaf `i` (see [`Self::is_leaf`]) reads any line of the root,
+    /// resolved once for the env's current shapes: the views between a
+    /// stored tensor and the root are affine maps of coordinates, so an
+    /// element's offset is `offset + sum(coord[d] * coef[d])` over the
+    /// root's dimensions. `None` for other nodes.
+    pub(super) fn leaf_map<'e>(&self, i: usize, env: &'e dyn Env) -> Option<LeafMap<'e>> {
+        // Offset and stride of the line `line` of node `i`, down to a load.
+        let resolve = |line: Line| -> Option<(usize, usize, usize)> {
+            let (mut i, mut line) = (i, line);
+            loop {
+                let node = &self.nodes[i];
+                match node.expr {
+                    Expr::Load => {
+                        let shape = env.shape(node.value);
+                        let strides = shape.strides();
+                        let rank = shape.rank();
+                        let start = (0..rank).map(|d| line.base[d] * strides[d]).sum();
+                        let stride = (0..rank).map(|d| line.step[d] * strides[d]).sum();
+                        return Some((node.value, start, stride));
+                    }
+                    Expr::Broadcast { x } | Expr::View { x, .. } | Expr::Slice { x, .. } => {
+                        line = self.view_line(i, env, &line);
+                        i = x;
+                    }
+                    _ => return None,
+                }
+            }
+        };
+        if let Some(c) = self.leaf_const(i) {
+            return Some(LeafMap::Const(c));
+        }
+        let (value, offset, _) = resolve(Line::default())?;
+        let mut coef = [0; MAX_RANK];
+        for (d, c) in coef.iter_mut().enumerate() {
+            let mut unit = Line::default();
+            unit.step[d] = 1;
+            *c = resolve(unit)?.2;
+        }
+        Some(LeafMap::Stored {
+            data: env.data(value),
+            offset,
+            coef,
+        })
+    }
+
+    /// The constant leaf `i` is, if it is one (through views).
+    fn leaf_const(&self, mut i: usize) -> Option<f32> {
         loop {
-            let node = &self.nodes[i];
-            match node.expr {
-                Expr::Const(c) => return Some(Leaf::Scalar(c)),
-                Expr::Load => {
-                    let shape = env.shape(node.value);
-                    let strides = shape.strides();
-                    let rank = shape.rank();
-                    let start: usize = (0..rank).map(|d| line.base[d] * strides[d]).sum();
-                    let stride: usize = (0..rank).map(|d| line.step[d] * strides[d]).sum();
-                    let data = env.data(node.value);
-                    return match stride {
-                        0 => Some(Leaf::Scalar(data[start])),
-                        1 => Some(Leaf::Contiguous(&data[start..start + len])),
-                        _ => None,
-                    };
-                }
-                Expr::Broadcast { x } | Expr::View { x, .. } | Expr::Slice { x, .. } => {
-                    line = self.view_line(i, env, &line);
-                    i = x;
-                }
+            match self.nodes[i].expr {
+                Expr::Const(c) => return Some(c),
+                Expr::Broadcast { x } | Expr::View { x, .. } | Expr::Slice { x, .. } => i = x,
                 _ => return None,
             }
         }
     }
 }
 
-/// A leaf's elements along a line, read in place ([`Program::leaf`]).
+/// How a leaf reads the root's lines ([`Program::leaf_map`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum LeafMap<'a> {
+    /// A constant.
+    Const(f32),
+    /// A stored tensor: the element at root coordinates `c` is
+    /// `data[offset + sum(c[d] * coef[d])]`.
+    Stored {
+        data: &'a [f32],
+        offset: usize,
+        coef: [usize; MAX_RANK],
+    },
+}
+
+impl<'a> LeafMap<'a> {
+    /// The `len` elements along `line` when they need no copy: one value
+    /// repeated (a constant, or a stored tensor read with stride 0, such
+    /// as a per-channel parameter along time) or a contiguous run of a
+    /// stored tensor. `None` for strided reads, which [`Program::eval`]
+    /// gathers.
+    ///
+    /// # Panics
+    /// If the line leaves its tensor (a bug of the caller's plan, as in
+    /// [`Program::eval`]).
+    #[inline]
+    pub(super) fn read(&self, line: &Line, len: usize) -> Option<Leaf<'a>> {
+        match *self {
+            LeafMap::Const(c) => Some(Leaf::Scalar(c)),
+            LeafMap::Stored { data, offset, coef } => {
+                let mut start = offset;
+                let mut stride = 0;
+                for ((&b, &s), &c) in line.base.iter().zip(&line.step).zip(&coef) {
+                    start += b * c;
+                    stride += s * c;
+                }
+                match stride {
+                    0 => Some(Leaf::Scalar(data[start])),
+                    1 => {
+                        let end = start + len;
+                        // The next line of a row walk, asked for now so that
+                        // it arrives while this one is computed (as `load`).
+                        prefetch(&data[end.min(data.len())..(end + len).min(data.len())]);
+                        Some(Leaf::Contiguous(&data[start..end]))
+                    }
+                    _ => None,
+                }
+            }
+        }
+    }
+}
+
+/// A leaf's elements along a line, read in place ([`LeafMap::read`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) enum Leaf<'a> {
     /// Every element is this value.

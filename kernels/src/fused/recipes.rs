@@ -31,31 +31,33 @@ use super::math;
 #[cfg(target_arch = "x86_64")]
 use super::ops::Isa;
 use super::ops::BASELINE_FMA;
-use super::program::{Env, Expr, Leaf, Line, Program};
+use super::program::{Env, Expr, Leaf, LeafMap, Line, Program};
 use super::{BinaryOp, UnaryOp};
 
 /// The discretisation of a diagonal selective scan, computing its two
 /// operands together: `a = exp(±dt * k)` and `u = dt * x`, with
 /// `dt = softplus(p)` (or `dt = p`) computed once for both, `k` one value
 /// per line and `p`, `x` stored.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Discretise {
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Discretise<'a> {
     /// The leaf `dt` is computed from.
-    p: usize,
+    p: LeafMap<'a>,
     /// `dt = softplus(p)`; else `dt = p`.
     softplus: bool,
     /// The leaf of the per-line factor `k`.
-    k: usize,
+    k: LeafMap<'a>,
     /// `a = exp(-(dt * k))`: an odd number of negations in the exponent.
     negate: bool,
     /// The leaf `u` multiplies `dt` by.
-    x: usize,
+    x: LeafMap<'a>,
 }
 
-impl Discretise {
+impl<'a> Discretise<'a> {
     /// The recipe for a program whose two roots are `[a, u]` of this form
-    /// (factors in either order, negations anywhere in `a`'s product).
-    pub(super) fn find(program: &Program, roots: &[usize]) -> Option<Discretise> {
+    /// (factors in either order, negations anywhere in `a`'s product),
+    /// its leaves resolved for `env`'s current shapes (once per call: a
+    /// line then costs a few multiply-adds to locate).
+    pub(super) fn find(program: &Program, roots: &[usize], env: &'a dyn Env) -> Option<Self> {
         let nodes = program.nodes();
         let &[ra, ru] = roots else { return None };
         let Expr::Unary {
@@ -114,31 +116,25 @@ impl Discretise {
             _ => return None,
         };
         Some(Discretise {
-            p,
+            p: program.leaf_map(p, env)?,
             softplus,
-            k,
+            k: program.leaf_map(k, env)?,
             negate,
-            x,
+            x: program.leaf_map(x, env)?,
         })
     }
 
     /// Writes both operands along `line` into `a` and `u` (equally long)
     /// and returns true, or returns false, writing nothing, where this
     /// line's reads do not fit the recipe (see the module docs).
-    pub(super) fn run(
-        &self,
-        program: &Program,
-        env: &dyn Env,
-        line: &Line,
-        a: &mut [f32],
-        u: &mut [f32],
-    ) -> bool {
+    pub(super) fn run(&self, line: &Line, a: &mut [f32], u: &mut [f32]) -> bool {
         let len = a.len();
         debug_assert_eq!(len, u.len());
-        let leaf = |i| program.leaf(i, env, line, len);
-        let (Some(Leaf::Contiguous(p)), Some(Leaf::Contiguous(x)), Some(Leaf::Scalar(k))) =
-            (leaf(self.p), leaf(self.x), leaf(self.k))
-        else {
+        let (Some(Leaf::Contiguous(p)), Some(Leaf::Contiguous(x)), Some(Leaf::Scalar(k))) = (
+            self.p.read(line, len),
+            self.x.read(line, len),
+            self.k.read(line, len),
+        ) else {
             return false;
         };
         // `(-dt) * k`, `-(dt * k)` and `dt * (-k)` round alike: negation
@@ -151,18 +147,18 @@ impl Discretise {
 
 /// The gate after a scan: `y * silu(z)` (or `y * z`), `y` the anchor's
 /// chunk and `z` stored.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Gate {
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Gate<'a> {
     /// The gate's leaf.
-    z: usize,
+    z: LeafMap<'a>,
     /// `y * silu(z)`; else `y * z`.
     silu: bool,
 }
 
-impl Gate {
+impl<'a> Gate<'a> {
     /// The recipe for an epilogue whose root has this form (factors in
-    /// either order).
-    pub(super) fn find(program: &Program) -> Option<Gate> {
+    /// either order), its leaf resolved for `env`'s current shapes.
+    pub(super) fn find(program: &Program, env: &'a dyn Env) -> Option<Self> {
         let nodes = program.nodes();
         let Expr::Binary {
             op: BinaryOp::Mul,
@@ -177,28 +173,25 @@ impl Gate {
             (_, Expr::Anchor) => a,
             _ => return None,
         };
-        match nodes[g].expr {
+        let (z, silu) = match nodes[g].expr {
             Expr::Unary {
                 op: UnaryOp::Silu,
                 x: z,
-            } if program.is_leaf(z) => Some(Gate { z, silu: true }),
-            _ if program.is_leaf(g) => Some(Gate { z: g, silu: false }),
-            _ => None,
-        }
+            } if program.is_leaf(z) => (z, true),
+            _ if program.is_leaf(g) => (g, false),
+            _ => return None,
+        };
+        Some(Gate {
+            z: program.leaf_map(z, env)?,
+            silu,
+        })
     }
 
     /// Writes the gated `y` (the anchor's values along `line`) into `out`
     /// (as long) and returns true, or returns false, writing nothing,
     /// where the gate is not read contiguously along this line.
-    pub(super) fn run(
-        &self,
-        program: &Program,
-        env: &dyn Env,
-        line: &Line,
-        y: &[f32],
-        out: &mut [f32],
-    ) -> bool {
-        match program.leaf(self.z, env, line, y.len()) {
+    pub(super) fn run(&self, line: &Line, y: &[f32], out: &mut [f32]) -> bool {
+        match self.z.read(line, y.len()) {
             Some(Leaf::Contiguous(z)) => {
                 gate(y, z, self.silu, out);
                 true

@@ -12,7 +12,7 @@
 
 use std::marker::PhantomData;
 
-use super::ops::copy;
+use super::ops::{copy, copy_streaming};
 use super::program::{Env, Line, Program};
 use super::recipes::{Discretise, Gate};
 use super::shape::{Shape, MAX_RANK};
@@ -198,7 +198,7 @@ pub struct ProgramRows<'a> {
     /// Blocks of rows are read across them (see [`prefers_across`]).
     across: bool,
     /// The one-pass loop for a pair of this form (`recipes.rs`).
-    discretise: Option<Discretise>,
+    discretise: Option<Discretise<'a>>,
 }
 
 impl<'a> ProgramRows<'a> {
@@ -217,7 +217,7 @@ impl<'a> ProgramRows<'a> {
             shape,
             scalar_rows: false,
             across,
-            discretise: Discretise::find(program, program.named_roots()),
+            discretise: Discretise::find(program, program.named_roots(), env),
         }
     }
 
@@ -287,7 +287,7 @@ impl PairSource for ProgramRows<'_> {
     ) {
         let line = self.row_line(row, t0);
         if let Some(recipe) = &self.discretise {
-            if recipe.run(self.program, self.env, &line, first, second) {
+            if recipe.run(&line, first, second) {
                 return;
             }
         }
@@ -513,8 +513,18 @@ pub struct EpilogueSink<'a> {
     /// Blocks of rows are finished and stored across them.
     across: bool,
     /// The one-pass loop for an epilogue of this form (`recipes.rs`).
-    gate: Option<Gate>,
+    gate: Option<Gate<'a>>,
+    /// The result is larger than the caches: store it with non-temporal
+    /// stores.
+    stream: bool,
 }
+
+/// Results at least this large (bytes) an epilogue recipe stores with
+/// non-temporal stores: no cache holds them for a reader anyway, and not
+/// reading each line before overwriting it saves a fifth of the traffic
+/// of the SSM block. The threshold is the scan's (`scan::STREAM_OUTPUT_BYTES`,
+/// measured there); below it a result may stay in L3 for the next op.
+const STREAM_OUTPUT_BYTES: usize = 16 << 20;
 
 impl<'a> EpilogueSink<'a> {
     #[allow(missing_docs)]
@@ -534,8 +544,10 @@ impl<'a> EpilogueSink<'a> {
             out: SharedOut::new(out),
             out_shape,
             across: false,
-            gate: Gate::find(program),
+            gate: Gate::find(program, env),
+            stream: false,
         };
+        sink.stream = std::mem::size_of::<f32>() * sink.out.len >= STREAM_OUTPUT_BYTES;
         let rank = anchor_shape.rank();
         if rank >= 2 {
             let stride = |dim: usize| {
@@ -572,11 +584,20 @@ impl RowSink for EpilogueSink<'_> {
         let line = Line::along(base, rank - 1);
         let (start, stride) = self.store_at(&line);
         if let (Some(gate), 1) = (&self.gate, stride) {
-            // Gated straight into the result: no buffer, no copy.
-            let done = self.out.with_line(start, values.len(), |out| {
-                gate.run(self.program, self.env, &line, values, out)
-            });
-            if done {
+            let len = values.len();
+            if self.stream {
+                // Gated in L1, then streamed past the caches.
+                let buf = &mut tmp[..len];
+                if gate.run(&line, values, buf) {
+                    self.out
+                        .with_line(start, len, |out| copy_streaming(out, buf));
+                    return;
+                }
+            } else if self
+                .out
+                .with_line(start, len, |out| gate.run(&line, values, out))
+            {
+                // Gated straight into the result: no buffer, no copy.
                 return;
             }
         }

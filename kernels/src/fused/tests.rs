@@ -1136,6 +1136,7 @@ fn discretise_recipe_matches_the_interpreter_bit_for_bit() {
     let big_a = env.stored(&[c, 1], rng.vec(c, 0.1, 3.0));
     let per_step = env.stored(&[1, c, n], rng.vec(c * n, 0.1, 3.0));
     let xt = env.stored(&[1, n, c], rng.vec(c * n, -2.0, 2.0));
+    let long = env.stored(&[1, c, n + 5], rng.vec(c * (n + 5), -2.0, 2.0));
     let full = env.virt(&[1, c, n]);
     let un = |op, x| Expr::Unary { op, x };
     let mul = |a, b| Expr::Binary {
@@ -1209,7 +1210,7 @@ fn discretise_recipe_matches_the_interpreter_bit_for_bit() {
                 let mut tmp = vec![0.0; len * g.temporaries()];
                 g.eval_roots(&env, &[], &line, &mut [&mut a0, &mut u0], &mut tmp);
                 let (mut a1, mut u1) = (vec![7.0; len], vec![7.0; len]);
-                let ran = recipe.run(g, &env, &line, &mut a1, &mut u1);
+                let ran = recipe.run(&line, &mut a1, &mut u1);
                 assert_eq!(ran, expect_run, "line {r} {t0} {len}");
                 if ran {
                     assert_eq!(bits(&a0), bits(&a1), "a, line {r} {t0} {len}");
@@ -1224,23 +1225,43 @@ fn discretise_recipe_matches_the_interpreter_bit_for_bit() {
         for sp in [true, false] {
             for k in [Some(big_a), None] {
                 let g = build(form, sp, k, x, false);
-                let recipe = Discretise::find(&g, &g.roots())
+                let recipe = Discretise::find(&g, &g.roots(), &env)
                     .unwrap_or_else(|| panic!("form {form}, softplus {sp}"));
                 check(&g, &recipe, true);
             }
         }
     }
+    // `x` as the last `n` steps of a longer tensor (a slice counted from
+    // the end: the leaf's offset): read in place.
+    let mut g = build(0, true, Some(big_a), x, false);
+    let ll = g.push(Expr::Load, long);
+    let sl = g.push(
+        Expr::Slice {
+            x: ll,
+            dim: 2,
+            start: -(n as i64),
+            step: 1,
+        },
+        full,
+    );
+    let roots = g.roots();
+    let Expr::Binary { b: dt, .. } = g.nodes()[roots[1]].expr else {
+        unreachable!()
+    };
+    let ru = g.push(mul(dt, sl), full);
+    g.set_roots(vec![roots[0], ru]);
+    check(&g, &Discretise::find(&g, &g.roots(), &env).unwrap(), true);
     // A decay that varies along time, or a transposed `x`, is found but
     // read through the interpreter.
     let g = build(0, true, Some(per_step), x, false);
-    check(&g, &Discretise::find(&g, &g.roots()).unwrap(), false);
+    check(&g, &Discretise::find(&g, &g.roots(), &env).unwrap(), false);
     let g = build(0, true, Some(big_a), xt, true);
-    check(&g, &Discretise::find(&g, &g.roots()).unwrap(), false);
+    check(&g, &Discretise::find(&g, &g.roots(), &env).unwrap(), false);
     // Other forms are not this recipe: one root, roots swapped, a sigmoid
     // instead of exp, dt not shared.
     let g = build(0, true, Some(big_a), x, false);
-    assert!(Discretise::find(&g, &[g.roots()[0]]).is_none());
-    assert!(Discretise::find(&g, &[g.roots()[1], g.roots()[0]]).is_none());
+    assert!(Discretise::find(&g, &[g.roots()[0]], &env).is_none());
+    assert!(Discretise::find(&g, &[g.roots()[1], g.roots()[0]], &env).is_none());
     let mut h = Program::default();
     let lp = h.push(Expr::Load, p);
     let dt = h.push(un(UnaryOp::Softplus, lp), full);
@@ -1253,9 +1274,12 @@ fn discretise_recipe_matches_the_interpreter_bit_for_bit() {
     let lx = h.push(Expr::Load, x);
     let ru = h.push(mul(dt, lx), full);
     let ru2 = h.push(mul(dt2, lx), full);
-    assert!(Discretise::find(&h, &[ra, ru]).is_none(), "sigmoid");
-    assert!(Discretise::find(&h, &[ra2, ru2]).is_none(), "dt not shared");
-    assert!(Discretise::find(&h, &[ra2, ru]).is_some());
+    assert!(Discretise::find(&h, &[ra, ru], &env).is_none(), "sigmoid");
+    assert!(
+        Discretise::find(&h, &[ra2, ru2], &env).is_none(),
+        "dt not shared"
+    );
+    assert!(Discretise::find(&h, &[ra2, ru], &env).is_some());
 }
 
 /// The gate recipe (`y * silu(z)`, `y * z`, either order) stores the
@@ -1307,7 +1331,7 @@ fn gate_recipe_matches_the_interpreter_bit_for_bit() {
             },
             full,
         );
-        let found = Gate::find(&g);
+        let found = Gate::find(&g, &env);
         assert_eq!(found.is_some(), op != Some(UnaryOp::Sigmoid), "{op:?}");
         cases.push((g, found, transposed));
     }
@@ -1324,7 +1348,7 @@ fn gate_recipe_matches_the_interpreter_bit_for_bit() {
                 g.eval(&env, ys, &line, &mut want, &mut tmp);
                 if let Some(gate) = found {
                     let mut got = vec![7.0; len];
-                    let ran = gate.run(g, &env, &line, ys, &mut got);
+                    let ran = gate.run(&line, ys, &mut got);
                     assert_eq!(ran, !transposed);
                     if ran {
                         assert_eq!(bits(&want), bits(&got));
@@ -1364,4 +1388,61 @@ fn gate_recipe_matches_the_interpreter_bit_for_bit() {
         }
         assert_eq!(bits(&want), bits(&out));
     }
+}
+
+/// A gated result larger than the caches (16 MiB and up) is streamed
+/// past them: the same values as the interpreter's.
+#[test]
+fn a_large_gated_result_is_streamed_with_the_same_values() {
+    let (c, n) = (2, (8 << 20) / 4 + 37);
+    let mut rng = Rng::new(13);
+    let mut env = TestEnv::new();
+    let z = env.stored(&[1, c, n], rng.vec(c * n, -4.0, 4.0));
+    let full = env.virt(&[1, c, n]);
+    let y = rng.vec(c * n, -3.0, 3.0);
+    let mut g = Program::default();
+    let an = g.push(Expr::Anchor, full);
+    let lz = g.push(Expr::Load, z);
+    let sz = g.push(
+        Expr::Unary {
+            op: UnaryOp::Silu,
+            x: lz,
+        },
+        full,
+    );
+    g.push(
+        Expr::Binary {
+            op: BinaryOp::Mul,
+            a: an,
+            b: sz,
+        },
+        full,
+    );
+    let mut out = vec![0.0; c * n];
+    let sink = EpilogueSink::new(
+        &g,
+        &env,
+        Shape::new(&[1, c, n]),
+        &[],
+        &mut out,
+        Shape::new(&[1, c, n]),
+    );
+    let chunk = 509; // odd, so that lines start at every alignment
+    let mut tmp = vec![0.0; chunk * sink.temporaries()];
+    for r in 0..c {
+        for t0 in (0..n).step_by(chunk) {
+            let len = chunk.min(n - t0);
+            sink.store(r, t0, &y[r * n + t0..][..len], &mut tmp);
+        }
+    }
+    let want: Vec<f32> = y
+        .iter()
+        .zip(&env.data[z])
+        .map(|(&y, &z)| {
+            let mut s = [z];
+            UnaryOp::Silu.apply(&mut s);
+            y * s[0]
+        })
+        .collect();
+    assert!(bits(&want) == bits(&out), "streamed result differs");
 }
