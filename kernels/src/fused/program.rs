@@ -641,10 +641,8 @@ impl<'a> LeafMap<'a> {
                     0 => Some(Leaf::Scalar(data[start])),
                     1 => {
                         let end = start + len;
-                        // The next line of a row walk, asked for now so that
-                        // it arrives while this one is computed (as `load`).
-                        prefetch(&data[end.min(data.len())..(end + len).min(data.len())]);
-                        Some(Leaf::Contiguous(&data[start..end]))
+                        let ahead = &data[end.min(data.len())..(end + len).min(data.len())];
+                        Some(Leaf::Contiguous(&data[start..end], ahead))
                     }
                     _ => None,
                 }
@@ -658,8 +656,11 @@ impl<'a> LeafMap<'a> {
 pub(super) enum Leaf<'a> {
     /// Every element is this value.
     Scalar(f32),
-    /// The elements, in order.
-    Contiguous(&'a [f32]),
+    /// The elements, in order, and as many after them as there are (the
+    /// next line of a row walk, for the reader to prefetch while it
+    /// computes this one: asked for all at once, at the line's start,
+    /// the prefetches of three streams stalled on the memory system).
+    Contiguous(&'a [f32], &'a [f32]),
 }
 
 impl Program {
