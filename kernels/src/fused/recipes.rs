@@ -4,15 +4,18 @@
 //! The interpreter ([`Program::eval`]) makes one pass over a line buffer
 //! per node, and copies every stored operand and shared value into a
 //! buffer first. For the diagonal SSM block (`dt = softplus(p)`,
-//! `a = exp(-dt * A)`, `u = dt * x`, the scan, `y * silu(z)`) that is 11
-//! passes and 9 line copies per chunk: half of the block's time went to
-//! them and to walking the tree, beside the transcendental arithmetic
-//! itself. The discretisation of a Mamba-style scan and the gate after it
-//! are the same few ops in every such model (Mamba's own kernel fuses
+//! `a = exp(-dt * A)`, `u = dt * x`, the scan, `y * silu(z)`) that is 7
+//! op passes, 7 line copies and a fill per chunk: profiled, the time
+//! around the ops' loops (copies, tree walks, line set-up) was about that
+//! in them. The discretisation of a Mamba-style scan and the gate after
+//! it are the same few ops in every such model (Mamba's own kernel fuses
 //! exactly these), so they get dedicated loops: each operand is read
 //! once, in place, every intermediate stays in a register, and `a`, `u`
 //! and the gated output are each stored once (the output straight into
-//! the result).
+//! the result, or streamed past the caches when it is larger than them).
+//! On the SSM block (D = 2048, N = 4096, 2 threads of a 2-core EPYC) this
+//! took the call from 10.7 to 8.1 ms; cheaper softplus and sigmoid
+//! (`math.rs`), prefetching and streaming stores took it to about 5.8.
 //!
 //! A recipe computes the ops the program names, in the same order, with
 //! the same functions (`math.rs`, same instruction-set variant): its
