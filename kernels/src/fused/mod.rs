@@ -9,6 +9,7 @@
 //! * [`UnaryOp`], [`BinaryOp`]: the elementwise functions, on vectorisable
 //!   implementations of exp, log, erf and friends (`math.rs`).
 
+mod conv_recipes;
 mod math;
 mod ops;
 mod program;

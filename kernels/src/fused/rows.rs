@@ -12,6 +12,7 @@
 
 use std::marker::PhantomData;
 
+use super::conv_recipes::{Product, SkipGate};
 use super::ops::{copy, copy_streaming};
 use super::program::{Env, Line, Program};
 use super::recipes::{Discretise, Gate};
@@ -199,6 +200,9 @@ pub struct ProgramRows<'a> {
     across: bool,
     /// The one-pass loop for a pair of this form (`recipes.rs`).
     discretise: Option<Discretise<'a>>,
+    /// The one-pass loop for a product of two stored operands
+    /// (`conv_recipes.rs`).
+    product: Option<Product<'a>>,
 }
 
 impl<'a> ProgramRows<'a> {
@@ -218,6 +222,7 @@ impl<'a> ProgramRows<'a> {
             scalar_rows: false,
             across,
             discretise: Discretise::find(program, program.named_roots(), env),
+            product: Product::find(program, env),
         }
     }
 
@@ -329,6 +334,11 @@ impl PairSource for ProgramRows<'_> {
 impl RowSource for ProgramRows<'_> {
     fn fill(&self, row: usize, t0: usize, out: &mut [f32], tmp: &mut [f32]) {
         let line = self.row_line(row, t0);
+        if let Some(recipe) = &self.product {
+            if recipe.run(&line, out) {
+                return;
+            }
+        }
         self.program.eval(self.env, &[], &line, out, tmp);
     }
 
@@ -514,6 +524,9 @@ pub struct EpilogueSink<'a> {
     across: bool,
     /// The one-pass loop for an epilogue of this form (`recipes.rs`).
     gate: Option<Gate<'a>>,
+    /// The one-pass loop for a gated convolution's epilogue
+    /// (`conv_recipes.rs`).
+    skip_gate: Option<SkipGate<'a>>,
     /// The result is larger than the caches: store it with non-temporal
     /// stores.
     stream: bool,
@@ -545,6 +558,7 @@ impl<'a> EpilogueSink<'a> {
             out_shape,
             across: false,
             gate: Gate::find(program, env),
+            skip_gate: SkipGate::find(program, env),
             stream: false,
         };
         sink.stream = std::mem::size_of::<f32>() * sink.out.len >= STREAM_OUTPUT_BYTES;
@@ -602,7 +616,13 @@ impl RowSink for EpilogueSink<'_> {
             }
         }
         let (buf, rest) = tmp.split_at_mut(values.len());
-        self.program.eval(self.env, values, &line, buf, rest);
+        let done = self
+            .skip_gate
+            .as_ref()
+            .is_some_and(|recipe| recipe.run(&line, values, buf));
+        if !done {
+            self.program.eval(self.env, values, &line, buf, rest);
+        }
         self.out.store_line(start, stride, buf);
     }
 

@@ -1446,3 +1446,191 @@ fn a_large_gated_result_is_streamed_with_the_same_values() {
         .collect();
     assert!(bits(&want) == bits(&out), "streamed result differs");
 }
+
+/// The gated convolution's recipes (`conv_recipes.rs`): the prologue
+/// `v * x` and the epilogue `act((y + d * u) * g)`, in the orders and forms
+/// models write them (GELU or none, `u` stored or `v * x`, operands either
+/// side), give the interpreter's values bit for bit, alone and through the
+/// source and sink; a transposed operand is interpreted, with the same
+/// result, and other forms are not taken.
+#[test]
+fn gated_conv_recipes_match_the_interpreter_bit_for_bit() {
+    use super::conv_recipes::{Product, SkipGate};
+    let (c, n) = (3, 150);
+    let mut rng = Rng::new(14);
+    let mut env = TestEnv::new();
+    let full = env.virt(&[1, c, n]);
+    let v = env.stored(&[1, c, n], rng.vec(c * n, -3.0, 3.0));
+    let x = env.stored(&[1, c, n], rng.vec(c * n, -3.0, 3.0));
+    let g = env.stored(&[1, c, n], rng.vec(c * n, -3.0, 3.0));
+    let xt = env.stored(&[1, n, c], rng.vec(c * n, -3.0, 3.0));
+    let d = env.stored(&[c, 1], rng.vec(c, -2.0, 2.0));
+    let y = rng.vec(c * n, -3.0, 3.0);
+    let mul = |p: &mut Program, a: usize, b: usize| {
+        p.push(
+            Expr::Binary {
+                op: BinaryOp::Mul,
+                a,
+                b,
+            },
+            full,
+        )
+    };
+    // `x`, or the transposed tensor read through a view.
+    let load_x = |p: &mut Program, transposed: bool| {
+        if transposed {
+            let l = p.push(Expr::Load, xt);
+            let mut map = [None; MAX_RANK];
+            map[..3].copy_from_slice(&[Some(0), Some(2), Some(1)]);
+            p.push(Expr::View { x: l, map }, full)
+        } else {
+            p.push(Expr::Load, x)
+        }
+    };
+    let row_line = |r: usize, t0: usize| {
+        let mut base = [0; MAX_RANK];
+        base[1] = r;
+        base[2] = t0;
+        Line::along(base, 2)
+    };
+    let lines = [(0, n), (0, 64), (3, 100), (149, 1)];
+
+    // The prologue.
+    for transposed in [false, true] {
+        let mut p = Program::default();
+        let lv = p.push(Expr::Load, v);
+        let lx = load_x(&mut p, transposed);
+        mul(&mut p, lx, lv);
+        let recipe = Product::find(&p, &env).expect("a product of two leaves");
+        let mut tmp = vec![0.0; n * p.temporaries()];
+        for r in 0..c {
+            for (t0, len) in lines {
+                let line = row_line(r, t0);
+                let mut want = vec![0.0; len];
+                p.eval(&env, &[], &line, &mut want, &mut tmp);
+                let mut got = vec![7.0; len];
+                assert_eq!(recipe.run(&line, &mut got), !transposed);
+                let mut filled = vec![7.0; len];
+                ProgramRows::new(&p, &env).fill(r, t0, &mut filled, &mut tmp);
+                assert_eq!(bits(&want), bits(&filled));
+                if !transposed {
+                    assert_eq!(bits(&want), bits(&got));
+                }
+            }
+        }
+    }
+    let mut p = Program::default();
+    let lv = p.push(Expr::Load, v);
+    let e = p.push(
+        Expr::Unary {
+            op: UnaryOp::Exp,
+            x: lv,
+        },
+        full,
+    );
+    let lx = p.push(Expr::Load, x);
+    mul(&mut p, e, lx);
+    assert!(
+        Product::find(&p, &env).is_none(),
+        "exp(v) * x is no product of leaves"
+    );
+
+    // The epilogue.
+    for (gelu, anchor_first, d_first, u_product, gate_first, transposed, add) in [
+        (true, true, true, true, false, false, true),
+        (true, false, false, true, true, false, true),
+        (false, true, false, true, false, false, true),
+        (true, true, true, false, false, false, true),
+        (true, true, true, true, false, true, true),
+        (true, true, true, true, false, false, false),
+    ] {
+        let mut p = Program::default();
+        let an = p.push(Expr::Anchor, full);
+        let ld = p.push(Expr::Load, d);
+        let bd = p.push(Expr::Broadcast { x: ld }, full);
+        let u = if u_product {
+            let lv = p.push(Expr::Load, v);
+            let lx = load_x(&mut p, transposed);
+            mul(&mut p, lv, lx)
+        } else {
+            p.push(Expr::Load, v)
+        };
+        let skip = if d_first {
+            mul(&mut p, bd, u)
+        } else {
+            mul(&mut p, u, bd)
+        };
+        let (a, b) = if anchor_first { (an, skip) } else { (skip, an) };
+        let op = if add { BinaryOp::Add } else { BinaryOp::Sub };
+        let sum = p.push(Expr::Binary { op, a, b }, full);
+        let lg = p.push(Expr::Load, g);
+        let gated = if gate_first {
+            mul(&mut p, lg, sum)
+        } else {
+            mul(&mut p, sum, lg)
+        };
+        if gelu {
+            p.push(
+                Expr::Unary {
+                    op: UnaryOp::Gelu,
+                    x: gated,
+                },
+                full,
+            );
+        }
+        let found = SkipGate::find(&p, &env);
+        assert_eq!(
+            found.is_some(),
+            add,
+            "only a sum with the skip is the recipe"
+        );
+        let mut tmp = vec![0.0; n * p.temporaries()];
+        for r in 0..c {
+            for (t0, len) in lines {
+                let line = row_line(r, t0);
+                let ys = &y[r * n + t0..][..len];
+                let mut want = vec![0.0; len];
+                p.eval(&env, ys, &line, &mut want, &mut tmp);
+                if let Some(recipe) = &found {
+                    let mut got = vec![7.0; len];
+                    assert_eq!(
+                        recipe.run(&line, ys, &mut got),
+                        !transposed,
+                        "{gelu} {anchor_first} {d_first} {u_product} {gate_first} line {t0}+{len}"
+                    );
+                    if !transposed {
+                        assert_eq!(bits(&want), bits(&got));
+                    }
+                }
+            }
+        }
+        // Through the sink.
+        let mut out = vec![0.0; c * n];
+        let sink = EpilogueSink::new(
+            &p,
+            &env,
+            Shape::new(&[1, c, n]),
+            &[],
+            &mut out,
+            Shape::new(&[1, c, n]),
+        );
+        let mut stmp = vec![0.0; 64 * sink.temporaries()];
+        for r in 0..c {
+            for t0 in (0..n).step_by(64) {
+                let len = 64.min(n - t0);
+                sink.store(r, t0, &y[r * n + t0..][..len], &mut stmp);
+            }
+        }
+        let mut want = vec![0.0; c * n];
+        for r in 0..c {
+            p.eval(
+                &env,
+                &y[r * n..][..n],
+                &row_line(r, 0),
+                &mut want[r * n..][..n],
+                &mut tmp,
+            );
+        }
+        assert_eq!(bits(&want), bits(&out));
+    }
+}
