@@ -184,6 +184,9 @@ fn main() {
         t(&[1, fn_, fc], 0.0), // 4: [1, N, C] (virtual)
         t(&[fc, 1], 0.5),      // 5: A
         t(&[1, 1, fc], 0.0),   // 6: A viewed as [1, 1, C] (virtual)
+        t(&[1, fc, fn_], 0.5), // 7: p
+        t(&[1, fc, fn_], 2.0), // 8: x
+        t(&[1, fc, fn_], 1.0), // 9: z
     ]);
     let transpose = [Some(0), Some(2), Some(1), None];
     let mut pro = Program::default();
@@ -297,6 +300,71 @@ fn main() {
     );
     pair.set_roots(vec![a_root, u_root]);
     assert_eq!(pair.shared(), 1);
+    // The SSM block as stored `[B, C, N]` inputs give it, which the
+    // one-pass recipes take: `a = exp(-softplus(p) * A)`, `u = dt * x`,
+    // the output gated by `silu(z)`.
+    let mut ssm = Program::default();
+    let lp = ssm.push(Expr::Load, 7);
+    let dt = ssm.push(
+        Expr::Unary {
+            op: UnaryOp::Softplus,
+            x: lp,
+        },
+        3,
+    );
+    let nd = ssm.push(
+        Expr::Unary {
+            op: UnaryOp::Neg,
+            x: dt,
+        },
+        3,
+    );
+    let la = ssm.push(Expr::Load, 5);
+    let ba = ssm.push(Expr::Broadcast { x: la }, 3);
+    let e = ssm.push(
+        Expr::Binary {
+            op: BinaryOp::Mul,
+            a: nd,
+            b: ba,
+        },
+        3,
+    );
+    let ra = ssm.push(
+        Expr::Unary {
+            op: UnaryOp::Exp,
+            x: e,
+        },
+        3,
+    );
+    let lx = ssm.push(Expr::Load, 8);
+    let ru = ssm.push(
+        Expr::Binary {
+            op: BinaryOp::Mul,
+            a: dt,
+            b: lx,
+        },
+        3,
+    );
+    ssm.set_roots(vec![ra, ru]);
+    let mut ssm_gate = Program::default();
+    let an = ssm_gate.push(Expr::Anchor, 3);
+    let lz = ssm_gate.push(Expr::Load, 9);
+    let sz = ssm_gate.push(
+        Expr::Unary {
+            op: UnaryOp::Silu,
+            x: lz,
+        },
+        3,
+    );
+    ssm_gate.push(
+        Expr::Binary {
+            op: BinaryOp::Mul,
+            a: an,
+            b: sz,
+        },
+        3,
+    );
+    let mut ssm_out = vec![0.0; fc * fn_];
     let views = [StoreView {
         map: transpose,
         rank: 3,
@@ -317,6 +385,8 @@ fn main() {
         1 + epi.temporaries(),
         coef.temporaries(),
         pair.temporaries(),
+        ssm.temporaries(),
+        1 + ssm_gate.temporaries(),
     ]
     .into_iter()
     .max()
@@ -435,6 +505,22 @@ fn main() {
                 RowsIn::Slice(&fx0),
                 &ProgramRows::new(&pair, &env),
                 RowsOut::Slice(&mut pair_out),
+                &scratch,
+            )
+            .unwrap();
+            let gate = EpilogueSink::new(
+                &ssm_gate,
+                &env,
+                Shape::new(&[1, fc, fn_]),
+                &[],
+                &mut ssm_out,
+                Shape::new(&[1, fc, fn_]),
+            );
+            linear_scan_rows_pair(
+                &fscan,
+                RowsIn::Slice(&fx0),
+                &ProgramRows::new(&ssm, &env),
+                RowsOut::Fused(&gate),
                 &scratch,
             )
             .unwrap();

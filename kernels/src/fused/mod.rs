@@ -9,9 +9,11 @@
 //! * [`UnaryOp`], [`BinaryOp`]: the elementwise functions, on vectorisable
 //!   implementations of exp, log, erf and friends (`math.rs`).
 
+mod conv_recipes;
 mod math;
 mod ops;
 mod program;
+mod recipes;
 mod rows;
 mod shape;
 mod strided;

@@ -289,6 +289,12 @@ impl Program {
         }
     }
 
+    /// The roots [`Self::set_roots`] named (empty for a single-root
+    /// program), without the allocation of [`Self::roots`].
+    pub(super) fn named_roots(&self) -> &[usize] {
+        &self.roots
+    }
+
     /// Nodes whose line one evaluation computes once for all its uses.
     pub fn shared(&self) -> usize {
         self.slots
@@ -445,38 +451,8 @@ impl Program {
                 self.eval_node(cond, env, anchor, line, cv, rest, memo);
                 select(cv, out, bv);
             }
-            Expr::Broadcast { x } => {
-                let (to, from) = (env.shape(node.value), env.shape(self.nodes[x].value));
-                let lead = to.rank() - from.rank();
-                let mut child = Line::default();
-                for d in 0..from.rank() {
-                    if from[d] != 1 {
-                        child.base[d] = line.base[d + lead];
-                        child.step[d] = line.step[d + lead];
-                    }
-                }
-                self.eval_node(x, env, anchor, &child, out, tmp, memo);
-            }
-            Expr::Slice {
-                x,
-                dim,
-                start,
-                step,
-            } => {
-                let size = env.shape(self.nodes[x].value)[dim];
-                let mut child = *line;
-                child.base[dim] = resolve_start(start, size) + step * line.base[dim];
-                child.step[dim] = step * line.step[dim];
-                self.eval_node(x, env, anchor, &child, out, tmp, memo);
-            }
-            Expr::View { x, map } => {
-                let mut child = Line::default();
-                for (d, m) in map.iter().enumerate().take(env.shape(node.value).rank()) {
-                    if let Some(m) = *m {
-                        child.base[m as usize] = line.base[d];
-                        child.step[m as usize] = line.step[d];
-                    }
-                }
+            Expr::Broadcast { x } | Expr::View { x, .. } | Expr::Slice { x, .. } => {
+                let child = self.view_line(i, env, line);
                 self.eval_node(x, env, anchor, &child, out, tmp, memo);
             }
             Expr::Cat { ref parts, dim } => {
@@ -512,6 +488,180 @@ impl Program {
             }
         }
     }
+}
+
+impl Program {
+    /// The line a view node (broadcast, permute / squeeze, slice) reads of
+    /// its operand when asked for `line`; any other node's `line` itself.
+    fn view_line(&self, i: usize, env: &dyn Env, line: &Line) -> Line {
+        let node = &self.nodes[i];
+        match node.expr {
+            Expr::Broadcast { x } => {
+                let (to, from) = (env.shape(node.value), env.shape(self.nodes[x].value));
+                let lead = to.rank() - from.rank();
+                let mut child = Line::default();
+                for d in 0..from.rank() {
+                    if from[d] != 1 {
+                        child.base[d] = line.base[d + lead];
+                        child.step[d] = line.step[d + lead];
+                    }
+                }
+                child
+            }
+            Expr::Slice {
+                x,
+                dim,
+                start,
+                step,
+            } => {
+                let size = env.shape(self.nodes[x].value)[dim];
+                let mut child = *line;
+                child.base[dim] = resolve_start(start, size) + step * line.base[dim];
+                child.step[dim] = step * line.step[dim];
+                child
+            }
+            Expr::View { map, .. } => {
+                let mut child = Line::default();
+                for (d, m) in map.iter().enumerate().take(env.shape(node.value).rank()) {
+                    if let Some(m) = *m {
+                        child.base[m as usize] = line.base[d];
+                        child.step[m as usize] = line.step[d];
+                    }
+                }
+                child
+            }
+            _ => *line,
+        }
+    }
+
+    /// Whether node `i` is a *leaf*: a stored tensor or a constant, read
+    /// through views only (what [`Self::leaf_map`] resolves).
+    pub(super) fn is_leaf(&self, mut i: usize) -> bool {
+        loop {
+            match self.nodes[i].expr {
+                Expr::Load | Expr::Const(_) => return true,
+                Expr::Broadcast { x } | Expr::View { x, .. } | Expr::Slice { x, .. } => i = x,
+                _ => return false,
+            }
+        }
+    }
+
+    /// How leaf `i` (see [`Self::is_leaf`]) reads any line of the root,
+    /// resolved once for the env's current shapes: the views between a
+    /// stored tensor and the root are affine maps of coordinates, so an
+    /// element's offset is `offset + sum(coord[d] * coef[d])` over the
+    /// root's dimensions. `None` for other nodes.
+    pub(super) fn leaf_map<'e>(&self, i: usize, env: &'e dyn Env) -> Option<LeafMap<'e>> {
+        // Offset and stride of the line `line` of node `i`, down to a load.
+        let resolve = |line: Line| -> Option<(usize, usize, usize)> {
+            let (mut i, mut line) = (i, line);
+            loop {
+                let node = &self.nodes[i];
+                match node.expr {
+                    Expr::Load => {
+                        let shape = env.shape(node.value);
+                        let strides = shape.strides();
+                        let rank = shape.rank();
+                        let start = (0..rank).map(|d| line.base[d] * strides[d]).sum();
+                        let stride = (0..rank).map(|d| line.step[d] * strides[d]).sum();
+                        return Some((node.value, start, stride));
+                    }
+                    Expr::Broadcast { x } | Expr::View { x, .. } | Expr::Slice { x, .. } => {
+                        line = self.view_line(i, env, &line);
+                        i = x;
+                    }
+                    _ => return None,
+                }
+            }
+        };
+        if let Some(c) = self.leaf_const(i) {
+            return Some(LeafMap::Const(c));
+        }
+        let (value, offset, _) = resolve(Line::default())?;
+        let mut coef = [0; MAX_RANK];
+        for (d, c) in coef.iter_mut().enumerate() {
+            let mut unit = Line::default();
+            unit.step[d] = 1;
+            *c = resolve(unit)?.2;
+        }
+        Some(LeafMap::Stored {
+            data: env.data(value),
+            offset,
+            coef,
+        })
+    }
+
+    /// The constant leaf `i` is, if it is one (through views).
+    fn leaf_const(&self, mut i: usize) -> Option<f32> {
+        loop {
+            match self.nodes[i].expr {
+                Expr::Const(c) => return Some(c),
+                Expr::Broadcast { x } | Expr::View { x, .. } | Expr::Slice { x, .. } => i = x,
+                _ => return None,
+            }
+        }
+    }
+}
+
+/// How a leaf reads the root's lines ([`Program::leaf_map`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum LeafMap<'a> {
+    /// A constant.
+    Const(f32),
+    /// A stored tensor: the element at root coordinates `c` is
+    /// `data[offset + sum(c[d] * coef[d])]`.
+    Stored {
+        data: &'a [f32],
+        offset: usize,
+        coef: [usize; MAX_RANK],
+    },
+}
+
+impl<'a> LeafMap<'a> {
+    /// The `len` elements along `line` when they need no copy: one value
+    /// repeated (a constant, or a stored tensor read with stride 0, such
+    /// as a per-channel parameter along time) or a contiguous run of a
+    /// stored tensor. `None` for strided reads, which [`Program::eval`]
+    /// gathers.
+    ///
+    /// # Panics
+    /// If the line leaves its tensor (a bug of the caller's plan, as in
+    /// [`Program::eval`]).
+    #[inline]
+    pub(super) fn read(&self, line: &Line, len: usize) -> Option<Leaf<'a>> {
+        match *self {
+            LeafMap::Const(c) => Some(Leaf::Scalar(c)),
+            LeafMap::Stored { data, offset, coef } => {
+                let mut start = offset;
+                let mut stride = 0;
+                for ((&b, &s), &c) in line.base.iter().zip(&line.step).zip(&coef) {
+                    start += b * c;
+                    stride += s * c;
+                }
+                match stride {
+                    0 => Some(Leaf::Scalar(data[start])),
+                    1 => {
+                        let end = start + len;
+                        let ahead = &data[end.min(data.len())..(end + len).min(data.len())];
+                        Some(Leaf::Contiguous(&data[start..end], ahead))
+                    }
+                    _ => None,
+                }
+            }
+        }
+    }
+}
+
+/// A leaf's elements along a line, read in place ([`LeafMap::read`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) enum Leaf<'a> {
+    /// Every element is this value.
+    Scalar(f32),
+    /// The elements, in order, and as many after them as there are (the
+    /// next line of a row walk, for the reader to prefetch while it
+    /// computes this one: asked for all at once, at the line's start,
+    /// the prefetches of three streams stalled on the memory system).
+    Contiguous(&'a [f32], &'a [f32]),
 }
 
 impl Program {

@@ -12,8 +12,10 @@
 
 use std::marker::PhantomData;
 
-use super::ops::copy;
+use super::conv_recipes::{Product, SkipGate};
+use super::ops::{copy, copy_streaming};
 use super::program::{Env, Line, Program};
+use super::recipes::{Discretise, Gate};
 use super::shape::{Shape, MAX_RANK};
 use super::strided;
 
@@ -210,6 +212,11 @@ pub struct ProgramRows<'a> {
     scalar_rows: bool,
     /// Blocks of rows are read across them (see [`prefers_across`]).
     across: bool,
+    /// The one-pass loop for a pair of this form (`recipes.rs`).
+    discretise: Option<Discretise<'a>>,
+    /// The one-pass loop for a product of two stored operands
+    /// (`conv_recipes.rs`).
+    product: Option<Product<'a>>,
 }
 
 impl<'a> ProgramRows<'a> {
@@ -228,6 +235,8 @@ impl<'a> ProgramRows<'a> {
             shape,
             scalar_rows: false,
             across,
+            discretise: Discretise::find(program, program.named_roots(), env),
+            product: Product::find(program, env),
         }
     }
 
@@ -296,6 +305,11 @@ impl PairSource for ProgramRows<'_> {
         tmp: &mut [f32],
     ) {
         let line = self.row_line(row, t0);
+        if let Some(recipe) = &self.discretise {
+            if recipe.run(&line, first, second) {
+                return;
+            }
+        }
         self.program
             .eval_roots(self.env, &[], &line, &mut [first, second], tmp);
     }
@@ -334,6 +348,11 @@ impl PairSource for ProgramRows<'_> {
 impl RowSource for ProgramRows<'_> {
     fn fill(&self, row: usize, t0: usize, out: &mut [f32], tmp: &mut [f32]) {
         let line = self.row_line(row, t0);
+        if let Some(recipe) = &self.product {
+            if recipe.run(&line, out) {
+                return;
+            }
+        }
         self.program.eval(self.env, &[], &line, out, tmp);
     }
 
@@ -450,6 +469,27 @@ impl<'a> SharedOut<'a> {
         self.store_line(start, stride, values)
     }
 
+    /// Calls `f` with elements `start .. start + len` to write (`f` may
+    /// leave them unwritten) and returns what it returns.
+    ///
+    /// # Panics
+    /// If the run leaves the tensor.
+    fn with_line<R>(&self, start: usize, len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+        assert!(
+            start + len <= self.len,
+            "store past the end ({} of {})",
+            start + len,
+            self.len
+        );
+        // SAFETY: in bounds (checked above); no other task writes these
+        // elements (see the Sync impl) and nothing reads them during the
+        // kernel call (which holds the `&mut` borrow), so this exclusive
+        // slice aliases nothing while `f` holds it, and it cannot outlive
+        // `f`.
+        let dst = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) };
+        f(dst)
+    }
+
     /// Writes `values[t]` at offset `start + t * stride`.
     ///
     /// # Panics
@@ -500,7 +540,22 @@ pub struct EpilogueSink<'a> {
     out_shape: Shape,
     /// Blocks of rows are finished and stored across them.
     across: bool,
+    /// The one-pass loop for an epilogue of this form (`recipes.rs`).
+    gate: Option<Gate<'a>>,
+    /// The one-pass loop for a gated convolution's epilogue
+    /// (`conv_recipes.rs`).
+    skip_gate: Option<SkipGate<'a>>,
+    /// The result is larger than the caches: store it with non-temporal
+    /// stores.
+    stream: bool,
 }
+
+/// Results at least this large (bytes) an epilogue recipe stores with
+/// non-temporal stores: no cache holds them for a reader anyway, and not
+/// reading each line before overwriting it saves a fifth of the traffic
+/// of the SSM block. The threshold is the scan's (`scan::STREAM_OUTPUT_BYTES`,
+/// measured there); below it a result may stay in L3 for the next op.
+const STREAM_OUTPUT_BYTES: usize = 16 << 20;
 
 impl<'a> EpilogueSink<'a> {
     #[allow(missing_docs)]
@@ -520,7 +575,11 @@ impl<'a> EpilogueSink<'a> {
             out: SharedOut::new(out),
             out_shape,
             across: false,
+            gate: Gate::find(program, env),
+            skip_gate: SkipGate::find(program, env),
+            stream: false,
         };
+        sink.stream = std::mem::size_of::<f32>() * sink.out.len >= STREAM_OUTPUT_BYTES;
         let rank = anchor_shape.rank();
         if rank >= 2 {
             let stride = |dim: usize| {
@@ -555,9 +614,33 @@ impl RowSink for EpilogueSink<'_> {
         let mut base = unravel(row, &self.anchor_shape, rank - 1);
         base[rank - 1] = t0;
         let line = Line::along(base, rank - 1);
-        let (buf, rest) = tmp.split_at_mut(values.len());
-        self.program.eval(self.env, values, &line, buf, rest);
         let (start, stride) = self.store_at(&line);
+        if let (Some(gate), 1) = (&self.gate, stride) {
+            let len = values.len();
+            if self.stream {
+                // Gated in L1, then streamed past the caches.
+                let buf = &mut tmp[..len];
+                if gate.run(&line, values, buf) {
+                    self.out
+                        .with_line(start, len, |out| copy_streaming(out, buf));
+                    return;
+                }
+            } else if self
+                .out
+                .with_line(start, len, |out| gate.run(&line, values, out))
+            {
+                // Gated straight into the result: no buffer, no copy.
+                return;
+            }
+        }
+        let (buf, rest) = tmp.split_at_mut(values.len());
+        let done = self
+            .skip_gate
+            .as_ref()
+            .is_some_and(|recipe| recipe.run(&line, values, buf));
+        if !done {
+            self.program.eval(self.env, values, &line, buf, rest);
+        }
         self.out.store_line(start, stride, buf);
     }
 

@@ -1135,3 +1135,526 @@ fn columns_of_short_rows_read_and_materialise_every_element() {
         }
     }
 }
+
+/// Bit patterns, so that equal NaNs compare equal and -0 differs from 0.
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// The discretisation recipe recognises the forms models write `a` and
+/// `u` in and computes the interpreter's values bit for bit, on every
+/// line length (vector blocks and remainders); lines it cannot read in
+/// place, and programs of other forms, are left to the interpreter.
+#[test]
+fn discretise_recipe_matches_the_interpreter_bit_for_bit() {
+    use super::recipes::Discretise;
+    let (c, n) = (3, 203);
+    let mut rng = Rng::new(11);
+    let mut env = TestEnv::new();
+    let mut p_data = rng.vec(c * n, -30.0, 30.0);
+    p_data[5] = 0.0;
+    p_data[6] = -0.0;
+    p_data[7] = 1e-30;
+    let p = env.stored(&[1, c, n], p_data);
+    let x = env.stored(&[1, c, n], rng.vec(c * n, -2.0, 2.0));
+    let big_a = env.stored(&[c, 1], rng.vec(c, 0.1, 3.0));
+    let per_step = env.stored(&[1, c, n], rng.vec(c * n, 0.1, 3.0));
+    let xt = env.stored(&[1, n, c], rng.vec(c * n, -2.0, 2.0));
+    let long = env.stored(&[1, c, n + 5], rng.vec(c * (n + 5), -2.0, 2.0));
+    let full = env.virt(&[1, c, n]);
+    let un = |op, x| Expr::Unary { op, x };
+    let mul = |a, b| Expr::Binary {
+        op: BinaryOp::Mul,
+        a,
+        b,
+    };
+    // Builds `[a, u]` from `p`, `k` and `x` values: `form` picks where the
+    // negation goes and the factors' order, `sp` whether dt = softplus(p).
+    let build = |form: usize, sp: bool, k_val: Option<usize>, x_val: usize, x_view: bool| {
+        let mut g = Program::default();
+        let lp = g.push(Expr::Load, p);
+        let dt = if sp {
+            g.push(un(UnaryOp::Softplus, lp), full)
+        } else {
+            lp
+        };
+        let k = match k_val {
+            Some(v) => {
+                let lk = g.push(Expr::Load, v);
+                g.push(Expr::Broadcast { x: lk }, full)
+            }
+            None => g.push(Expr::Const(-0.75), full),
+        };
+        let e = match form {
+            // exp(-dt * A), as DiagonalSSM writes it
+            0 => {
+                let ng = g.push(un(UnaryOp::Neg, dt), full);
+                g.push(mul(ng, k), full)
+            }
+            // exp(-(A * dt))
+            1 => {
+                let m = g.push(mul(k, dt), full);
+                g.push(un(UnaryOp::Neg, m), full)
+            }
+            // exp(dt * A) with A < 0 (Mamba's own form)
+            2 => g.push(mul(dt, k), full),
+            // exp(-(-A) * (-dt)): negations cancel
+            _ => {
+                let nk = g.push(un(UnaryOp::Neg, k), full);
+                let nd = g.push(un(UnaryOp::Neg, dt), full);
+                let m = g.push(mul(nk, nd), full);
+                g.push(un(UnaryOp::Neg, m), full)
+            }
+        };
+        let ra = g.push(un(UnaryOp::Exp, e), full);
+        let lx = g.push(Expr::Load, x_val);
+        let xv = if x_view {
+            let mut map = [None; MAX_RANK];
+            map[..3].copy_from_slice(&[Some(0), Some(2), Some(1)]);
+            g.push(Expr::View { x: lx, map }, full)
+        } else {
+            lx
+        };
+        let ru = g.push(mul(xv, dt), full);
+        g.set_roots(vec![ra, ru]);
+        g
+    };
+    let line_of = |r: usize, t0: usize| {
+        let mut base = [0; MAX_RANK];
+        base[1] = r;
+        base[2] = t0;
+        Line::along(base, 2)
+    };
+    // Every line length from 1 to past a vector block, at every offset.
+    let check = |g: &Program, recipe: &Discretise, expect_run: bool| {
+        for r in 0..c {
+            for (t0, len) in [(0, n), (0, 64), (1, 79), (64, 64), (130, 73), (202, 1)] {
+                let line = line_of(r, t0);
+                let (mut a0, mut u0) = (vec![0.0; len], vec![0.0; len]);
+                let mut tmp = vec![0.0; len * g.temporaries()];
+                g.eval_roots(&env, &[], &line, &mut [&mut a0, &mut u0], &mut tmp);
+                let (mut a1, mut u1) = (vec![7.0; len], vec![7.0; len]);
+                let ran = recipe.run(&line, &mut a1, &mut u1);
+                assert_eq!(ran, expect_run, "line {r} {t0} {len}");
+                if ran {
+                    assert_eq!(bits(&a0), bits(&a1), "a, line {r} {t0} {len}");
+                    assert_eq!(bits(&u0), bits(&u1), "u, line {r} {t0} {len}");
+                } else {
+                    assert!(a1.iter().chain(&u1).all(|&v| v == 7.0), "wrote nothing");
+                }
+            }
+        }
+    };
+    for form in 0..4 {
+        for sp in [true, false] {
+            for k in [Some(big_a), None] {
+                let g = build(form, sp, k, x, false);
+                let recipe = Discretise::find(&g, &g.roots(), &env)
+                    .unwrap_or_else(|| panic!("form {form}, softplus {sp}"));
+                check(&g, &recipe, true);
+            }
+        }
+    }
+    // `x` as the last `n` steps of a longer tensor (a slice counted from
+    // the end: the leaf's offset): read in place.
+    let mut g = build(0, true, Some(big_a), x, false);
+    let ll = g.push(Expr::Load, long);
+    let sl = g.push(
+        Expr::Slice {
+            x: ll,
+            dim: 2,
+            start: -(n as i64),
+            step: 1,
+        },
+        full,
+    );
+    let roots = g.roots();
+    let Expr::Binary { b: dt, .. } = g.nodes()[roots[1]].expr else {
+        unreachable!()
+    };
+    let ru = g.push(mul(dt, sl), full);
+    g.set_roots(vec![roots[0], ru]);
+    check(&g, &Discretise::find(&g, &g.roots(), &env).unwrap(), true);
+    // A decay that varies along time, or a transposed `x`, is found but
+    // read through the interpreter.
+    let g = build(0, true, Some(per_step), x, false);
+    check(&g, &Discretise::find(&g, &g.roots(), &env).unwrap(), false);
+    let g = build(0, true, Some(big_a), xt, true);
+    check(&g, &Discretise::find(&g, &g.roots(), &env).unwrap(), false);
+    // Other forms are not this recipe: one root, roots swapped, a sigmoid
+    // instead of exp, dt not shared.
+    let g = build(0, true, Some(big_a), x, false);
+    assert!(Discretise::find(&g, &[g.roots()[0]], &env).is_none());
+    assert!(Discretise::find(&g, &[g.roots()[1], g.roots()[0]], &env).is_none());
+    let mut h = Program::default();
+    let lp = h.push(Expr::Load, p);
+    let dt = h.push(un(UnaryOp::Softplus, lp), full);
+    let dt2 = h.push(un(UnaryOp::Softplus, lp), full);
+    let lk = h.push(Expr::Load, big_a);
+    let k = h.push(Expr::Broadcast { x: lk }, full);
+    let m = h.push(mul(dt, k), full);
+    let ra = h.push(un(UnaryOp::Sigmoid, m), full);
+    let ra2 = h.push(un(UnaryOp::Exp, m), full);
+    let lx = h.push(Expr::Load, x);
+    let ru = h.push(mul(dt, lx), full);
+    let ru2 = h.push(mul(dt2, lx), full);
+    assert!(Discretise::find(&h, &[ra, ru], &env).is_none(), "sigmoid");
+    assert!(
+        Discretise::find(&h, &[ra2, ru2], &env).is_none(),
+        "dt not shared"
+    );
+    assert!(Discretise::find(&h, &[ra2, ru], &env).is_some());
+}
+
+/// The gate recipe (`y * silu(z)`, `y * z`, either order) stores the
+/// interpreter's values bit for bit, straight into the result; a sigmoid
+/// gate or a transposed one goes through the interpreter, with the same
+/// result.
+#[test]
+fn gate_recipe_matches_the_interpreter_bit_for_bit() {
+    use super::recipes::Gate;
+    let (c, n) = (2, 150);
+    let mut rng = Rng::new(12);
+    let mut env = TestEnv::new();
+    let mut z_data = rng.vec(c * n, -40.0, 40.0);
+    z_data[3] = 0.0;
+    z_data[4] = -0.0;
+    let z = env.stored(&[1, c, n], z_data);
+    let zt = env.stored(&[1, n, c], rng.vec(c * n, -4.0, 4.0));
+    let full = env.virt(&[1, c, n]);
+    let y = rng.vec(c * n, -3.0, 3.0);
+    let mut cases = vec![];
+    for (op, anchor_first, transposed) in [
+        (Some(UnaryOp::Silu), true, false),
+        (Some(UnaryOp::Silu), false, false),
+        (None, true, false),
+        (None, false, false),
+        (Some(UnaryOp::Sigmoid), true, false),
+        (Some(UnaryOp::Silu), true, true),
+    ] {
+        let mut g = Program::default();
+        let an = g.push(Expr::Anchor, full);
+        let lz = if transposed {
+            let l = g.push(Expr::Load, zt);
+            let mut map = [None; MAX_RANK];
+            map[..3].copy_from_slice(&[Some(0), Some(2), Some(1)]);
+            g.push(Expr::View { x: l, map }, full)
+        } else {
+            g.push(Expr::Load, z)
+        };
+        let gz = match op {
+            Some(op) => g.push(Expr::Unary { op, x: lz }, full),
+            None => lz,
+        };
+        let (a, b) = if anchor_first { (an, gz) } else { (gz, an) };
+        g.push(
+            Expr::Binary {
+                op: BinaryOp::Mul,
+                a,
+                b,
+            },
+            full,
+        );
+        let found = Gate::find(&g, &env);
+        assert_eq!(found.is_some(), op != Some(UnaryOp::Sigmoid), "{op:?}");
+        cases.push((g, found, transposed));
+    }
+    for (g, found, transposed) in &cases {
+        let mut tmp = vec![0.0; n * g.temporaries()];
+        for r in 0..c {
+            for (t0, len) in [(0, n), (0, 64), (3, 100), (149, 1)] {
+                let mut base = [0; MAX_RANK];
+                base[1] = r;
+                base[2] = t0;
+                let line = Line::along(base, 2);
+                let ys = &y[r * n + t0..][..len];
+                let mut want = vec![0.0; len];
+                g.eval(&env, ys, &line, &mut want, &mut tmp);
+                if let Some(gate) = found {
+                    let mut got = vec![7.0; len];
+                    let ran = gate.run(&line, ys, &mut got);
+                    assert_eq!(ran, !transposed);
+                    if ran {
+                        assert_eq!(bits(&want), bits(&got));
+                    }
+                }
+            }
+        }
+        // Through the sink (the recipe's direct store, or the interpreter).
+        let mut out = vec![0.0; c * n];
+        let sink = EpilogueSink::new(
+            g,
+            &env,
+            Shape::new(&[1, c, n]),
+            &[],
+            &mut out,
+            Shape::new(&[1, c, n]),
+        );
+        let mut tmp = vec![0.0; 64 * sink.temporaries()];
+        for r in 0..c {
+            for t0 in (0..n).step_by(64) {
+                let len = 64.min(n - t0);
+                sink.store(r, t0, &y[r * n + t0..][..len], &mut tmp);
+            }
+        }
+        let mut want = vec![0.0; c * n];
+        let mut tmp = vec![0.0; n * g.temporaries()];
+        for r in 0..c {
+            let mut base = [0; MAX_RANK];
+            base[1] = r;
+            g.eval(
+                &env,
+                &y[r * n..][..n],
+                &Line::along(base, 2),
+                &mut want[r * n..][..n],
+                &mut tmp,
+            );
+        }
+        assert_eq!(bits(&want), bits(&out));
+    }
+}
+
+/// A gated result larger than the caches (16 MiB and up) is streamed
+/// past them: the same values as the interpreter's.
+#[test]
+fn a_large_gated_result_is_streamed_with_the_same_values() {
+    let (c, n) = (2, (8 << 20) / 4 + 37);
+    let mut rng = Rng::new(13);
+    let mut env = TestEnv::new();
+    let z = env.stored(&[1, c, n], rng.vec(c * n, -4.0, 4.0));
+    let full = env.virt(&[1, c, n]);
+    let y = rng.vec(c * n, -3.0, 3.0);
+    let mut g = Program::default();
+    let an = g.push(Expr::Anchor, full);
+    let lz = g.push(Expr::Load, z);
+    let sz = g.push(
+        Expr::Unary {
+            op: UnaryOp::Silu,
+            x: lz,
+        },
+        full,
+    );
+    g.push(
+        Expr::Binary {
+            op: BinaryOp::Mul,
+            a: an,
+            b: sz,
+        },
+        full,
+    );
+    let mut out = vec![0.0; c * n];
+    let sink = EpilogueSink::new(
+        &g,
+        &env,
+        Shape::new(&[1, c, n]),
+        &[],
+        &mut out,
+        Shape::new(&[1, c, n]),
+    );
+    let chunk = 509; // odd, so that lines start at every alignment
+    let mut tmp = vec![0.0; chunk * sink.temporaries()];
+    for r in 0..c {
+        for t0 in (0..n).step_by(chunk) {
+            let len = chunk.min(n - t0);
+            sink.store(r, t0, &y[r * n + t0..][..len], &mut tmp);
+        }
+    }
+    let want: Vec<f32> = y
+        .iter()
+        .zip(&env.data[z])
+        .map(|(&y, &z)| {
+            let mut s = [z];
+            UnaryOp::Silu.apply(&mut s);
+            y * s[0]
+        })
+        .collect();
+    assert!(bits(&want) == bits(&out), "streamed result differs");
+}
+
+/// The gated convolution's recipes (`conv_recipes.rs`): the prologue
+/// `v * x` and the epilogue `act((y + d * u) * g)`, in the orders and forms
+/// models write them (GELU or none, `u` stored or `v * x`, operands either
+/// side), give the interpreter's values bit for bit, alone and through the
+/// source and sink; a transposed operand is interpreted, with the same
+/// result, and other forms are not taken.
+#[test]
+fn gated_conv_recipes_match_the_interpreter_bit_for_bit() {
+    use super::conv_recipes::{Product, SkipGate};
+    let (c, n) = (3, 150);
+    let mut rng = Rng::new(14);
+    let mut env = TestEnv::new();
+    let full = env.virt(&[1, c, n]);
+    let v = env.stored(&[1, c, n], rng.vec(c * n, -3.0, 3.0));
+    let x = env.stored(&[1, c, n], rng.vec(c * n, -3.0, 3.0));
+    let g = env.stored(&[1, c, n], rng.vec(c * n, -3.0, 3.0));
+    let xt = env.stored(&[1, n, c], rng.vec(c * n, -3.0, 3.0));
+    let d = env.stored(&[c, 1], rng.vec(c, -2.0, 2.0));
+    let y = rng.vec(c * n, -3.0, 3.0);
+    let mul = |p: &mut Program, a: usize, b: usize| {
+        p.push(
+            Expr::Binary {
+                op: BinaryOp::Mul,
+                a,
+                b,
+            },
+            full,
+        )
+    };
+    // `x`, or the transposed tensor read through a view.
+    let load_x = |p: &mut Program, transposed: bool| {
+        if transposed {
+            let l = p.push(Expr::Load, xt);
+            let mut map = [None; MAX_RANK];
+            map[..3].copy_from_slice(&[Some(0), Some(2), Some(1)]);
+            p.push(Expr::View { x: l, map }, full)
+        } else {
+            p.push(Expr::Load, x)
+        }
+    };
+    let row_line = |r: usize, t0: usize| {
+        let mut base = [0; MAX_RANK];
+        base[1] = r;
+        base[2] = t0;
+        Line::along(base, 2)
+    };
+    let lines = [(0, n), (0, 64), (3, 100), (149, 1)];
+
+    // The prologue.
+    for transposed in [false, true] {
+        let mut p = Program::default();
+        let lv = p.push(Expr::Load, v);
+        let lx = load_x(&mut p, transposed);
+        mul(&mut p, lx, lv);
+        let recipe = Product::find(&p, &env).expect("a product of two leaves");
+        let mut tmp = vec![0.0; n * p.temporaries()];
+        for r in 0..c {
+            for (t0, len) in lines {
+                let line = row_line(r, t0);
+                let mut want = vec![0.0; len];
+                p.eval(&env, &[], &line, &mut want, &mut tmp);
+                let mut got = vec![7.0; len];
+                assert_eq!(recipe.run(&line, &mut got), !transposed);
+                let mut filled = vec![7.0; len];
+                ProgramRows::new(&p, &env).fill(r, t0, &mut filled, &mut tmp);
+                assert_eq!(bits(&want), bits(&filled));
+                if !transposed {
+                    assert_eq!(bits(&want), bits(&got));
+                }
+            }
+        }
+    }
+    let mut p = Program::default();
+    let lv = p.push(Expr::Load, v);
+    let e = p.push(
+        Expr::Unary {
+            op: UnaryOp::Exp,
+            x: lv,
+        },
+        full,
+    );
+    let lx = p.push(Expr::Load, x);
+    mul(&mut p, e, lx);
+    assert!(
+        Product::find(&p, &env).is_none(),
+        "exp(v) * x is no product of leaves"
+    );
+
+    // The epilogue.
+    for (gelu, anchor_first, d_first, u_product, gate_first, transposed, add) in [
+        (true, true, true, true, false, false, true),
+        (true, false, false, true, true, false, true),
+        (false, true, false, true, false, false, true),
+        (true, true, true, false, false, false, true),
+        (true, true, true, true, false, true, true),
+        (true, true, true, true, false, false, false),
+    ] {
+        let mut p = Program::default();
+        let an = p.push(Expr::Anchor, full);
+        let ld = p.push(Expr::Load, d);
+        let bd = p.push(Expr::Broadcast { x: ld }, full);
+        let u = if u_product {
+            let lv = p.push(Expr::Load, v);
+            let lx = load_x(&mut p, transposed);
+            mul(&mut p, lv, lx)
+        } else {
+            p.push(Expr::Load, v)
+        };
+        let skip = if d_first {
+            mul(&mut p, bd, u)
+        } else {
+            mul(&mut p, u, bd)
+        };
+        let (a, b) = if anchor_first { (an, skip) } else { (skip, an) };
+        let op = if add { BinaryOp::Add } else { BinaryOp::Sub };
+        let sum = p.push(Expr::Binary { op, a, b }, full);
+        let lg = p.push(Expr::Load, g);
+        let gated = if gate_first {
+            mul(&mut p, lg, sum)
+        } else {
+            mul(&mut p, sum, lg)
+        };
+        if gelu {
+            p.push(
+                Expr::Unary {
+                    op: UnaryOp::Gelu,
+                    x: gated,
+                },
+                full,
+            );
+        }
+        let found = SkipGate::find(&p, &env);
+        assert_eq!(
+            found.is_some(),
+            add,
+            "only a sum with the skip is the recipe"
+        );
+        let mut tmp = vec![0.0; n * p.temporaries()];
+        for r in 0..c {
+            for (t0, len) in lines {
+                let line = row_line(r, t0);
+                let ys = &y[r * n + t0..][..len];
+                let mut want = vec![0.0; len];
+                p.eval(&env, ys, &line, &mut want, &mut tmp);
+                if let Some(recipe) = &found {
+                    let mut got = vec![7.0; len];
+                    assert_eq!(
+                        recipe.run(&line, ys, &mut got),
+                        !transposed,
+                        "{gelu} {anchor_first} {d_first} {u_product} {gate_first} line {t0}+{len}"
+                    );
+                    if !transposed {
+                        assert_eq!(bits(&want), bits(&got));
+                    }
+                }
+            }
+        }
+        // Through the sink.
+        let mut out = vec![0.0; c * n];
+        let sink = EpilogueSink::new(
+            &p,
+            &env,
+            Shape::new(&[1, c, n]),
+            &[],
+            &mut out,
+            Shape::new(&[1, c, n]),
+        );
+        let mut stmp = vec![0.0; 64 * sink.temporaries()];
+        for r in 0..c {
+            for t0 in (0..n).step_by(64) {
+                let len = 64.min(n - t0);
+                sink.store(r, t0, &y[r * n + t0..][..len], &mut stmp);
+            }
+        }
+        let mut want = vec![0.0; c * n];
+        for r in 0..c {
+            p.eval(
+                &env,
+                &y[r * n..][..n],
+                &row_line(r, 0),
+                &mut want[r * n..][..n],
+                &mut tmp,
+            );
+        }
+        assert_eq!(bits(&want), bits(&out));
+    }
+}

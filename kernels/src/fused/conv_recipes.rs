@@ -1,0 +1,291 @@
+//! Recipes around a gated convolution (Hyena, H3): single-pass loops for
+//! its prologue `v * x` and its epilogue `act((y + d * u) * g)`, recognised
+//! in a [`Program`]'s structure as `recipes.rs` does for the scan's.
+//!
+//! Hyena's long convolution reads `u = v * x` and finishes with the
+//! per-channel skip `d * u`, the gate `g` and a GELU. Interpreted, that is
+//! three passes over each prologue line and ten over each epilogue line
+//! (every stored operand copied into a buffer first): in the Hyena block
+//! they took more time than the FFT. Here each operand is read once, in
+//! place, and every intermediate stays in a register.
+//!
+//! As in `recipes.rs`, a recipe computes the program's ops in its tree's
+//! order with the same functions and instruction-set variant, so its
+//! results are the interpreter's bit for bit (the tests check this); per
+//! line it runs only where its stored operands are read contiguously and
+//! the skip's factor is one value along the line (a `[C, 1]` parameter
+//! along time). Any other line or program is interpreted.
+
+#![allow(unsafe_code)]
+
+use super::math;
+#[cfg(target_arch = "x86_64")]
+use super::ops::Isa;
+use super::ops::{prefetch, BASELINE_FMA};
+use super::program::{Env, Expr, Leaf, LeafMap, Line, Program};
+use super::{BinaryOp, UnaryOp};
+
+/// Elements per block of the loops (a block's prefetches spread over the
+/// line, as in `recipes.rs`).
+const BLOCK: usize = 64;
+
+/// The operands of `a * b` if node `i` is that product (either order).
+fn product(program: &Program, i: usize) -> Option<(usize, usize)> {
+    match program.nodes()[i].expr {
+        Expr::Binary {
+            op: BinaryOp::Mul,
+            a,
+            b,
+        } => Some((a, b)),
+        _ => None,
+    }
+}
+
+/// A product of two stored operands, `a * b`: Hyena's `v * x`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Product<'a> {
+    a: LeafMap<'a>,
+    b: LeafMap<'a>,
+}
+
+impl<'a> Product<'a> {
+    /// The recipe for a program whose root is a product of two leaves.
+    pub(super) fn find(program: &Program, env: &'a dyn Env) -> Option<Self> {
+        let (a, b) = product(program, program.root())?;
+        if !program.is_leaf(a) || !program.is_leaf(b) {
+            return None;
+        }
+        Some(Product {
+            a: program.leaf_map(a, env)?,
+            b: program.leaf_map(b, env)?,
+        })
+    }
+
+    /// Writes the product along `line` into `out` and returns true, or
+    /// returns false, writing nothing, where an operand is not read
+    /// contiguously along this line.
+    pub(super) fn run(&self, line: &Line, out: &mut [f32]) -> bool {
+        let len = out.len();
+        match (self.a.read(line, len), self.b.read(line, len)) {
+            (Some(Leaf::Contiguous(a, a_ahead)), Some(Leaf::Contiguous(b, b_ahead))) => {
+                for (i, ((out, a), b)) in out
+                    .chunks_mut(BLOCK)
+                    .zip(a.chunks(BLOCK))
+                    .zip(b.chunks(BLOCK))
+                    .enumerate()
+                {
+                    for ahead in [a_ahead, b_ahead] {
+                        prefetch(ahead.get(i * BLOCK..(i + 1) * BLOCK).unwrap_or(&[]));
+                    }
+                    for ((o, &a), &b) in out.iter_mut().zip(a).zip(b) {
+                        *o = a * b;
+                    }
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The skip `d * u` of a gated convolution: `u` stored, or the product of
+/// two stored operands (`d * (v * x)`, recomputed rather than read back).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Skip<'a> {
+    Stored(LeafMap<'a>),
+    Product(LeafMap<'a>, LeafMap<'a>),
+}
+
+/// The epilogue `act((y + d * u) * g)`, `y` the anchor's chunk, `act`
+/// GELU or nothing, `d` one value per line, `u` and `g` stored (sums and
+/// products in either order).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct SkipGate<'a> {
+    d: LeafMap<'a>,
+    u: Skip<'a>,
+    g: LeafMap<'a>,
+    gelu: bool,
+}
+
+impl<'a> SkipGate<'a> {
+    /// The recipe for an epilogue of this form, its leaves resolved for
+    /// `env`'s current shapes.
+    pub(super) fn find(program: &Program, env: &'a dyn Env) -> Option<Self> {
+        let nodes = program.nodes();
+        let (body, gelu) = match nodes.get(program.root())?.expr {
+            Expr::Unary {
+                op: UnaryOp::Gelu,
+                x,
+            } => (x, true),
+            _ => (program.root(), false),
+        };
+        let (p, q) = product(program, body)?;
+        let (sum, g) = if program.is_leaf(q) { (p, q) } else { (q, p) };
+        let Expr::Binary {
+            op: BinaryOp::Add,
+            a,
+            b,
+        } = nodes[sum].expr
+        else {
+            return None;
+        };
+        let skip = match (&nodes[a].expr, &nodes[b].expr) {
+            (Expr::Anchor, _) => b,
+            (_, Expr::Anchor) => a,
+            _ => return None,
+        };
+        let (p, q) = product(program, skip)?;
+        // `d` is the factor one value along time (a `[C, 1]` parameter).
+        let time = env
+            .shape(nodes[program.root()].value)
+            .rank()
+            .checked_sub(1)?;
+        let per_row = |i: usize| {
+            program.is_leaf(i)
+                && match program.leaf_map(i, env) {
+                    Some(LeafMap::Const(_)) => true,
+                    Some(LeafMap::Stored { coef, .. }) => coef[time] == 0,
+                    None => false,
+                }
+        };
+        let (d, u) = if per_row(p) { (p, q) } else { (q, p) };
+        if !program.is_leaf(g) || !per_row(d) {
+            return None;
+        }
+        let u = if program.is_leaf(u) {
+            Skip::Stored(program.leaf_map(u, env)?)
+        } else {
+            let (v, x) = product(program, u)?;
+            if !program.is_leaf(v) || !program.is_leaf(x) {
+                return None;
+            }
+            Skip::Product(program.leaf_map(v, env)?, program.leaf_map(x, env)?)
+        };
+        Some(SkipGate {
+            d: program.leaf_map(d, env)?,
+            u,
+            g: program.leaf_map(g, env)?,
+            gelu,
+        })
+    }
+
+    /// Writes the finished `y` (the anchor's values along `line`) into
+    /// `out` (as long) and returns true, or returns false, writing nothing,
+    /// where this line's reads do not fit the recipe.
+    pub(super) fn run(&self, line: &Line, y: &[f32], out: &mut [f32]) -> bool {
+        let len = y.len();
+        let Some(Leaf::Scalar(d)) = self.d.read(line, len) else {
+            return false;
+        };
+        let Some(Leaf::Contiguous(g, g_ahead)) = self.g.read(line, len) else {
+            return false;
+        };
+        let (v, x, aheads) = match self.u {
+            Skip::Stored(u) => match u.read(line, len) {
+                Some(Leaf::Contiguous(u, u_ahead)) => (u, None, [g_ahead, u_ahead, &[][..]]),
+                _ => return false,
+            },
+            Skip::Product(v, x) => match (v.read(line, len), x.read(line, len)) {
+                (Some(Leaf::Contiguous(v, v_ahead)), Some(Leaf::Contiguous(x, x_ahead))) => {
+                    (v, Some(x), [g_ahead, v_ahead, x_ahead])
+                }
+                _ => return false,
+            },
+        };
+        skip_gate(
+            &SkipGateArgs {
+                y,
+                d,
+                v,
+                x,
+                g,
+                aheads,
+                gelu: self.gelu,
+            },
+            out,
+        );
+        true
+    }
+}
+
+/// One line of [`SkipGate`]: `u = v` (or `v * x`), `out = act((y + d * u) * g)`.
+struct SkipGateArgs<'a> {
+    y: &'a [f32],
+    d: f32,
+    v: &'a [f32],
+    x: Option<&'a [f32]>,
+    g: &'a [f32],
+    aheads: [&'a [f32]; 3],
+    gelu: bool,
+}
+
+fn skip_gate(args: &SkipGateArgs, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match Isa::detect() {
+            // SAFETY: the CPU has AVX-512F, AVX2 and FMA (just detected).
+            Isa::Avx512 => return unsafe { skip_gate_avx512(args, out) },
+            // SAFETY: the CPU has AVX2 and FMA (just detected).
+            Isa::Avx2 => return unsafe { skip_gate_avx2(args, out) },
+            Isa::Baseline => {}
+        }
+    }
+    skip_gate_generic::<BASELINE_FMA>(args, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn skip_gate_avx512(args: &SkipGateArgs, out: &mut [f32]) {
+    skip_gate_generic::<true>(args, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn skip_gate_avx2(args: &SkipGateArgs, out: &mut [f32]) {
+    skip_gate_generic::<true>(args, out)
+}
+
+/// The loops, inlined into each instruction-set variant; `F` as in
+/// `UnaryOp::apply` (so GELU rounds as the interpreter's). One loop per
+/// form, so none tests a flag per element.
+#[inline(always)]
+fn skip_gate_generic<const F: bool>(args: &SkipGateArgs, out: &mut [f32]) {
+    // `x` stands for 1.0 where `u` is stored: `u * 1.0` is `u` exactly.
+    let ones = [1.0f32; BLOCK];
+    match (args.x, args.gelu) {
+        (Some(x), true) => blocks(args, x, BLOCK, out, math::gelu::<F>),
+        (Some(x), false) => blocks(args, x, BLOCK, out, |s| s),
+        (None, true) => blocks(args, &ones, 0, out, math::gelu::<F>),
+        (None, false) => blocks(args, &ones, 0, out, |s| s),
+    }
+}
+
+/// `out[i] = act((y[i] + d * (v[i] * x[i])) * g[i])` over [`BLOCK`]s,
+/// prefetching the next line's operands a block at a time; `x` advances
+/// `x_step` elements per block (0: the same block of ones throughout).
+#[inline(always)]
+fn blocks(
+    args: &SkipGateArgs,
+    x: &[f32],
+    x_step: usize,
+    out: &mut [f32],
+    act: impl Fn(f32) -> f32,
+) {
+    let d = args.d;
+    for (b, out) in out.chunks_mut(BLOCK).enumerate() {
+        let at = b * BLOCK;
+        let n = out.len();
+        for ahead in args.aheads {
+            prefetch(ahead.get(at..at + BLOCK).unwrap_or(&[]));
+        }
+        let (y, v, g) = (
+            &args.y[at..at + n],
+            &args.v[at..at + n],
+            &args.g[at..at + n],
+        );
+        let x = &x[b * x_step..][..n];
+        for ((((o, &y), &v), &x), &g) in out.iter_mut().zip(y).zip(v).zip(x).zip(g) {
+            *o = act((y + d * (v * x)) * g);
+        }
+    }
+}
