@@ -345,15 +345,22 @@ impl PairSource for ProgramRows<'_> {
     }
 }
 
-impl RowSource for ProgramRows<'_> {
-    fn fill(&self, row: usize, t0: usize, out: &mut [f32], tmp: &mut [f32]) {
-        let line = self.row_line(row, t0);
+impl ProgramRows<'_> {
+    /// The program along `line` into `out`: by its recipe where one fits
+    /// the line, else interpreted.
+    fn eval_line(&self, line: &Line, out: &mut [f32], tmp: &mut [f32]) {
         if let Some(recipe) = &self.product {
-            if recipe.run(&line, out) {
+            if recipe.run(line, out) {
                 return;
             }
         }
-        self.program.eval(self.env, &[], &line, out, tmp);
+        self.program.eval(self.env, &[], line, out, tmp);
+    }
+}
+
+impl RowSource for ProgramRows<'_> {
+    fn fill(&self, row: usize, t0: usize, out: &mut [f32], tmp: &mut [f32]) {
+        self.eval_line(&self.row_line(row, t0), out, tmp);
     }
 
     fn temporaries(&self) -> usize {
@@ -375,7 +382,7 @@ impl RowSource for ProgramRows<'_> {
 
     fn fill_col(&self, row0: usize, t: usize, out: &mut [f32], tmp: &mut [f32]) {
         match self.col_line(row0, t) {
-            Some(line) => self.program.eval(self.env, &[], &line, out, tmp),
+            Some(line) => self.eval_line(&line, out, tmp),
             None => {
                 for (r, o) in out.iter_mut().enumerate() {
                     self.fill(row0 + r, t, std::slice::from_mut(o), tmp);
@@ -405,8 +412,7 @@ impl RowSource for ProgramRows<'_> {
         let mut base = unravel(row0, &self.shape, rank - 1);
         for t in 0..len {
             base[rank - 1] = t0 + t;
-            self.program
-                .eval(self.env, &[], &Line::along(base, rank - 2), line_buf, tmp);
+            self.eval_line(&Line::along(base, rank - 2), line_buf, tmp);
             for (r, &v) in line_buf.iter().enumerate() {
                 out[r * len + t] = v;
             }
@@ -608,6 +614,22 @@ impl<'a> EpilogueSink<'a> {
     }
 }
 
+impl EpilogueSink<'_> {
+    /// The epilogue of the anchor's `values` along `line` into `buf`: by
+    /// a recipe where one fits the line, else interpreted (`tmp` holds the
+    /// interpreter's temporaries).
+    fn finish_line(&self, line: &Line, values: &[f32], buf: &mut [f32], tmp: &mut [f32]) {
+        let by_recipe = match (&self.gate, &self.skip_gate) {
+            (Some(gate), _) => gate.run(line, values, buf),
+            (_, Some(skip_gate)) => skip_gate.run(line, values, buf),
+            _ => false,
+        };
+        if !by_recipe {
+            self.program.eval(self.env, values, line, buf, tmp);
+        }
+    }
+}
+
 impl RowSink for EpilogueSink<'_> {
     fn store(&self, row: usize, t0: usize, values: &[f32], tmp: &mut [f32]) {
         let rank = self.anchor_shape.rank();
@@ -634,13 +656,7 @@ impl RowSink for EpilogueSink<'_> {
             }
         }
         let (buf, rest) = tmp.split_at_mut(values.len());
-        let done = self
-            .skip_gate
-            .as_ref()
-            .is_some_and(|recipe| recipe.run(&line, values, buf));
-        if !done {
-            self.program.eval(self.env, values, &line, buf, rest);
-        }
+        self.finish_line(&line, values, buf, rest);
         self.out.store_line(start, stride, buf);
     }
 
@@ -664,7 +680,7 @@ impl RowSink for EpilogueSink<'_> {
         base[rank - 1] = t;
         let line = Line::along(base, rank - 2);
         let (buf, rest) = tmp.split_at_mut(values.len());
-        self.program.eval(self.env, values, &line, buf, rest);
+        self.finish_line(&line, values, buf, rest);
         let (start, stride) = self.store_at(&line);
         self.out.store_line(start, stride, buf);
     }
@@ -696,7 +712,7 @@ impl RowSink for EpilogueSink<'_> {
             }
             base[rank - 1] = t0 + t;
             let line = Line::along(base, rank - 2);
-            self.program.eval(self.env, anchor, &line, buf, tmp);
+            self.finish_line(&line, anchor, buf, tmp);
             let (start, stride) = self.store_at(&line);
             self.out.store_line(start, stride, buf);
         }

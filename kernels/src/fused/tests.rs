@@ -227,7 +227,7 @@ fn fused_depthwise_matches_the_plain_kernel() {
         .build()
         .unwrap();
     let mut rng = Rng::new(7);
-    for (case, transposed_out) in [
+    for (case, transposed_out, silu) in [
         (1, 5, 2500, 4, (3, 0), 1),
         (2, 3, 40, 3, (2, 2), 2),
         (1, 4, 1, 3, (2, 0), 1),
@@ -245,7 +245,9 @@ fn fused_depthwise_matches_the_plain_kernel() {
         (1, 20, 200, 17, (16, 0), 1),
     ]
     .iter()
-    .flat_map(|case| [(case, true), (case, false)])
+    // Output transposed or not; `silu(y) * c` (interpreted) or `y * c`
+    // (the gate recipe, across channels in the channels-last walk).
+    .flat_map(|case| [(case, true, true), (case, false, true), (case, true, false)])
     {
         let &(batch, ch, n, k, (pl, pr), dil) = case;
         let p = Conv1dParams {
@@ -299,13 +301,17 @@ fn fused_depthwise_matches_the_plain_kernel() {
         );
         let mut epi = Program::default();
         let an = epi.push(Expr::Anchor, y);
-        let s = epi.push(
-            Expr::Unary {
-                op: UnaryOp::Silu,
-                x: an,
-            },
-            y,
-        );
+        let s = if silu {
+            epi.push(
+                Expr::Unary {
+                    op: UnaryOp::Silu,
+                    x: an,
+                },
+                y,
+            )
+        } else {
+            an
+        };
         let lc = epi.push(Expr::Load, c);
         let cv = if transposed_out {
             epi.push(
@@ -340,13 +346,13 @@ fn fused_depthwise_matches_the_plain_kernel() {
             for cc in 0..ch {
                 for t in 0..out_len {
                     let v = yref[(bi * ch + cc) * out_len + t];
-                    let silu = v / (1.0 + (-v).exp());
+                    let act = if silu { v / (1.0 + (-v).exp()) } else { v };
                     let at = if transposed_out {
                         (bi * out_len + t) * ch + cc
                     } else {
                         (bi * ch + cc) * out_len + t
                     };
-                    want[at] = silu * env.data[c][at];
+                    want[at] = act * env.data[c][at];
                 }
             }
         }
@@ -386,7 +392,7 @@ fn fused_depthwise_matches_the_plain_kernel() {
         for (i, (g, w_)) in got.iter().zip(&want).enumerate() {
             assert!(
                 (g - w_).abs() <= 1e-5 * (1.0 + w_.abs()),
-                "case {case:?} transposed out {transposed_out}: element {i}: {g} vs {w_}"
+                "case {case:?} transposed out {transposed_out} silu {silu}: element {i}: {g} vs {w_}"
             );
         }
     }
