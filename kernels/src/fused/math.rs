@@ -163,13 +163,20 @@ pub(crate) fn softplus<const F: bool>(x: f32) -> f32 {
 /// Logistic sigmoid: `1 / (1 + t)` for `x >= 0` and `t / (1 + t)` below,
 /// `t = e^-|x|` in `(0, 1]`: the exponent is never positive, so the
 /// cheaper [`exp_nonpositive`] serves (the SSM block's gate computes a
-/// sigmoid per element), and for very negative `x` the result is `e^x`
-/// (down to the smallest normal) rather than `1 / inf = 0`.
+/// sigmoid per element). Below `EXP_MIN`, where `t` stops at the smallest
+/// normal, the result is 0, as `1 / (1 + e^-x)` gives in f32 and PyTorch
+/// returns (so `silu(-inf)` is NaN and `silu(-1e30)` is -0, as there).
 #[inline(always)]
 pub(crate) fn sigmoid<const F: bool>(x: f32) -> f32 {
     let t = exp_nonpositive::<F>(-x.abs());
     // NaN needs no case of its own: `t`, and so the quotient, is NaN.
-    let num = if x < 0.0 { t } else { 1.0 };
+    let num = if x < EXP_MIN {
+        0.0
+    } else if x < 0.0 {
+        t
+    } else {
+        1.0
+    };
     num / (1.0 + t)
 }
 
@@ -306,6 +313,9 @@ mod tests {
         check("softplus", softplus::<F>, softplus64, 1e3, 1e30, 1e-7);
         assert!(softplus::<F>(f32::NAN).is_nan());
         assert!(sigmoid(f32::NAN).is_nan());
+        assert_eq!(sigmoid(f32::NEG_INFINITY), 0.0);
+        assert_eq!(sigmoid(-100.0), 0.0);
+        assert_eq!(sigmoid(f32::INFINITY), 1.0);
         assert!(sigmoid(-f32::NAN).is_nan());
         assert_eq!(softplus::<F>(f32::INFINITY), f32::INFINITY);
         // e^x flushes to the smallest normal (see exp), not to 0.
