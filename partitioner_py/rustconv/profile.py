@@ -161,8 +161,10 @@ def report(profile: Profile, copy_gbps: float | None) -> dict[str, Any]:
                          **timing(op.times_ms)})  # fmt: skip
             continue
         call = profile.calls[index]
+        # Without an ETRecord the Inspector names no other delegate.
+        name = f"{call.backend or 'other delegate'} call {call.index}"
         rows.append({"kind": "delegate_call", "call": call.index, "backend": call.backend,
-                     "name": f"{call.backend} call {call.index}", "op_types": call.op_types,
+                     "name": name, "op_types": call.op_types,
                      **timing(call.times_ms)})  # fmt: skip
         for inner in call.inner:
             rows.append({"kind": "delegated_op", "call": call.index, "backend": call.backend,
