@@ -1312,6 +1312,37 @@ fn discretise_recipe_matches_the_interpreter_bit_for_bit() {
     assert!(Discretise::find(&h, &[ra2, ru], &env).is_some());
 }
 
+/// Stores the anchor values `y` (`[1, c, n]`) through an epilogue sink of
+/// `program`, 64 elements per call, and checks the result against the
+/// interpreter's bit for bit.
+fn assert_sink_is_the_interpreter(program: &Program, env: &TestEnv, y: &[f32], c: usize, n: usize) {
+    let mut out = vec![0.0; c * n];
+    let shape = Shape::new(&[1, c, n]);
+    let sink = EpilogueSink::new(program, env, shape, &[], &mut out, shape);
+    let mut tmp = vec![0.0; 64 * sink.temporaries()];
+    for r in 0..c {
+        for t0 in (0..n).step_by(64) {
+            let len = 64.min(n - t0);
+            sink.store(r, t0, &y[r * n + t0..][..len], &mut tmp);
+        }
+    }
+    let mut want = vec![0.0; c * n];
+    let mut tmp = vec![0.0; n * program.temporaries()];
+    for r in 0..c {
+        let mut base = [0; MAX_RANK];
+        base[1] = r;
+        let line = Line::along(base, 2);
+        program.eval(
+            env,
+            &y[r * n..][..n],
+            &line,
+            &mut want[r * n..][..n],
+            &mut tmp,
+        );
+    }
+    assert_eq!(bits(&want), bits(&out));
+}
+
 /// The gate recipe (`y * silu(z)`, `y * z`, either order) stores the
 /// interpreter's values bit for bit, straight into the result; a sigmoid
 /// gate or a transposed one goes through the interpreter, with the same
@@ -1387,36 +1418,7 @@ fn gate_recipe_matches_the_interpreter_bit_for_bit() {
             }
         }
         // Through the sink (the recipe's direct store, or the interpreter).
-        let mut out = vec![0.0; c * n];
-        let sink = EpilogueSink::new(
-            g,
-            &env,
-            Shape::new(&[1, c, n]),
-            &[],
-            &mut out,
-            Shape::new(&[1, c, n]),
-        );
-        let mut tmp = vec![0.0; 64 * sink.temporaries()];
-        for r in 0..c {
-            for t0 in (0..n).step_by(64) {
-                let len = 64.min(n - t0);
-                sink.store(r, t0, &y[r * n + t0..][..len], &mut tmp);
-            }
-        }
-        let mut want = vec![0.0; c * n];
-        let mut tmp = vec![0.0; n * g.temporaries()];
-        for r in 0..c {
-            let mut base = [0; MAX_RANK];
-            base[1] = r;
-            g.eval(
-                &env,
-                &y[r * n..][..n],
-                &Line::along(base, 2),
-                &mut want[r * n..][..n],
-                &mut tmp,
-            );
-        }
-        assert_eq!(bits(&want), bits(&out));
+        assert_sink_is_the_interpreter(g, &env, &y, c, n);
     }
 }
 
@@ -1634,33 +1636,6 @@ fn gated_conv_recipes_match_the_interpreter_bit_for_bit() {
                 }
             }
         }
-        // Through the sink.
-        let mut out = vec![0.0; c * n];
-        let sink = EpilogueSink::new(
-            &p,
-            &env,
-            Shape::new(&[1, c, n]),
-            &[],
-            &mut out,
-            Shape::new(&[1, c, n]),
-        );
-        let mut stmp = vec![0.0; 64 * sink.temporaries()];
-        for r in 0..c {
-            for t0 in (0..n).step_by(64) {
-                let len = 64.min(n - t0);
-                sink.store(r, t0, &y[r * n + t0..][..len], &mut stmp);
-            }
-        }
-        let mut want = vec![0.0; c * n];
-        for r in 0..c {
-            p.eval(
-                &env,
-                &y[r * n..][..n],
-                &row_line(r, 0),
-                &mut want[r * n..][..n],
-                &mut tmp,
-            );
-        }
-        assert_eq!(bits(&want), bits(&out));
+        assert_sink_is_the_interpreter(&p, &env, &y, c, n);
     }
 }
