@@ -23,22 +23,16 @@ use super::math;
 use super::ops::Isa;
 use super::ops::{prefetch, BASELINE_FMA};
 use super::program::{Env, Expr, Leaf, LeafMap, Line, Program};
+use super::recipes::{beside_anchor, binary};
 use super::{BinaryOp, UnaryOp};
 
 /// Elements per block of the loops (a block's prefetches spread over the
 /// line, as in `recipes.rs`).
 const BLOCK: usize = 64;
 
-/// The operands of `a * b` if node `i` is that product (either order).
+/// The operands of `a * b` if node `i` is that product.
 fn product(program: &Program, i: usize) -> Option<(usize, usize)> {
-    match program.nodes()[i].expr {
-        Expr::Binary {
-            op: BinaryOp::Mul,
-            a,
-            b,
-        } => Some((a, b)),
-        _ => None,
-    }
+    binary(program, i, BinaryOp::Mul)
 }
 
 /// A product of two stored operands, `a * b`: Hyena's `v * x`.
@@ -121,19 +115,8 @@ impl<'a> SkipGate<'a> {
         };
         let (p, q) = product(program, body)?;
         let (sum, g) = if program.is_leaf(q) { (p, q) } else { (q, p) };
-        let Expr::Binary {
-            op: BinaryOp::Add,
-            a,
-            b,
-        } = nodes[sum].expr
-        else {
-            return None;
-        };
-        let skip = match (&nodes[a].expr, &nodes[b].expr) {
-            (Expr::Anchor, _) => b,
-            (_, Expr::Anchor) => a,
-            _ => return None,
-        };
+        let (a, b) = binary(program, sum, BinaryOp::Add)?;
+        let skip = beside_anchor(program, a, b)?;
         let (p, q) = product(program, skip)?;
         // `d` is the factor one value along time (a `[C, 1]` parameter).
         let time = env

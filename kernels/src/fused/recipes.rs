@@ -37,6 +37,25 @@ use super::ops::{prefetch, BASELINE_FMA};
 use super::program::{Env, Expr, Leaf, LeafMap, Line, Program};
 use super::{BinaryOp, UnaryOp};
 
+/// The operands of node `i` if it is the binary `op` (in the program's
+/// order: callers try both where the op commutes).
+pub(super) fn binary(program: &Program, i: usize, op: BinaryOp) -> Option<(usize, usize)> {
+    match program.nodes().get(i)?.expr {
+        Expr::Binary { op: o, a, b } if o == op => Some((a, b)),
+        _ => None,
+    }
+}
+
+/// Of operands `a` and `b`, the one beside the anchor (the kernel's own
+/// values), if the other is the anchor.
+pub(super) fn beside_anchor(program: &Program, a: usize, b: usize) -> Option<usize> {
+    match (&program.nodes()[a].expr, &program.nodes()[b].expr) {
+        (Expr::Anchor, _) => Some(b),
+        (_, Expr::Anchor) => Some(a),
+        _ => None,
+    }
+}
+
 /// The discretisation of a diagonal selective scan, computing its two
 /// operands together: `a = exp(±dt * k)` and `u = dt * x`, with
 /// `dt = softplus(p)` (or `dt = p`) computed once for both, `k` one value
@@ -84,23 +103,9 @@ impl<'a> Discretise<'a> {
         };
         let mut negate = false;
         e = strip(e, &mut negate);
-        let Expr::Binary {
-            op: BinaryOp::Mul,
-            a: f1,
-            b: f2,
-        } = nodes[e].expr
-        else {
-            return None;
-        };
+        let (f1, f2) = binary(program, e, BinaryOp::Mul)?;
         let (f1, f2) = (strip(f1, &mut negate), strip(f2, &mut negate));
-        let Expr::Binary {
-            op: BinaryOp::Mul,
-            a: g1,
-            b: g2,
-        } = nodes[ru].expr
-        else {
-            return None;
-        };
+        let (g1, g2) = binary(program, ru, BinaryOp::Mul)?;
         // `dt` is the factor both roots share; the other ones are leaves.
         let (dt, k, x) = [(f1, f2), (f2, f1)]
             .into_iter()
@@ -168,19 +173,8 @@ impl<'a> Gate<'a> {
     /// either order), its leaf resolved for `env`'s current shapes.
     pub(super) fn find(program: &Program, env: &'a dyn Env) -> Option<Self> {
         let nodes = program.nodes();
-        let Expr::Binary {
-            op: BinaryOp::Mul,
-            a,
-            b,
-        } = nodes.get(program.root())?.expr
-        else {
-            return None;
-        };
-        let g = match (&nodes[a].expr, &nodes[b].expr) {
-            (Expr::Anchor, _) => b,
-            (_, Expr::Anchor) => a,
-            _ => return None,
-        };
+        let (a, b) = binary(program, program.root(), BinaryOp::Mul)?;
+        let g = beside_anchor(program, a, b)?;
         let (z, silu) = match nodes[g].expr {
             Expr::Unary {
                 op: UnaryOp::Silu,

@@ -546,14 +546,37 @@ pub struct EpilogueSink<'a> {
     out_shape: Shape,
     /// Blocks of rows are finished and stored across them.
     across: bool,
-    /// The one-pass loop for an epilogue of this form (`recipes.rs`).
-    gate: Option<Gate<'a>>,
-    /// The one-pass loop for a gated convolution's epilogue
-    /// (`conv_recipes.rs`).
-    skip_gate: Option<SkipGate<'a>>,
+    /// The one-pass loop for an epilogue of a recipe's form.
+    recipe: Option<EpilogueRecipe<'a>>,
     /// The result is larger than the caches: store it with non-temporal
     /// stores.
     stream: bool,
+}
+
+/// The epilogues the recipes compute in one pass: a scan's gate
+/// (`recipes.rs`) and a gated convolution's (`conv_recipes.rs`).
+enum EpilogueRecipe<'a> {
+    Gate(Gate<'a>),
+    SkipGate(SkipGate<'a>),
+}
+
+impl<'a> EpilogueRecipe<'a> {
+    /// The recipe whose form `program` has, if one does.
+    fn find(program: &Program, env: &'a dyn Env) -> Option<Self> {
+        Gate::find(program, env)
+            .map(Self::Gate)
+            .or_else(|| SkipGate::find(program, env).map(Self::SkipGate))
+    }
+
+    /// Writes the finished anchor values along `line` into `out` and
+    /// returns true, or returns false, writing nothing, where the line's
+    /// reads do not fit the recipe.
+    fn run(&self, line: &Line, values: &[f32], out: &mut [f32]) -> bool {
+        match self {
+            Self::Gate(r) => r.run(line, values, out),
+            Self::SkipGate(r) => r.run(line, values, out),
+        }
+    }
 }
 
 /// Results at least this large (bytes) an epilogue recipe stores with
@@ -581,8 +604,7 @@ impl<'a> EpilogueSink<'a> {
             out: SharedOut::new(out),
             out_shape,
             across: false,
-            gate: Gate::find(program, env),
-            skip_gate: SkipGate::find(program, env),
+            recipe: EpilogueRecipe::find(program, env),
             stream: false,
         };
         sink.stream = std::mem::size_of::<f32>() * sink.out.len >= STREAM_OUTPUT_BYTES;
@@ -616,15 +638,17 @@ impl<'a> EpilogueSink<'a> {
 
 impl EpilogueSink<'_> {
     /// The epilogue of the anchor's `values` along `line` into `buf`: by
-    /// a recipe where one fits the line, else interpreted (`tmp` holds the
+    /// `recipe` where it fits the line, else interpreted (`tmp` holds the
     /// interpreter's temporaries).
-    fn finish_line(&self, line: &Line, values: &[f32], buf: &mut [f32], tmp: &mut [f32]) {
-        let by_recipe = match (&self.gate, &self.skip_gate) {
-            (Some(gate), _) => gate.run(line, values, buf),
-            (_, Some(skip_gate)) => skip_gate.run(line, values, buf),
-            _ => false,
-        };
-        if !by_recipe {
+    fn finish_line(
+        &self,
+        recipe: Option<&EpilogueRecipe>,
+        line: &Line,
+        values: &[f32],
+        buf: &mut [f32],
+        tmp: &mut [f32],
+    ) {
+        if !recipe.is_some_and(|r| r.run(line, values, buf)) {
             self.program.eval(self.env, values, line, buf, tmp);
         }
     }
@@ -637,26 +661,31 @@ impl RowSink for EpilogueSink<'_> {
         base[rank - 1] = t0;
         let line = Line::along(base, rank - 1);
         let (start, stride) = self.store_at(&line);
-        if let (Some(gate), 1) = (&self.gate, stride) {
-            let len = values.len();
-            if self.stream {
-                // Gated in L1, then streamed past the caches.
+        let len = values.len();
+        let mut recipe = self.recipe.as_ref();
+        if let (Some(r), 1) = (recipe, stride) {
+            let done = if self.stream {
+                // Finished in L1, then streamed past the caches.
                 let buf = &mut tmp[..len];
-                if gate.run(&line, values, buf) {
+                let fits = r.run(&line, values, buf);
+                if fits {
                     self.out
                         .with_line(start, len, |out| copy_streaming(out, buf));
-                    return;
                 }
-            } else if self
-                .out
-                .with_line(start, len, |out| gate.run(&line, values, out))
-            {
-                // Gated straight into the result: no buffer, no copy.
+                fits
+            } else {
+                // Finished straight into the result: no buffer, no copy.
+                self.out
+                    .with_line(start, len, |out| r.run(&line, values, out))
+            };
+            if done {
                 return;
             }
+            // The recipe does not fit this line.
+            recipe = None;
         }
-        let (buf, rest) = tmp.split_at_mut(values.len());
-        self.finish_line(&line, values, buf, rest);
+        let (buf, rest) = tmp.split_at_mut(len);
+        self.finish_line(recipe, &line, values, buf, rest);
         self.out.store_line(start, stride, buf);
     }
 
@@ -680,7 +709,7 @@ impl RowSink for EpilogueSink<'_> {
         base[rank - 1] = t;
         let line = Line::along(base, rank - 2);
         let (buf, rest) = tmp.split_at_mut(values.len());
-        self.finish_line(&line, values, buf, rest);
+        self.finish_line(self.recipe.as_ref(), &line, values, buf, rest);
         let (start, stride) = self.store_at(&line);
         self.out.store_line(start, stride, buf);
     }
@@ -712,7 +741,7 @@ impl RowSink for EpilogueSink<'_> {
             }
             base[rank - 1] = t0 + t;
             let line = Line::along(base, rank - 2);
-            self.finish_line(&line, anchor, buf, tmp);
+            self.finish_line(self.recipe.as_ref(), &line, anchor, buf, tmp);
             let (start, stride) = self.store_at(&line);
             self.out.store_line(start, stride, buf);
         }
