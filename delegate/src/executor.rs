@@ -237,7 +237,9 @@ impl Executable<'_> {
                 // (first call, a new runtime option): the one time execute
                 // may allocate.
                 let pool = threads::pool(threads)?;
-                state.scratch.reserve(threads, plan.scratch_per_thread);
+                state
+                    .scratch
+                    .reserve(threads, plan.scratch_per_thread, plan.shared_scratch);
                 state.pool = Some((threads, caller, pool.clone()));
                 pool
             }

@@ -20,6 +20,9 @@ pub struct PlanDoc {
     pub arena_bytes: usize,
     /// Bytes of kernel scratch per thread.
     pub scratch_bytes_per_thread: usize,
+    /// Bytes of kernel scratch shared by a call's threads (`fft_gemm`'s
+    /// weights, packed per call).
+    pub shared_scratch_bytes: usize,
     /// Bytes of delegate-owned state kept across calls (conv and scan
     /// states), plus as much again for their initial values (a reset).
     pub state_bytes: usize,
@@ -160,6 +163,7 @@ fn document(plan: &Plan, threads: usize) -> PlanDoc {
     PlanDoc {
         arena_bytes: plan.arena_bytes,
         scratch_bytes_per_thread: plan.scratch_per_thread * 4,
+        shared_scratch_bytes: plan.shared_scratch * 4,
         state_bytes: std::mem::size_of_val(plan.state_init.as_slice()),
         threads,
         kernels,

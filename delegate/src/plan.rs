@@ -135,6 +135,9 @@ pub struct Plan {
     pub lifetimes: Vec<Option<(usize, usize)>>,
     /// The most scratch any step needs per thread, in f32 elements.
     pub scratch_per_thread: usize,
+    /// The most scratch any step shares among its tasks (a layer's packed
+    /// weights), in f32 elements.
+    pub shared_scratch: usize,
     /// f32 copies of the float16 constants.
     pub converted: Vec<f32>,
     /// The delegate-owned states, and their initial contents laid out as
@@ -360,6 +363,7 @@ impl Plan {
             .map(Step::scratch_per_thread)
             .max()
             .unwrap_or(0);
+        let shared_scratch = steps.iter().map(Step::shared_scratch).max().unwrap_or(0);
         Ok(Plan {
             values: graph.values,
             locations,
@@ -370,6 +374,7 @@ impl Plan {
             arena_bytes,
             lifetimes,
             scratch_per_thread,
+            shared_scratch,
             converted,
             states,
             state_init,
@@ -433,6 +438,13 @@ impl Step {
         reads.sort_unstable();
         reads.dedup();
         reads
+    }
+
+    fn shared_scratch(&self) -> usize {
+        match &self.exec {
+            Exec::Conv1d { prepared, .. } => prepared.shared_scratch(),
+            Exec::LinearScan { .. } | Exec::Pass { .. } => 0,
+        }
     }
 
     fn scratch_per_thread(&self) -> usize {

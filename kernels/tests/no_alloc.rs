@@ -141,7 +141,7 @@ fn main() {
             let x = vec![0.5; p.input_elems()];
             let bias = vec![1.0; p.bias_elems()];
             let y = vec![0.0; p.output_elems().unwrap()];
-            (*p, conv, x, bias, y)
+            (*p, conv, x, w, bias, y)
         })
         .collect();
     let mut gemm_runs = gemm_runs;
@@ -397,12 +397,9 @@ fn main() {
         groups: 1,
         ..fparams
     };
-    let fdense = PreparedConv1d::new(
-        &fdense_params,
-        &vec![0.25; fc * fc * 4],
-        Choice::Force(Algorithm::FftGemm),
-    )
-    .unwrap();
+    let fdense_w = vec![0.25; fc * fc * 4];
+    let fdense =
+        PreparedConv1d::new(&fdense_params, &fdense_w, Choice::Force(Algorithm::FftGemm)).unwrap();
     assert!(fdense.fuses_output());
     let fdense_x = vec![0.5; fc * fn_];
     let mut fdense_out = vec![0.0; fc * fn_];
@@ -412,7 +409,7 @@ fn main() {
         .max(scan_rows_scratch(temps))
         .max(line_scratch(temps));
 
-    let scratch = Scratch::new(
+    let scratch = Scratch::sized(
         2,
         prepared
             .iter()
@@ -421,6 +418,12 @@ fn main() {
             .max()
             .unwrap()
             .max(fused_scratch),
+        gemm_runs
+            .iter()
+            .map(|r| r.1.shared_scratch())
+            .max()
+            .unwrap()
+            .max(fdense.shared_scratch()),
     );
 
     let pool = rayon::ThreadPoolBuilder::new()
@@ -437,8 +440,9 @@ fn main() {
                 p.run(&depthwise, &dx, Some(&dw), Some(&bias), &mut dy, &scratch)
                     .unwrap();
             }
-            for (p, conv, x, b, y) in gemm_runs.iter_mut() {
-                conv.run(p, x, None, Some(b), y, &scratch).unwrap();
+            for (p, conv, x, w, b, y) in gemm_runs.iter_mut() {
+                let w = conv.reads_weights().then_some(&w[..]);
+                conv.run(p, x, w, Some(b), y, &scratch).unwrap();
             }
             let source = ProgramRows::new(&pro, &env);
             let (xt, yt) = (source.temporaries(), 1 + epi.temporaries());
@@ -473,7 +477,7 @@ fn main() {
                 .run_rows(
                     &fdense_params,
                     RowsIn::Slice(&fdense_x),
-                    None,
+                    Some(&fdense_w),
                     None,
                     RowsOut::Fused(&sink),
                     0,
@@ -566,7 +570,7 @@ fn main() {
         assert!(h.iter().all(|v| v.is_finite() && *v > 0.0));
     }
     assert!(dy.iter().all(|v| v.is_finite() && *v > 1.0));
-    for (p, _, _, _, y) in &gemm_runs {
+    for (p, _, _, _, _, y) in &gemm_runs {
         assert!(y.iter().all(|v| v.is_finite() && *v >= 1.0), "{p:?}");
         assert!(y.iter().any(|v| *v > 1.0), "{p:?}");
     }

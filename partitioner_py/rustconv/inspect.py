@@ -97,10 +97,12 @@ def _mib(n: int) -> str:
 
 
 def _format(call: DelegateCall, plan: dict[str, Any]) -> str:
+    shared = plan["shared_scratch_bytes"]
     lines = [
         f"{call.method}: RustConvBackend call {call.index}: {len(plan['kernels'])} fused "
         f"kernel(s), arena {_mib(plan['arena_bytes'])}, scratch "
         f"{_mib(plan['scratch_bytes_per_thread'])} per thread x {plan['threads']} thread(s)"
+        + (f" + {_mib(shared)} shared" if shared else "")
     ]
     for position, kernel in enumerate(plan["kernels"]):
         fusion = f" ({kernel['fusion']})" if kernel["fusion"] else ""

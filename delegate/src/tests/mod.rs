@@ -598,8 +598,8 @@ fn misaligned_blob_memory_is_copied_and_still_correct() {
 #[test]
 fn blob_is_released_when_no_step_reads_its_constants_in_place() {
     // gemm packs the weights at init (only the bias is still read); direct
-    // reads them at every call.
-    for (algorithm, keeps_blob) in [("gemm", false), ("direct", true)] {
+    // and fft_gemm read them at every call.
+    for (algorithm, keeps_blob) in [("gemm", false), ("direct", true), ("fft_gemm", true)] {
         // Aligned as ExecuTorch aligns it, so the segment can be used in place.
         let mut blob = AlignedBuf::from_bytes(&conv_scan_blob());
         let mut d = Delegate::default();

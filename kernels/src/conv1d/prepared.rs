@@ -23,7 +23,8 @@ pub enum Algorithm {
     /// Dense and grouped: GEMM with weights packed at prepare.
     Gemm,
     /// Dense and grouped, stride 1, moderate filters and many channels:
-    /// block FFT with one complex GEMM per bin, weight spectra at prepare.
+    /// block FFT with one complex GEMM per bin, weight spectra per tile
+    /// from the weights, read in place.
     FftGemm,
 }
 
@@ -159,7 +160,7 @@ impl PreparedConv1d {
             Algorithm::DepthwiseSimd => Imp::Depthwise(depthwise::DepthwiseConv::prepare(&g, w)),
             Algorithm::Fft => Imp::Fft(fft::FftConv::prepare(&g, w)),
             Algorithm::Gemm => Imp::Gemm(gemm::GemmConv::prepare(&g, w)),
-            Algorithm::FftGemm => Imp::FftGemm(fft_gemm::FftGemmConv::prepare(&g, w)),
+            Algorithm::FftGemm => Imp::FftGemm(fft_gemm::FftGemmConv::prepare(&g)),
         };
         Ok(PreparedConv1d { max: g, imp })
     }
@@ -173,7 +174,11 @@ impl PreparedConv1d {
         let mut best: Option<(f64, PreparedConv1d)> = None;
         for a in Algorithm::ALL.into_iter().filter(|a| a.applies(&g)) {
             let candidate = Self::with(a, g, w)?;
-            let scratch = Scratch::new(threads, candidate.scratch_per_thread());
+            let scratch = Scratch::sized(
+                threads,
+                candidate.scratch_per_thread(),
+                candidate.shared_scratch(),
+            );
             let start = Instant::now();
             candidate.run(&g.params, &x, Some(w), None, &mut y, &scratch)?;
             let seconds = start.elapsed().as_secs_f64();
@@ -207,6 +212,15 @@ impl PreparedConv1d {
         }
     }
 
+    /// `f32` elements of the scratch's shared region a call needs (see
+    /// [`Scratch::with_shared`]): `fft_gemm`'s weights, packed per call.
+    pub fn shared_scratch(&self) -> usize {
+        match &self.imp {
+            Imp::FftGemm(k) => k.shared_scratch(self.max.params.groups),
+            _ => 0,
+        }
+    }
+
     /// Bytes of weight-derived data this preparation holds (spectra, packed
     /// panels), for memory reporting.
     pub fn prepared_bytes(&self) -> usize {
@@ -222,7 +236,7 @@ impl PreparedConv1d {
     /// Whether `run` still reads the original weights (otherwise the
     /// caller may release them after `new` and pass `None` to `run`).
     pub fn reads_weights(&self) -> bool {
-        matches!(self.imp, Imp::Direct | Imp::Depthwise(_))
+        matches!(self.imp, Imp::Direct | Imp::Depthwise(_) | Imp::FftGemm(_))
     }
 
     /// Whether [`Self::run_rows`] takes a computed input (a prologue run in
@@ -264,7 +278,8 @@ impl PreparedConv1d {
     /// output handed to an epilogue, row chunk by row chunk (see
     /// [`crate::fused`]), where [`Self::fuses_input`] / [`Self::fuses_output`]
     /// allow; a stored input and output always work. `scratch` needs
-    /// [`Self::rows_scratch_per_thread`] elements per thread.
+    /// [`Self::rows_scratch_per_thread`] elements per thread and a shared
+    /// region of [`Self::shared_scratch`].
     ///
     /// # Errors
     /// As [`Self::run`]; [`KernelError::NotFusable`] for a fused operand
@@ -294,14 +309,7 @@ impl PreparedConv1d {
                 if let RowsOut::Slice(y) = &y {
                     check_len("y", g.output_elems, y.len())?;
                 }
-                let need = self.rows_scratch_per_thread(x_temps, y_temps);
-                if scratch.per_thread() < need {
-                    return Err(KernelError::BufferLen {
-                        which: "scratch",
-                        expected: need,
-                        actual: scratch.per_thread(),
-                    });
-                }
+                self.check_scratch(scratch, self.rows_scratch_per_thread(x_temps, y_temps))?;
                 match (&self.imp, x, y) {
                     (Imp::Depthwise(k), x, y) => {
                         k.run_rows(&g, x, w.unwrap_or_default(), bias, y, scratch)
@@ -310,7 +318,7 @@ impl PreparedConv1d {
                         k.run_into(&g, x, bias, sink, scratch)
                     }
                     (Imp::FftGemm(k), RowsIn::Slice(x), RowsOut::Fused(sink)) => {
-                        k.run_into(&g, x, bias, sink, scratch)
+                        k.run_into(&g, x, w.unwrap_or_default(), bias, sink, scratch)
                     }
                     (Imp::Fft(k), x, y) if k.fuses() => k.run_rows(&g, x, bias, y, scratch),
                     _ => return Err(not_fusable()),
@@ -318,6 +326,28 @@ impl PreparedConv1d {
                 Ok(())
             }
         }
+    }
+
+    /// That `scratch` has `per_thread` elements per thread and the shared
+    /// region this algorithm needs.
+    fn check_scratch(&self, scratch: &Scratch, per_thread: usize) -> Result<(), KernelError> {
+        for (which, expected, actual) in [
+            ("scratch", per_thread, scratch.per_thread()),
+            (
+                "shared scratch",
+                self.shared_scratch(),
+                scratch.shared_len(),
+            ),
+        ] {
+            if actual < expected {
+                return Err(KernelError::BufferLen {
+                    which,
+                    expected,
+                    actual,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The checks every call makes of its parameters, weights and bias.
@@ -353,7 +383,7 @@ impl PreparedConv1d {
     /// than prepared. `w` are the weights `new` was given; they may be
     /// `None` when [`Self::reads_weights`] is false. `scratch` must have at
     /// least [`Self::scratch_per_thread`] elements per thread of the current
-    /// pool.
+    /// pool and a shared region of [`Self::shared_scratch`].
     pub fn run(
         &self,
         p: &Conv1dParams,
@@ -366,20 +396,14 @@ impl PreparedConv1d {
         let g = self.check_call(p, w, bias)?;
         check_len("x", g.input_elems, x.len())?;
         check_len("y", g.output_elems, y.len())?;
-        if scratch.per_thread() < self.scratch_per_thread() {
-            return Err(KernelError::BufferLen {
-                which: "scratch",
-                expected: self.scratch_per_thread(),
-                actual: scratch.per_thread(),
-            });
-        }
+        self.check_scratch(scratch, self.scratch_per_thread())?;
         match &self.imp {
-            // `reads_weights` holds for these two, so `w` was given.
+            // `reads_weights` holds for these three, so `w` was given.
             Imp::Direct => direct::conv1d(&g, x, w.unwrap_or_default(), bias, y),
             Imp::Depthwise(k) => k.run(&g, x, w.unwrap_or_default(), bias, y, scratch),
+            Imp::FftGemm(k) => k.run(&g, x, w.unwrap_or_default(), bias, y, scratch),
             Imp::Fft(k) => k.run(&g, x, bias, y, scratch),
             Imp::Gemm(k) => k.run(&g, x, bias, y, scratch),
-            Imp::FftGemm(k) => k.run(&g, x, bias, y, scratch),
         }
         Ok(())
     }

@@ -95,13 +95,24 @@ pub(crate) struct TileArgs<'a> {
     pub blocks: usize,
     /// Outputs of the row (the tile's last block may reach past it).
     pub out_len: usize,
-    /// The group's packed weights, `[panel][tap][cin][MR]` (then at least
-    /// `NJ` more values, read past the last panel's end and ignored).
-    pub weights: &'a [f32],
+    /// The group's weights.
+    pub weights: Weights<'a>,
     /// The tile's panels of output channels within the group.
     pub panels: std::ops::Range<usize>,
     /// The group's bias, if any.
     pub bias: Option<&'a [f32]>,
+}
+
+/// A tile's weights: packed for the call, or as the model holds them and
+/// packed panel by panel into the tile's scratch right before use (where
+/// the tile is the only one to use its panels).
+#[derive(Clone, Copy)]
+pub(crate) enum Weights<'a> {
+    /// `[panel][tap][cin][MR]` (see [`TileKernel::pack`]), then at least
+    /// `NJ` more values, read past the last panel's end and ignored.
+    Packed(&'a [f32]),
+    /// `[cout][cin][taps]`.
+    Raw(&'a [f32]),
 }
 
 /// Takes one output row of a tile: (output channel within the group, the
@@ -115,13 +126,22 @@ pub(crate) fn spectra_row(cin: usize, b: Block) -> usize {
     (cin * b.mr).next_multiple_of(b.nj())
 }
 
+/// Scratch floats for a panel the tile packs itself, the `NJ` values the
+/// spectra product reads past it, and padding to whole register rows, so
+/// that the regions after it keep their alignment.
+fn own_panel_len(cin: usize, taps: usize, b: Block) -> usize {
+    (panel_len(cin, taps, b) + b.nj()).next_multiple_of(b.nj())
+}
+
 /// Scratch floats one tile needs before the emit temporaries: the window,
-/// the input spectra, the weight spectra of `MR` planes, a panel's output spectra, the
-/// transposed outputs and the output row.
-pub(crate) fn tile_scratch(lay_l: usize, m: usize, cin: usize, b: Block) -> usize {
+/// the input spectra, a panel of packed weights, the weight spectra of
+/// `MR` planes, a panel's output spectra, the transposed outputs and the
+/// output row.
+pub(crate) fn tile_scratch(lay_l: usize, m: usize, cin: usize, taps: usize, b: Block) -> usize {
     let nj = b.nj();
     lay_l * nj
         + lay_l * cin * nj
+        + own_panel_len(cin, taps, b)
         + b.mr * spectra_row(cin, b)
         + lay_l * b.mr * nj
         + m.next_multiple_of(b.mr) * nj
@@ -129,12 +149,15 @@ pub(crate) fn tile_scratch(lay_l: usize, m: usize, cin: usize, b: Block) -> usiz
 }
 
 type TileFn = unsafe fn(&Layout<'_>, &TileArgs<'_>, &mut [f32], Emit<'_>);
+type PackFn = fn(&[f32], usize, usize, usize, &mut [f32]);
 
-/// The tile function for one backend, chosen at prepare.
+/// The tile function for one backend and the weight packing for its
+/// block, chosen at prepare.
 #[derive(Clone, Copy)]
 pub(crate) struct TileKernel {
     block: Block,
     f: TileFn,
+    pack: PackFn,
 }
 
 impl TileKernel {
@@ -143,23 +166,32 @@ impl TileKernel {
         if !backend.is_available() {
             return None;
         }
-        let f: TileFn = match backend {
-            Backend::Portable => tile_portable,
+        let (f, pack): (TileFn, PackFn) = match backend {
+            Backend::Portable => (tile_portable, pack_panel::<2>),
             #[cfg(target_arch = "x86_64")]
-            Backend::Avx2 => tile_avx2,
+            Backend::Avx2 => (tile_avx2, pack_panel::<2>),
             #[cfg(target_arch = "x86_64")]
-            Backend::Avx512 => tile_avx512,
+            Backend::Avx512 => (tile_avx512, pack_panel::<6>),
             #[cfg(target_arch = "aarch64")]
-            Backend::Neon => tile_neon,
+            Backend::Neon => (tile_neon, pack_panel::<6>),
         };
-        Some(TileKernel {
+        let kernel = TileKernel {
             block: block(backend),
             f,
-        })
+            pack,
+        };
+        Some(kernel)
     }
 
     pub(crate) fn block(&self) -> Block {
         self.block
+    }
+
+    /// Packs output channels `o0 .. o0 + MR` of the group's weights `w`
+    /// (`[cout][cin][taps]`) into `panel` ([`panel_len`] values), as
+    /// [`TileArgs::weights`] holds them.
+    pub(crate) fn pack(&self, w: &[f32], cin: usize, taps: usize, o0: usize, panel: &mut [f32]) {
+        (self.pack)(w, cin, taps, o0, panel)
     }
 
     /// Computes one tile, handing each output row to `emit`.
@@ -195,16 +227,22 @@ unsafe fn tile_generic<S: Simd, const MR: usize, const NR: usize>(
         nr: NR,
         lanes: S::LANES,
     };
-    let need = tile_scratch(l, m, cin, b);
+    let taps = lay.taps;
+    let need = tile_scratch(l, m, cin, taps, b);
     assert!(scratch.len() >= need, "scratch");
     assert!(a.blocks <= nj && a.blocks > 0, "blocks");
     assert!(a.x.len() == cin * a.in_len, "x group");
     assert!(lay.fwd.len() == l.div_ceil(MR) * l * MR, "forward matrix");
     assert!(lay.inv.len() == m_pad * l, "inverse matrix");
-    let taps = lay.taps;
-    let panel_len = taps * cin * MR;
+    let panel_len = panel_len(cin, taps, b);
     let wrow = spectra_row(cin, b);
-    assert!(a.weights.len() >= a.panels.end * panel_len + nj, "weights");
+    match a.weights {
+        Weights::Packed(w) => assert!(w.len() >= a.panels.end * panel_len + nj, "weights"),
+        Weights::Raw(w) => assert!(
+            w.len() == lay.cout * cin * taps && a.panels.end <= lay.cout.div_ceil(MR),
+            "weights"
+        ),
+    }
     assert!(
         lay.wfwd.len() == l.div_ceil(MR) * taps * MR,
         "weight transform"
@@ -217,6 +255,8 @@ unsafe fn tile_generic<S: Simd, const MR: usize, const NR: usize>(
 
     let (xw, rest) = scratch.split_at_mut(l * nj);
     let (xs, rest) = rest.split_at_mut(l * cin * nj);
+    let (own_panel, rest) = rest.split_at_mut(own_panel_len(cin, taps, b));
+    own_panel[panel_len..].fill(0.0);
     let (ws, rest) = rest.split_at_mut(MR * wrow);
     let (yp, rest) = rest.split_at_mut(l * MR * nj);
     let (out_t, rest) = rest.split_at_mut(m_pad * nj);
@@ -263,7 +303,13 @@ unsafe fn tile_generic<S: Simd, const MR: usize, const NR: usize>(
         // mixing of those bins into yp [plane][MR][nj] while ws is in
         // cache. Planes 0 and 1 are the real bins 0 and l/2; planes 2b,
         // 2b + 1 bin b's parts.
-        let wp = &a.weights[p * panel_len..];
+        let wp: &[f32] = match a.weights {
+            Weights::Packed(w) => &w[p * panel_len..],
+            Weights::Raw(w) => {
+                pack_panel::<MR>(w, cin, taps, p * MR, &mut own_panel[..panel_len]);
+                own_panel
+            }
+        };
         for (q, f) in lay.wfwd.chunks_exact(taps * MR).enumerate() {
             let rows = (l - q * MR).min(MR);
             for n0 in (0..cin * MR).step_by(nj) {
@@ -360,6 +406,45 @@ unsafe fn tile_generic<S: Simd, const MR: usize, const NR: usize>(
                 }
             }
             emit(o, &mut row[..n], tmp);
+        }
+    }
+}
+
+/// Floats of one panel of packed weights: `MR` output channels' filters
+/// as `[tap][cin][MR]`, the rows of the spectra product.
+pub(crate) fn panel_len(cin: usize, taps: usize, b: Block) -> usize {
+    taps * cin * b.mr
+}
+
+/// Packs the filters of output channels `o0 .. o0 + MR` of `w`
+/// (`[cout][cin][taps]`, as the model holds them) into `panel`
+/// (`[tap][cin][MR]`, [`panel_len`] values); channels past `cout` are
+/// zeros.
+fn pack_panel<const MR: usize>(w: &[f32], cin: usize, taps: usize, o0: usize, panel: &mut [f32]) {
+    let row = cin * taps;
+    assert!(panel.len() == row * MR && w.len().is_multiple_of(row) && o0 < w.len() / row);
+    let rows = w.len() / row - o0;
+    if rows < MR {
+        // The last panel of a group whose channels are not a multiple of MR.
+        panel.fill(0.0);
+        for (i, filters) in w[o0 * row..].chunks_exact(row).enumerate() {
+            for (c, filter) in filters.chunks_exact(taps).enumerate() {
+                for (k, &v) in filter.iter().enumerate() {
+                    panel[(k * cin + c) * MR + i] = v;
+                }
+            }
+        }
+        return;
+    }
+    // The MR channels' filters of one input channel at a time: each read
+    // stream is sequential, and each tap's MR values are stored at once
+    // (twice as fast as storing value by value).
+    let src: [&[f32]; MR] = std::array::from_fn(|i| &w[(o0 + i) * row..][..row]);
+    for c in 0..cin {
+        let filters: [&[f32]; MR] = std::array::from_fn(|i| &src[i][c * taps..][..taps]);
+        for (k, tap_rows) in panel.chunks_exact_mut(cin * MR).enumerate() {
+            let values: [f32; MR] = std::array::from_fn(|i| filters[i][k]);
+            tap_rows[c * MR..][..MR].copy_from_slice(&values);
         }
     }
 }

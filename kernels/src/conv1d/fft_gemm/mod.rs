@@ -49,19 +49,29 @@
 //! flops but runs one scalar block at a time: at these sizes the matrix
 //! form is the faster.
 //!
-//! # Weight spectra per tile
+//! # Weight spectra per tile, weights read in place
 //!
 //! Kept at prepare, the weight spectra would take `L` floats per channel
 //! pair against the weights' `K` (`32 / 11` for the conv stack), and peak
-//! memory above the GEMM path's and XNNPACK's. So prepare keeps only the
-//! weights, repacked per panel of `MR` output channels (`[tap][cin][MR]`,
-//! the weights' size plus the last panel's padding), and each tile
-//! computes a panel's spectra as one more product on the same
-//! micro-kernel: `W` (`L × K`, `F`'s columns at the taps, imaginary rows
-//! negated for `conj(H_b)`) times the panel's `K × (cin · MR)` weights,
-//! `MR` planes (whole bins) at a time, each mixed while in cache. That is
-//! `L · K` multiply-adds per channel pair and tile against the mixing's
+//! memory above the GEMM path's and XNNPACK's. So each tile computes a
+//! panel's spectra as one more product on the same micro-kernel: `W`
+//! (`L × K`, `F`'s columns at the taps, imaginary rows negated for
+//! `conj(H_b)`) times the panel's `K × (cin · MR)` weights, `MR` planes
+//! (whole bins) at a time, each mixed while in cache. That is `L · K`
+//! multiply-adds per channel pair and tile against the mixing's
 //! `(2L − 2) · NJ`: `11 / 62 ≈ 18%` more for the conv stack on AVX-512.
+//!
+//! Prepare keeps no copy of the weights either: `run` reads the model's
+//! `[cout][cin][K]` weights (in the delegate, the blob's constant segment,
+//! which then stays loaded instead of being freed after `init`), and the
+//! spectra product's panels (`[tap][cin][MR]` per `MR` output channels)
+//! are packed per call. Where several tiles use each panel (more than one
+//! run of `NJ` blocks per group), the call packs every panel once into the
+//! scratch's shared region, which all the convs of a delegate call share
+//! (one layer's weights); where one tile does (short calls), it packs its
+//! panels in its own scratch, each right before use. A copy kept at
+//! prepare held every layer's weights a second time beside the blob while
+//! `init` ran: the conv stack's peak went from 75 to 49 MiB.
 //!
 //! The transform length is chosen at prepare by the cost model
 //! ([`cost`]), among 16, 32, 64 and 128 with `M >= L / 4`: longer
@@ -81,9 +91,10 @@
 //! elementwise ops run on the row, never as a pass of their own). The
 //! output channels are split into several runs only where there are too
 //! few tiles for the pool. Everything a tile needs (window, input spectra,
-//! `MR` planes of weight spectra, a panel's output spectra, the row) is in
-//! its thread's scratch slot,
-//! sized at prepare; `run` allocates nothing. Each output is computed the
+//! a packed panel where it packs its own, `MR` planes of weight spectra, a
+//! panel's output spectra, the row) is in its thread's scratch slot, sized
+//! at prepare, and the packed weights in the shared region; `run`
+//! allocates nothing. Each output is computed the
 //! same way whatever the split, so results do not depend on the number of
 //! threads.
 //!
@@ -110,7 +121,11 @@
 //! Computing the weight spectra per tile costs about 18% over keeping
 //! them (on the first shape 0.40 of the `gemm` time, against 0.34 when
 //! prepare kept them, measured the same way): the price of prepared
-//! memory at the weights' size instead of `L / K` times it.
+//! memory at the weights' size instead of `L / K` times it. Packing the
+//! weights per call instead of at prepare costs 2-4% more (same VM, one
+//! thread, quiet, both builds interleaved: 8.9-9.0 against 8.6-8.7 ms on
+//! the first shape, 1.63-1.68 against 1.57-1.60 on the last, where each
+//! tile packs its own panels).
 //!
 //! # Accuracy
 //!
@@ -131,7 +146,7 @@ use super::params::Conv1dGeometry;
 use crate::fused::RowSink;
 use crate::scratch::Scratch;
 use crate::simd::Backend;
-use kernel::{Block, Layout, TileArgs, TileKernel};
+use kernel::{Block, Layout, TileArgs, TileKernel, Weights};
 
 /// Transform lengths prepare chooses among.
 const LENGTHS: [usize; 4] = [16, 32, 64, 128];
@@ -229,11 +244,6 @@ pub(crate) struct FftGemmConv {
     /// Transform length and outputs per block.
     l: usize,
     m: usize,
-    /// The weights, `[group][panel][tap][cin][MR]`: per panel of `MR`
-    /// output channels (the last padded with zeros) one row of `cin · MR`
-    /// per tap; then `NJ` zeros, which the last register row of a panel's
-    /// spectra product reads past the end.
-    weights: Box<[f32]>,
     /// `W`: the `L` planes of `conj(H_b)` from the filter's taps, packed
     /// like `F`.
     wfwd: Box<[f32]>,
@@ -248,18 +258,18 @@ pub(crate) struct FftGemmConv {
 }
 
 impl FftGemmConv {
-    /// Chooses the length by the cost model and computes the spectra of
-    /// `w` (`[out_channels, in_per_group, kernel_size]`).
-    pub(crate) fn prepare(g: &Conv1dGeometry, w: &[f32]) -> Self {
+    /// Chooses the length by the cost model and builds the transform
+    /// matrices; the weights are read in place by every call.
+    pub(crate) fn prepare(g: &Conv1dGeometry) -> Self {
         let l = lengths(g)
             .min_by(|&a, &b| cost_at(g, a).total_cmp(&cost_at(g, b)))
             .expect("applies() holds");
-        Self::with(g, w, Backend::detect(), l).expect("detected backend is available")
+        Self::with(g, Backend::detect(), l).expect("detected backend is available")
     }
 
     /// As [`Self::prepare`] with a given backend and length, or `None`
     /// where this CPU lacks the backend.
-    pub(crate) fn with(g: &Conv1dGeometry, w: &[f32], backend: Backend, l: usize) -> Option<Self> {
+    pub(crate) fn with(g: &Conv1dGeometry, backend: Backend, l: usize) -> Option<Self> {
         let p = &g.params;
         let kernel = TileKernel::new(backend)?;
         let mr = kernel.block().mr;
@@ -270,28 +280,6 @@ impl FftGemmConv {
             "transform length {l} for reach {r}"
         );
         let m = l - r;
-        debug_assert_eq!(w.len(), g.weight_elems);
-
-        // The weights, repacked per panel for the spectra product that
-        // every tile runs (prepare may allocate).
-        let panels = cout.div_ceil(mr);
-        let panel_len = taps * cin * mr;
-        let total = p.groups * panels * panel_len;
-        let mut weights = vec![0.0f32; total + kernel.block().nj()].into_boxed_slice();
-        weights[..total]
-            .par_chunks_mut(panel_len)
-            .enumerate()
-            .for_each(|(gp, panel)| {
-                let (group, pn) = (gp / panels, gp % panels);
-                for i in 0..mr.min(cout - pn * mr) {
-                    let o = group * cout + pn * mr + i;
-                    for c in 0..cin {
-                        for k in 0..taps {
-                            panel[(k * cin + c) * mr + i] = w[(o * cin + c) * taps + k];
-                        }
-                    }
-                }
-            });
 
         // F: plane rows (re 0, re L/2, then re b, im b), tap columns.
         let angle =
@@ -329,7 +317,6 @@ impl FftGemmConv {
         Some(FftGemmConv {
             l,
             m,
-            weights,
             wfwd,
             fwd,
             inv,
@@ -347,7 +334,7 @@ impl FftGemmConv {
     }
 
     pub(crate) fn scratch_per_thread(&self) -> usize {
-        kernel::tile_scratch(self.l, self.m, self.cin, self.kernel.block())
+        kernel::tile_scratch(self.l, self.m, self.cin, self.taps, self.kernel.block())
     }
 
     /// Scratch with `y_temps` line temporaries for a fused epilogue.
@@ -355,23 +342,35 @@ impl FftGemmConv {
         self.scratch_per_thread() + y_temps * self.kernel.block().nj() * self.m
     }
 
+    /// Floats of the scratch's shared region a call needs: the weights of
+    /// every group packed per panel of `MR` output channels (the last
+    /// padded), then `NJ` more that the last panel's spectra product reads
+    /// past its end.
+    pub(crate) fn shared_scratch(&self, groups: usize) -> usize {
+        let block = self.kernel.block();
+        let panels = self.cout.div_ceil(block.mr);
+        groups * panels * kernel::panel_len(self.cin, self.taps, block) + block.nj()
+    }
+
     pub(crate) fn prepared_bytes(&self) -> usize {
-        4 * (self.weights.len() + self.wfwd.len() + self.fwd.len() + self.inv.len())
+        4 * (self.wfwd.len() + self.fwd.len() + self.inv.len())
     }
 
     /// Computes `y = conv1d(x, w) + bias` for `g` (the prepared static
-    /// parameters; batch and input length may be smaller). The caller has
-    /// checked every slice length and the scratch.
+    /// parameters; batch and input length may be smaller), `w` being
+    /// `[out_channels, in_per_group, kernel_size]`. The caller has checked
+    /// every slice length and the scratch.
     pub(crate) fn run(
         &self,
         g: &Conv1dGeometry,
         x: &[f32],
+        w: &[f32],
         bias: Option<&[f32]>,
         y: &mut [f32],
         scratch: &Scratch,
     ) {
         debug_assert_eq!(y.len(), g.output_elems);
-        self.run_tiles(g, x, bias, Dest::Stored(OutPtr(y.as_mut_ptr())), scratch);
+        self.run_tiles(g, x, w, bias, Dest::Stored(OutPtr(y.as_mut_ptr())), scratch);
     }
 
     /// [`Self::run`] with each output row handed to `sink` while in cache.
@@ -379,17 +378,19 @@ impl FftGemmConv {
         &self,
         g: &Conv1dGeometry,
         x: &[f32],
+        w: &[f32],
         bias: Option<&[f32]>,
         sink: &dyn RowSink,
         scratch: &Scratch,
     ) {
-        self.run_tiles(g, x, bias, Dest::Sink(sink), scratch);
+        self.run_tiles(g, x, w, bias, Dest::Sink(sink), scratch);
     }
 
     fn run_tiles(
         &self,
         g: &Conv1dGeometry,
         x: &[f32],
+        w: &[f32],
         bias: Option<&[f32]>,
         dest: Dest<'_>,
         scratch: &Scratch,
@@ -403,13 +404,13 @@ impl FftGemmConv {
         );
         assert_eq!(reach(g), self.l - m, "prepared for another shape");
         debug_assert_eq!(x.len(), g.input_elems);
+        debug_assert_eq!(w.len(), g.weight_elems);
         if g.out_len == 0 || p.batch == 0 {
             return;
         }
         let block: Block = self.kernel.block();
         let nj = block.nj();
         let panels = cout.div_ceil(block.mr);
-        let panel_len = self.taps * cin * block.mr;
         let col_tiles = g.out_len.div_ceil(m).div_ceil(nj);
         let outer = p.batch * p.groups * col_tiles;
         // Split output channels only where the pool would idle otherwise.
@@ -427,45 +428,72 @@ impl FftGemmConv {
             taps: self.taps,
             wfwd: &self.wfwd,
         };
-        (0..outer * runs).into_par_iter().for_each(|t| {
-            let (rest, run) = (t / runs, t % runs);
-            let (bg, tile) = (rest / col_tiles, rest % col_tiles);
-            let (b, group) = (bg / p.groups, bg % p.groups);
-            let j0 = tile * nj;
-            let args = TileArgs {
-                x: &x[(b * p.in_channels + group * cin) * p.in_len..][..cin * p.in_len],
-                in_len: p.in_len,
-                pad_left: p.pad_left,
-                j0,
-                blocks: (g.out_len.div_ceil(m) - j0).min(nj),
-                out_len: g.out_len,
-                weights: &self.weights[group * panels * panel_len..],
-                panels: run * per_run..((run + 1) * per_run).min(panels),
-                bias: bias.map(|bias| &bias[group * cout..][..cout]),
-            };
-            let row0 = b * p.out_channels + group * cout;
-            let t0 = j0 * m;
-            scratch.with_slot(|slot| match dest {
-                Dest::Stored(out) => {
-                    let mut emit = |o: usize, values: &mut [f32], _: &mut [f32]| {
-                        let at = (row0 + o) * g.out_len + t0;
-                        // SAFETY: row `row0 + o`, positions t0 .. t0 +
-                        // values.len() <= out_len of `y`, which outlives
-                        // the loop; tiles cover disjoint (row, position)
-                        // sets (distinct batch item, group, output-channel
-                        // run or block run), so no other task writes them.
-                        let dst =
-                            unsafe { std::slice::from_raw_parts_mut(out.at(at), values.len()) };
-                        dst.copy_from_slice(values);
-                    };
-                    self.kernel.tile(&lay, &args, slot, &mut emit);
-                }
-                Dest::Sink(sink) => {
-                    let mut emit = |o: usize, values: &mut [f32], tmp: &mut [f32]| {
-                        sink.store(row0 + o, t0, values, tmp);
-                    };
-                    self.kernel.tile(&lay, &args, slot, &mut emit);
-                }
+        let panel_len = kernel::panel_len(cin, self.taps, block);
+        let group_weights = cout * cin * self.taps;
+        // Where several tiles use a panel (more than one run of blocks per
+        // group), the call packs the weights once into the shared region;
+        // where one does, it packs its panels itself, each right before use
+        // while in cache.
+        let shared = p.batch * col_tiles > 1;
+        scratch.with_shared(|packed| {
+            let total = p.groups * panels * panel_len;
+            let packed = &mut packed[..self.shared_scratch(p.groups)];
+            if shared {
+                packed[total..].fill(0.0);
+                packed[..total]
+                    .par_chunks_mut(panel_len)
+                    .enumerate()
+                    .for_each(|(gp, panel)| {
+                        let (group, pn) = (gp / panels, gp % panels);
+                        let w = &w[group * group_weights..][..group_weights];
+                        self.kernel.pack(w, cin, self.taps, pn * block.mr, panel);
+                    });
+            }
+            let packed = &*packed;
+            (0..outer * runs).into_par_iter().for_each(|t| {
+                let (rest, run) = (t / runs, t % runs);
+                let (bg, tile) = (rest / col_tiles, rest % col_tiles);
+                let (b, group) = (bg / p.groups, bg % p.groups);
+                let j0 = tile * nj;
+                let args = TileArgs {
+                    x: &x[(b * p.in_channels + group * cin) * p.in_len..][..cin * p.in_len],
+                    in_len: p.in_len,
+                    pad_left: p.pad_left,
+                    j0,
+                    blocks: (g.out_len.div_ceil(m) - j0).min(nj),
+                    out_len: g.out_len,
+                    weights: if shared {
+                        Weights::Packed(&packed[group * panels * panel_len..])
+                    } else {
+                        Weights::Raw(&w[group * group_weights..][..group_weights])
+                    },
+                    panels: run * per_run..((run + 1) * per_run).min(panels),
+                    bias: bias.map(|bias| &bias[group * cout..][..cout]),
+                };
+                let row0 = b * p.out_channels + group * cout;
+                let t0 = j0 * m;
+                scratch.with_slot(|slot| match dest {
+                    Dest::Stored(out) => {
+                        let mut emit = |o: usize, values: &mut [f32], _: &mut [f32]| {
+                            let at = (row0 + o) * g.out_len + t0;
+                            // SAFETY: row `row0 + o`, positions t0 .. t0 +
+                            // values.len() <= out_len of `y`, which outlives
+                            // the loop; tiles cover disjoint (row, position)
+                            // sets (distinct batch item, group, output-channel
+                            // run or block run), so no other task writes them.
+                            let dst =
+                                unsafe { std::slice::from_raw_parts_mut(out.at(at), values.len()) };
+                            dst.copy_from_slice(values);
+                        };
+                        self.kernel.tile(&lay, &args, slot, &mut emit);
+                    }
+                    Dest::Sink(sink) => {
+                        let mut emit = |o: usize, values: &mut [f32], tmp: &mut [f32]| {
+                            sink.store(row0 + o, t0, values, tmp);
+                        };
+                        self.kernel.tile(&lay, &args, slot, &mut emit);
+                    }
+                });
             });
         });
     }

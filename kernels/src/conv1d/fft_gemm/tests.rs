@@ -9,15 +9,25 @@ const ATOL: f32 = 1e-4;
 fn prepare(max: &Conv1dParams, w: &[f32]) -> PreparedConv1d {
     let conv = PreparedConv1d::new(max, w, Choice::Force(Algorithm::FftGemm)).unwrap();
     assert_eq!(conv.algorithm(), Algorithm::FftGemm);
-    assert!(!conv.reads_weights());
+    assert!(conv.reads_weights());
     conv
 }
 
 /// `conv` at `p` into a NaN-filled buffer, so unwritten outputs fail.
-fn run(conv: &PreparedConv1d, p: &Conv1dParams, x: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
+fn run(
+    conv: &PreparedConv1d,
+    p: &Conv1dParams,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+) -> Vec<f32> {
     let mut y = vec![f32::NAN; p.output_elems().unwrap()];
-    let scratch = Scratch::new(rayon::current_num_threads(), conv.scratch_per_thread());
-    conv.run(p, x, None, bias, &mut y, &scratch).unwrap();
+    let scratch = Scratch::sized(
+        rayon::current_num_threads(),
+        conv.scratch_per_thread(),
+        conv.shared_scratch(),
+    );
+    conv.run(p, x, Some(w), bias, &mut y, &scratch).unwrap();
     y
 }
 
@@ -63,7 +73,7 @@ fn grid_matches_reference_on_random_inputs() {
         let conv = prepare(&p, &w);
         for bias in [None, Some(&bias[..])] {
             let want = reference::conv1d_f32(&p, &x, &w, bias).unwrap();
-            let got = run(&conv, &p, &x, bias);
+            let got = run(&conv, &p, &x, &w, bias);
             assert_close(
                 &got,
                 &want,
@@ -105,7 +115,7 @@ fn structured_inputs_match_reference() {
                 // Outputs here reach cin · K: the tolerance is relative to
                 // the largest, as the DFT's error is.
                 let scale = want.iter().fold(1.0f32, |a, v| a.max(v.abs()));
-                let got = run(&conv, &p, x, bias);
+                let got = run(&conv, &p, x, w, bias);
                 assert_close(&got, &want, ATOL * scale, &format!("{kind}: {p:?}"));
             }
         }
@@ -124,26 +134,64 @@ fn conv_stack_layer_within_1e4() {
     let x = rng.vec(p.input_elems(), -1.0, 1.0);
     let conv = prepare(&p, &w);
     let want = reference::conv1d_f32(&p, &x, &w, Some(&bias)).unwrap();
-    assert_close(&run(&conv, &p, &x, Some(&bias)), &want, ATOL, "conv stack");
+    assert_close(
+        &run(&conv, &p, &x, &w, Some(&bias)),
+        &want,
+        ATOL,
+        "conv stack",
+    );
 }
 
 #[test]
-fn prepared_memory_is_about_the_weights() {
+fn prepared_memory_is_the_transforms_only() {
     // Spectra kept at prepare would take L / K = 32 / 11 times the
-    // weights; the packed weights take them plus the last panel's padding
-    // and the small transform matrices.
+    // weights, packed weights kept at prepare the weights again (beside
+    // the blob's copy while the delegate prepares). Prepare keeps only
+    // the transform matrices; each call packs the weights into the
+    // scratch's shared region, one layer's weights plus the last panel's
+    // padding, which a stack of convs shares.
     for (c, k) in [(250, 11), (64, 5), (7, 3)] {
         let p = params(1, (c, c, 1), 4096, k, 1, (k / 2, k / 2), 1);
         let w = vec![0.5; p.weight_elems()];
         let conv = prepare(&p, &w);
-        let weights = 4 * p.weight_elems();
-        let bound = weights + weights / 50 + 4 * (2 * 128 * 128 + 128 * 96);
         assert!(
-            conv.prepared_bytes() >= weights && conv.prepared_bytes() <= bound,
-            "{c} channels, K = {k}: {} bytes for {weights} of weights",
+            conv.prepared_bytes() <= 4 * (2 * 128 * 128 + 128 * 96),
+            "{c} channels, K = {k}: {} prepared bytes",
             conv.prepared_bytes()
         );
+        let weights = p.weight_elems();
+        let shared = conv.shared_scratch();
+        assert!(
+            shared >= weights && shared <= weights + weights / 20 + 5 * c * k + 64,
+            "{c} channels, K = {k}: {shared} shared floats for {weights} weights"
+        );
     }
+}
+
+#[test]
+fn refuses_a_call_without_weights_or_shared_scratch() {
+    let p = params(1, (8, 8, 1), 64, 3, 1, (1, 1), 1);
+    let w = vec![0.5; p.weight_elems()];
+    let conv = prepare(&p, &w);
+    let x = vec![1.0; p.input_elems()];
+    let mut y = vec![0.0; p.output_elems().unwrap()];
+    let scratch = Scratch::sized(
+        rayon::current_num_threads(),
+        conv.scratch_per_thread(),
+        conv.shared_scratch(),
+    );
+    assert!(matches!(
+        conv.run(&p, &x, None, None, &mut y, &scratch),
+        Err(KernelError::MissingWeights)
+    ));
+    let no_shared = Scratch::new(rayon::current_num_threads(), conv.scratch_per_thread());
+    assert!(matches!(
+        conv.run(&p, &x, Some(&w), None, &mut y, &no_shared),
+        Err(KernelError::BufferLen {
+            which: "shared scratch",
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -160,11 +208,15 @@ fn every_length_and_backend_matches_reference() {
         let want = reference::conv1d_f32(&p, &x, &w, Some(&bias)).unwrap();
         for backend in Backend::all_available() {
             for l in lengths(&g) {
-                let conv = FftGemmConv::with(&g, &w, backend, l).unwrap();
+                let conv = FftGemmConv::with(&g, backend, l).unwrap();
                 assert_eq!(conv.length(), l);
-                let scratch = Scratch::new(rayon::current_num_threads(), conv.scratch_per_thread());
+                let scratch = Scratch::sized(
+                    rayon::current_num_threads(),
+                    conv.scratch_per_thread(),
+                    conv.shared_scratch(p.groups),
+                );
                 let mut y = vec![f32::NAN; g.output_elems];
-                conv.run(&g, &x, Some(&bias), &mut y, &scratch);
+                conv.run(&g, &x, &w, Some(&bias), &mut y, &scratch);
                 assert_close(&y, &want, ATOL, &format!("{backend:?}, L = {l}: {p:?}"));
             }
         }
@@ -177,7 +229,9 @@ fn shorter_calls_than_prepared_match_reference() {
     let max = params(3, (10, 14, 1), 900, 9, 1, (4, 4), 1);
     let w = rng.vec(max.weight_elems(), -1.0, 1.0);
     let conv = prepare(&max, &w);
-    for (batch, in_len) in [(3, 900), (1, 17), (2, 500), (0, 10), (1, 1)] {
+    // Several tiles per panel (weights packed once per call into the shared
+    // region) and one (each tile packs its panels), batch 0 and length 1.
+    for (batch, in_len) in [(3, 900), (1, 17), (2, 500), (1, 700), (0, 10), (1, 1)] {
         let p = Conv1dParams {
             batch,
             in_len,
@@ -185,7 +239,12 @@ fn shorter_calls_than_prepared_match_reference() {
         };
         let x = rng.vec(p.input_elems(), -1.0, 1.0);
         let want = reference::conv1d_f32(&p, &x, &w, None).unwrap();
-        assert_close(&run(&conv, &p, &x, None), &want, ATOL, &format!("{p:?}"));
+        assert_close(
+            &run(&conv, &p, &x, &w, None),
+            &want,
+            ATOL,
+            &format!("{p:?}"),
+        );
     }
 }
 
@@ -201,7 +260,7 @@ fn result_does_not_depend_on_pool_size() {
             .num_threads(threads)
             .build()
             .unwrap();
-        pool.install(|| run(&conv, &p, &x, None))
+        pool.install(|| run(&conv, &p, &x, &w, None))
     };
     let single = run_on(1);
     for threads in [2, 3, 16] {
@@ -273,7 +332,7 @@ fn transform_matrices_invert_each_other() {
     let p = params(1, (1, 1, 1), 100, 1, 1, (0, 0), 1);
     let x: Vec<f32> = (0..100).map(|i| (i as f32 * 0.37).sin()).collect();
     let conv = prepare(&p, &[1.0]);
-    assert_close(&run(&conv, &p, &x, None), &x, 1e-6, "identity");
+    assert_close(&run(&conv, &p, &x, &[1.0], None), &x, 1e-6, "identity");
 }
 
 /// Release-only timing of the conv stack layer against the GEMM:
@@ -298,12 +357,16 @@ fn calibrate_fft_gemm() {
         let mut line = format!("C={c} K={k} N={n}:");
         for a in [Algorithm::Gemm, Algorithm::FftGemm] {
             let conv = PreparedConv1d::new(&p, &w, Choice::Force(a)).unwrap();
-            let scratch = Scratch::new(rayon::current_num_threads(), conv.scratch_per_thread());
+            let scratch = Scratch::sized(
+                rayon::current_num_threads(),
+                conv.scratch_per_thread(),
+                conv.shared_scratch(),
+            );
             let mut y = vec![0.0; p.output_elems().unwrap()];
             let mut best = f64::INFINITY;
             for _ in 0..5 {
                 let t = Instant::now();
-                conv.run(&p, &x, None, None, &mut y, &scratch).unwrap();
+                conv.run(&p, &x, Some(&w), None, &mut y, &scratch).unwrap();
                 best = best.min(t.elapsed().as_secs_f64());
             }
             let est = crate::estimate_cost(a, &p).unwrap();
@@ -349,14 +412,15 @@ fn fused_epilogue_gets_every_output_once_in_rows() {
         out: std::sync::Mutex::new(vec![f32::NAN; p.output_elems().unwrap()]),
         out_len,
     };
-    let scratch = Scratch::new(
+    let scratch = Scratch::sized(
         rayon::current_num_threads(),
         conv.rows_scratch_per_thread(0, 0),
+        conv.shared_scratch(),
     );
     conv.run_rows(
         &p,
         RowsIn::Slice(&x),
-        None,
+        Some(&w),
         Some(&bias),
         RowsOut::Fused(&sink),
         0,
@@ -392,6 +456,38 @@ fn depthwise_convs_keep_their_own_algorithms() {
                     .unwrap()
                     .algorithm();
                 assert_ne!(auto, Algorithm::FftGemm, "{p:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn packed_panels_hold_each_filter_tap_by_tap() {
+    // Full panels and the last, partial one, for every backend's block.
+    let (cin, cout, taps) = (5, 13usize, 3);
+    let w: Vec<f32> = (0..cout * cin * taps).map(|i| i as f32 + 1.0).collect();
+    for backend in Backend::all_available() {
+        let kernel = kernel::TileKernel::new(backend).unwrap();
+        let mr = kernel.block().mr;
+        for pn in 0..cout.div_ceil(mr) {
+            let mut panel = vec![f32::NAN; kernel::panel_len(cin, taps, kernel.block())];
+            kernel.pack(&w, cin, taps, pn * mr, &mut panel);
+            for k in 0..taps {
+                for c in 0..cin {
+                    for i in 0..mr {
+                        let o = pn * mr + i;
+                        let want = if o < cout {
+                            w[(o * cin + c) * taps + k]
+                        } else {
+                            0.0
+                        };
+                        assert_eq!(
+                            panel[(k * cin + c) * mr + i],
+                            want,
+                            "{backend:?} {o} {c} {k}"
+                        );
+                    }
+                }
             }
         }
     }
