@@ -12,8 +12,8 @@ import rustconv.runtime  # noqa: F401  (the plan comes from the Rust library)
 import torch
 from executorch.exir import to_edge
 from rustconv import RustConvPartitioner
-from rustconv.blocks import DiagonalSSM, Lfm2ShortConvHFCore
-from rustconv.compile_specs import fusion
+from rustconv.blocks import ConvStack, DiagonalSSM, Lfm2ShortConvHFCore
+from rustconv.compile_specs import algorithm, fusion
 from rustconv.inspect import delegate_calls, plan_blob
 from torch.export import export
 
@@ -81,6 +81,24 @@ def test_arena_holds_no_more_than_the_largest_set_alive_at_once(fused):
         # Far less than one buffer per intermediate.
         total = sum(v["bytes"] for v in plan["values"] if v["location"] == "arena")
         assert 0 < plan["arena_bytes"] < total / 2
+
+
+def test_fft_gemm_layers_share_one_layers_packed_weights(tmp_path):
+    """fft_gemm reads its weights in place and packs them per call into scratch
+    the stack's convs share: one layer's weights, not twelve."""
+    c, k, layers = 24, 5, 12
+    model = ConvStack(c, k, layers)
+    pte = lowered(model, model.make_inputs(seq=256), [algorithm("fft_gemm")])
+    (call,) = delegate_calls(pte)
+    plan = plan_blob(call.blob, call.compile_specs)
+    assert [kernel["algorithm"] for kernel in plan["kernels"]] == ["fft_gemm"] * layers
+    one_layer = 4 * c * c * k
+    assert one_layer <= plan["shared_scratch_bytes"] < 2 * one_layer
+    path = tmp_path / "stack.pte"
+    path.write_bytes(pte)
+    cmd = [sys.executable, "-m", "rustconv.inspect", str(path)]
+    text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    assert " shared" in text.splitlines()[0], text
 
 
 def test_a_corrupt_blob_is_refused_with_the_runtime_reason(lfm2_pte):

@@ -71,7 +71,7 @@
 //! (one layer's weights); where one tile does (short calls), it packs its
 //! panels in its own scratch, each right before use. A copy kept at
 //! prepare held every layer's weights a second time beside the blob while
-//! `init` ran: the conv stack's peak went from 75 to 49 MiB.
+//! `init` ran: the conv stack's peak went from 75 to about 50 MiB.
 //!
 //! The transform length is chosen at prepare by the cost model
 //! ([`cost`]), among 16, 32, 64 and 128 with `M >= L / 4`: longer
