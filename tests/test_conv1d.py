@@ -151,9 +151,9 @@ def test_each_algorithm_through_the_delegate(algorithm, cfg, tmp_path):
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     assert f"conv1d -> {algorithm} " in run.stderr, run.stderr
-    # fft and gemm transform the weights at init, and the blob is then freed;
-    # direct, depthwise_simd and fft_gemm read them in place at every call.
-    transformed = algorithm in ("fft", "gemm")
+    # fft transforms the weights at init, and the blob is then freed; every
+    # other algorithm reads them in place at every call.
+    transformed = algorithm == "fft"
     assert ("the blob is released" in run.stderr) == transformed, run.stderr
     with np.load(tmp_path / "out.npz") as out:
         assert_close(out["0"], model(x), f"pte_runner, {algorithm}")

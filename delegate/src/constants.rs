@@ -1,13 +1,14 @@
 //! Which constants `execute` still reads once the plan is built, and the
 //! compact copy of them that lets ExecuTorch free the blob after `init`.
 //!
-//! Kernels that transform their weights at init (FFT spectra, packed GEMM
-//! panels) never read the originals again, so keeping the whole blob would
-//! hold those weights twice (three times with FFT spectra). Like XNNPACK,
-//! which packs weights and frees the processed buffer, the delegate then
-//! copies out only what `execute` reads and tells backend.cpp to free the
-//! rest. When every constant is still read, they are used in place instead:
-//! a copy would only add an init-time peak.
+//! A kernel that transforms its weights at init (the depthwise FFT's filter
+//! spectra) never reads the originals again, so keeping the whole blob
+//! would hold those weights twice. Like XNNPACK, which packs weights and
+//! frees the processed buffer, the delegate then copies out only what
+//! `execute` reads and tells backend.cpp to free the rest. When every
+//! constant is still read (every other conv algorithm reads its weights in
+//! place), they are used in place instead: a copy would only add an
+//! init-time peak.
 
 use crate::graph::Role;
 use crate::memory::{AlignedBuf, ARENA_ALIGNMENT};

@@ -596,12 +596,77 @@ fn misaligned_blob_memory_is_copied_and_still_correct() {
 }
 
 #[test]
+fn dense_convs_read_their_weights_in_place() {
+    // No dense algorithm keeps a copy of the weights: the blob stays loaded
+    // and nothing is copied out of it.
+    for algorithm in ["gemm", "fft_gemm", "direct"] {
+        let blob = AlignedBuf::from_bytes(&conv_scan_blob());
+        let mut d = Delegate::default();
+        d.add_compile_spec("conv1d_algorithm", algorithm.as_bytes());
+        // SAFETY: `blob` outlives `d` and is never modified.
+        d.init(unsafe { BlobBytes::new(blob.as_ptr(), blob.len()) })
+            .unwrap();
+        assert!(d.keeps_blob(), "{algorithm}");
+        assert!(matches!(
+            d.plan().unwrap().locations[1],
+            Location::Constant(_)
+        ));
+        let mut args = conv_scan_args(N_MAX);
+        d.execute(&mut args).unwrap();
+        let want = conv_scan_reference(&args.0[0].data, &args.0[1].data, &args.0[2].data, N_MAX);
+        assert_close(&args.0[3].data[..C_OUT * N_MAX], &want);
+    }
+}
+
+#[test]
 fn blob_is_released_when_no_step_reads_its_constants_in_place() {
-    // gemm packs the weights at init (only the bias is still read); direct
-    // and fft_gemm read them at every call.
-    for (algorithm, keeps_blob) in [("gemm", false), ("direct", true), ("fft_gemm", true)] {
+    // A causal depthwise conv: the FFT keeps the filter spectra (only the
+    // bias is still read), the SIMD and direct loops read the weights at
+    // every call.
+    let (c, k, n) = (4usize, 3usize, 16usize);
+    let blob_bytes = build_blob(
+        &[
+            input("x", 0, &[s(1), s(c as i64), s(n as i64)]),
+            constant("w", &[c as i64, 1, k as i64], ramp(c * k, 0.1)),
+            constant("b", &[c as i64], vec![0.5, -0.25, 0.0, 1.0]),
+            output("y", 0, &[s(1), s(c as i64), s(n as i64)]),
+        ],
+        &[0],
+        &[3],
+        &[N::Conv {
+            input: 0,
+            weight: 1,
+            bias: 2,
+            output: 3,
+            stride: 1,
+            pad: (k as u32 - 1, 0),
+            dilation: 1,
+            groups: c as u32,
+        }],
+    );
+    let params = Conv1dParams {
+        batch: 1,
+        in_channels: c,
+        out_channels: c,
+        in_len: n,
+        kernel_size: k,
+        stride: 1,
+        pad_left: k - 1,
+        pad_right: 0,
+        dilation: 1,
+        groups: c,
+    };
+    let x = ramp(c * n, 0.05);
+    let want = reference::conv1d_f32(
+        &params,
+        &x,
+        &ramp(c * k, 0.1),
+        Some(&[0.5, -0.25, 0.0, 1.0]),
+    )
+    .unwrap();
+    for (algorithm, keeps_blob) in [("fft", false), ("depthwise_simd", true), ("direct", true)] {
         // Aligned as ExecuTorch aligns it, so the segment can be used in place.
-        let mut blob = AlignedBuf::from_bytes(&conv_scan_blob());
+        let mut blob = AlignedBuf::from_bytes(&blob_bytes);
         let mut d = Delegate::default();
         d.add_compile_spec("conv1d_algorithm", algorithm.as_bytes());
         // SAFETY: `blob` outlives `d`, and is overwritten below only once
@@ -620,10 +685,12 @@ fn blob_is_released_when_no_step_reads_its_constants_in_place() {
         if !keeps_blob {
             blob.as_mut_slice().fill(0xAB);
         }
-        let mut args = conv_scan_args(N_MAX);
+        let mut args = Args(vec![
+            tensor(&[1, c as i32, n as i32], x.clone()),
+            out_tensor(&[1, c as i32, n as i32]),
+        ]);
         d.execute(&mut args).unwrap();
-        let want = conv_scan_reference(&args.0[0].data, &args.0[1].data, &args.0[2].data, N_MAX);
-        assert_close(&args.0[3].data[..C_OUT * N_MAX], &want);
+        assert_close(&args.0[1].data, &want);
     }
 }
 

@@ -1,7 +1,7 @@
 //! A conv1d prepared once for its static parameters: the algorithm chosen
 //! (by the cost model, by measurement, or forced), weight-derived data built
-//! (filter spectra, packed panels) and its scratch need known, so that each
-//! call only computes.
+//! (the FFT's filter spectra, `fft_gemm`'s transform matrices) and its
+//! scratch need known, so that each call only computes.
 
 use std::time::Instant;
 
@@ -20,7 +20,7 @@ pub enum Algorithm {
     DepthwiseSimd,
     /// Depthwise, long filters: FFT with filter spectra computed at prepare.
     Fft,
-    /// Dense and grouped: GEMM with weights packed at prepare.
+    /// Dense and grouped: GEMM reading the weights in place.
     Gemm,
     /// Dense and grouped, stride 1, moderate filters and many channels:
     /// block FFT with one complex GEMM per bin, weight spectra per tile
@@ -159,7 +159,7 @@ impl PreparedConv1d {
             Algorithm::Direct => Imp::Direct,
             Algorithm::DepthwiseSimd => Imp::Depthwise(depthwise::DepthwiseConv::prepare(&g, w)),
             Algorithm::Fft => Imp::Fft(fft::FftConv::prepare(&g, w)),
-            Algorithm::Gemm => Imp::Gemm(gemm::GemmConv::prepare(&g, w)),
+            Algorithm::Gemm => Imp::Gemm(gemm::GemmConv::prepare(&g)),
             Algorithm::FftGemm => Imp::FftGemm(fft_gemm::FftGemmConv::prepare(&g)),
         };
         Ok(PreparedConv1d { max: g, imp })
@@ -221,14 +221,13 @@ impl PreparedConv1d {
         }
     }
 
-    /// Bytes of weight-derived data this preparation holds (spectra, packed
-    /// panels), for memory reporting.
+    /// Bytes of weight-derived data this preparation holds (filter spectra,
+    /// transform matrices), for memory reporting.
     pub fn prepared_bytes(&self) -> usize {
         match &self.imp {
-            Imp::Direct => 0,
+            Imp::Direct | Imp::Gemm(_) => 0,
             Imp::Depthwise(k) => k.prepared_bytes(),
             Imp::Fft(k) => k.prepared_bytes(),
-            Imp::Gemm(k) => k.prepared_bytes(),
             Imp::FftGemm(k) => k.prepared_bytes(),
         }
     }
@@ -236,7 +235,7 @@ impl PreparedConv1d {
     /// Whether `run` still reads the original weights (otherwise the
     /// caller may release them after `new` and pass `None` to `run`).
     pub fn reads_weights(&self) -> bool {
-        matches!(self.imp, Imp::Direct | Imp::Depthwise(_) | Imp::FftGemm(_))
+        !matches!(self.imp, Imp::Fft(_))
     }
 
     /// Whether [`Self::run_rows`] takes a computed input (a prologue run in
@@ -315,7 +314,7 @@ impl PreparedConv1d {
                         k.run_rows(&g, x, w.unwrap_or_default(), bias, y, scratch)
                     }
                     (Imp::Gemm(k), RowsIn::Slice(x), RowsOut::Fused(sink)) => {
-                        k.run_into(&g, x, bias, sink, scratch)
+                        k.run_into(&g, x, w.unwrap_or_default(), bias, sink, scratch)
                     }
                     (Imp::FftGemm(k), RowsIn::Slice(x), RowsOut::Fused(sink)) => {
                         k.run_into(&g, x, w.unwrap_or_default(), bias, sink, scratch)
@@ -398,12 +397,12 @@ impl PreparedConv1d {
         check_len("y", g.output_elems, y.len())?;
         self.check_scratch(scratch, self.scratch_per_thread())?;
         match &self.imp {
-            // `reads_weights` holds for these three, so `w` was given.
+            // `reads_weights` holds for all but the FFT, so `w` was given.
             Imp::Direct => direct::conv1d(&g, x, w.unwrap_or_default(), bias, y),
             Imp::Depthwise(k) => k.run(&g, x, w.unwrap_or_default(), bias, y, scratch),
+            Imp::Gemm(k) => k.run(&g, x, w.unwrap_or_default(), bias, y, scratch),
             Imp::FftGemm(k) => k.run(&g, x, w.unwrap_or_default(), bias, y, scratch),
             Imp::Fft(k) => k.run(&g, x, bias, y, scratch),
-            Imp::Gemm(k) => k.run(&g, x, bias, y, scratch),
         }
         Ok(())
     }

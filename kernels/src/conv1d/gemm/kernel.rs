@@ -15,14 +15,14 @@
 //!    stride, whatever the convolution's stride. Only the phases some tap
 //!    reads are written. The row offsets `r_k·pitch + o_k` are fixed at
 //!    prepare ([`Window`]).
-//! 2. **Micro-kernels.** For each panel of `MR` output channels (weights
-//!    packed at prepare as `[panel][in_channel][tap][MR]`, rows past the
-//!    group's last output channel zero), and each block of `NR` vectors of
-//!    output positions, the `MR × NR` accumulators start at the bias and
-//!    take, for every input channel and tap in ascending order, `NR`
-//!    unit-stride loads from the window shared by `MR` weight broadcasts:
-//!    `MR · NR` multiply-adds per `NR + MR` loads. Rows past the group's end
-//!    are computed (zero weights) but not stored. A chunk whose length is not
+//! 2. **Micro-kernels.** For each block of `MR` output channels (their
+//!    filters read in place, `[in_channel][tap]` each, side by side; rows
+//!    past the tile's last output channel repeat its filter), and each
+//!    block of `NR` vectors of output positions, the `MR × NR` accumulators
+//!    start at the bias and take, for every input channel and tap in
+//!    ascending order, `NR` unit-stride loads from the window shared by `MR`
+//!    weight broadcasts: `MR · NR` multiply-adds per `NR + MR` loads. Rows
+//!    past the tile's end are computed but not stored. A chunk whose length is not
 //!    a multiple of the block ends with the block that ends at its last
 //!    output, recomputing some outputs with the same values; a chunk
 //!    shorter than one block is computed into a stack buffer and copied.
@@ -149,8 +149,8 @@ pub(crate) struct TileArgs<'a> {
     pub pad_left: usize,
     pub cin: usize,
     pub window: &'a Window,
-    /// The weight panels of the tile's output channels, from its first.
-    pub panels: &'a [f32],
+    /// The filters of the tile's output channels, `[rows][cin][taps]`.
+    pub weights: &'a [f32],
     /// The bias of the tile's output channels, if any.
     pub bias: Option<&'a [f32]>,
     /// Output channels in the tile (the last panel may be partly padding).
@@ -321,9 +321,9 @@ unsafe fn tile_generic<S: Simd, const MR: usize, const NR: usize>(
     let taps = win.offsets.len();
     let cs = win.channel_stride();
     fill_window(a, cols, scratch);
-    let panel_len = a.cin * taps * MR;
     let panels = a.rows.div_ceil(MR);
-    assert!(a.panels.len() >= panels * panel_len, "panels");
+    let filter_len = a.cin * taps;
+    assert!(a.weights.len() == a.rows * filter_len, "weights");
     assert!(a.bias.is_none_or(|b| b.len() >= a.rows), "bias");
     assert!(a.cin == 0 || scratch.len() >= (a.cin - 1) * cs + win.pitch);
     assert!(MR * cols <= MAX_BLOCK_FLOATS);
@@ -343,14 +343,19 @@ unsafe fn tile_generic<S: Simd, const MR: usize, const NR: usize>(
         if let Some(b) = a.bias {
             bias[..rows].copy_from_slice(&b[r0..r0 + rows]);
         }
-        let w = a.panels[p * panel_len..][..panel_len].as_ptr();
+        // The block's filters; rows past the tile's repeat its last (they
+        // are computed, never stored).
+        let filters = &a.weights[r0 * filter_len..][..rows * filter_len];
+        let w: [*const f32; MR] =
+            std::array::from_fn(|i| filters[i.min(rows - 1) * filter_len..].as_ptr());
         if a.n >= cols {
             let mut j = 0;
             while j < a.n {
                 let j0 = j.min(a.n - cols);
                 // SAFETY: features by our contract. Reads: the window as
-                // argued above with j0 + cols <= n; the panel, cin·taps·MR
-                // values (sliced above). Writes: rows `rows` (<= the tile's
+                // argued above with j0 + cols <= n; cin·taps values from
+                // each of the MR filter pointers, each the start of a
+                // whole filter inside `filters` (sliced above). Writes: rows `rows` (<= the tile's
                 // remaining rows) and columns j0 .. j0 + cols <= n of the
                 // tile's output, valid by our contract.
                 unsafe {
@@ -397,14 +402,14 @@ unsafe fn tile_generic<S: Simd, const MR: usize, const NR: usize>(
     }
 }
 
-/// `MR × NR` vectors of outputs: `y[i][j] = bias[i] + Σ_c Σ_k w[c][k][i] ·
+/// `MR × NR` vectors of outputs: `y[i][j] = bias[i] + Σ_c Σ_k w[i][c][k] ·
 /// x[c·chan_stride + offsets[k] + j]`, channels then taps ascending, for
 /// `j < NR · LANES`; rows `i < rows` are stored at `y + i·y_stride`.
 ///
 /// # Safety
 /// `S`'s features are present; `x` is readable at `c·chan_stride +
-/// offsets[k] + j` for every `c < cin`, `k` and `j < NR · LANES`; `w` for
-/// `cin · offsets.len() · MR` values; `y` writable for `NR · LANES` values at
+/// offsets[k] + j` for every `c < cin`, `k` and `j < NR · LANES`; each
+/// `w[i]` for `cin · offsets.len()` values; `y` writable for `NR · LANES` values at
 /// each of the first `rows` rows.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -413,7 +418,7 @@ unsafe fn micro<S: Simd, const MR: usize, const NR: usize>(
     chan_stride: usize,
     offsets: &[usize],
     cin: usize,
-    w: *const f32,
+    w: [*const f32; MR],
     bias: &[f32; MR],
     y: *mut f32,
     y_stride: usize,
@@ -427,7 +432,7 @@ unsafe fn micro<S: Simd, const MR: usize, const NR: usize>(
         for (row, &b) in acc.iter_mut().zip(bias) {
             *row = [S::splat(b); NR];
         }
-        let mut wp = w;
+        let mut kk = 0;
         let mut xc = x;
         for _ in 0..cin {
             for &o in offsets {
@@ -437,12 +442,12 @@ unsafe fn micro<S: Simd, const MR: usize, const NR: usize>(
                     *v = S::load(xk.add(r * S::LANES));
                 }
                 for (i, row) in acc.iter_mut().enumerate() {
-                    let wi = S::splat(*wp.add(i));
+                    let wi = S::splat(*w[i].add(kk));
                     for (a, &v) in row.iter_mut().zip(&xv) {
                         *a = S::mul_add(*a, wi, v);
                     }
                 }
-                wp = wp.add(MR);
+                kk += 1;
             }
             xc = xc.add(chan_stride);
         }

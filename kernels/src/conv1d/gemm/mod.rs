@@ -1,5 +1,6 @@
-//! Dense and grouped conv1d as GEMM with weights packed at prepare, on our
-//! own register-blocked micro-kernels and the caller's per-thread scratch.
+//! Dense and grouped conv1d as GEMM, reading the weights where the model
+//! holds them, on our own register-blocked micro-kernels and the caller's
+//! per-thread scratch.
 //!
 //! Per group `g` the convolution is a matrix product with an implicit
 //! im2col right-hand side:
@@ -15,10 +16,14 @@
 //! unit-stride row; a micro-kernel then computes `MR` output channels by
 //! `NR` vectors of output positions in registers, loading each window
 //! vector once for `MR` broadcast weights (`kernel.rs` has the details;
-//! it is the design of XNNPACK's convolution micro-kernels). Weights are
-//! packed at prepare into panels of `MR` output channels,
-//! `[group][panel][in_channel][tap][MR]`, so a micro-kernel reads them in
-//! order. The instruction set (AVX-512, AVX2 + FMA, NEON or portable Rust)
+//! it is the design of XNNPACK's convolution micro-kernels). The weights
+//! are read in place, `[out_channel][in_channel][tap]`: the `MR` filters of
+//! a block's rows are streamed side by side, one broadcast per row and
+//! (channel, tap), in the order they are stored. Packing them into panels
+//! at prepare, as XNNPACK does, measured no faster (`calibrate_gemm`, both
+//! builds interleaved: within 3% either way on every shape below) and kept
+//! a copy of every layer's weights beside the blob's while the delegate
+//! prepared. The instruction set (AVX-512, AVX2 + FMA, NEON or portable Rust)
 //! is the crate's SIMD layer (`crate::simd`), detected once at prepare,
 //! and with it the block: `MR × NR` vectors of 8 × 3 on AVX-512 and NEON,
 //! 6 × 2 on AVX2, 4 × 1 portable, or half the rows and twice the vectors
@@ -163,13 +168,9 @@ pub(crate) fn cost(g: &Conv1dGeometry) -> f64 {
     roofline(direct_macs(g), rate, compulsory_bytes(g)) + tiles * SECONDS_PER_TILE
 }
 
-/// The weights packed into panels and the tile kernel, chosen at prepare;
-/// the geometry comes with every call.
+/// The tile kernel and window layout, chosen at prepare; the geometry and
+/// the weights come with every call.
 pub(crate) struct GemmConv {
-    /// `[groups, panels, in_per_group, kernel_size, MR]`: per group, the
-    /// output channels in panels of `MR` (the last padded with zero rows),
-    /// each panel's weights in the order the micro-kernel reads them.
-    packed: Box<[f32]>,
     kernel: TileKernel,
     /// The window layout for chunks up to the prepared shape's longest.
     window: Window,
@@ -178,42 +179,26 @@ pub(crate) struct GemmConv {
 }
 
 impl GemmConv {
-    /// Packs `w` (`[out_channels, in_per_group, kernel_size]`) for the
-    /// detected backend. Nothing here depends on the batch; the input
-    /// length bounds the window.
-    pub(crate) fn prepare(g: &Conv1dGeometry, w: &[f32]) -> Self {
-        Self::with_backend(g, w, Backend::detect()).expect("detected backend is available")
+    /// The kernel for the detected backend. Nothing here depends on the
+    /// batch; the input length bounds the window.
+    pub(crate) fn prepare(g: &Conv1dGeometry) -> Self {
+        Self::with_backend(g, Backend::detect()).expect("detected backend is available")
     }
 
     /// As [`GemmConv::prepare`] on a given backend, or `None` where this
     /// CPU lacks it.
-    pub(crate) fn with_backend(g: &Conv1dGeometry, w: &[f32], backend: Backend) -> Option<Self> {
+    pub(crate) fn with_backend(g: &Conv1dGeometry, backend: Backend) -> Option<Self> {
         let p = &g.params;
-        let (cin, cout, taps) = (g.in_per_group, g.out_per_group, p.kernel_size);
-        debug_assert_eq!(w.len(), g.weight_elems);
-        let kernel = TileKernel::new(backend, cout)?;
+        let kernel = TileKernel::new(backend, g.out_per_group)?;
         let block = kernel.block();
-        let mr = block.mr;
-        let panels = cout.div_ceil(mr);
-        let mut packed = vec![0.0; p.groups * panels * cin * taps * mr].into_boxed_slice();
-        for group in 0..p.groups {
-            for o in 0..cout {
-                let filter = &w[(group * cout + o) * cin * taps..][..cin * taps];
-                let panel = &mut packed[(group * panels + o / mr) * cin * taps * mr..];
-                for (i, &v) in filter.iter().enumerate() {
-                    panel[i * mr + o % mr] = v;
-                }
-            }
-        }
         // Chunks never exceed the output length nor the cap (Tiling::new),
         // and calls have at most the prepared length.
         let max_chunk = chunk_cap(g, block).min(g.out_len);
-        let window = Window::new(taps, p.stride, p.dilation, max_chunk, block.cols());
+        let window = Window::new(p.kernel_size, p.stride, p.dilation, max_chunk, block.cols());
         Some(GemmConv {
-            packed,
             kernel,
             window,
-            cin,
+            cin: g.in_per_group,
         })
     }
 
@@ -222,25 +207,22 @@ impl GemmConv {
         self.cin * self.window.channel_stride()
     }
 
-    /// Bytes of the packed weights (with the padding rows).
-    pub(crate) fn prepared_bytes(&self) -> usize {
-        std::mem::size_of_val(&*self.packed)
-    }
-
     /// Computes `y = conv1d(x, w) + bias` for `g`, whose static parameters
     /// are those this was prepared with (batch and input length may be
-    /// smaller). The caller has checked every slice length, and `scratch`
-    /// has [`GemmConv::scratch_per_thread`] floats per thread of the pool.
+    /// smaller), `w` being `[out_channels, in_per_group, kernel_size]`. The
+    /// caller has checked every slice length, and `scratch` has
+    /// [`GemmConv::scratch_per_thread`] floats per thread of the pool.
     pub(crate) fn run(
         &self,
         g: &Conv1dGeometry,
         x: &[f32],
+        w: &[f32],
         bias: Option<&[f32]>,
         y: &mut [f32],
         scratch: &Scratch,
     ) {
         debug_assert_eq!(y.len(), g.output_elems);
-        self.run_tiles(g, x, bias, Dest::Stored(OutPtr(y.as_mut_ptr())), scratch);
+        self.run_tiles(g, x, w, bias, Dest::Stored(OutPtr(y.as_mut_ptr())), scratch);
     }
 
     /// f32 elements of per-thread scratch [`Self::run_into`] needs: the
@@ -261,17 +243,19 @@ impl GemmConv {
         &self,
         g: &Conv1dGeometry,
         x: &[f32],
+        w: &[f32],
         bias: Option<&[f32]>,
         sink: &dyn RowSink,
         scratch: &Scratch,
     ) {
-        self.run_tiles(g, x, bias, Dest::Sink(sink), scratch);
+        self.run_tiles(g, x, w, bias, Dest::Sink(sink), scratch);
     }
 
     fn run_tiles(
         &self,
         g: &Conv1dGeometry,
         x: &[f32],
+        w: &[f32],
         bias: Option<&[f32]>,
         dest: Dest<'_>,
         scratch: &Scratch,
@@ -281,11 +265,9 @@ impl GemmConv {
         debug_assert!(bias.is_none_or(|b| b.len() == p.out_channels));
         let (cin, cout) = (g.in_per_group, g.out_per_group);
         assert_eq!(cin, self.cin, "prepared for another shape");
+        debug_assert_eq!(w.len(), g.weight_elems);
         let block = self.kernel.block();
-        let mr = block.mr;
-        let panel_len = cin * p.kernel_size * mr;
-        let panels = cout.div_ceil(mr);
-        debug_assert_eq!(self.packed.len(), p.groups * panels * panel_len);
+        let filter_len = cin * p.kernel_size;
 
         let tiling = Tiling::new(g, block);
         let per_item = p.groups * tiling.row_blocks * tiling.chunks;
@@ -306,8 +288,7 @@ impl GemmConv {
                 cin,
                 window: &self.window,
                 // rows.start is a multiple of MR (Tiling::new).
-                panels: &self.packed[(group * panels + rows.start / mr) * panel_len..]
-                    [..rows.len().div_ceil(mr) * panel_len],
+                weights: &w[o0 * filter_len..][..rows.len() * filter_len],
                 bias: bias.map(|bias| &bias[o0..o0 + rows.len()]),
                 rows: rows.len(),
                 l0: cols.start,
