@@ -234,5 +234,5 @@ def test_end_to_end_decode_tiny(tmp_path):
         assert int(rows[(block, "ours")]["rustconv_calls"]) == 1, block
     summary = (out / "summary.md").read_text()
     goals = summary.split("### Goals (blocks)")[1].split("block goals pass")[0]
-    # Five decode workloads and peak memory.
-    assert goals.count("**PASS**") + goals.count("**FAIL**") == 6
+    # Six decode workloads and peak memory.
+    assert goals.count("**PASS**") + goals.count("**FAIL**") == 7

@@ -64,6 +64,7 @@ DECODE_BLOCKS = {
     "decode_lfm2_core": ("Lfm2ShortConvExampleCore", (1024, 2048)),
     "decode_lfm2": ("Lfm2ShortConvExample", (1024, 2048)),
     "decode_ssm": ("SsmStep", (2048,)),
+    "decode_conv_stack": ("ConvStackStep", (250,)),
 }
 DECODE_K = 4  # the conv step's filter
 CONV_STACK_K, CONV_STACK_LAYERS, LFM2_K = 11, 12, 3
@@ -111,7 +112,14 @@ class Setting:
             one = self.C * self.N * BYTES_PER_ELEMENT
             if self.block == "decode_scan":
                 return 2 * one
-            single = ("lfm2_hf", "lfm2_example", "conv_stack", "decode_conv", "decode_lfm2")
+            single = (
+                "lfm2_hf",
+                "lfm2_example",
+                "conv_stack",
+                "decode_conv",
+                "decode_lfm2",
+                "decode_conv_stack",
+            )
             return one if self.block in single else 3 * one
         if self.kind == "scan":
             return (2 * self.C * self.N + self.C) * BYTES_PER_ELEMENT
@@ -146,6 +154,7 @@ class Setting:
             "decode_lfm2_core": 2 * c * n * LFM2_K + elementwise,
             "decode_lfm2": 2 * n * c * 4 * c + 2 * c * n * LFM2_K + elementwise,
             "decode_ssm": 2 * elementwise,
+            "decode_conv_stack": 2.0 * CONV_STACK_LAYERS * c * c * CONV_STACK_K * n,
         }[self.block]
 
     @property
@@ -203,6 +212,7 @@ def block_weight_elements(block: str, c: int, n: int) -> int:
         "decode_lfm2_core": c * LFM2_K + c * (LFM2_K - 1),
         "decode_lfm2": c * LFM2_K + c * (LFM2_K - 1) + 4 * c * c,
         "decode_ssm": 2 * c,
+        "decode_conv_stack": CONV_STACK_LAYERS * (c * c * CONV_STACK_K + c * CONV_STACK_K),
     }[block]
 
 
@@ -355,6 +365,15 @@ class ScanStep(torch.nn.Module):
         )
 
 
+def _conv_stack_step(c: int) -> torch.nn.Module:
+    """The conv stack block's layers, causal and streaming (each layer's last
+    ``K - 1`` inputs in a state buffer): a speech model's trunk decoding one
+    frame at a time."""
+    from rustconv import blocks
+
+    return blocks.CausalConvStackStreaming(c, CONV_STACK_K, CONV_STACK_LAYERS)
+
+
 def _ssm_step(c: int) -> torch.nn.Module:
     from rustconv import blocks
 
@@ -378,6 +397,8 @@ def make_block(setting: Setting, seed: int) -> torch.nn.Module:
             torch.manual_seed(seed)
             if cls_name == "SsmStep":
                 return _ssm_step(setting.C).eval()
+            if cls_name == "ConvStackStep":
+                return _conv_stack_step(setting.C).eval()
             cls = globals().get(cls_name) or getattr(blocks, cls_name)
             return cls(setting.C).eval()
     cls_name, _, _ = BLOCKS[setting.block]

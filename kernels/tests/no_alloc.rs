@@ -105,7 +105,8 @@ fn main() {
     // Dense and grouped convs through the prepared GEMM path: its windows
     // live in the scratch slots. Dense, grouped, stride 2, dilation 2 and
     // padding, with output lengths and channel counts that leave ragged
-    // blocks, and one output shorter than any block (the stack buffer).
+    // blocks, one output shorter than any block (the stack buffer), and a
+    // call of 4 outputs per row (a decode step: the matrix-vector kernel).
     let gemm_shape =
         |in_channels, out_channels, groups, in_len, stride, dilation, pads: (usize, usize)| {
             Conv1dParams {
@@ -127,6 +128,7 @@ fn main() {
         gemm_shape(16, 20, 1, 1001, 2, 1, (1, 2)),
         gemm_shape(16, 18, 2, 999, 1, 2, (4, 0)),
         gemm_shape(8, 5, 1, 9, 1, 1, (2, 2)),
+        gemm_shape(40, 70, 1, 4, 1, 1, (2, 0)),
     ];
     // The same shapes through fft_gemm where it applies (stride 1): its
     // window, spectra and output rows live in the scratch slots too.

@@ -16,6 +16,7 @@ mod direct;
 mod fft;
 mod fft_gemm;
 mod gemm;
+mod gemv;
 mod params;
 mod prepared;
 mod tap_span;

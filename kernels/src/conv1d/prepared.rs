@@ -5,11 +5,13 @@
 
 use std::time::Instant;
 
+use super::gemv::{Gemv, MAX_OUTPUTS};
 use super::params::{Conv1dGeometry, Conv1dParams};
 use super::{depthwise, direct, fft, fft_gemm, gemm};
 use crate::error::{check_len, KernelError};
 use crate::fused::{RowsIn, RowsOut};
 use crate::scratch::Scratch;
+use crate::simd::Backend;
 
 /// The conv1d algorithms, in the order [`Choice::Measure`] tries them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -124,6 +126,10 @@ enum Imp {
 pub struct PreparedConv1d {
     max: Conv1dGeometry,
     imp: Imp,
+    /// For a dense or grouped conv whose algorithm reads the weights in
+    /// place: the matrix-vector kernel that calls of at most
+    /// [`MAX_OUTPUTS`] outputs per row (decode steps) take instead.
+    gemv: Option<Gemv>,
 }
 
 impl PreparedConv1d {
@@ -141,6 +147,13 @@ impl PreparedConv1d {
                     });
                 }
                 Self::with(a, g, w)
+            }
+            // Where even the longest call is a decode step of a dense or
+            // grouped conv, the matrix-vector kernel runs every call; of
+            // the algorithms it stands in for, `gemm` is the one whose
+            // epilogue hook it serves, so a fused epilogue stays fused.
+            Choice::Auto if g.out_len <= MAX_OUTPUTS && gemm::applies(&g) => {
+                Self::with(Algorithm::Gemm, g, w)
             }
             Choice::Auto => {
                 let best = Algorithm::ALL
@@ -162,7 +175,10 @@ impl PreparedConv1d {
             Algorithm::Gemm => Imp::Gemm(gemm::GemmConv::prepare(&g)),
             Algorithm::FftGemm => Imp::FftGemm(fft_gemm::FftGemmConv::prepare(&g)),
         };
-        Ok(PreparedConv1d { max: g, imp })
+        let gemv = (gemm::applies(&g) && !matches!(imp, Imp::Fft(_)))
+            .then(|| Gemv::new(Backend::detect()))
+            .flatten();
+        Ok(PreparedConv1d { max: g, imp, gemv })
     }
 
     fn measure(g: Conv1dGeometry, w: &[f32]) -> Result<Self, KernelError> {
@@ -203,13 +219,26 @@ impl PreparedConv1d {
     /// `f32` elements of scratch each thread needs for any call up to the
     /// prepared shape.
     pub fn scratch_per_thread(&self) -> usize {
-        match &self.imp {
+        let imp = match &self.imp {
             Imp::Direct => 0,
             Imp::Depthwise(k) => k.scratch_per_thread(),
             Imp::Fft(k) => k.scratch_per_thread(),
             Imp::Gemm(k) => k.scratch_per_thread(),
             Imp::FftGemm(k) => k.scratch_per_thread(),
-        }
+        };
+        imp.max(self.gemv_scratch(0))
+    }
+
+    /// Scratch per thread of the matrix-vector kernel, if there is one.
+    fn gemv_scratch(&self, y_temps: usize) -> usize {
+        self.gemv
+            .as_ref()
+            .map_or(0, |_| Gemv::scratch_per_thread(&self.max, y_temps))
+    }
+
+    /// The matrix-vector kernel, where it takes a call of `g`.
+    fn gemv_for(&self, g: &Conv1dGeometry) -> Option<&Gemv> {
+        self.gemv.as_ref().filter(|_| g.out_len <= MAX_OUTPUTS)
     }
 
     /// `f32` elements of the scratch's shared region a call needs (see
@@ -262,7 +291,7 @@ impl PreparedConv1d {
     /// when the input's and the output's programs need `x_temps` and
     /// `y_temps` line-sized temporaries (0 for stored ones).
     pub fn rows_scratch_per_thread(&self, x_temps: usize, y_temps: usize) -> usize {
-        match &self.imp {
+        let imp = match &self.imp {
             Imp::Depthwise(_) => {
                 depthwise::DepthwiseConv::rows_scratch(&self.max, x_temps, y_temps)
             }
@@ -270,7 +299,8 @@ impl PreparedConv1d {
             Imp::FftGemm(k) => k.rows_scratch(y_temps),
             Imp::Fft(k) => k.rows_scratch(x_temps.max(y_temps)),
             _ => self.scratch_per_thread(),
-        }
+        };
+        imp.max(self.gemv_scratch(y_temps))
     }
 
     /// [`Self::run`] with the input computed by a prologue and / or the
@@ -310,6 +340,12 @@ impl PreparedConv1d {
                 }
                 self.check_scratch(scratch, self.rows_scratch_per_thread(x_temps, y_temps))?;
                 match (&self.imp, x, y) {
+                    (_, RowsIn::Slice(x), y @ RowsOut::Fused(_))
+                        if self.fuses_output() && self.gemv_for(&g).is_some() =>
+                    {
+                        let gemv = self.gemv_for(&g).expect("just checked");
+                        gemv.run(&g, x, w.unwrap_or_default(), bias, y, scratch)
+                    }
                     (Imp::Depthwise(k), x, y) => {
                         k.run_rows(&g, x, w.unwrap_or_default(), bias, y, scratch)
                     }
@@ -396,6 +432,19 @@ impl PreparedConv1d {
         check_len("x", g.input_elems, x.len())?;
         check_len("y", g.output_elems, y.len())?;
         self.check_scratch(scratch, self.scratch_per_thread())?;
+        if let Some(gemv) = self.gemv_for(&g) {
+            // Every algorithm it stands in for reads the weights, so `w`
+            // was given.
+            gemv.run(
+                &g,
+                x,
+                w.unwrap_or_default(),
+                bias,
+                RowsOut::Slice(y),
+                scratch,
+            );
+            return Ok(());
+        }
         match &self.imp {
             // `reads_weights` holds for all but the FFT, so `w` was given.
             Imp::Direct => direct::conv1d(&g, x, w.unwrap_or_default(), bias, y),

@@ -18,6 +18,7 @@ mod rows;
 mod shape;
 mod strided;
 
+pub(crate) use ops::prefetch;
 pub use ops::{BinaryOp, UnaryOp};
 pub use program::{resolve_start, Env, Expr, Line, Node, Program, MAX_SHARED};
 pub use rows::{

@@ -1,0 +1,487 @@
+//! Dense and grouped conv1d calls of a few outputs per row (a decode step:
+//! one new token and the state before it) as matrix-vector products over
+//! the weights where the model holds them.
+//!
+//! The algorithms chosen for a conv's longest calls waste most of their
+//! work on a call of one output: the GEMM computes blocks of 48 positions
+//! (AVX-512) to keep one, `fft_gemm` computes every panel's weight spectra
+//! for one block, and the direct loop is scalar. Measured on one thread,
+//! 250 → 250 channels, `K = 11`, one output per row: `gemm` 388 µs,
+//! `fft_gemm` 841 µs, `direct` 1.48 ms. Here every output channel's filter
+//! (`cin · K` contiguous values) is multiplied with the call's columns (the
+//! `cin · K` inputs each output reads, gathered once per task, padding as
+//! zeros): one vector load of the filter shared by up to [`MAX_OUTPUTS`]
+//! accumulators, so the call reads each weight once and is bound by
+//! reading them (2.75 MB for that layer). The weights are prefetched
+//! [`AHEAD`] floats ahead of the multiply-adds: without it one thread read
+//! them at about half the speed.
+//!
+//! # Measured
+//!
+//! The benchmark's `decode_conv_stack` (12 causal layers of the above,
+//! ReLU, a state per layer; 33 MB of weights per token), pte_runner p50 on
+//! the 2-core AMD EPYC VM, 2026-11-25: 0.99 ms at 2 threads and 1.18 ms at
+//! 1, where the previous build (the direct loop at one output) took
+//! 14.8 ms; XNNPACK alone 0.375 and 0.62 ms. The matrix-vector products
+//! alone take about 0.45 ms of it at 2 threads; the rest is the 24 steps a
+//! token makes (each layer's state update and its conv) and their thread
+//! hand-offs.
+//!
+//! [`PreparedConv1d`](super::PreparedConv1d) sends every call of at most
+//! [`MAX_OUTPUTS`] outputs per row of a dense or grouped conv here, whatever
+//! algorithm it prepared. Each output is its bias plus one sum in a fixed
+//! order (lanes, then the tail), so results do not depend on the number
+//! of threads; they differ from the other algorithms' by rounding.
+
+#![allow(unsafe_code)]
+#![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
+
+use rayon::prelude::*;
+
+use super::params::Conv1dGeometry;
+use crate::fused::{RowSink, RowsOut};
+use crate::scratch::Scratch;
+#[cfg(target_arch = "aarch64")]
+use crate::simd::Neon;
+#[cfg(target_arch = "x86_64")]
+use crate::simd::{Avx2, Avx512};
+use crate::simd::{Backend, Portable, Simd};
+
+/// Most outputs per row a call may have to run here (a decode step has
+/// one; the depthwise kernels take the same bound for their column walk).
+pub(crate) const MAX_OUTPUTS: usize = 4;
+
+/// Output channels per task: the columns are gathered once per task, so
+/// each task should multiply them with many filters.
+const ROWS: usize = 32;
+
+/// `out[t] = Σ_j filter[j] · cols[t · filter.len() + j]` for `t < T`;
+/// unsafe for the CPU features it is compiled for.
+type DotsFn = unsafe fn(&[f32], &[f32], &mut [f32], &[f32]);
+
+/// Takes a task's outputs: (row within the task, row of the output, the
+/// row's values, a temporary for an epilogue).
+type TaskOut<'a> = &'a mut dyn FnMut(usize, usize, &[f32], &mut [f32]);
+
+/// The dot products for one backend, chosen at prepare.
+pub(crate) struct Gemv {
+    /// Indexed by the number of outputs per row minus one.
+    dots: [DotsFn; MAX_OUTPUTS],
+}
+
+impl Gemv {
+    /// The kernel for `backend`, or `None` where this CPU lacks it.
+    pub(crate) fn new(backend: Backend) -> Option<Self> {
+        if !backend.is_available() {
+            return None;
+        }
+        let dots: [DotsFn; MAX_OUTPUTS] = match backend {
+            Backend::Portable => [
+                dots_portable::<1>,
+                dots_portable::<2>,
+                dots_portable::<3>,
+                dots_portable::<4>,
+            ],
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx2 => [
+                dots_avx2::<1>,
+                dots_avx2::<2>,
+                dots_avx2::<3>,
+                dots_avx2::<4>,
+            ],
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx512 => [
+                dots_avx512::<1>,
+                dots_avx512::<2>,
+                dots_avx512::<3>,
+                dots_avx512::<4>,
+            ],
+            #[cfg(target_arch = "aarch64")]
+            Backend::Neon => [
+                dots_neon::<1>,
+                dots_neon::<2>,
+                dots_neon::<3>,
+                dots_neon::<4>,
+            ],
+        };
+        Some(Gemv { dots })
+    }
+
+    /// Scratch floats per thread: the columns of a call, and `y_temps`
+    /// line temporaries of a fused epilogue.
+    pub(crate) fn scratch_per_thread(g: &Conv1dGeometry, y_temps: usize) -> usize {
+        MAX_OUTPUTS * g.in_per_group * g.params.kernel_size + (1 + y_temps) * MAX_OUTPUTS
+    }
+
+    /// `y = conv1d(x, w) + bias` for a call of `g.out_len <= MAX_OUTPUTS`
+    /// outputs per row, stored or handed to a sink row by row. The caller
+    /// has checked every slice length and the scratch.
+    pub(crate) fn run(
+        &self,
+        g: &Conv1dGeometry,
+        x: &[f32],
+        w: &[f32],
+        bias: Option<&[f32]>,
+        y: RowsOut<'_>,
+        scratch: &Scratch,
+    ) {
+        let p = &g.params;
+        let n = g.out_len;
+        assert!(n <= MAX_OUTPUTS, "{n} outputs per row");
+        let (cin, cout) = (g.in_per_group, g.out_per_group);
+        if n == 0 || p.batch == 0 || cout == 0 {
+            return;
+        }
+        let filter_len = cin * p.kernel_size;
+        let dots = self.dots[n - 1];
+        // One task: batch item and group `bg`, output channels `r0 ..
+        // r0 + rows` of the group.
+        let task = |bg: usize, r0: usize, rows: usize, out: TaskOut<'_>| {
+            let (b, group) = (bg / p.groups, bg % p.groups);
+            let xg = &x[(b * p.in_channels + group * cin) * p.in_len..][..cin * p.in_len];
+            scratch.with_slot(|slot| {
+                let (cols, rest) = slot.split_at_mut(n * filter_len);
+                let (values, tmp) = rest.split_at_mut(MAX_OUTPUTS);
+                let values = &mut values[..n];
+                gather_columns(g, xg, n, cols);
+                for r in 0..rows {
+                    let o = group * cout + r0 + r;
+                    // The weights the next rows read, prefetched as this
+                    // one is multiplied.
+                    let ahead = w.get(o * filter_len + AHEAD..).unwrap_or(&[]);
+                    // SAFETY: `new` chose `dots` for a backend whose
+                    // features this CPU has; it checks its bounds.
+                    unsafe { dots(&w[o * filter_len..][..filter_len], cols, values, ahead) };
+                    let b0 = bias.map_or(0.0, |bias| bias[o]);
+                    for v in values.iter_mut() {
+                        *v += b0;
+                    }
+                    out(r, b * p.out_channels + o, values, tmp);
+                }
+            });
+        };
+        match y {
+            RowsOut::Slice(y) => {
+                // The rows of one batch item and group are contiguous in
+                // `y`, and so are a task's.
+                y.par_chunks_mut(cout * n).enumerate().for_each(|(bg, y)| {
+                    y.par_chunks_mut(ROWS * n).enumerate().for_each(|(blk, y)| {
+                        let rows = y.len() / n;
+                        task(bg, blk * ROWS, rows, &mut |r, _, values, _| {
+                            y[r * n..][..n].copy_from_slice(values)
+                        })
+                    })
+                });
+            }
+            RowsOut::Fused(sink) => {
+                let sink: &dyn RowSink = sink;
+                let blocks = cout.div_ceil(ROWS);
+                (0..p.batch * p.groups * blocks)
+                    .into_par_iter()
+                    .for_each(|t| {
+                        let (bg, r0) = (t / blocks, t % blocks * ROWS);
+                        task(bg, r0, ROWS.min(cout - r0), &mut |_, row, values, tmp| {
+                            sink.store(row, 0, values, tmp)
+                        })
+                    });
+            }
+        }
+    }
+}
+
+/// The columns of a call's `n` outputs, `cols[t][c][k]` = padded input
+/// `t · stride + k · dilation` of channel `c` (zero in the padding), from
+/// one group's input rows `xg` (`cin × in_len`).
+fn gather_columns(g: &Conv1dGeometry, xg: &[f32], n: usize, cols: &mut [f32]) {
+    let p = &g.params;
+    let (cin, taps) = (g.in_per_group, p.kernel_size);
+    for t in 0..n {
+        // Taps whose input lies inside the row: k in lo .. hi (dilated
+        // positions t·stride + k·dilation − pad_left in 0 .. in_len).
+        let first = t * p.stride;
+        let lo = p
+            .pad_left
+            .saturating_sub(first)
+            .div_ceil(p.dilation)
+            .min(taps);
+        let hi = (p.pad_left + p.in_len)
+            .saturating_sub(first)
+            .div_ceil(p.dilation)
+            .clamp(lo, taps);
+        for c in 0..cin {
+            let row = &xg[c * p.in_len..][..p.in_len];
+            let col = &mut cols[(t * cin + c) * taps..][..taps];
+            col[..lo].fill(0.0);
+            col[hi..].fill(0.0);
+            if hi > lo {
+                let start = first + lo * p.dilation - p.pad_left;
+                if p.dilation == 1 {
+                    col[lo..hi].copy_from_slice(&row[start..start + hi - lo]);
+                } else {
+                    for (v, &x) in col[lo..hi]
+                        .iter_mut()
+                        .zip(row[start..].iter().step_by(p.dilation))
+                    {
+                        *v = x;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Independent accumulators per output: a dot product of one output
+/// would otherwise wait on each multiply-add's latency.
+const CHAINS: usize = 4;
+
+/// How far ahead of the multiply-adds the weights are prefetched, in floats.
+const AHEAD: usize = 2048;
+
+/// `out[t] = Σ_j filter[j] · cols[t · len + j]`, `len = filter.len()`, for
+/// `t < T`: [`CHAINS`] vectors of the filter at a time into as many
+/// accumulators per output, each filter load shared by the `T` outputs;
+/// then the accumulators and their lanes summed in order, then the tail.
+///
+/// # Safety
+/// `S`'s features are present. Bounds are checked (panics).
+#[inline(always)]
+unsafe fn dots_generic<S: Simd, const T: usize>(
+    filter: &[f32],
+    cols: &[f32],
+    out: &mut [f32],
+    ahead: &[f32],
+) {
+    let len = filter.len();
+    assert!(cols.len() >= T * len && out.len() == T && S::LANES <= 16);
+    let step = CHAINS * S::LANES;
+    let whole = len - len % step;
+    let mut sums = [0.0f32; T];
+    // SAFETY: features by our contract; every load reads LANES values at
+    // j + c · LANES < whole <= len of `filter` and of column t (inside
+    // `cols`, asserted); the lane buffer holds 16 >= LANES values.
+    unsafe {
+        let mut acc = [[S::splat(0.0); CHAINS]; T];
+        let mut j = 0;
+        while j < whole {
+            crate::fused::prefetch(ahead.get(j..j + step).unwrap_or(&[]));
+            for c in 0..CHAINS {
+                let at = j + c * S::LANES;
+                let wv = S::load(filter.as_ptr().add(at));
+                for (t, acc) in acc.iter_mut().enumerate() {
+                    acc[c] = S::mul_add(acc[c], wv, S::load(cols.as_ptr().add(t * len + at)));
+                }
+            }
+            j += step;
+        }
+        let mut lanes = [0.0f32; 16];
+        for (sum, acc) in sums.iter_mut().zip(&acc) {
+            for v in acc {
+                S::store(lanes.as_mut_ptr(), *v);
+                *sum += lanes[..S::LANES].iter().sum::<f32>();
+            }
+        }
+    }
+    for (t, (sum, out)) in sums.iter().zip(out).enumerate() {
+        let col = &cols[t * len..][..len];
+        *out = filter[whole..]
+            .iter()
+            .zip(&col[whole..])
+            .fold(*sum, |s, (w, x)| s + w * x);
+    }
+}
+
+/// # Safety
+/// None: the portable backend needs no CPU feature.
+unsafe fn dots_portable<const T: usize>(
+    filter: &[f32],
+    cols: &[f32],
+    out: &mut [f32],
+    ahead: &[f32],
+) {
+    // SAFETY: Portable needs no feature.
+    unsafe { dots_generic::<Portable, T>(filter, cols, out, ahead) }
+}
+
+/// # Safety
+/// The CPU supports AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dots_avx2<const T: usize>(filter: &[f32], cols: &[f32], out: &mut [f32], ahead: &[f32]) {
+    // SAFETY: our caller guarantees AVX2 and FMA.
+    unsafe { dots_generic::<Avx2, T>(filter, cols, out, ahead) }
+}
+
+/// # Safety
+/// The CPU supports AVX-512 F and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn dots_avx512<const T: usize>(
+    filter: &[f32],
+    cols: &[f32],
+    out: &mut [f32],
+    ahead: &[f32],
+) {
+    // SAFETY: our caller guarantees AVX-512 F and FMA.
+    unsafe { dots_generic::<Avx512, T>(filter, cols, out, ahead) }
+}
+
+/// # Safety
+/// The CPU supports NEON.
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon")]
+unsafe fn dots_neon<const T: usize>(filter: &[f32], cols: &[f32], out: &mut [f32], ahead: &[f32]) {
+    // SAFETY: our caller guarantees NEON.
+    unsafe { dots_generic::<Neon, T>(filter, cols, out, ahead) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{assert_conv_close, conv_params as params, Rng};
+    use crate::{Algorithm, Choice, Conv1dParams, PreparedConv1d};
+
+    /// Sums of `n` terms in any order err by about `n eps` of the sum of
+    /// their magnitudes.
+    fn check(p: &Conv1dParams, x: &[f32], w: &[f32], bias: Option<&[f32]>, got: &[f32], ctx: &str) {
+        let terms = (p.in_channels / p.groups * p.kernel_size + 1) as f32;
+        assert_conv_close(p, x, w, bias, got, 2.0 * terms * f32::EPSILON, ctx);
+    }
+
+    /// Calls of 1 to 4 outputs per row: dense and grouped, strided,
+    /// dilated, causal and centred padding, batches, filters that are and
+    /// are not whole vectors, more channels than one task's.
+    fn shapes() -> Vec<Conv1dParams> {
+        let mut out = Vec::new();
+        for outputs in 1..=MAX_OUTPUTS {
+            for (b, ch, k, stride, pad, dil) in [
+                (1, (250, 250, 1), 11, 1, (10, 0), 1),
+                (2, (12, 8, 4), 3, 2, (1, 1), 2),
+                (1, (3, 70, 1), 3, 1, (1, 1), 1),
+                (1, (16, 16, 2), 5, 1, (0, 0), 1),
+            ] {
+                let reach = (k - 1) * dil;
+                let in_len = (outputs - 1) * stride + reach + 1 - pad.0 - pad.1;
+                let p = params(b, ch, in_len, k, stride, pad, dil);
+                assert_eq!(p.out_len().unwrap(), outputs, "{p:?}");
+                out.push(p);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn matches_reference_on_every_backend() {
+        let mut rng = Rng::new(3);
+        for p in shapes() {
+            let g = p.geometry().unwrap();
+            let x = rng.vec(p.input_elems(), -1.0, 1.0);
+            let w = rng.vec(p.weight_elems(), -1.0, 1.0);
+            let bias = rng.vec(p.bias_elems(), -1.0, 1.0);
+            for backend in Backend::all_available() {
+                let gemv = Gemv::new(backend).unwrap();
+                let scratch = Scratch::new(3, Gemv::scratch_per_thread(&g, 0));
+                for bias in [None, Some(&bias[..])] {
+                    let mut y = vec![f32::NAN; g.output_elems];
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(3)
+                        .build()
+                        .unwrap();
+                    pool.install(|| gemv.run(&g, &x, &w, bias, RowsOut::Slice(&mut y), &scratch));
+                    check(&p, &x, &w, bias, &y, &format!("{backend:?} {p:?}"));
+                }
+            }
+        }
+    }
+
+    /// An epilogue that stores ReLU of each row it is handed.
+    struct ReluSink {
+        out: std::sync::Mutex<Vec<f32>>,
+        out_len: usize,
+    }
+
+    impl RowSink for ReluSink {
+        fn store(&self, row: usize, t0: usize, values: &[f32], _tmp: &mut [f32]) {
+            let mut out = self.out.lock().unwrap();
+            for (d, v) in out[row * self.out_len + t0..].iter_mut().zip(values) {
+                *d = v.max(0.0);
+            }
+        }
+        fn temporaries(&self) -> usize {
+            0
+        }
+    }
+
+    #[test]
+    fn prepared_convs_take_it_for_short_calls_stored_or_fused() {
+        // Prepared for a long causal call by each algorithm that reads the
+        // weights in place: calls of 1 to 4 outputs per row run here, so
+        // they come out bit for bit the same whatever the algorithm, stored
+        // or handed to an epilogue; a longer call does not.
+        use crate::fused::RowsIn;
+        let mut rng = Rng::new(5);
+        let max = params(1, (40, 24, 1), 600, 11, 1, (10, 0), 1);
+        let w = rng.vec(max.weight_elems(), -1.0, 1.0);
+        let bias = rng.vec(max.bias_elems(), -1.0, 1.0);
+        for in_len in [1, 2, 4, 5, 600] {
+            let p = Conv1dParams { in_len, ..max };
+            let x = rng.vec(p.input_elems(), -1.0, 1.0);
+            let mut outputs = Vec::new();
+            for a in [Algorithm::Direct, Algorithm::Gemm, Algorithm::FftGemm] {
+                let conv = PreparedConv1d::new(&max, &w, Choice::Force(a)).unwrap();
+                let scratch =
+                    Scratch::sized(2, conv.rows_scratch_per_thread(0, 0), conv.shared_scratch());
+                let mut y = vec![f32::NAN; p.output_elems().unwrap()];
+                conv.run(&p, &x, Some(&w), Some(&bias), &mut y, &scratch)
+                    .unwrap();
+                check(&p, &x, &w, Some(&bias), &y, &format!("{a:?}, {in_len}"));
+                if conv.fuses_output() {
+                    let sink = ReluSink {
+                        out: std::sync::Mutex::new(vec![f32::NAN; y.len()]),
+                        out_len: in_len,
+                    };
+                    let fused = RowsOut::Fused(&sink);
+                    conv.run_rows(
+                        &p,
+                        RowsIn::Slice(&x),
+                        Some(&w),
+                        Some(&bias),
+                        fused,
+                        0,
+                        0,
+                        &scratch,
+                    )
+                    .unwrap();
+                    let relu: Vec<f32> = y.iter().map(|v| v.max(0.0)).collect();
+                    assert_eq!(sink.out.into_inner().unwrap(), relu, "{a:?}, {in_len}");
+                }
+                outputs.push(y);
+            }
+            let same = outputs.windows(2).all(|pair| pair[0] == pair[1]);
+            assert_eq!(same, in_len <= MAX_OUTPUTS, "{in_len} outputs");
+        }
+    }
+
+    #[test]
+    fn result_does_not_depend_on_pool_size() {
+        let mut rng = Rng::new(7);
+        let p = params(2, (64, 100, 2), 2, 11, 1, (10, 0), 1);
+        let g = p.geometry().unwrap();
+        let x = rng.vec(p.input_elems(), -1.0, 1.0);
+        let w = rng.vec(p.weight_elems(), -1.0, 1.0);
+        let gemv = Gemv::new(Backend::detect()).unwrap();
+        let run_on = |threads| {
+            let scratch = Scratch::new(threads, Gemv::scratch_per_thread(&g, 0));
+            let mut y = vec![f32::NAN; g.output_elems];
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| gemv.run(&g, &x, &w, None, RowsOut::Slice(&mut y), &scratch));
+            y
+        };
+        let single = run_on(1);
+        for threads in [2, 5] {
+            assert_eq!(run_on(threads), single, "{threads} threads");
+        }
+    }
+}
