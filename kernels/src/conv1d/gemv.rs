@@ -24,14 +24,15 @@
 //! 1, where the previous build (the direct loop at one output) took
 //! 14.8 ms; XNNPACK alone 0.375 and 0.62 ms. The matrix-vector products
 //! alone take about 0.45 ms of it at 2 threads; the rest is the 24 steps a
-//! token makes (each layer's state update and its conv) and their thread
-//! hand-offs.
+//! token makes (each layer's state update, then its conv with the `cat` of
+//! state and token staged through memory).
 //!
 //! [`PreparedConv1d`](super::PreparedConv1d) sends every call of at most
 //! [`MAX_OUTPUTS`] outputs per row of a dense or grouped conv here, whatever
 //! algorithm it prepared. Each output is its bias plus one sum in a fixed
-//! order (lanes, then the tail), so results do not depend on the number
-//! of threads; they differ from the other algorithms' by rounding.
+//! order (accumulators, their lanes, then the tail), so results do not
+//! depend on the number of threads; they differ from the other
+//! algorithms' by rounding.
 
 #![allow(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]

@@ -1,14 +1,14 @@
 //! 1-D convolution (PyTorch `aten.convolution`, non-transposed, one spatial
 //! dimension).
 //!
-//! `params` owns validation and derives a `Conv1dGeometry` that every
-//! algorithm takes; `direct` is the one algorithm so far. Faster ones (SIMD
-//! direct, FFT, GEMM) are meant to sit beside it as sibling modules taking
-//! the same geometry, with [`conv1d_f32`] choosing among them, so callers
-//! and the parameter type stay unchanged. Algorithms that need scratch
-//! memory (FFT buffers, GEMM's im2col) must take it from the caller to keep
-//! the no-allocation promise; that will be an addition (a scratch-size query
-//! and an entry point taking a workspace slice), not a change to this one.
+//! `params` owns validation and derives the `Conv1dGeometry` every
+//! algorithm takes. The algorithms are sibling modules (`direct`,
+//! `depthwise`, `fft`, `gemm`, `fft_gemm`), each with its `applies`, its
+//! `cost` (the roofline model of `cost`) and a prepared form that takes
+//! its scratch from the caller; `gemv` runs the decode-sized calls of dense
+//! and grouped convs whatever algorithm was prepared. `prepared` chooses,
+//! prepares and dispatches ([`PreparedConv1d`]); [`conv1d_f32`] is the
+//! direct loop as a one-shot call, with nothing prepared.
 
 mod cost;
 mod depthwise;
