@@ -1,5 +1,5 @@
-//! Helpers shared by the unit tests: a seeded PRNG and an element-wise
-//! tolerance check. Test-only; compiled under `cfg(test)`.
+//! Helpers shared by the unit tests: a seeded PRNG, element-wise tolerance
+//! checks and a ReLU epilogue sink. Test-only; compiled under `cfg(test)`.
 
 /// SplitMix64: tiny, seedable and reproducible on every platform, which is
 /// all test data needs, without a dependency.
@@ -109,4 +109,40 @@ pub(crate) fn assert_conv_close(
     let magnitude = conv1d_f32(p, &abs(x), &abs(w), abs_bias.as_deref()).unwrap();
     let tol: Vec<f32> = magnitude.iter().map(|m| rtol * m).collect();
     assert_close(got, &want, &tol, context);
+}
+
+/// An epilogue that stores ReLU of each row it is handed into a NaN-filled
+/// `[rows, out_len]` buffer, so unwritten outputs fail.
+pub(crate) struct ReluSink {
+    out: std::sync::Mutex<Vec<f32>>,
+    out_len: usize,
+}
+
+impl ReluSink {
+    pub(crate) fn new(len: usize, out_len: usize) -> Self {
+        ReluSink {
+            out: std::sync::Mutex::new(vec![f32::NAN; len]),
+            out_len,
+        }
+    }
+
+    /// What the kernel stored.
+    pub(crate) fn into_values(self) -> Vec<f32> {
+        self.out.into_inner().unwrap()
+    }
+}
+
+impl crate::fused::RowSink for ReluSink {
+    fn store(&self, row: usize, t0: usize, values: &[f32], _tmp: &mut [f32]) {
+        let mut out = self.out.lock().unwrap();
+        for (d, v) in out[row * self.out_len + t0..][..values.len()]
+            .iter_mut()
+            .zip(values)
+        {
+            *d = v.max(0.0);
+        }
+    }
+    fn temporaries(&self) -> usize {
+        0
+    }
 }

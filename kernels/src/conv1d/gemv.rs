@@ -338,7 +338,7 @@ unsafe fn dots_neon<const T: usize>(filter: &[f32], cols: &[f32], out: &mut [f32
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{assert_conv_close, conv_params as params, Rng};
+    use crate::test_support::{assert_conv_close, conv_params as params, ReluSink, Rng};
     use crate::{Algorithm, Choice, Conv1dParams, PreparedConv1d};
 
     /// Sums of `n` terms in any order err by about `n eps` of the sum of
@@ -394,24 +394,6 @@ mod tests {
         }
     }
 
-    /// An epilogue that stores ReLU of each row it is handed.
-    struct ReluSink {
-        out: std::sync::Mutex<Vec<f32>>,
-        out_len: usize,
-    }
-
-    impl RowSink for ReluSink {
-        fn store(&self, row: usize, t0: usize, values: &[f32], _tmp: &mut [f32]) {
-            let mut out = self.out.lock().unwrap();
-            for (d, v) in out[row * self.out_len + t0..].iter_mut().zip(values) {
-                *d = v.max(0.0);
-            }
-        }
-        fn temporaries(&self) -> usize {
-            0
-        }
-    }
-
     #[test]
     fn prepared_convs_take_it_for_short_calls_stored_or_fused() {
         // Prepared for a long causal call by each algorithm that reads the
@@ -436,10 +418,7 @@ mod tests {
                     .unwrap();
                 check(&p, &x, &w, Some(&bias), &y, &format!("{a:?}, {in_len}"));
                 if conv.fuses_output() {
-                    let sink = ReluSink {
-                        out: std::sync::Mutex::new(vec![f32::NAN; y.len()]),
-                        out_len: in_len,
-                    };
+                    let sink = ReluSink::new(y.len(), in_len);
                     let fused = RowsOut::Fused(&sink);
                     conv.run_rows(
                         &p,
@@ -453,7 +432,7 @@ mod tests {
                     )
                     .unwrap();
                     let relu: Vec<f32> = y.iter().map(|v| v.max(0.0)).collect();
-                    assert_eq!(sink.out.into_inner().unwrap(), relu, "{a:?}, {in_len}");
+                    assert_eq!(sink.into_values(), relu, "{a:?}, {in_len}");
                 }
                 outputs.push(y);
             }

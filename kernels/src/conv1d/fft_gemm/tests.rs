@@ -1,6 +1,6 @@
 use super::*;
 use crate::reference;
-use crate::test_support::{conv_params as params, Rng};
+use crate::test_support::{conv_params as params, ReluSink, Rng};
 use crate::{Algorithm, Choice, Conv1dParams, KernelError, PreparedConv1d};
 
 /// The accuracy the algorithm promises: absolute, against the reference.
@@ -376,27 +376,6 @@ fn calibrate_fft_gemm() {
     }
 }
 
-/// An epilogue that applies ReLU and stores rows of `out_len`.
-struct ReluSink {
-    out: std::sync::Mutex<Vec<f32>>,
-    out_len: usize,
-}
-
-impl RowSink for ReluSink {
-    fn store(&self, row: usize, t0: usize, values: &[f32], _tmp: &mut [f32]) {
-        let mut out = self.out.lock().unwrap();
-        for (d, v) in out[row * self.out_len + t0..][..values.len()]
-            .iter_mut()
-            .zip(values)
-        {
-            *d = v.max(0.0);
-        }
-    }
-    fn temporaries(&self) -> usize {
-        0
-    }
-}
-
 #[test]
 fn fused_epilogue_gets_every_output_once_in_rows() {
     use crate::fused::{RowsIn, RowsOut};
@@ -408,10 +387,7 @@ fn fused_epilogue_gets_every_output_once_in_rows() {
     let conv = prepare(&p, &w);
     assert!(conv.fuses_output() && !conv.fuses_input());
     let out_len = p.out_len().unwrap();
-    let sink = ReluSink {
-        out: std::sync::Mutex::new(vec![f32::NAN; p.output_elems().unwrap()]),
-        out_len,
-    };
+    let sink = ReluSink::new(p.output_elems().unwrap(), out_len);
     let scratch = Scratch::sized(
         rayon::current_num_threads(),
         conv.rows_scratch_per_thread(0, 0),
@@ -433,12 +409,7 @@ fn fused_epilogue_gets_every_output_once_in_rows() {
         .into_iter()
         .map(|v| v.max(0.0))
         .collect();
-    assert_close(
-        &sink.out.into_inner().unwrap(),
-        &want,
-        ATOL,
-        "relu epilogue",
-    );
+    assert_close(&sink.into_values(), &want, ATOL, "relu epilogue");
 }
 
 #[test]
