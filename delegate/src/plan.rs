@@ -4,7 +4,7 @@
 //! follows it.
 
 use rustconv_kernels::fused::{line_scratch, Program};
-use rustconv_kernels::{self as kernels, scan_rows_scratch, Choice, PreparedConv1d};
+use rustconv_kernels::{self as kernels, scan_rows_scratch, Choice, PreparedConv1d, Weights};
 
 use crate::error::{DelegateError, GraphError};
 use crate::fusion::{self, Epilogue, KernelBody, Source};
@@ -585,31 +585,35 @@ fn prepare_conv(
         name: node.name.clone(),
         source,
     };
-    let candidates = kernels::applicable(&max);
-    // A weight fed at run time cannot be transformed ahead: only algorithms
-    // that read it in place qualify.
+    // A weight fed at run time (an argument, or a value another step
+    // computes) is read by every call; the kernel is told so and derives
+    // nothing from it ahead.
     let n = values[weight].max_numel();
     let weights = match locations[weight] {
-        Location::Constant(offset) => Some(as_f32(&constants[offset..offset + 4 * n])),
-        Location::Converted(offset) => Some(&converted[offset..offset + n]),
-        _ => None,
+        Location::Constant(offset) => Weights::Constant(as_f32(&constants[offset..offset + 4 * n])),
+        Location::Converted(offset) => Weights::Constant(&converted[offset..offset + n]),
+        _ => Weights::Fed,
     };
-    let choice = match (options.conv1d_algorithm, weights) {
-        (Choice::Force(a), _) if !candidates.contains(&a) => {
+    let candidates = kernels::applicable(&max, &weights);
+    let choice = match options.conv1d_algorithm {
+        Choice::Force(a) if !candidates.contains(&a) => {
             report.push(format!(
-                "node {} '{}': {} does not apply, choosing automatically",
+                "node {} '{}': {} does not apply{}, choosing automatically",
                 node.id,
                 node.name,
-                a.name()
+                a.name(),
+                if kernels::estimate_cost(a, &max).is_some() {
+                    // It applies to the shape: not to fed weights.
+                    " to a weight fed at run time"
+                } else {
+                    ""
+                }
             ));
             Choice::Auto
         }
-        (choice, Some(_)) => choice,
-        (_, None) => Choice::Force(cheapest_in_place(&max)),
+        choice => choice,
     };
-    let empty = vec![0.0; max.weight_elems()];
-    let w = weights.unwrap_or(&empty);
-    let prepared = PreparedConv1d::new(&max, w, choice).map_err(prepare_error)?;
+    let prepared = PreparedConv1d::for_weights(&max, weights, choice).map_err(prepare_error)?;
     let estimates: Vec<String> = candidates
         .iter()
         .filter_map(|&a| {
@@ -621,24 +625,19 @@ fn prepare_conv(
         })
         .collect();
     report.push(format!(
-        "plan: node {} '{}' conv1d -> {} (estimated ms: {}; prepared {:.1} MiB)",
+        "plan: node {} '{}' conv1d -> {}{} (estimated ms: {}; prepared {:.1} MiB)",
         node.id,
         node.name,
         prepared.algorithm().name(),
+        if prepared.weights_fed() {
+            ", weights fed at run time"
+        } else {
+            ""
+        },
         estimates.join(", "),
         prepared.prepared_bytes() as f64 / (1 << 20) as f64
     ));
     Ok(prepared)
-}
-
-/// The cheapest algorithm that reads the weights in place.
-fn cheapest_in_place(max: &kernels::Conv1dParams) -> kernels::Algorithm {
-    use kernels::Algorithm;
-    [Algorithm::DepthwiseSimd, Algorithm::Direct]
-        .into_iter()
-        .filter_map(|a| Some((a, kernels::estimate_cost(a, max)?)))
-        .min_by(|x, y| x.1.total_cmp(&y.1))
-        .map_or(Algorithm::Direct, |(a, _)| a)
 }
 
 pub(crate) fn bound_shape(value: &ValueDesc) -> Shape {

@@ -57,7 +57,7 @@ mod simd;
 mod test_support;
 
 pub use conv1d::{
-    applicable, conv1d_f32, estimate_cost, Algorithm, Choice, Conv1dParams, PreparedConv1d,
+    applicable, conv1d_f32, estimate_cost, Algorithm, Choice, Conv1dParams, PreparedConv1d, Weights,
 };
 pub use error::KernelError;
 pub use fused::{Shape, MAX_RANK};

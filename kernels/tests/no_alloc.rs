@@ -21,7 +21,7 @@ use rustconv_kernels::fused::{
 };
 use rustconv_kernels::{
     conv1d_f32, linear_scan_f32, linear_scan_rows, linear_scan_rows_pair, scan_rows_scratch,
-    Algorithm, Choice, Conv1dParams, PreparedConv1d, ScanParams, Scratch, Shape,
+    Algorithm, Choice, Conv1dParams, PreparedConv1d, ScanParams, Scratch, Shape, Weights,
 };
 
 /// Stored tensors by index, for the fused programs.
@@ -177,6 +177,14 @@ fn main() {
         ..depthwise
     };
     let fw = vec![0.25; fc * 4];
+    // The same conv with its weights fed at run time: the channels-last
+    // walk transposes each call's taps into its scratch.
+    let fdw_fed = PreparedConv1d::for_weights(
+        &fparams,
+        Weights::Fed,
+        Choice::Force(Algorithm::DepthwiseSimd),
+    )
+    .unwrap();
     let t = |dims: &[usize], v: f32| (Shape::new(dims), vec![v; dims.iter().product()]);
     let env = Tensors(vec![
         t(&[1, fn_, fc], 0.5), // 0: x1
@@ -407,6 +415,7 @@ fn main() {
     let mut fdense_out = vec![0.0; fc * fn_];
     let fused_scratch = fdw
         .rows_scratch_per_thread(temps, temps)
+        .max(fdw_fed.rows_scratch_per_thread(temps, temps))
         .max(fdense.rows_scratch_per_thread(0, temps))
         .max(scan_rows_scratch(temps))
         .max(line_scratch(temps));
@@ -467,6 +476,26 @@ fn main() {
                 &scratch,
             )
             .unwrap();
+            let sink = EpilogueSink::new(
+                &epi,
+                &env,
+                Shape::new(&[1, fc, fn_]),
+                &views,
+                &mut fused_out,
+                Shape::new(&[1, fn_, fc]),
+            );
+            fdw_fed
+                .run_rows(
+                    &fparams,
+                    RowsIn::Fused(&source),
+                    Some(&fw),
+                    None,
+                    RowsOut::Fused(&sink),
+                    xt,
+                    yt,
+                    &scratch,
+                )
+                .unwrap();
             let sink = EpilogueSink::new(
                 &epi,
                 &env,

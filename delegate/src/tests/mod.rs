@@ -83,6 +83,7 @@ fn dynamic(bound: i64) -> (i64, bool) {
     (bound, true)
 }
 
+mod fed_weights;
 mod fused;
 mod streaming;
 

@@ -22,7 +22,7 @@ mod prepared;
 mod tap_span;
 
 pub use params::Conv1dParams;
-pub use prepared::{applicable, estimate_cost, Algorithm, Choice, PreparedConv1d};
+pub use prepared::{applicable, estimate_cost, Algorithm, Choice, PreparedConv1d, Weights};
 
 use crate::error::{check_len, KernelError};
 

@@ -1,7 +1,15 @@
 //! A conv1d prepared once for its static parameters: the algorithm chosen
 //! (by the cost model, by measurement, or forced), weight-derived data built
-//! (the FFT's filter spectra, `fft_gemm`'s transform matrices) and its
-//! scratch need known, so that each call only computes.
+//! (the FFT's filter spectra, the depthwise column walk's transposed taps)
+//! and its scratch need known, so that each call only computes.
+//!
+//! Whether the weights are known at prepare is part of the preparation
+//! ([`Weights`]): a model may feed a conv's weight at run time (a weight
+//! reshaped outside the delegate reaches it as an input), and then nothing
+//! may be derived from the weights ahead of the call. The preparation holds
+//! weight-derived data only in forms built from [`Weights::Constant`]; with
+//! [`Weights::Fed`] the algorithm that needs them (the FFT) does not apply,
+//! and the depthwise column walk transposes each call's taps into scratch.
 
 use std::time::Instant;
 
@@ -56,6 +64,12 @@ impl Algorithm {
         Self::ALL.into_iter().find(|a| a.name() == name)
     }
 
+    /// Whether the algorithm can run with weights fed at run time: all
+    /// but the FFT, which transforms the filters at prepare.
+    pub fn takes_fed_weights(self) -> bool {
+        !matches!(self, Algorithm::Fft)
+    }
+
     /// Whether the algorithm can compute convolutions of this shape.
     fn applies(self, g: &Conv1dGeometry) -> bool {
         match self {
@@ -84,6 +98,23 @@ impl Algorithm {
     }
 }
 
+/// The weights a conv is prepared with.
+#[derive(Clone, Copy, Debug)]
+pub enum Weights<'a> {
+    /// Known at prepare and the same at every call (a constant of the
+    /// model): algorithms may derive data from them once.
+    Constant(&'a [f32]),
+    /// Fed at run time, possibly different at every call: every algorithm
+    /// reads each call's weights, and nothing is derived from them ahead.
+    Fed,
+}
+
+impl Weights<'_> {
+    fn fed(&self) -> bool {
+        matches!(self, Weights::Fed)
+    }
+}
+
 /// How [`PreparedConv1d::new`] picks the algorithm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Choice {
@@ -103,12 +134,13 @@ pub fn estimate_cost(algorithm: Algorithm, p: &Conv1dParams) -> Option<f64> {
     algorithm.estimate(&p.geometry().ok()?)
 }
 
-/// The algorithms that can compute `p`.
-pub fn applicable(p: &Conv1dParams) -> Vec<Algorithm> {
+/// The algorithms that can compute `p` with `weights` (only their kind
+/// matters: constant or fed).
+pub fn applicable(p: &Conv1dParams, weights: &Weights) -> Vec<Algorithm> {
     match p.geometry() {
         Ok(g) => Algorithm::ALL
             .into_iter()
-            .filter(|a| a.applies(&g))
+            .filter(|a| a.applies(&g) && (a.takes_fed_weights() || !weights.fed()))
             .collect(),
         Err(_) => Vec::new(),
     }
@@ -125,6 +157,8 @@ enum Imp {
 /// A conv1d ready to run on inputs up to the shape it was prepared for.
 pub struct PreparedConv1d {
     max: Conv1dGeometry,
+    /// Whether every call feeds its own weights (see [`Weights`]).
+    fed: bool,
     imp: Imp,
     /// For a dense or grouped conv whose algorithm reads the weights in
     /// place: the matrix-vector kernel that calls of at most
@@ -135,61 +169,112 @@ pub struct PreparedConv1d {
 impl PreparedConv1d {
     /// Prepares for `max`: the largest batch and input length calls will use
     /// (a dynamic sequence length's upper bound), with the other parameters
-    /// fixed. `w` is `[out_channels, in_channels / groups, kernel_size]`.
+    /// fixed, for the constant weights `w` (`[out_channels, in_channels /
+    /// groups, kernel_size]`): [`Self::for_weights`] with
+    /// [`Weights::Constant`].
     pub fn new(max: &Conv1dParams, w: &[f32], choice: Choice) -> Result<Self, KernelError> {
+        Self::for_weights(max, Weights::Constant(w), choice)
+    }
+
+    /// Prepares for `max` (see [`Self::new`]). With [`Weights::Constant`],
+    /// every call passes the same values (or none, where
+    /// [`Self::reads_weights`] is false); with [`Weights::Fed`], every call
+    /// passes its own.
+    ///
+    /// # Errors
+    /// Any error of the parameters' validation, [`KernelError::BufferLen`]
+    /// for constant weights of the wrong length, and
+    /// [`KernelError::NotApplicable`] for a forced algorithm that cannot
+    /// compute `max` with such weights.
+    pub fn for_weights(
+        max: &Conv1dParams,
+        weights: Weights,
+        choice: Choice,
+    ) -> Result<Self, KernelError> {
         let g = max.geometry()?;
-        check_len("w", g.weight_elems, w.len())?;
+        if let Weights::Constant(w) = weights {
+            check_len("w", g.weight_elems, w.len())?;
+        }
+        let usable = |a: Algorithm| a.applies(&g) && (a.takes_fed_weights() || !weights.fed());
         match choice {
             Choice::Force(a) => {
-                if !a.applies(&g) {
+                if !usable(a) {
                     return Err(KernelError::NotApplicable {
                         algorithm: a.name(),
                     });
                 }
-                Self::with(a, g, w)
+                Self::with(a, g, weights)
             }
             // Where even the longest call is a decode step of a dense or
             // grouped conv, the matrix-vector kernel runs every call; of
             // the algorithms it stands in for, `gemm` is the one whose
             // epilogue hook it serves, so a fused epilogue stays fused.
             Choice::Auto if g.out_len <= MAX_OUTPUTS && gemm::applies(&g) => {
-                Self::with(Algorithm::Gemm, g, w)
+                Self::with(Algorithm::Gemm, g, weights)
             }
             Choice::Auto => {
                 let best = Algorithm::ALL
                     .into_iter()
+                    .filter(|&a| usable(a))
                     .filter_map(|a| a.estimate(&g).map(|c| (a, c)))
                     .min_by(|x, y| x.1.total_cmp(&y.1))
                     .map_or(Algorithm::Direct, |(a, _)| a);
-                Self::with(best, g, w)
+                Self::with(best, g, weights)
             }
-            Choice::Measure => Self::measure(g, w),
+            Choice::Measure => Self::measure(g, weights),
         }
     }
 
-    fn with(a: Algorithm, g: Conv1dGeometry, w: &[f32]) -> Result<Self, KernelError> {
-        let imp = match a {
-            Algorithm::Direct => Imp::Direct,
-            Algorithm::DepthwiseSimd => Imp::Depthwise(depthwise::DepthwiseConv::prepare(&g, w)),
-            Algorithm::Fft => Imp::Fft(fft::FftConv::prepare(&g, w)),
-            Algorithm::Gemm => Imp::Gemm(gemm::GemmConv::prepare(&g)),
-            Algorithm::FftGemm => Imp::FftGemm(fft_gemm::FftGemmConv::prepare(&g)),
+    /// Builds algorithm `a`, which the caller checked applies. Weight-derived
+    /// data is built only from [`Weights::Constant`]: that is the one place
+    /// a preparation sees weight values.
+    fn with(a: Algorithm, g: Conv1dGeometry, weights: Weights) -> Result<Self, KernelError> {
+        let imp = match (a, weights) {
+            (Algorithm::Direct, _) => Imp::Direct,
+            (Algorithm::DepthwiseSimd, weights) => {
+                Imp::Depthwise(depthwise::DepthwiseConv::prepare(&g, weights))
+            }
+            (Algorithm::Fft, Weights::Constant(w)) => Imp::Fft(fft::FftConv::prepare(&g, w)),
+            (Algorithm::Fft, Weights::Fed) => {
+                return Err(KernelError::NotApplicable {
+                    algorithm: a.name(),
+                })
+            }
+            (Algorithm::Gemm, _) => Imp::Gemm(gemm::GemmConv::prepare(&g)),
+            (Algorithm::FftGemm, _) => Imp::FftGemm(fft_gemm::FftGemmConv::prepare(&g)),
         };
         let gemv = (gemm::applies(&g) && !matches!(imp, Imp::Fft(_)))
             .then(|| Gemv::new(Backend::detect()))
             .flatten();
-        Ok(PreparedConv1d { max: g, imp, gemv })
+        Ok(PreparedConv1d {
+            max: g,
+            fed: weights.fed(),
+            imp,
+            gemv,
+        })
     }
 
-    fn measure(g: Conv1dGeometry, w: &[f32]) -> Result<Self, KernelError> {
+    fn measure(g: Conv1dGeometry, weights: Weights) -> Result<Self, KernelError> {
         let threads = rayon::current_num_threads();
         let x: Vec<f32> = (0..g.input_elems)
             .map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5)
             .collect();
+        // Fed weights are timed on stand-in values: only the time matters.
+        let stand_in;
+        let w = match weights {
+            Weights::Constant(w) => w,
+            Weights::Fed => {
+                stand_in = vec![0.5; g.weight_elems];
+                &stand_in
+            }
+        };
         let mut y = vec![0.0; g.output_elems];
         let mut best: Option<(f64, PreparedConv1d)> = None;
-        for a in Algorithm::ALL.into_iter().filter(|a| a.applies(&g)) {
-            let candidate = Self::with(a, g, w)?;
+        for a in Algorithm::ALL
+            .into_iter()
+            .filter(|a| a.applies(&g) && (a.takes_fed_weights() || !weights.fed()))
+        {
+            let candidate = Self::with(a, g, weights)?;
             let scratch = Scratch::sized(
                 threads,
                 candidate.scratch_per_thread(),
@@ -203,6 +288,11 @@ impl PreparedConv1d {
             }
         }
         Ok(best.expect("direct always applies").1)
+    }
+
+    /// Whether every call feeds its own weights ([`Weights::Fed`]).
+    pub fn weights_fed(&self) -> bool {
+        self.fed
     }
 
     /// The algorithm this preparation runs.
@@ -262,9 +352,10 @@ impl PreparedConv1d {
     }
 
     /// Whether `run` still reads the original weights (otherwise the
-    /// caller may release them after `new` and pass `None` to `run`).
+    /// caller may release them after `new` and pass `None` to `run`). Always
+    /// true for fed weights.
     pub fn reads_weights(&self) -> bool {
-        !matches!(self.imp, Imp::Fft(_))
+        self.fed || !matches!(self.imp, Imp::Fft(_))
     }
 
     /// Whether [`Self::run_rows`] takes a computed input (a prologue run in
@@ -454,5 +545,204 @@ impl PreparedConv1d {
             Imp::Fft(k) => k.run(&g, x, bias, y, scratch),
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::fused::{RowSink, RowSource};
+    use crate::test_support::{assert_conv_close, conv_params, depthwise_params, Rng};
+
+    /// A stored input handed over as a fused operand, read along rows or
+    /// across them (as a transposed `[B, N, C]` prologue prefers).
+    struct Source<'a> {
+        x: &'a [f32],
+        in_len: usize,
+        columns: bool,
+    }
+
+    impl RowSource for Source<'_> {
+        fn fill(&self, row: usize, t0: usize, out: &mut [f32], _tmp: &mut [f32]) {
+            out.copy_from_slice(&self.x[row * self.in_len + t0..][..out.len()]);
+        }
+        fn temporaries(&self) -> usize {
+            0
+        }
+        fn prefers_columns(&self) -> bool {
+            self.columns
+        }
+    }
+
+    /// An epilogue that stores what it is handed into a NaN-filled buffer.
+    struct Sink {
+        out: Mutex<Vec<f32>>,
+        out_len: usize,
+        columns: bool,
+    }
+
+    impl RowSink for Sink {
+        fn store(&self, row: usize, t0: usize, values: &[f32], _tmp: &mut [f32]) {
+            let mut out = self.out.lock().unwrap();
+            out[row * self.out_len + t0..][..values.len()].copy_from_slice(values);
+        }
+        fn temporaries(&self) -> usize {
+            0
+        }
+        fn prefers_columns(&self) -> bool {
+            self.columns
+        }
+    }
+
+    /// Every path of every algorithm that takes fed weights, on a shape
+    /// that reaches it: depthwise long rows (row kernels), decode steps
+    /// (the column walk, and the plain channel loop past its window),
+    /// channels-last fused operands (the column walk on long rows), dense
+    /// and grouped convs long (gemm, fft_gemm, direct) and decode-sized
+    /// (the matrix-vector kernel).
+    fn shapes() -> Vec<(&'static str, Conv1dParams)> {
+        vec![
+            ("depthwise rows", depthwise_params(2, 24, 300, 4, (3, 0), 1)),
+            (
+                "depthwise dilated",
+                depthwise_params(1, 9, 70, 3, (2, 2), 2),
+            ),
+            ("depthwise decode", depthwise_params(2, 70, 3, 3, (0, 0), 1)),
+            (
+                "depthwise decode 4",
+                depthwise_params(1, 1100, 7, 4, (0, 0), 1),
+            ),
+            (
+                "depthwise short, K 17",
+                depthwise_params(1, 8, 18, 17, (0, 0), 1),
+            ),
+            (
+                "depthwise long K 33",
+                depthwise_params(1, 6, 200, 33, (32, 0), 1),
+            ),
+            ("dense", conv_params(2, (6, 5, 1), 40, 3, 1, (2, 0), 1)),
+            (
+                "dense wide",
+                conv_params(1, (32, 48, 1), 96, 7, 1, (6, 0), 1),
+            ),
+            (
+                "grouped strided",
+                conv_params(1, (8, 4, 2), 33, 4, 2, (1, 1), 1),
+            ),
+            (
+                "dense decode",
+                conv_params(2, (16, 12, 1), 4, 3, 1, (0, 0), 1),
+            ),
+            (
+                "grouped decode",
+                conv_params(1, (8, 8, 4), 2, 2, 1, (0, 0), 1),
+            ),
+        ]
+    }
+
+    const RTOL: f32 = 1e-4;
+
+    #[test]
+    fn fed_weights_are_read_at_every_call_by_every_algorithm() {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .unwrap();
+        let mut rng = Rng::new(16);
+        for (name, p) in shapes() {
+            let x = rng.vec(p.input_elems(), -1.0, 1.0);
+            let bias = rng.vec(p.bias_elems(), -1.0, 1.0);
+            let algorithms = applicable(&p, &Weights::Fed);
+            assert!(!algorithms.contains(&Algorithm::Fft), "{name}");
+            for a in algorithms {
+                let conv = PreparedConv1d::for_weights(&p, Weights::Fed, Choice::Force(a)).unwrap();
+                assert!(conv.weights_fed() && conv.reads_weights(), "{name} {a:?}");
+                if a == Algorithm::DepthwiseSimd {
+                    assert_eq!(conv.prepared_bytes(), 0, "{name}: no transposed taps");
+                }
+                let g = p.geometry().unwrap();
+                // Channels-last operands take the column walk on long rows.
+                for columns in [false, true] {
+                    let source = Source {
+                        x: &x,
+                        in_len: p.in_len,
+                        columns,
+                    };
+                    let per_thread = conv
+                        .rows_scratch_per_thread(0, 0)
+                        .max(conv.scratch_per_thread());
+                    let scratch = Scratch::sized(2, per_thread, conv.shared_scratch());
+                    // A different filter each call: nothing may be kept from
+                    // the one before (or from preparation, which saw none).
+                    for call in 0..3 {
+                        let w = rng.vec(p.weight_elems(), -1.0, 1.0);
+                        let ctx = format!("{name}, {a:?}, call {call}, columns {columns}");
+                        let mut y = vec![f32::NAN; g.output_elems];
+                        pool.install(|| conv.run(&p, &x, Some(&w), Some(&bias), &mut y, &scratch))
+                            .unwrap();
+                        assert_conv_close(&p, &x, &w, Some(&bias), &y, RTOL, &ctx);
+                        let sink = Sink {
+                            out: Mutex::new(vec![f32::NAN; g.output_elems]),
+                            out_len: g.out_len,
+                            columns,
+                        };
+                        let x_in = if conv.fuses_input() {
+                            RowsIn::Fused(&source)
+                        } else {
+                            RowsIn::Slice(&x)
+                        };
+                        if conv.fuses_output() {
+                            pool.install(|| {
+                                conv.run_rows(
+                                    &p,
+                                    x_in,
+                                    Some(&w),
+                                    Some(&bias),
+                                    RowsOut::Fused(&sink),
+                                    0,
+                                    0,
+                                    &scratch,
+                                )
+                            })
+                            .unwrap();
+                            let got = sink.out.into_inner().unwrap();
+                            assert_conv_close(&p, &x, &w, Some(&bias), &got, RTOL, &ctx);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn algorithms_that_derive_from_the_weights_refuse_fed_ones() {
+        let p = depthwise_params(1, 4, 4096, 129, (128, 0), 1);
+        assert!(
+            applicable(&p, &Weights::Constant(&vec![0.0; p.weight_elems()]))
+                .contains(&Algorithm::Fft)
+        );
+        assert!(!applicable(&p, &Weights::Fed).contains(&Algorithm::Fft));
+        assert_eq!(
+            PreparedConv1d::for_weights(&p, Weights::Fed, Choice::Force(Algorithm::Fft)).err(),
+            Some(KernelError::NotApplicable { algorithm: "fft" })
+        );
+        for choice in [Choice::Auto, Choice::Measure] {
+            let conv = PreparedConv1d::for_weights(&p, Weights::Fed, choice).unwrap();
+            assert_ne!(conv.algorithm(), Algorithm::Fft, "{choice:?}");
+            // A fed weight must come with every call.
+            let x = vec![0.0; p.input_elems()];
+            let mut y = vec![0.0; p.output_elems().unwrap()];
+            let scratch = Scratch::sized(
+                rayon::current_num_threads(),
+                conv.scratch_per_thread(),
+                conv.shared_scratch(),
+            );
+            assert_eq!(
+                conv.run(&p, &x, None, None, &mut y, &scratch).err(),
+                Some(KernelError::MissingWeights)
+            );
+        }
     }
 }

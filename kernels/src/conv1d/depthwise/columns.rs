@@ -26,11 +26,18 @@
 //!
 //! Small calls (a decode step of a few thousand channels) run on the calling
 //! thread: waking the pool costs more than their work.
+//!
+//! The column kernel reads the taps tap-major (`[K, C]`). For constant
+//! weights they were transposed at prepare; for weights fed at run time
+//! each task transposes its block's taps from the call's weights into its
+//! buffers first (`K` floats per channel, against the `K` multiply-adds per
+//! channel and output the task then computes), so a fed weight is never
+//! read from anything prepared.
 
 use rayon::prelude::*;
 
 use super::tile::Tile;
-use super::{DepthwiseConv, SERIAL_MACS, SHORT_OUTPUTS};
+use super::{ColumnTaps, DepthwiseConv, SERIAL_MACS, SHORT_OUTPUTS};
 use crate::conv1d::params::Conv1dGeometry;
 use crate::fused::{col_tmp, RowsIn, RowsOut};
 use crate::scratch::Scratch;
@@ -81,21 +88,24 @@ fn long_tile(g: &Conv1dGeometry) -> usize {
 }
 
 /// Per-thread scratch of the walk with a fused operand (a call of geometry
-/// `g` or smaller): the window, the output tile and the programs'
-/// temporaries, for a decode step and for long rows.
+/// `g` or smaller): the window, the output tile, the block's taps (used
+/// where the weights are fed) and the programs' temporaries, for a decode
+/// step and for long rows.
 pub(super) fn scratch(g: &Conv1dGeometry, x_temps: usize, y_temps: usize) -> usize {
     let temps = x_temps.max(y_temps);
-    let decode = (MAX_COLS + SHORT_OUTPUTS) * FUSED_BLOCK + col_tmp(temps, FUSED_BLOCK);
+    let k = g.params.kernel_size;
+    let decode = (MAX_COLS + SHORT_OUTPUTS + k) * FUSED_BLOCK + col_tmp(temps, FUSED_BLOCK);
     let long = if span(g) <= MAX_SPAN {
-        (2 * long_tile(g) + span(g)) * LONG_BLOCK + col_tmp(temps, LONG_BLOCK)
+        (2 * long_tile(g) + span(g) + k) * LONG_BLOCK + col_tmp(temps, LONG_BLOCK)
     } else {
         0
     };
     decode.max(long)
 }
 
-/// Buffers of one block: the window, the output tile, temporaries.
-type BlockFn<'a> = dyn FnMut(&mut [f32], &mut [f32], &mut [f32]) + 'a;
+/// Buffers of one block: the window, the output tile, the block's taps,
+/// temporaries.
+type BlockFn<'a> = dyn FnMut(&mut [f32], &mut [f32], &mut [f32], &mut [f32]) + 'a;
 
 impl DepthwiseConv {
     /// Computes the call (see the module docs). `scratch` is `None` for a
@@ -105,6 +115,7 @@ impl DepthwiseConv {
         &self,
         g: &Conv1dGeometry,
         x: RowsIn,
+        w: &[f32],
         bias: Option<&[f32]>,
         y: RowsOut,
         scratch: Option<&Scratch>,
@@ -135,16 +146,21 @@ impl DepthwiseConv {
         };
         let groups = tiles.div_ceil(tiles_per_task);
         let window = tile + span(g);
+        let k = p.kernel_size;
         let with_buffers = |f: &mut BlockFn| match scratch {
             None => {
+                // `applies` bounds the tap count by the window's columns.
+                debug_assert!(k <= MAX_COLS);
                 let mut win = [0.0f32; STACK_BLOCK * MAX_COLS];
                 let mut out = [0.0f32; STACK_BLOCK * SHORT_OUTPUTS];
-                f(&mut win, &mut out, &mut [])
+                let mut taps = [0.0f32; STACK_BLOCK * MAX_COLS];
+                f(&mut win, &mut out, &mut taps, &mut [])
             }
             Some(scratch) => scratch.with_slot(|slot| {
                 let (win, rest) = slot.split_at_mut(window * block);
-                let (out, tmp) = rest.split_at_mut(tile * block);
-                f(win, out, tmp)
+                let (out, rest) = rest.split_at_mut(tile * block);
+                let (taps, tmp) = rest.split_at_mut(k * block);
+                f(win, out, taps, tmp)
             }),
         };
         match y {
@@ -153,7 +169,7 @@ impl DepthwiseConv {
                 // and block `blk` of item `b` is one contiguous range of rows.
                 debug_assert_eq!(tiles, 1);
                 let run = |b: usize, blk: usize, y_blk: &mut [f32]| {
-                    with_buffers(&mut |win, out, tmp| {
+                    with_buffers(&mut |win, out, taps, tmp| {
                         self.tiles(
                             g,
                             b,
@@ -162,9 +178,11 @@ impl DepthwiseConv {
                             0..1,
                             tile,
                             x,
+                            w,
                             bias,
                             win,
                             out,
+                            taps,
                             tmp,
                             |_, m, out, _| {
                                 if out_len == 1 {
@@ -204,7 +222,7 @@ impl DepthwiseConv {
                     let (b, c0) = (item_block / blocks, (item_block % blocks) * block);
                     let first = group * tiles_per_task;
                     let range = first..(first + tiles_per_task).min(tiles);
-                    with_buffers(&mut |win, out, tmp| {
+                    with_buffers(&mut |win, out, taps, tmp| {
                         self.tiles(
                             g,
                             b,
@@ -213,9 +231,11 @@ impl DepthwiseConv {
                             range.clone(),
                             tile,
                             x,
+                            w,
                             bias,
                             win,
                             out,
+                            taps,
                             tmp,
                             |l0, m, out, tmp| {
                                 let n = out.len() / m;
@@ -240,7 +260,9 @@ impl DepthwiseConv {
     /// `c0 ..` (`block` of them, at most the rest) of batch
     /// item `b`: reads each tile's input window into `win`, computes it into
     /// `out` and hands it to `emit(l0, m, out, tmp)` (outputs `l0 .. l0 + m`,
-    /// time-major; `tmp` free again by then).
+    /// time-major; `tmp` free again by then). `w` are the call's weights;
+    /// where they are fed, the block's taps are transposed from them into
+    /// `taps_buf` (`K * block` floats) first.
     #[allow(clippy::too_many_arguments)]
     fn tiles(
         &self,
@@ -251,17 +273,31 @@ impl DepthwiseConv {
         tiles: std::ops::Range<usize>,
         tile: usize,
         x: RowsIn,
+        w: &[f32],
         bias: Option<&[f32]>,
         win: &mut [f32],
         out: &mut [f32],
+        taps_buf: &mut [f32],
         tmp: &mut [f32],
         mut emit: impl FnMut(usize, usize, &[f32], &mut [f32]),
     ) {
         let p = &g.params;
-        let (channels, in_len) = (p.in_channels, p.in_len);
+        let (channels, in_len, k) = (p.in_channels, p.in_len, p.kernel_size);
         let n = block.min(channels - c0);
         let row0 = b * channels + c0;
         let span = span(g);
+        let (taps, tap_stride): (&[f32], usize) = match &self.column_taps {
+            ColumnTaps::Prepared(taps_t) => (&taps_t[c0..], channels),
+            ColumnTaps::PerCall => {
+                let taps_buf = &mut taps_buf[..k * n];
+                for (c, filter) in w[c0 * k..][..n * k].chunks_exact(k).enumerate() {
+                    for (j, &v) in filter.iter().enumerate() {
+                        taps_buf[j * n + c] = v;
+                    }
+                }
+                (taps_buf, n)
+            }
+        };
         // Window column `i` of the tile at `l0` is input `l0 + i - pad_left`.
         let fill = |win: &mut [f32], l0: usize, cols: std::ops::Range<usize>, tmp: &mut [f32]| {
             for i in cols {
@@ -298,8 +334,8 @@ impl DepthwiseConv {
                 n,
                 m,
                 dilation: p.dilation,
-                taps: &self.taps_t[c0..],
-                tap_stride: channels,
+                taps,
+                tap_stride,
                 bias: bias.map(|b| &b[c0..c0 + n]),
                 win: &win[..(m + span) * n],
             };

@@ -18,8 +18,9 @@
 //! and need no scratch. A decode step (at most four outputs per row), and a
 //! call whose fused operands lie channels-last (`[B, N, C]` tensors seen
 //! through transposes), run across channels instead ([`columns`], with the
-//! column kernel of [`tile`]), on a transposed copy of the taps made at
-//! prepare (`K * C` floats).
+//! column kernel of [`tile`]), on the taps transposed (`K * C` floats): once
+//! at prepare for constant weights, per call into scratch for weights fed at
+//! run time.
 
 mod columns;
 mod simd;
@@ -29,6 +30,7 @@ use rayon::prelude::*;
 
 use super::cost::{compulsory_bytes, direct_macs};
 use super::params::Conv1dGeometry;
+use super::prepared::Weights;
 use crate::fused::{block_tmp, RowSink, RowsIn, RowsOut, ROW_BLOCK};
 use crate::scratch::Scratch;
 use simd::{Backend, RowGeom, RowKernel};
@@ -155,31 +157,51 @@ const MIN_CHUNK_OUTPUTS: usize = 2048;
 const MIN_TASK_MACS: usize = 1 << 15;
 
 /// The prepared kernel: the row and column kernels for this tap count on
-/// the backend detected at prepare, and the taps transposed (`[K, C]`) for
-/// the column kernel ([`columns`]), which vectorises across channels.
+/// the backend detected at prepare, and where the column kernel
+/// ([`columns`]), which vectorises across channels, gets its taps.
 pub(crate) struct DepthwiseConv {
     kernel: RowKernel,
     column_kernel: tile::ColumnKernel,
+    column_taps: ColumnTaps,
+}
+
+/// The taps laid out for the column kernel (`[K, C]`, tap-major).
+enum ColumnTaps {
+    /// Transposed at prepare from constant weights:
     /// `taps_t[j * C + c] = w[c, j]`.
-    taps_t: Vec<f32>,
+    Prepared(Vec<f32>),
+    /// Weights fed at run time: each task of the walk transposes its block
+    /// of channels' taps from the call's weights into its scratch.
+    PerCall,
 }
 
 impl DepthwiseConv {
-    pub(crate) fn prepare(g: &Conv1dGeometry, w: &[f32]) -> Self {
-        Self::with_backend(g, w, Backend::detect()).expect("detected backend is available")
+    pub(crate) fn prepare(g: &Conv1dGeometry, weights: Weights) -> Self {
+        Self::with_backend(g, weights, Backend::detect()).expect("detected backend is available")
     }
 
     /// The kernel on a given backend, or `None` where this CPU lacks it.
-    pub(crate) fn with_backend(g: &Conv1dGeometry, w: &[f32], backend: Backend) -> Option<Self> {
+    pub(crate) fn with_backend(
+        g: &Conv1dGeometry,
+        weights: Weights,
+        backend: Backend,
+    ) -> Option<Self> {
         let (c, k) = (g.params.out_channels, g.params.kernel_size);
-        let mut taps_t = vec![0.0; c * k];
-        for (i, &v) in w.iter().take(c * k).enumerate() {
-            taps_t[(i % k) * c + i / k] = v;
-        }
+        let column_taps = match weights {
+            Weights::Constant(w) => {
+                debug_assert_eq!(w.len(), c * k);
+                let mut taps_t = vec![0.0; c * k];
+                for (i, &v) in w.iter().take(c * k).enumerate() {
+                    taps_t[(i % k) * c + i / k] = v;
+                }
+                ColumnTaps::Prepared(taps_t)
+            }
+            Weights::Fed => ColumnTaps::PerCall,
+        };
         Some(DepthwiseConv {
             kernel: RowKernel::new(backend, g.params.kernel_size, g.params.dilation)?,
             column_kernel: tile::ColumnKernel::new(backend, g.params.kernel_size)?,
-            taps_t,
+            column_taps,
         })
     }
 
@@ -188,7 +210,10 @@ impl DepthwiseConv {
     }
 
     pub(crate) fn prepared_bytes(&self) -> usize {
-        std::mem::size_of_val(self.taps_t.as_slice())
+        match &self.column_taps {
+            ColumnTaps::Prepared(taps_t) => std::mem::size_of_val(taps_t.as_slice()),
+            ColumnTaps::PerCall => 0,
+        }
     }
 
     /// Computes `y` for the call's geometry `g` (at most the prepared
@@ -218,7 +243,7 @@ impl DepthwiseConv {
         };
         let rows = p.batch * channels;
         if columns::applies(g) {
-            self.columns(g, RowsIn::Slice(x), bias, RowsOut::Slice(y), None);
+            self.columns(g, RowsIn::Slice(x), w, bias, RowsOut::Slice(y), None);
             return;
         }
         if out_len <= SHORT_OUTPUTS {
@@ -313,7 +338,7 @@ impl DepthwiseConv {
             // A decode step's stored operands use stack buffers, as `run`
             // (which gets no scratch) does.
             let fused = matches!(x, RowsIn::Fused(_)) || matches!(y, RowsOut::Fused(_));
-            self.columns(g, x, bias, y, fused.then_some(scratch));
+            self.columns(g, x, w, bias, y, fused.then_some(scratch));
             return;
         }
         let (x, y) = match (x, y) {

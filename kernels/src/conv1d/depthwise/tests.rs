@@ -82,7 +82,9 @@ fn grid_matches_reference_on_every_backend() {
                         let w = rng.vec(p.weight_elems(), -1.0, 1.0);
                         let b = rng.vec(p.bias_elems(), -1.0, 1.0);
                         let bias = (rng.range(0, 1) == 1).then_some(&b[..]);
-                        let kernel = DepthwiseConv::with_backend(&g, &w, backend).unwrap();
+                        let kernel =
+                            DepthwiseConv::with_backend(&g, Weights::Constant(&w), backend)
+                                .unwrap();
                         assert_eq!(kernel.kernel.backend(), backend);
                         let got = run_kernel(&kernel, &p, &x, &w, bias);
                         let ctx = format!("{backend:?}, bias {}: {p:?}", bias.is_some());
@@ -119,7 +121,8 @@ fn structured_inputs_match_reference_exactly() {
                     .map(|i| (i % 5) as f32 - 2.0)
                     .collect();
                 let b: Vec<f32> = (0..p.bias_elems()).map(|i| i as f32).collect();
-                let kernel = DepthwiseConv::with_backend(&g, &w, backend).unwrap();
+                let kernel =
+                    DepthwiseConv::with_backend(&g, Weights::Constant(&w), backend).unwrap();
                 for bias in [None, Some(&b[..])] {
                     assert_eq!(
                         run_kernel(&kernel, &p, &x, &w, bias),
@@ -145,7 +148,7 @@ fn long_rows_split_into_chunks_give_the_same_bits_on_any_pool() {
             let x = rng.vec(p.input_elems(), -1.0, 1.0);
             let w = rng.vec(p.weight_elems(), -1.0, 1.0);
             let b = rng.vec(p.bias_elems(), -1.0, 1.0);
-            let kernel = DepthwiseConv::with_backend(&g, &w, backend).unwrap();
+            let kernel = DepthwiseConv::with_backend(&g, Weights::Constant(&w), backend).unwrap();
             let run_on = |threads| {
                 let pool = rayon::ThreadPoolBuilder::new()
                     .num_threads(threads)
@@ -371,7 +374,8 @@ fn calibrate() {
             });
             line += &format!(" direct {:6.1} GF/s", 2.0 * macs / t / 1e9);
             for backend in Backend::all_available() {
-                let kernel = DepthwiseConv::with_backend(&g, &w, backend).unwrap();
+                let kernel =
+                    DepthwiseConv::with_backend(&g, Weights::Constant(&w), backend).unwrap();
                 let t = time(threads, &mut || {
                     kernel.run(&g, &x, &w, Some(&b), &mut y, &scratch)
                 });
@@ -412,7 +416,7 @@ fn short_rows_match_reference_in_both_entry_points() {
         let x = rng.vec(p.input_elems(), -1.0, 1.0);
         let w = rng.vec(p.weight_elems(), -1.0, 1.0);
         let b = rng.vec(p.bias_elems(), -1.0, 1.0);
-        let kernel = DepthwiseConv::prepare(&g, &w);
+        let kernel = DepthwiseConv::prepare(&g, Weights::Constant(&w));
         for bias in [None, Some(&b[..])] {
             let got = run_kernel(&kernel, &p, &x, &w, bias);
             check(&p, &x, &w, bias, &got, &format!("run {p:?}"));
