@@ -92,6 +92,23 @@ def test_corrupt_blob_fails_init_with_a_clear_log_line(pte_bytes, tmp_path, offs
         run_runtime(pte, (torch.randn(1, 4, 32),))
 
 
+def test_constant_segment_shorter_than_its_constants_fails_init_naming_one(pte_bytes, tmp_path):
+    """The blob's header says its constants end 4 bytes before the last one
+    (the conv's bias) does: init refuses it, naming that value, before any
+    kernel could read past the segment."""
+    at = pte_bytes.index(b"RCNV")
+    segment_len = int.from_bytes(pte_bytes[at + 40 : at + 48], "little")
+    pte = tmp_path / "short.pte"
+    pte.write_bytes(_corrupt(pte_bytes, 40, (segment_len - 4).to_bytes(8, "little")))
+    run = runner("-model_path", str(pte))
+    assert "loading method 'forward' failed" in error_line(run)
+    assert "RustConvBackend: init failed" in run.stderr, run.stderr
+    assert "('p_conv_bias'): constant bytes" in run.stderr, run.stderr
+    assert "lie outside the" in run.stderr, run.stderr
+    with pytest.raises(RuntimeError):
+        run_runtime(pte, (torch.randn(1, 4, 32),))
+
+
 def test_wrong_input_shape_and_dtype_are_refused(pte_bytes, tmp_path):
     pte = tmp_path / "m.pte"
     pte.write_bytes(pte_bytes)

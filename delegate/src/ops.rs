@@ -49,6 +49,7 @@ pub fn check_static(op: &OpDesc, values: &[ValueDesc]) -> Result<(), String> {
             weight,
             bias,
             output,
+            groups,
             ..
         } => {
             rank(input, 3, "input")?;
@@ -64,6 +65,41 @@ pub fn check_static(op: &OpDesc, values: &[ValueDesc]) -> Result<(), String> {
             }
             if values[input].dims[1].dynamic {
                 return Err("the input's channel dimension must be static".into());
+            }
+            // What the kernels will read of the weight and bias, from the
+            // declared shapes (the weight's bytes are its shape's, checked
+            // when it was decoded): `[out_channels, in_channels / groups, K]`
+            // and `[out_channels]`.
+            let size = |v: usize, d: usize| values[v].dims[d].size;
+            let (w, x) = (&values[weight], &values[input]);
+            if groups == 0 || size(input, 1) != size(weight, 1).saturating_mul(groups) {
+                return Err(format!(
+                    "weight '{}' {:?} does not fit input '{}' of {} channels in {groups} group(s): \
+                     it needs [out_channels, {} / {groups}, kernel_size]",
+                    w.name,
+                    describe(w),
+                    x.name,
+                    size(input, 1),
+                    size(input, 1)
+                ));
+            }
+            if size(weight, 0) == 0 || size(weight, 2) == 0 {
+                return Err(format!(
+                    "weight '{}' {:?} has no output channel or no tap",
+                    w.name,
+                    describe(w)
+                ));
+            }
+            if let Some(b) = bias {
+                if size(b, 0) != size(weight, 0) {
+                    return Err(format!(
+                        "bias '{}' has {} entries for the {} output channels of weight '{}'",
+                        values[b].name,
+                        size(b, 0),
+                        size(weight, 0),
+                        w.name
+                    ));
+                }
             }
         }
         OpDesc::LinearScan { x0, a, u, output } => {
@@ -138,6 +174,11 @@ pub fn check_static(op: &OpDesc, values: &[ValueDesc]) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// A value's declared dimensions (upper bounds where dynamic).
+fn describe(v: &ValueDesc) -> Vec<usize> {
+    v.dims.iter().map(|d| d.size).collect()
 }
 
 /// Kernel parameters of a conv1d for the given input and weight shapes.
