@@ -32,11 +32,19 @@ The library is looked up, in order, at:
 Before loading it, the executorch version the library was built for is
 compared with the installed one (``rustconv.native``); a mismatch is an
 ``ImportError`` naming both.
+
+Importing it also makes every ``executorch.runtime`` ``Method`` keep its
+``Program`` alive (:func:`keep_programs_alive`): in ExecuTorch 1.5.1 a method
+is freed with its program, so ``Runtime.get().load_program(path)
+.load_method("forward")``, as written in one expression, returns a method whose
+``execute`` reads freed memory (a segfault in ``Method::inputs_size``, or
+garbage), whatever backends the program uses.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from pathlib import Path
 
@@ -53,6 +61,7 @@ __all__ = [
     "has_scan_kernel",
     "candidate_paths",
     "reset_state",
+    "keep_programs_alive",
 ]
 
 BACKEND_NAME = "RustConvBackend"
@@ -156,4 +165,33 @@ def reset_state() -> None:
     library.rustconv_reset_state()
 
 
+def keep_programs_alive() -> None:
+    """Makes ``executorch.runtime.Program.load_method`` return methods that
+    hold a reference to their program (idempotent; done on import).
+
+    ExecuTorch 1.5.1's ``Method`` holds only the native method, which its
+    native program owns; once the Python ``Program`` is collected (at once, in
+    ``Runtime.get().load_program(...).load_method(...)``), the method points
+    into freed memory and ``execute`` crashes or computes garbage, for any
+    program, delegated or not. Holding the program for as long as the method
+    lives is what a caller keeping both would do.
+    """
+    from executorch.runtime import Program
+
+    load_method = Program.load_method
+    if getattr(load_method, "_rustconv_keeps_program", False):
+        return
+
+    @functools.wraps(load_method)
+    def load_method_keeping_program(self, name):  # type: ignore[no-untyped-def]
+        method = load_method(self, name)
+        if method is not None:
+            method._rustconv_program = self
+        return method
+
+    load_method_keeping_program._rustconv_keeps_program = True  # type: ignore[attr-defined]
+    Program.load_method = load_method_keeping_program  # type: ignore[method-assign]
+
+
 _load()
+keep_programs_alive()
