@@ -282,6 +282,16 @@ void set_num_threads(std::uint32_t num_threads) {
   }
 }
 
+void set_rustconv_threads(std::uint32_t num_threads) {
+  executorch::runtime::BackendOptions<1> options;
+  options.set_option("num_threads", static_cast<int>(num_threads));
+  const Error err =
+      executorch::runtime::set_option("RustConvBackend", options.view());
+  if (err != Error::Ok) {
+    fail("set_option(RustConvBackend, num_threads)", err);
+  }
+}
+
 void reset_state() {
   executorch::runtime::BackendOptions<1> options;
   options.set_option("reset_state", true);

@@ -49,6 +49,10 @@ std::unique_ptr<Session> open_session(
 // optimized CPU kernels) and, through set_option, for RustConvBackend.
 void set_num_threads(std::uint32_t num_threads);
 
+// RustConvBackend's threads alone (its num_threads backend option), after
+// set_num_threads: to compare its pool's size with XNNPACK's held fixed.
+void set_rustconv_threads(std::uint32_t num_threads);
+
 // The backend option reset_state: RustConv delegates restart from their
 // initial state at their next call.
 void reset_state();

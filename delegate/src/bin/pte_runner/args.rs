@@ -15,6 +15,8 @@ usage: pte_runner -model_path FILE [options]
   -etdump_path FILE       write an ETDump with one Method::execute event per iteration
   -output_npz_path FILE   write the outputs of the last iteration
   -num_threads N          threads for RustConvBackend, XNNPACK and the CPU kernels
+  -rustconv_threads N     threads for RustConvBackend alone (after -num_threads),
+                          e.g. to compare its pool's size at XNNPACK's fixed
   -seed N                 seed for random inputs (default: 0)
   -steps_npz_paths A,B,.. a streaming sequence: each iteration runs the method
                           once per file, in order (inputs named as for
@@ -39,6 +41,7 @@ pub struct Args {
     pub etdump_path: Option<PathBuf>,
     pub output_npz_path: Option<PathBuf>,
     pub num_threads: Option<u32>,
+    pub rustconv_threads: Option<u32>,
     pub seed: u64,
     pub steps_npz_paths: Vec<PathBuf>,
     pub decode_steps: Option<usize>,
@@ -90,6 +93,13 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
                     return Err("-num_threads must be at least 1".into());
                 }
                 args.num_threads = Some(n);
+            }
+            "rustconv_threads" => {
+                let n: u32 = number(name, &value()?)?;
+                if n == 0 {
+                    return Err("-rustconv_threads must be at least 1".into());
+                }
+                args.rustconv_threads = Some(n);
             }
             "seed" => args.seed = number(name, &value()?)?,
             "steps_npz_paths" => {
@@ -162,6 +172,9 @@ mod tests {
             .unwrap_err()
             .contains("needs a value"));
         assert!(parse_str("-model_path m -num_threads 0").is_err());
+        assert!(parse_str("-model_path m -rustconv_threads 0").is_err());
+        let a = parse_str("-model_path m -num_threads 2 -rustconv_threads=1").unwrap();
+        assert_eq!((a.num_threads, a.rustconv_threads), (Some(2), Some(1)));
         assert!(parse_str("stray").is_err());
         assert!(parse_str("-model_path m -decode_steps 3")
             .unwrap_err()

@@ -39,6 +39,7 @@ pub mod bridge {
         fn write_etdump(self: Pin<&mut Session>, path: &str) -> Result<()>;
 
         fn set_num_threads(num_threads: u32) -> Result<()>;
+        fn set_rustconv_threads(num_threads: u32) -> Result<()>;
         fn reset_state() -> Result<()>;
         fn registered_backends() -> Vec<String>;
     }

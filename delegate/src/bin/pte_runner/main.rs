@@ -70,6 +70,9 @@ fn run(argv: impl IntoIterator<Item = String>) -> Result<(), String> {
     if let Some(n) = args.num_threads {
         et::set_num_threads(n).map_err(|e| e.what().to_owned())?;
     }
+    if let Some(n) = args.rustconv_threads {
+        et::set_rustconv_threads(n).map_err(|e| e.what().to_owned())?;
+    }
     let model = args
         .model_path
         .to_str()
