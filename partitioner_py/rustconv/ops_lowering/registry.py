@@ -67,6 +67,14 @@ class OpLowering:
         """Operands that must come from outside the delegate (constants or inputs)."""
         return []
 
+    def export_operands(self, node: Node) -> list[Node]:
+        """Operands whose data ``emit`` reads at export (a batch norm's statistics).
+
+        Each must be a constant, or computed from constants in the same
+        partition (:mod:`.folding`); never a delegate input.
+        """
+        return []
+
     def emit(self, node: Node, builder: LoweringBuilder) -> None:
         """Adds the blob nodes implementing ``node`` to ``builder``."""
         raise NotImplementedError
