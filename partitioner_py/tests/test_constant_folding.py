@@ -90,6 +90,29 @@ def test_weight_computed_from_parameters_is_one_constant(form, flow):
     assert not any("squeeze" in n or "permute" in n for n in _explain(model, x))
 
 
+class ChunkedWeights(nn.Module):
+    """Two convs' weights cut from one fused parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 1, 3))
+
+    def forward(self, x):
+        w1, w2 = self.w.chunk(2, dim=0)
+        y = F.conv1d(x, w1, padding=1, groups=8)
+        return F.conv1d(torch.relu(y), w2, padding=1, groups=8)
+
+
+@pytest.mark.parametrize("flow", FLOWS)
+def test_pieces_of_a_split_parameter_are_constants(flow):
+    torch.manual_seed(0)
+    model = ChunkedWeights().eval()
+    x = torch.randn(1, 8, 20)
+    _, (lm,) = _check(model, (x,), flow)
+    assert _conv_weight_kinds(lm) == [ValueKind.Constant] * 2
+    assert len(blob_graph(lm).inputs) == 1
+
+
 def test_weight_normalization_chain_is_taken_and_evaluated():
     torch.manual_seed(0)
     model = nn.Sequential(

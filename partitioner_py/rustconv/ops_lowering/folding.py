@@ -19,8 +19,9 @@ A node *computes a constant* (:func:`computes_constant`) when
   convolution or scan (those anchor partitions);
 * every tensor it reads is a constant (parameter, buffer, lifted constant) or
   computes a constant itself, and it reads at least one;
-* its result is one tensor of static shape with no more elements than the
-  largest tensor it reads (an ``expand`` of a bias to the activation's shape
+* its result is one tensor (or a split's pieces, each then read through its
+  ``getitem``) of static shape with no more elements than the largest tensor
+  it reads (an ``expand`` of a bias to the activation's shape
   would put a large tensor in the blob for nothing), and, unless all of its
   users compute constants too, of a dtype the blob holds.
 
@@ -41,6 +42,7 @@ on the real tensors (edge ops are callable) and keeps the result; it becomes a
 
 from __future__ import annotations
 
+import operator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -52,31 +54,36 @@ from rustconv.ops_lowering.common import SUPPORTED_DTYPES, NotSupported, aten_op
 if TYPE_CHECKING:
     from rustconv.ops_lowering.common import GraphContext
 
-__all__ = ["computes_constant", "constant_reason", "evaluate", "QUANT_NAMESPACES"]
-
-#: Namespaces of quantize / dequantize / choose_qparams ops (PT2E, torchao).
-QUANT_NAMESPACES = frozenset({"quantized_decomposed", "torchao"})
+__all__ = ["computes_constant", "constant_reason", "evaluate"]
 
 
 def _node_inputs(node: Node) -> list[Node]:
     return [a for a in pytree.tree_leaves((node.args, node.kwargs)) if isinstance(a, Node)]
 
 
-def _numel(val: torch.Tensor) -> int:
-    return int(val.numel())
+def _results(val: Any) -> list[torch.Tensor] | None:
+    """A node's result as a list of tensors (one, or a split's pieces), else None."""
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, (list, tuple)) and val and all(isinstance(v, torch.Tensor) for v in val):
+        return list(val)
+    return None
 
 
-def _is_static(val: Any) -> bool:
-    return isinstance(val, torch.Tensor) and all(isinstance(d, int) for d in val.shape)
+def _is_static(val: torch.Tensor) -> bool:
+    return all(isinstance(d, int) for d in val.shape)
 
 
 def _op_reason(node: Node) -> str | None:
     """Why ``node``'s op cannot be evaluated at export, or None."""
     from rustconv.ops_lowering.conv import CONV_OPS
+    from rustconv.ops_lowering.quantized import QUANT_NAMESPACES
     from rustconv.ops_lowering.scan import SCAN_OPS
 
     op = aten_op(node)
     if op is None:
+        if node.target is operator.getitem:
+            return None  # a piece of a split evaluated at export
         return f"{node.target} is not an ATen or edge op"
     if op in CONV_OPS or op in SCAN_OPS:
         return "a convolution or scan is delegated, not evaluated at export"
@@ -110,15 +117,15 @@ def _compute_valued_reason(node: Node, ctx: GraphContext) -> str | None:
     for source in inputs:
         if not ctx.is_constant(source) and _valued_reason(source, ctx) is not None:
             return f"it reads {source.name}, which is not a constant"
-        val = source.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            largest = max(largest, _numel(val))
-    val = node.meta.get("val")
-    if not _is_static(val):
-        return "its result is not one tensor of static shape"
-    if _numel(val) > max(largest, 1):
+        for val in _results(source.meta.get("val")) or []:
+            largest = max(largest, int(val.numel()))
+    results = _results(node.meta.get("val"))
+    if results is None or not all(_is_static(r) for r in results):
+        return "its result is not a tensor (or a split's tensors) of static shape"
+    numel = sum(int(r.numel()) for r in results)
+    if numel > max(largest, 1):
         return (
-            f"its result ({_numel(val)} elements) is larger than what it reads "
+            f"its result ({numel} elements) is larger than what it reads "
             f"({largest}); RustConv keeps it a computation rather than a large constant"
         )
     return None
@@ -130,10 +137,10 @@ def constant_reason(node: Node, ctx: GraphContext) -> str | None:
     if reason is not None:
         return reason
     val = node.meta["val"]
-    if val.dtype not in SUPPORTED_DTYPES and any(
-        _valued_reason(user, ctx) is not None for user in node.users
-    ):
-        return f"its result is {val.dtype}, which RustConv cannot hold"
+    readable = isinstance(val, torch.Tensor) and val.dtype in SUPPORTED_DTYPES
+    if not readable and any(_valued_reason(user, ctx) is not None for user in node.users):
+        what = val.dtype if isinstance(val, torch.Tensor) else "a list of tensors"
+        return f"its result is {what}, which RustConv cannot hold"
     return None
 
 
@@ -141,7 +148,7 @@ def computes_constant(node: Any, ctx: GraphContext) -> bool:
     return isinstance(node, Node) and constant_reason(node, ctx) is None
 
 
-def evaluate(node: Node, value_of) -> torch.Tensor:
+def evaluate(node: Node, value_of) -> torch.Tensor | list[torch.Tensor]:
     """Runs ``node``'s op on real tensors; ``value_of(source)`` gives each input's."""
 
     def real(arg: Any) -> Any:
@@ -150,12 +157,15 @@ def evaluate(node: Node, value_of) -> torch.Tensor:
     args, kwargs = pytree.tree_map(real, (node.args, node.kwargs))
     with torch.no_grad():
         result = node.target(*args, **kwargs)
-    val = node.meta["val"]
-    if not isinstance(result, torch.Tensor):
-        raise NotSupported(f"{node.name} returned {type(result).__name__}, not a tensor")
-    if result.dtype != val.dtype or tuple(result.shape) != tuple(val.shape):
-        raise NotSupported(
-            f"{node.name} computed {result.dtype}{list(result.shape)} at export, but the "
-            f"graph expects {val.dtype}{list(val.shape)}"
-        )
-    return result.detach().contiguous()
+    expected, got = _results(node.meta["val"]), _results(result)
+    if got is None or expected is None or len(got) != len(expected):
+        raise NotSupported(f"{node.name} returned {type(result).__name__} at export")
+    for r, v in zip(got, expected, strict=True):
+        if r.dtype != v.dtype or tuple(r.shape) != tuple(v.shape):
+            raise NotSupported(
+                f"{node.name} computed {r.dtype}{list(r.shape)} at export, but the "
+                f"graph expects {v.dtype}{list(v.shape)}"
+            )
+    if isinstance(result, torch.Tensor):
+        return result.detach().contiguous()
+    return [r.detach().contiguous() for r in got]

@@ -120,7 +120,9 @@ def reason_for(node: Node, ctx: GraphContext) -> str | None:
     lowering = lowering_for(node)
     if lowering is None:
         return f"{op_name(node)} is not a RustConv op"
-    return lowering.unsupported_reason(node, ctx)
+    from rustconv.ops_lowering.quantized import quantized_reason
+
+    return quantized_reason(node) or lowering.unsupported_reason(node, ctx)
 
 
 def op_name(node: Node) -> str:
