@@ -95,6 +95,29 @@ def test_executorch_short_conv_between_8da4w_linears():
     assert (report.outputs["first"][0] - want).abs().max().item() < 0.02 * scale
 
 
+def test_delegate_state_starts_from_zero_like_executorchs_buffers():
+    """A short conv run in eager before export holds a non-zero conv_state.
+    ExecuTorch keeps no initial value for a mutated buffer (its runtimes start
+    it zeroed); the state RustConv owns starts from zero too, so the program
+    computes the same with RustConv as without it (before: from the exported
+    value, an error of half the output's scale)."""
+    from executorch.examples.models.lfm2.short_conv import ShortConv
+
+    torch.manual_seed(0)
+    model = ShortConv(64).eval()
+    x = torch.randn(1, 8, 64)
+    fresh = copy.deepcopy(model)
+    model(torch.randn(1, 8, 64))  # the eager call leaves conv_state non-zero
+    assert model.conv_state.abs().max() > 0
+    report = check_others_unchanged(
+        transform_and_lower(lambda: export(model, (x,))),
+        lambda: [XnnpackPartitioner()],
+        inputs=(x,),
+        atol=1e-5,
+    )
+    torch.testing.assert_close(report.outputs["first"][0], fresh(x), atol=1e-5, rtol=0)
+
+
 def _pt2e_conv_stack(channels, layers, length=64):
     from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
         XNNPACKQuantizer,

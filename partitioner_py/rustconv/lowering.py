@@ -9,8 +9,9 @@ about inputs, outputs and constants:
   (parameters, buffers, lifted tensor constants), in graph order; input ``i``
   of the delegate call is the value with kind ``Input`` and ``io_index == i``.
 * **State**: a mutated buffer handed to the partition (the partitioner tags
-  it with ExecuTorch's ``tag_mutated_buffer``) becomes a ``State`` value: its
-  exported value is the initial state, in the constant segment, and the
+  it with ExecuTorch's ``tag_mutated_buffer``) becomes a ``State`` value: it
+  starts at zero, as ExecuTorch's own mutable buffers do (the zeros are in the
+  constant segment), and the
   program output that mutates it (``OutputKind.BUFFER_MUTATION``, the
   ``copy_`` of the model) becomes that value's ``state_update`` instead of a
   delegate output, so the runtime updates the state in place across calls.
@@ -29,6 +30,7 @@ scalar constants (read from metadata and folded into their users).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -52,6 +54,8 @@ from rustconv.ops_lowering.scalars import is_scalar_like, scalar_value
 from rustconv.shapes import make_dims
 
 __all__ = ["DTYPES", "LoweringBuilder", "lower_program", "debug_handles"]
+
+logger = logging.getLogger(__name__)
 
 #: torch dtype -> (schema DType, little-endian numpy dtype for constant bytes)
 DTYPES: dict[torch.dtype, tuple[int, str]] = {
@@ -184,12 +188,19 @@ class LoweringBuilder:
         self.graph.inputs.append(index)
 
     def _state(self, node: Node) -> None:
-        """A delegate-owned mutable buffer: its exported value starts the state."""
+        """A delegate-owned mutable buffer: the state starts at zero.
+
+        ExecuTorch treats a mutated buffer's exported value as meaningless: it
+        serializes only its shape and dtype (unless ``InitializedMutableBufferPass``
+        marks it), and its runtimes start it from zero. The state RustConv owns
+        starts from zero likewise, so a program computes the same with RustConv
+        as without it, whatever the buffer held at export (a model run in eager
+        first, or built on the meta device and materialised with ``to_empty``
+        as ExecuTorch's llama example does).
+        """
         from torch._export.utils import get_buffer
 
         tensor = get_buffer(self.ep, node)
-        if tensor is None:
-            raise UnsupportedGraphError(f"mutated buffer {node.name!r} has no data")
         val = self.tensor_meta(node)
         _check_default_dim_order(node, val)
         if any(not isinstance(s, int) for s in val.shape):
@@ -197,7 +208,24 @@ class LoweringBuilder:
                 f"state {node.name!r} has a dynamic shape {tuple(val.shape)}; "
                 "delegate-owned state has a fixed size"
             )
-        self._new_value(node, ValueKind.State, data=_constant_bytes(node, tensor, val))
+        if val.dtype not in DTYPES:
+            raise UnsupportedGraphError(
+                f"state {node.name!r} has dtype {val.dtype}; the blob format supports "
+                f"{', '.join(str(d) for d in DTYPES)}"
+            )
+        if (
+            isinstance(tensor, torch.Tensor)
+            and not isinstance(tensor, FakeTensor)
+            and not tensor.is_meta
+            and bool(tensor.detach().ne(0).any())
+        ):
+            logger.info(
+                "state %r held non-zero values at export; like ExecuTorch's own mutable "
+                "buffers, it starts from zero",
+                node.name,
+            )
+        zeros = torch.zeros(tuple(val.shape), dtype=val.dtype)
+        self._new_value(node, ValueKind.State, data=_constant_bytes(node, zeros, val))
 
     def _constant(self, node: Node, tensor: torch.Tensor | None = None) -> int:
         val = self.tensor_meta(node)
