@@ -215,14 +215,19 @@ def test_batch_norm_after_a_conv_is_folded_into_it(bias, flow):
     assert graph.values[conv.op.bias].kind == ValueKind.Constant
 
 
-@pytest.mark.parametrize(
-    "case", ["after_relu", "conv_read_twice"], ids=["after_relu", "conv_read_twice"]
-)
+class _Copy(nn.Module):
+    def forward(self, y):
+        return y.clone()
+
+
+@pytest.mark.parametrize("case", ["after_relu", "conv_read_twice", "conv_read_through_a_copy"])
 def test_batch_norm_elsewhere_is_a_per_channel_affine(case):
     torch.manual_seed(0)
-    model = (
-        ConvBatchNorm(between=nn.ReLU()) if case == "after_relu" else ConvBatchNorm(share=True)
-    ).eval()
+    model = {
+        "after_relu": lambda: ConvBatchNorm(between=nn.ReLU()),
+        "conv_read_twice": lambda: ConvBatchNorm(share=True),
+        "conv_read_through_a_copy": lambda: ConvBatchNorm(between=_Copy(), share=True),
+    }[case]().eval()
     x = torch.randn(1, 6, 20)
     _, (lm,) = _check(model, (x,), "to_edge")
     assert _binary_ops_on_constants(lm) == [BinaryOp.Mul, BinaryOp.Add]

@@ -62,6 +62,21 @@ def _stat_nodes(node: Node) -> dict[str, Node]:
     return {name: args[name] for name in _STATS if isinstance(args[name], Node)}
 
 
+def _only_reader(x_node: Node, bn: Node) -> bool:
+    """Whether ``bn`` is the one reader of the conv result ``x_node`` carries:
+    ``x_node`` is the conv, or a slice folded into it (a per-channel scale
+    commutes with cutting time steps), and nothing else reads either."""
+    from rustconv.ops_lowering.conv import is_conv
+    from rustconv.ops_lowering.slices import SLICE_OPS
+
+    if list(x_node.users) != [bn]:
+        return False
+    if is_conv(x_node):
+        return True
+    source = x_node.args[0] if aten_op(x_node) in SLICE_OPS and x_node.args else None
+    return isinstance(source, Node) and is_conv(source) and list(source.users) == [x_node]
+
+
 @register
 class BatchNormLowering(OpLowering):
     kind = "batch norm"
@@ -146,7 +161,7 @@ class BatchNormLowering(OpLowering):
         conv = builder.producer(x)
         if conv is None or conv.op_type != Op.Conv1d or conv.output != x:
             return None
-        if list(x_node.users) != [node]:
+        if not _only_reader(x_node, node):
             return None  # the conv's own result is read elsewhere too
         weight = builder.constant_data(conv.op.weight)
         bias = None if conv.op.bias < 0 else builder.constant_data(conv.op.bias)
