@@ -9,14 +9,18 @@ about inputs, outputs and constants:
   (parameters, buffers, lifted tensor constants), in graph order; input ``i``
   of the delegate call is the value with kind ``Input`` and ``io_index == i``.
 * **State**: a mutated buffer handed to the partition (the partitioner tags
-  it with ExecuTorch's ``tag_mutated_buffer``) becomes a ``State`` value: its
-  exported value is the initial state, in the constant segment, and the
+  it with ExecuTorch's ``tag_mutated_buffer``) becomes a ``State`` value: it
+  starts at zero, as ExecuTorch's own mutable buffers do (the zeros are in the
+  constant segment), and the
   program output that mutates it (``OutputKind.BUFFER_MUTATION``, the
   ``copy_`` of the model) becomes that value's ``state_update`` instead of a
   delegate output, so the runtime updates the state in place across calls.
 * **Delegate outputs** are the program's user outputs, in order.
 * Constants get values only when a blob node reads them (a 0-d constant folded
   into a ``*_scalar`` field costs nothing).
+* A node computing a constant (:mod:`rustconv.ops_lowering.folding`: a view,
+  cast or normalization of parameters) is evaluated here on the real tensors;
+  its result is a ``Constant`` value like a parameter's.
 
 Some nodes emit no blob node: a zero pad or a slice folded into a convolution
 (its debug handles join the convolution's), a copy of a value that is never
@@ -26,6 +30,7 @@ scalar constants (read from metadata and folded into their users).
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -43,12 +48,14 @@ from rustconv.fb.UnaryOp import UnaryOp
 from rustconv.fb.ValueKind import ValueKind
 from rustconv.ir import IRGraph, IRNode, IRValue
 from rustconv.ops_lowering import GraphContext, lowering_for
-from rustconv.ops_lowering.common import shape_exprs
+from rustconv.ops_lowering.common import NotSupported, shape_exprs
 from rustconv.ops_lowering.registry import op_name, reason_for
 from rustconv.ops_lowering.scalars import is_scalar_like, scalar_value
 from rustconv.shapes import make_dims
 
 __all__ = ["DTYPES", "LoweringBuilder", "lower_program", "debug_handles"]
+
+logger = logging.getLogger(__name__)
 
 #: torch dtype -> (schema DType, little-endian numpy dtype for constant bytes)
 DTYPES: dict[torch.dtype, tuple[int, str]] = {
@@ -83,6 +90,13 @@ class LoweringBuilder:
         self._producer: dict[int, IRNode] = {}
         self._inline: dict[Node, str] = {}
         self._pending_constants: set[Node] = set()
+        #: Results of nodes evaluated at export, until a blob node reads them.
+        self._folded: dict[Node, torch.Tensor] = {}
+        #: Tensor items of nodes whose result is a tuple (a batch norm's output).
+        self._items: dict[tuple[Node, int], int] = {}
+        #: The data of every Constant value, by value id (for ops that derive
+        #: new constants from them, e.g. a batch norm folded into its conv).
+        self._constant_data: dict[int, torch.Tensor] = {}
 
     # -- driver -------------------------------------------------------------
 
@@ -108,6 +122,9 @@ class LoweringBuilder:
         return self.graph
 
     def _call_function(self, node: Node) -> None:
+        if self.ctx.computes_constant(node):
+            self._fold(node)
+            return
         lowering = lowering_for(node)
         reason = reason_for(node, self.ctx)
         if reason is not None:
@@ -171,12 +188,19 @@ class LoweringBuilder:
         self.graph.inputs.append(index)
 
     def _state(self, node: Node) -> None:
-        """A delegate-owned mutable buffer: its exported value starts the state."""
+        """A delegate-owned mutable buffer: the state starts at zero.
+
+        ExecuTorch treats a mutated buffer's exported value as meaningless: it
+        serializes only its shape and dtype (unless ``InitializedMutableBufferPass``
+        marks it), and its runtimes start it from zero. The state RustConv owns
+        starts from zero likewise, so a program computes the same with RustConv
+        as without it, whatever the buffer held at export (a model run in eager
+        first, or built on the meta device and materialised with ``to_empty``
+        as ExecuTorch's llama example does).
+        """
         from torch._export.utils import get_buffer
 
         tensor = get_buffer(self.ep, node)
-        if tensor is None:
-            raise UnsupportedGraphError(f"mutated buffer {node.name!r} has no data")
         val = self.tensor_meta(node)
         _check_default_dim_order(node, val)
         if any(not isinstance(s, int) for s in val.shape):
@@ -184,16 +208,83 @@ class LoweringBuilder:
                 f"state {node.name!r} has a dynamic shape {tuple(val.shape)}; "
                 "delegate-owned state has a fixed size"
             )
-        self._new_value(node, ValueKind.State, data=_constant_bytes(node, tensor, val))
+        if val.dtype not in DTYPES:
+            raise UnsupportedGraphError(
+                f"state {node.name!r} has dtype {val.dtype}; the blob format supports "
+                f"{', '.join(str(d) for d in DTYPES)}"
+            )
+        if (
+            isinstance(tensor, torch.Tensor)
+            and not isinstance(tensor, FakeTensor)
+            and not tensor.is_meta
+            and bool(tensor.detach().ne(0).any())
+        ):
+            logger.info(
+                "state %r held non-zero values at export; like ExecuTorch's own mutable "
+                "buffers, it starts from zero",
+                node.name,
+            )
+        zeros = torch.zeros(tuple(val.shape), dtype=val.dtype)
+        self._new_value(node, ValueKind.State, data=_constant_bytes(node, zeros, val))
 
-    def _constant(self, node: Node) -> int:
-        tensor = self.ctx.constant_tensor(node)
-        assert tensor is not None
+    def _constant(self, node: Node, tensor: torch.Tensor | None = None) -> int:
         val = self.tensor_meta(node)
-        _check_default_dim_order(node, val)
+        if tensor is None:
+            tensor = self.ctx.constant_tensor(node)
+            _check_default_dim_order(node, val)
+        # (An evaluated result is written row-major whatever its strides were.)
+        assert tensor is not None
         data = _constant_bytes(node, tensor, val)
         self._pending_constants.discard(node)
-        return self._new_value(node, ValueKind.Constant, data=data)
+        index = self._new_value(node, ValueKind.Constant, data=data)
+        self._constant_data[index] = tensor
+        return index
+
+    def _fold(self, node: Node) -> None:
+        """Evaluates a node computing a constant; its value is made when first read."""
+        from rustconv.ops_lowering.folding import evaluate
+
+        def source(arg: Node) -> torch.Tensor:
+            if arg in self._folded:
+                return self._folded[arg]
+            tensor = self.ctx.constant_tensor(arg)
+            if tensor is None:
+                raise UnsupportedGraphError(
+                    f"{node.name!r} is evaluated at export but reads {arg.name!r}, which is "
+                    "not a constant of this subgraph"
+                )
+            if isinstance(tensor, FakeTensor) or tensor.is_meta:
+                raise UnsupportedGraphError(
+                    f"constant {arg.name!r} has no data (fake or meta tensor); export "
+                    "the model with real weights"
+                )
+            return tensor
+
+        try:
+            self._folded[node] = evaluate(node, source)
+        except NotSupported as e:
+            raise UnsupportedGraphError(str(e)) from None
+
+    def constant_data(self, index: int) -> torch.Tensor | None:
+        """The tensor behind a Constant value, or None for any other value."""
+        return self._constant_data.get(index)
+
+    def new_constant(self, name: str, tensor: torch.Tensor) -> int:
+        """A fresh Constant value holding ``tensor`` (computed by an op's lowering)."""
+        tensor = tensor.detach().contiguous()
+        if tensor.dtype not in DTYPES:
+            raise UnsupportedGraphError(f"constant {name!r} has unsupported dtype {tensor.dtype}")
+        value = IRValue(
+            name=name,
+            dtype=tensor.dtype,
+            shape=shape_exprs(tensor),
+            dims=make_dims(tensor.shape, self.ranges, repr(name)),
+            kind=ValueKind.Constant,
+            data=tensor.numpy().astype(np.dtype(DTYPES[tensor.dtype][1]), copy=False).tobytes(),
+        )
+        index = self.graph.add_value(value)
+        self._constant_data[index] = tensor
+        return index
 
     def value(self, arg: Any, consumer: Node, role: str) -> int:
         """The value a consumer reads as ``role``; refuses what has no tensor."""
@@ -202,6 +293,8 @@ class LoweringBuilder:
                 return self._value_of[arg]
             if arg in self._pending_constants:
                 return self._constant(arg)
+            if arg in self._folded:
+                return self._constant(arg, self._folded[arg])
             if arg in self._inline:
                 raise UnsupportedGraphError(
                     f"{consumer.name!r} reads {arg.name!r} as its {role}, but "
@@ -256,6 +349,18 @@ class LoweringBuilder:
     def mark_inline(self, node: Node, what: str) -> None:
         """``node`` emits nothing; ``what`` says why, for error messages."""
         self._inline[node] = what
+
+    def set_item(self, node: Node, index: int, value: int) -> None:
+        """Item ``index`` of ``node``'s tuple result is ``value`` (read by getitem)."""
+        self._items[(node, index)] = value
+
+    def item(self, node: Node, index: int, consumer: Node) -> int:
+        try:
+            return self._items[(node, index)]
+        except KeyError:
+            raise UnsupportedGraphError(
+                f"{consumer.name!r} reads item {index} of {node.name!r}, which has none"
+            ) from None
 
     def value_of(self, node: Node) -> int | None:
         return self._value_of.get(node)

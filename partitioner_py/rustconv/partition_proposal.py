@@ -13,7 +13,12 @@ excludes the offending node and the grouping is redone, until none is left
 * a node is taken only if each input it reads from outside is a tensor the
   delegate can receive (a supported float dtype, or a constant);
 * a convolution's weight and bias are constants or delegate inputs (the
-  runtime prepares them at load), so their producer is not taken.
+  runtime prepares them at load), so their producer is not taken, unless it
+  computes a constant (:mod:`rustconv.ops_lowering.folding`: a view, cast or
+  weight normalization of parameters), which ``preprocess`` evaluates;
+* a node computing a constant is taken only together with all of its users
+  and with the constant-computing nodes it reads: its result never leaves
+  the delegate, and must be computable from delegate-owned constants alone.
 
 Partitions grow along data dependencies only (``skip_horizontal_fusion``):
 torch.fx would otherwise merge unrelated supported nodes, e.g. the transpose
@@ -38,10 +43,12 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner, Partit
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from rustconv.ops_lowering import SUPPORTED_DTYPES, GraphContext, lowering_for, reason_for
+from rustconv.ops_lowering.folding import constant_reason
 
 __all__ = ["ISLAND_REASON", "Proposal", "partition_key", "propose", "propose_graph"]
 
 ISLAND_REASON = "elementwise island without a conv or scan"
+CONSTANT_REASON = "computes a constant that no RustConv partition reads"
 
 
 @dataclass
@@ -77,7 +84,7 @@ def propose(ep: ExportedProgram) -> Proposal:
 def propose_graph(graph_module: GraphModule, ctx: GraphContext) -> Proposal:
     """:func:`propose` on a graph, with ``ctx`` telling its constants apart."""
     calls = [n for n in graph_module.graph.nodes if n.op == "call_function"]
-    base = {n: reason_for(n, ctx) for n in calls}
+    base = {n: None if ctx.computes_constant(n) else reason_for(n, ctx) for n in calls}
     excluded: dict[Node, str] = {}
     while True:
         allowed = {n for n in calls if base[n] is None and n not in excluded}
@@ -99,9 +106,11 @@ def propose_graph(graph_module: GraphModule, ctx: GraphContext) -> Proposal:
         if n in taken:
             continue
         if base[n] is not None:
-            rejected[n] = base[n]
+            rejected[n] = base[n] + _why_not_evaluated(n, ctx)
         elif n in excluded:
             rejected[n] = excluded[n]
+        elif ctx.computes_constant(n):
+            rejected[n] = CONSTANT_REASON
         elif n in in_island:
             rejected[n] = ISLAND_REASON
         else:
@@ -156,9 +165,12 @@ def _violations(partitions: list[Partition], ctx: GraphContext) -> dict[Node, st
     violations: dict[Node, str] = {}
     for partition in partitions:
         for node in partition.nodes:
+            here = owner[node]
+            if ctx.computes_constant(node):
+                _constant_violation(node, here, owner, ctx, violations)
+                continue
             lowering = lowering_for(node)
             assert lowering is not None
-            here = owner[node]
             if lowering.inline_only(node, ctx):
                 outside = [u for u in node.users if owner.get(u) != here]
                 if outside:
@@ -173,8 +185,20 @@ def _violations(partitions: list[Partition], ctx: GraphContext) -> dict[Node, st
                         f"it reads {source.name} ({_describe(source)}) from outside the "
                         "delegate, which cannot be a delegate input",
                     )
+            for operand in lowering.export_operands(node):
+                inside = owner.get(operand) == here and ctx.computes_constant(operand)
+                if not (ctx.is_constant(operand) or inside):
+                    violations.setdefault(
+                        node,
+                        f"it needs {operand.name} at export (to fold it into constants), but "
+                        f"{operand.name} is computed outside the delegate",
+                    )
             for operand in lowering.outside_operands(node):
-                if isinstance(operand, Node) and owner.get(operand) == here:
+                if (
+                    isinstance(operand, Node)
+                    and owner.get(operand) == here
+                    and not ctx.computes_constant(operand)
+                ):
                     violations.setdefault(
                         operand,
                         f"it computes an operand of {node.name} that RustConv prepares at "
@@ -182,3 +206,35 @@ def _violations(partitions: list[Partition], ctx: GraphContext) -> dict[Node, st
                         "delegate input",
                     )
     return violations
+
+
+def _why_not_evaluated(node: Node, ctx: GraphContext) -> str:
+    """For a node reading only constants: why it is not evaluated at export either."""
+    sources = node.all_input_nodes
+    if not sources or not all(ctx.is_constant(s) or ctx.computes_constant(s) for s in sources):
+        return ""
+    reason = constant_reason(node, ctx)
+    return (
+        ""
+        if reason is None
+        else f"; it reads only constants but is not evaluated at export: {reason}"
+    )
+
+
+def _constant_violation(
+    node: Node, here: int, owner: dict[Node, int], ctx: GraphContext, violations: dict[Node, str]
+) -> None:
+    """A constant-computing node: all its users and constant-computing inputs here."""
+    outside = [u for u in node.users if owner.get(u) != here]
+    if outside:
+        violations[node] = (
+            f"it computes a constant that {outside[0].name} outside the delegate also reads "
+            "(left outside; its result is a delegate input)"
+        )
+        return
+    for source in node.all_input_nodes:
+        if ctx.computes_constant(source) and owner.get(source) != here:
+            violations[node] = (
+                f"it reads the constant computed by {source.name} outside the delegate"
+            )
+            return

@@ -6,8 +6,21 @@ pads, slices, transposes, chunks, concatenations; see
 :mod:`rustconv.ops_lowering` for the list), so that a whole block becomes one
 ``RustConvBackend`` delegate call whose blob records how the runtime fuses it
 (:mod:`rustconv.fusion`). Linears, matmuls and anything else are left to the
-next partitioner. The grouping rules are in :mod:`rustconv.partition_proposal`;
-:meth:`RustConvPartitioner.explain` says why each node was not taken.
+next partitioner, and so are quantized ops (a node reading a ``dequantize``,
+:mod:`rustconv.ops_lowering.quantized`). The grouping rules are in
+:mod:`rustconv.partition_proposal`; :meth:`RustConvPartitioner.explain` says why
+each node was not taken.
+
+Whatever computes a conv's weight or bias from constants (views, casts, weight
+normalization) is taken with the conv and evaluated at export
+(:mod:`rustconv.ops_lowering.folding`); BatchNorm in eval mode becomes
+constants (:mod:`rustconv.ops_lowering.batch_norm`).
+
+In a list with other partitioners, RustConv changes nothing of what they see
+or produce: with ``to_edge_transform_and_lower`` its decomposition pass is then
+the identity (see :meth:`RustConvPartitioner.ops_to_not_decompose`), and the
+nodes outside its own calls end up where they would without it
+(:func:`rustconv.testing.check_others_unchanged` checks a model).
 
 Weights and biases that are constants (parameters, buffers, lifted tensors)
 are tagged with ``tag_constant_data`` so the delegate owns them: they go into
@@ -41,6 +54,7 @@ from torch.fx import Node
 
 from rustconv.backend import RustConvBackend
 from rustconv.compile_specs import validate_compile_specs
+from rustconv.lowering_call import current_call
 from rustconv.ops_lowering import GraphContext, aten_op, lowering_for
 from rustconv.partition_proposal import Proposal, partition_key, propose, propose_graph
 
@@ -188,37 +202,54 @@ class RustConvPartitioner(Partitioner):
     def ops_to_not_decompose(
         self, ep: ExportedProgram
     ) -> tuple[list[torch._ops.OpOverload], Callable[[Node], bool] | None]:
-        """Keeps ``aten.conv1d`` and ``aten.softplus`` whole where they will be delegated.
+        """What ``to_edge_transform_and_lower`` keeps from decomposition for us.
 
-        Without this, ``aten.conv1d`` (a CompositeImplicitAutograd op) is
-        decomposed to ``aten.convolution``, ``padding="same"`` with an even
-        kernel extent additionally to a ``constant_pad_nd``, and softplus to
-        ``where(x > 20, x, log1p(exp(x)))`` (which RustConv also handles, in
-        four nodes instead of one).
+        ExecuTorch 1.5.1 runs one decomposition pass per partitioner of the
+        list, and each pass decomposes every op of the default table that its
+        own partitioner did not ask to keep, including the ops the other
+        partitioners asked to keep (XNNPACK's ``aten.linear``), whatever the
+        order. So the answer depends on the list (read by
+        :func:`rustconv.lowering_call.current_call`; called from anywhere
+        else, this raises :class:`rustconv.lowering_call.UnknownCaller`):
 
-        ExecuTorch raises after lowering if a preserved node is left
-        undelegated, and has no portable kernel for softplus, so the filter
-        keeps a node only if this partitioner will take it: it runs the same
-        grouping (:mod:`rustconv.partition_proposal`) on the program it is
-        given, which at that point is decomposed except for these ops. After
-        lowering, ExecuTorch calls it again on the lowered program to check
-        that nothing preserved was left behind; there an edge-dialect node of
-        ours that is still supported on its own is reported, so a prediction
-        that failed is an error at export rather than a missing kernel at run
-        time.
-
-        ExecuTorch 1.5.1 runs one decomposition pass per partitioner, each
-        sparing only that partitioner's own ops. With another partitioner in
-        the list (in either order) its pass decomposes conv1d and softplus
-        anyway, so the partitioner then sees ``aten.convolution`` (plus a pad
-        for even "same") and the decomposed softplus, which it handles too;
-        and our pass likewise decomposes the other partitioner's preserved ops
-        (XNNPACK's ``aten.linear``).
+        * **With other partitioners** our pass is the identity: it keeps every
+          op of the graph that the default table would decompose, with no
+          filter, so ExecuTorch skips it, and the other partitioners' passes
+          alone decide what the program looks like; ours sees the result, as
+          it would with ``to_edge``, and takes ``aten.convolution`` and the
+          decomposed ops. After lowering it checks nothing (the others check
+          their own ops). The program the others partition is then exactly
+          the one they get without RustConv (rule one of issue 16;
+          :mod:`rustconv.testing` checks it).
+        * **Alone**, our pass is the only one: it keeps ``aten.conv1d`` and
+          ``aten.softplus`` whole where this partitioner will take them (else
+          conv1d is decomposed to ``aten.convolution``, ``padding="same"``
+          with an even kernel extent also to a ``constant_pad_nd``, and
+          softplus to ``where(x > 20, x, log1p(exp(x)))``, four nodes RustConv
+          also handles). ExecuTorch raises after lowering if a kept node is
+          left undelegated, and has no portable kernel for softplus, so the
+          filter keeps a node only if the grouping
+          (:mod:`rustconv.partition_proposal`), run on the program it is given,
+          takes it. After lowering, ExecuTorch calls it again on the lowered
+          program to check that nothing kept was left behind; there an
+          edge-dialect node of ours still supported on its own is reported, so
+          a prediction that failed is an error at export, not a missing kernel
+          at run time. With ``profile`` or ``candidates`` nothing is kept (a
+          candidate may be left out; the decomposed forms are all supported).
         """
+        call = current_call(self)
+        if any(not isinstance(p, RustConvPartitioner) for p in call.partitioners):
+            if call.phase == "check":
+                return [], _nothing
+            return _ops_the_default_table_decomposes(ep), None
         if self.profile is not None or self.candidates is not None:
-            # Candidates may be left out: keeping an op whole that nothing then
-            # takes is an error, and the decomposed forms are all supported.
             return [], None
+        return self._keep_where_taken(ep)
+
+    def _keep_where_taken(
+        self, ep: ExportedProgram
+    ) -> tuple[list[torch._ops.OpOverload], Callable[[Node], bool]]:
+        """The answer when this partitioner is alone (see ops_to_not_decompose)."""
         claimed: dict[int, set[Node]] = {}  # per graph, computed on first use
 
         def context(node: Node) -> GraphContext:
@@ -241,6 +272,29 @@ class RustConvPartitioner(Partitioner):
             return node in claimed[key]
 
         return list(_KEEP_WHOLE), keep
+
+
+def _nothing(node: Node) -> bool:
+    return False
+
+
+def _ops_the_default_table_decomposes(ep: ExportedProgram) -> list[torch._ops.OpOverload]:
+    """Every op of ``ep`` (control flow included) that ExecuTorch's default
+    decomposition table has an entry for: keeping them all makes our pass a no-op."""
+    from executorch.exir.graph_module import get_control_flow_submodules
+    from executorch.exir.program._program import _default_decomposition_table
+
+    table = _default_decomposition_table()
+    found: dict[torch._ops.OpOverload, None] = {}
+    modules = [ep.graph_module]
+    while modules:
+        module = modules.pop()
+        for node in module.graph.nodes:
+            op = aten_op(node)
+            if op is not None and op in table:
+                found[op] = None
+        modules.extend(sub for _, sub, _ in get_control_flow_submodules(module))
+    return list(found)
 
 
 def _log_rejections(proposal: Proposal) -> None:

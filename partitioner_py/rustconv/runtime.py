@@ -149,7 +149,7 @@ def has_scan_kernel() -> bool:
 
 
 def reset_state() -> None:
-    """Puts every RustConv delegate's state back to its exported value.
+    """Puts every RustConv delegate's state back to its initial value (zero).
 
     Delegates own the mutable buffers the partitioner tagged (convolution and
     scan states, see :class:`rustconv.RustConvPartitioner`); each restores
@@ -158,7 +158,7 @@ def reset_state() -> None:
     "RustConvBackend", ...)`` with ``reset_state = true``), reached through
     the library's C entry point because ExecuTorch's Python runtime has no
     backend options. It applies to every loaded program; loading a method
-    again also starts it from the exported state.
+    again also starts it from zero.
     """
     library = _library if _library is not None else ctypes.CDLL(None)
     library.rustconv_reset_state.restype = None

@@ -192,8 +192,9 @@ def test_tags_per_connected_group_and_constants_owned():
 
 
 def test_ops_to_not_decompose_filters_unsupported_convs():
+    """RustConv alone (see test_lowering_call.py for how that is decided)."""
     ep = export(Unsupported(), (torch.randn(1, 4, 8), torch.randn(1, 4, 6, 6)))
-    ops, keep = RustConvPartitioner().ops_to_not_decompose(ep)
+    ops, keep = RustConvPartitioner()._keep_where_taken(ep)
     assert torch.ops.aten.conv1d.default in ops and torch.ops.aten.conv1d.padding in ops
     conv_nodes = [n for n in ep.graph.nodes if n.op == "call_function"]
     assert not any(keep(n) for n in conv_nodes)

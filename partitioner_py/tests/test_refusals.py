@@ -125,23 +125,27 @@ def test_explain_lists_only_nodes_not_taken():
     assert list(reasons) == ["aten_cumsum_default"]
 
 
-def test_weight_computed_in_the_graph_stays_outside():
+def test_weight_computed_from_an_input_stays_outside():
+    """A weight computed at run time (here scaled by an input) is a delegate
+    input: its producer is not taken. (A weight computed from constants alone
+    is evaluated at export instead; see test_constant_folding.py.)"""
+
     class ScaledWeight(nn.Module):
         def __init__(self):
             super().__init__()
             self.w = nn.Parameter(torch.randn(4, 4, 3))
 
-        def forward(self, x):
-            return torch.relu(F.conv1d(x, self.w * 2, padding=1))
+        def forward(self, x, s):
+            return torch.relu(F.conv1d(x, self.w * s, padding=1))
 
     model = ScaledWeight().eval()
-    x = torch.randn(1, 4, 8)
-    reasons = explain(model, x)
+    x, s = torch.randn(1, 4, 8), torch.tensor(2.0)
+    reasons = explain(model, x, s)
     assert "conv weight or bias" in reason_for(reasons, "mul")
-    edge = lower(model, (x,), "to_edge")
+    edge = lower(model, (x, s), "to_edge")
     (lm,) = lowered_modules(edge)
-    (got,), _ = run_lowered(edge, [x])
-    torch.testing.assert_close(got, model(x), atol=1e-5, rtol=1e-5)
+    (got,), _ = run_lowered(edge, [x, s])
+    torch.testing.assert_close(got, model(x, s), atol=1e-5, rtol=1e-5)
 
 
 def test_bool_condition_from_an_input_is_refused():

@@ -21,12 +21,16 @@ module                    ATen ops                                       blob op
 :mod:`.reshape`           view, reshape, squeeze, unsqueeze              Reshape
 :mod:`.cat`               cat                                            Cat
 :mod:`.symint`            sym_size and SymInt arithmetic                 (none)
+:mod:`.batch_norm`        _native_batch_norm_legit_no_training (eval)    folded into the
+                                                                         conv, or Binary
+:mod:`.folding`           any pure op on constants only                  Constant (evaluated)
 ========================  =============================================  ============
 
 Importing this package registers them all.
 """
 
 from rustconv.ops_lowering import (  # noqa: F401  (each module registers its lowerings)
+    batch_norm,
     binary,
     cat,
     clamp,

@@ -80,6 +80,9 @@ class GraphContext:
 
     def __init__(self, ep: ExportedProgram | None) -> None:
         self.ep = ep
+        #: Memoised per-node answers that depend on the whole graph (see
+        #: :mod:`.folding`); valid as long as the graph is not edited.
+        self.cache: dict[str, dict] = {}
         if ep is None:
             self._constants: dict[str, str] = {}
             self._mutated: set[str] = set()
@@ -98,6 +101,12 @@ class GraphContext:
     def is_constant(self, node: Any) -> bool:
         """A placeholder whose data the program holds (and the delegate may own)."""
         return isinstance(node, Node) and node.op == "placeholder" and node.name in self._constants
+
+    def computes_constant(self, node: Any) -> bool:
+        """A node whose result is evaluated at export (see :mod:`.folding`)."""
+        from rustconv.ops_lowering.folding import computes_constant
+
+        return computes_constant(node, self)
 
     def is_mutable_buffer(self, node: Any) -> bool:
         return isinstance(node, Node) and node.op == "placeholder" and node.name in self._mutated

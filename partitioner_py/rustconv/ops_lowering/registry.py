@@ -67,6 +67,14 @@ class OpLowering:
         """Operands that must come from outside the delegate (constants or inputs)."""
         return []
 
+    def export_operands(self, node: Node) -> list[Node]:
+        """Operands whose data ``emit`` reads at export (a batch norm's statistics).
+
+        Each must be a constant, or computed from constants in the same
+        partition (:mod:`.folding`); never a delegate input.
+        """
+        return []
+
     def emit(self, node: Node, builder: LoweringBuilder) -> None:
         """Adds the blob nodes implementing ``node`` to ``builder``."""
         raise NotImplementedError
@@ -112,7 +120,9 @@ def reason_for(node: Node, ctx: GraphContext) -> str | None:
     lowering = lowering_for(node)
     if lowering is None:
         return f"{op_name(node)} is not a RustConv op"
-    return lowering.unsupported_reason(node, ctx)
+    from rustconv.ops_lowering.quantized import quantized_reason
+
+    return quantized_reason(node) or lowering.unsupported_reason(node, ctx)
 
 
 def op_name(node: Node) -> str:

@@ -108,13 +108,23 @@ class SplitLowering(OpLowering):
 
 @register
 class GetItemLowering(OpLowering):
-    """``operator.getitem`` of a split: the piece as a ``Slice``."""
+    """``operator.getitem`` of a split: the piece as a ``Slice``; of a batch
+    norm (:mod:`.batch_norm`): its output, the value that op emitted."""
 
     kind = "split piece"
     targets = (operator.getitem,)
 
     def check(self, node: Node, ctx: GraphContext) -> None:
+        from rustconv.ops_lowering.batch_norm import BatchNormLowering, is_batch_norm
+
         source, index = node.args
+        if is_batch_norm(source):
+            if index != 0:
+                raise NotSupported(f"reads item {index} of {source.name}, not its output")
+            reason = BatchNormLowering().unsupported_reason(source, ctx)
+            if reason is not None:
+                raise NotSupported(f"its batch norm {source.name} is not supported: {reason}")
+            return
         if not is_split(source):
             raise NotSupported(f"getitem of {getattr(source, 'name', source)}, not of a split")
         reason = SplitLowering().unsupported_reason(source, ctx)
@@ -123,7 +133,16 @@ class GetItemLowering(OpLowering):
         piece_slice(source, static_int(index, "index"))
 
     def emit(self, node: Node, builder: LoweringBuilder) -> None:
+        from rustconv.ops_lowering.batch_norm import is_batch_norm
+
         split, index = node.args
+        if is_batch_norm(split):
+            value = builder.item(split, int(index), node)
+            builder.alias(node, value)
+            producer = builder.producer(value)
+            if producer is not None:
+                builder.join_handles(producer, node)
+            return
         source, dim, start, end = piece_slice(split, int(index))
         op = SliceT()
         op.input = builder.value(source, node, "input")
