@@ -1,0 +1,96 @@
+"""Bugs already found, kept as xfail regressions, recognised without shrinking again.
+
+While a bug is open, random models keep hitting it; shrinking each hit again
+would cost the long run most of its time. A known bug says which graphs may
+hit it (:attr:`KnownBug.applies`) and how to take its trigger out of a graph
+(:attr:`KnownBug.repair`). A failing graph that a bug applies to is repaired
+and checked again: if the repaired graph passes, the failure is that bug's
+(counted, not shrunk); if it still fails, the repaired graph is triaged as a
+new finding, so a known bug never hides another.
+
+When a bug is fixed, its regression's strict xfail turns into a failure
+("XPASS"), which says to delete the mark and the entry here.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from difftest.generate import prune
+
+__all__ = ["KnownBug", "KNOWN_BUGS", "applicable"]
+
+
+@dataclass(frozen=True)
+class KnownBug:
+    id: str
+    summary: str
+    regression: str  # the file in tests/difftest/regressions
+    applies: Callable[[dict], bool]
+    repair: Callable[[dict], dict]
+
+
+def _short_depthwise_fed_at_run_time(graph: dict) -> list[tuple[int, str]]:
+    """(op index, "w") of each depthwise conv whose weight is not a parameter
+    and that gives at most 4 outputs per row in some call."""
+    from difftest.generate import Rejected, probe_graph
+
+    params = set(graph.get("params", {}))
+    try:
+        probe = probe_graph(graph)
+    except Rejected:
+        return []
+    calls = [probe.lengths.index(length) for length in graph["calls"]]
+    out = []
+    for i, op in enumerate(graph["ops"]):
+        if op["op"] != "conv" or op["w"] in params:
+            continue
+        cin = probe.shape(op["x"])[1]
+        if op.get("groups", 1) != cin:
+            continue
+        if any(probe.shape(op["out"], c)[2] <= 4 for c in calls):
+            out.append((i, "w"))
+    return out
+
+
+def _weights_as_params(graph: dict) -> dict:
+    """Each such weight becomes a fresh parameter of its shape (different
+    numbers; the same graph around it)."""
+    from difftest.generate import probe_graph
+
+    graph = copy.deepcopy(graph)
+    probe = probe_graph(graph)
+    for i, key in _short_depthwise_fed_at_run_time(graph):
+        op = graph["ops"][i]
+        name = f"pfix{i}{key}"
+        shape = list(probe.shape(op[key], probe.lengths.index(graph["time"])))
+        info = {"shape": shape, "init": "normal", "scale": 0.5}
+        dtype = {"torch.float16": "float16", "torch.float32": "float32"}[
+            str(probe.dtype_of(op[key]))
+        ]
+        if dtype != graph["dtype"]:
+            info["dtype"] = dtype
+        graph["params"][name] = info
+        op[key] = name
+    return prune(graph)
+
+
+KNOWN_BUGS: list[KnownBug] = [
+    KnownBug(
+        id="depthwise_short_runtime_weight",
+        summary=(
+            "a depthwise conv whose weight reaches the delegate as an input (a graph input, "
+            "or computed outside it: permute, squeeze/unsqueeze, flip, ...) returns zeros "
+            "when a call gives at most 4 outputs per row (a decode step)"
+        ),
+        regression="depthwise_short_runtime_weight.json",
+        applies=lambda g: bool(_short_depthwise_fed_at_run_time(g)),
+        repair=_weights_as_params,
+    ),
+]
+
+
+def applicable(graph: dict) -> list[KnownBug]:
+    return [bug for bug in KNOWN_BUGS if bug.applies(graph)]
