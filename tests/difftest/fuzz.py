@@ -79,7 +79,10 @@ def _worker(args: argparse.Namespace) -> None:
                     seen = set(seen_path.read_text().split()) if seen_path.exists() else set()
                     before = set(seen)
                     budget = min(args.shrink_budget, max(60.0, deadline - time.time()))
-                    records = triage(checker, program, result, out, budget, seen, log=log)
+                    records = triage(
+                        checker, program, result, out, budget, seen, log=log,
+                        shrink_baseline=args.shrink_baseline,
+                    )  # fmt: skip
                     with seen_path.open("a") as f:
                         f.writelines(fp + "\n" for fp in seen - before)
                     line["triage"] = [
@@ -94,6 +97,13 @@ def _worker(args: argparse.Namespace) -> None:
             log_file.write(json.dumps(line) + "\n")
             log_file.flush()
     checker.close()
+
+
+def _rank(verdict: str) -> int:
+    """Ours first, then flaky, known bugs, and last what fails without RustConv."""
+    if verdict.startswith(("baseline", "upstream")):
+        return 3
+    return {"ours": 0, "flaky": 1}.get(verdict, 2)
 
 
 def summarize(out: Path, elapsed: float, jobs: int) -> dict:
@@ -115,9 +125,8 @@ def summarize(out: Path, elapsed: float, jobs: int) -> dict:
             if t["verdict"] == "ours" and t.get("fingerprint"):
                 fingerprints.add(t["fingerprint"])
             # A model counts once, under its most serious verdict.
-            rank = {"ours": 0, "flaky": 1, "baseline": 3}
             old = verdict_of.get(t.get("graph"))
-            if old is None or rank.get(t["verdict"], 2) < rank.get(old, 2):
+            if old is None or _rank(t["verdict"]) < _rank(old):
                 verdict_of[t.get("graph")] = t["verdict"]
         for graph in line["failed_graphs"]:
             by_model[verdict_of.get(graph, "untriaged")] += 1
@@ -170,6 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--graphs", type=int, default=8, help="random models per program")
     parser.add_argument("--shrink-budget", type=float, default=900.0, help="seconds per failure")
     parser.add_argument("--no-shrink", action="store_true")
+    parser.add_argument(
+        "--shrink-baseline",
+        action="store_true",
+        help="also shrink failures that happen without RustConv (not ours)",
+    )
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -191,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
             sys.executable, "-m", "difftest.fuzz", "--worker", str(j), "--jobs", str(args.jobs),
             "--seed", str(args.seed), "--out", str(out), "--graphs", str(args.graphs),
             "--shrink-budget", str(args.shrink_budget), "--deadline", str(deadline),
-        ] + (["--no-shrink"] if args.no_shrink else [])  # fmt: skip
+        ] + (["--no-shrink"] if args.no_shrink else []) + (
+            ["--shrink-baseline"] if args.shrink_baseline else [])  # fmt: skip
         log = (out / f"job{j}.log").open("a")
         procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
     codes = [p.wait() for p in procs]

@@ -39,6 +39,11 @@ from difftest.spec import dump, single, subset
 __all__ = ["triage", "fingerprint", "error_class"]
 
 
+def _kind_class(failure: Failure) -> str:
+    """A failure's kind and message class, whatever the flow and runner."""
+    return error_class(failure).split(":", 1)[0] + "|" + error_class(failure).partition("|")[2]
+
+
 def error_class(failure: Failure) -> str:
     """The part of a failure that must stay the same while shrinking."""
     if failure.kind in ("lower_error", "run_error"):
@@ -76,6 +81,23 @@ def known_or_repaired(program: dict, predicate) -> tuple[Any, dict]:
     return None, program
 
 
+def _explained_by_baseline(failure: Failure, base: Result, wanted: str) -> bool:
+    """Whether the same flow without RustConv fails as badly: then the error
+    is in what RustConv did not run (a portable kernel, XNNPACK) or in torch's
+    export, not ours. A mismatch counts as explained only if the baseline's
+    error is at least half of ours: both may be off for different reasons."""
+    if failure.kind in ("lower_error", "run_error", "crash", "timeout"):
+        return bool(base.failures)
+    if not _matches(base, wanted):
+        return False
+    ours = failure.numbers.get("max_err", float("inf"))
+    theirs = max(
+        (f.numbers.get("max_err", float("inf")) for f in base.failures if error_class(f) == wanted),
+        default=0.0,
+    )
+    return theirs >= 0.5 * ours
+
+
 def _matches(result: Result, wanted: str) -> bool:
     return any(error_class(f) == wanted for f in result.failures)
 
@@ -88,14 +110,20 @@ def triage(
     budget_s: float = 600.0,
     seen: set[str] | None = None,
     log=print,
+    shrink_baseline: bool = False,
 ) -> list[dict]:
     """Shrinks and records every distinct failure of ``result``; returns the records."""
     records = []
+    # One triage per model and kind of failure: the same mismatch seen by both
+    # runners and both flows is one finding (edge and executorch.runtime first);
+    # the shrunk reproducer is checked through all of them at the end anyway.
+    order = {"edge": 0, "xnn": 1, "runtime": 0, "pte_runner": 1, None: 2}
     groups: dict[tuple[int | None, str], Failure] = {}
-    for f in result.failures:
-        groups.setdefault((f.graph, error_class(f)), f)
+    for f in sorted(result.failures, key=lambda f: (order[f.flow], order[f.runner])):
+        groups.setdefault((f.graph, _kind_class(f)), f)
     done_graphs: set[tuple[int | None, str]] = set()
-    for (graph, wanted), failure in groups.items():
+    for (graph, _), failure in groups.items():
+        wanted = error_class(failure)
         if (graph, wanted) in done_graphs:
             continue
         t0 = time.monotonic()
@@ -128,9 +156,7 @@ def triage(
                 records.append(_record(program, failure, wanted, "flaky", None, None, out))
                 continue
         base = checker.check(start, flows, runners, baseline=True)
-        if _matches(base, wanted) or (
-            failure.kind in ("lower_error", "run_error", "crash") and base.failures
-        ):
+        if _explained_by_baseline(failure, base, wanted):
             # Not ours; shrunk briefly all the same, to show what the generator
             # should stop writing (or what to report upstream).
             def base_predicate(spec: dict, flows=flows, runners=runners) -> bool:
@@ -139,7 +165,9 @@ def triage(
                 except Exception:  # noqa: BLE001
                     return False
 
-            small = shrink(start, base_predicate, budget_s=min(180.0, budget_s))
+            small = start
+            if shrink_baseline:
+                small = shrink(start, base_predicate, budget_s=min(180.0, budget_s))
             log(f"triage: {wanted} also fails without RustConv: not ours ({size(small)})")
             records.append(_record(program, failure, wanted, "baseline", small, None, out))
             done_graphs.add((graph, wanted))
@@ -147,7 +175,7 @@ def triage(
         budget = max(30.0, budget_s - (time.monotonic() - t0))
         shrunk = shrink(start, predicate, budget_s=budget)
         base = checker.check(shrunk, flows, runners, baseline=True)
-        verdict = "ours" if not base.failures else "baseline"
+        verdict = "baseline" if _explained_by_baseline(failure, base, wanted) else "ours"
         final = checker.check(shrunk)
         diagnosis = _diagnose(shrunk) if failure.flow == "edge" else None
         record = _record(program, failure, wanted, verdict, shrunk, final, out, diagnosis)
