@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from difftest.ops import DTYPES, OpContext, operands, run_op
+from difftest.ops import DTYPES, OpContext, module_kinds, operands, run_op
 
 __all__ = ["generate_program", "generate_graph", "Probe", "probe_graph", "ACTIONS"]
 
@@ -245,6 +245,17 @@ class GraphGen:
         self.probe._leaf(name, self.g["buffers"][name], time=False)
         return name
 
+    def layer(self, op: dict, p: float) -> dict:
+        """``op`` computed by an ``nn.Module`` (Conv1d, Linear, LayerNorm, SiLU...)
+        with probability ``p``, where its parameters are plain and its own."""
+        params = self.g["params"]
+        buffers = self.g["buffers"]
+        leaves = [op.get(k) for k in ("w", "b", "mean", "var") if op.get(k) is not None]
+        plain = all(name in params or name in buffers for name in leaves)
+        if plain and module_kinds(op) and self.rng.random() < p:
+            op["module"] = True
+        return op
+
     def emit(self, op: dict, outs: int = 0) -> Any:
         """Appends ``op`` if every probe accepts it; its output name(s) or None."""
         op = dict(op)
@@ -362,7 +373,7 @@ class GraphGen:
         op = {"op": "unary", "fn": fn, "x": cur}
         if fn in UNARY_GUARDS:
             op["guard"] = self.rng.choice(UNARY_GUARDS[fn])
-        return self.emit(op)
+        return self.emit(self.layer(op, 0.3))
 
     def a_binary(self, cur: str) -> str | None:
         r = self.rng
@@ -483,6 +494,13 @@ class GraphGen:
             return None
         t = self.time_axis(cur)
         axes = [a for a in range(len(shape)) if a != t]
+        if t is not None and r.random() < 0.25:
+            # The first or last step (a recurrence's new state is y[:, :, -1]).
+            index = r.choice([0, -1])
+            selected = self.emit({"op": "select", "x": cur, "dim": t, "index": index})
+            if selected and r.random() < 0.7:
+                return self.emit({"op": "unsqueeze", "x": selected, "dim": t}) or selected
+            return selected
         if not axes:
             return None
         dim = r.choice(axes)
@@ -790,8 +808,13 @@ class GraphGen:
                 )
                 op["x"] = padded or x
         if form == "causal_cut":
-            # Conv1d(padding=span) then [..., :x.size(-1)] (transformers' LFM2).
             op["padding"] = span
+        op = self.layer(op, 0.6)
+        if op.get("module") and isinstance(op.get("padding"), int) and op["padding"] > 0:
+            if op["x"] == x and r.random() < 0.15:
+                op["padding_mode"] = r.choice(["reflect", "replicate", "circular"])
+        if form == "causal_cut":
+            # Conv1d(padding=span) then [..., :x.size(-1)] (transformers' LFM2).
             y = self.emit(op)
             if not y:
                 return None
@@ -832,7 +855,7 @@ class GraphGen:
             op["dilation"] = dilation
         if groups != 1:
             op["groups"] = groups
-        y = self.emit(op)
+        y = self.emit(self.layer(op, 0.5))
         if y and r.random() < 0.3:
             # ExecuTorch's form slices the conv to the input's length anyway.
             return (
@@ -926,10 +949,10 @@ class GraphGen:
                 cout = r.randint(1, 16)
                 w = self.param([cout, cin], 1 / math.sqrt(cin))
                 b = self.param([cout], 0.5) if r.random() < 0.6 else None
-                return self.emit({"op": "linear", "x": x, "w": w, "b": b})
+                return self.emit(self.layer({"op": "linear", "x": x, "w": w, "b": b}, 0.7))
             w = self.param([cin], init="positive") if r.random() < 0.7 else None
             b = self.param([cin], 0.3) if r.random() < 0.5 else None
-            return self.emit({"op": "layer_norm", "x": x, "w": w, "b": b})
+            return self.emit(self.layer({"op": "layer_norm", "x": x, "w": w, "b": b}, 0.7))
         if kind == "matmul":
             x = self.conv_ready(cur)
             if x is None:
@@ -946,11 +969,13 @@ class GraphGen:
             b = self.param([c], 0.3) if r.random() < 0.6 else None
             if kind == "group_norm":
                 groups = r.choice([d for d in range(1, c + 1) if c % d == 0])
-                return self.emit({"op": "group_norm", "x": x, "groups": groups, "w": w, "b": b})
+                op = {"op": "group_norm", "x": x, "groups": groups, "w": w, "b": b}
+                return self.emit(self.layer(op, 0.7))
             # Running statistics are buffers (constants: never updated here).
             mean = self.buffer([c], init="normal")
             var = self.buffer([c], init="positive")
-            return self.emit({"op": "batch_norm", "x": x, "mean": mean, "var": var, "w": w, "b": b})
+            op = {"op": "batch_norm", "x": x, "mean": mean, "var": var, "w": w, "b": b}
+            return self.emit(self.layer(op, 0.7))
         static_axes = [a for a in range(len(shape)) if a != t]
         if kind == "softmax" and static_axes:
             return self.emit({"op": "softmax", "x": cur, "dim": r.choice(static_axes)})
@@ -965,6 +990,8 @@ class GraphGen:
             return self.emit({"op": "flip", "x": cur, "dims": [t]})
         if kind == "cast":
             other = "float32" if self.g["dtype"] == "float16" else "float16"
+            if r.random() < 0.25:
+                other = "bfloat16"  # a dtype RustConv does not run
             there = self.emit({"op": "cast", "x": cur, "to": other})
             mid = self.emit({"op": "unary", "fn": "silu", "x": there}) if there else None
             return self.emit({"op": "cast", "x": mid, "to": self.g["dtype"]}) if mid else None
@@ -1036,6 +1063,9 @@ def generate_graph(
         tmin, tmax = 1, tmax or max(time * 4, 64)
         if calls is None:
             calls = [r.randint(2, 12), 1, 1]
+    # The example length lies in the Dim's range and is not 1 (torch.export
+    # specialises a size of 1).
+    time = min(max(time, tmin, 2), tmax)
     graph: dict[str, Any] = {
         "seed": seed,
         "mode": mode,

@@ -24,7 +24,12 @@ import torch.nn.functional as F
 
 __all__ = ["KINDS", "OpContext", "operands", "run_op", "DTYPES", "RUSTCONV_KINDS"]
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "float64": torch.float64}
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+}
 
 
 @dataclass
@@ -39,6 +44,20 @@ class OpContext:
     module: torch.nn.Module | None = None
     #: Buffer name -> the module attribute holding it.
     buffers: dict[str, str] | None = None
+    #: Where set (the reference), each comparison appends how close its
+    #: operands came to each other: a result within rounding of a threshold
+    #: may flip in any implementation, so such a model tests nothing.
+    margins: list[float] | None = None
+    #: Op output name -> the ``nn.Module`` that computes it (ops marked
+    #: ``"module": true``); without it (probes) the functional form runs,
+    #: which computes the same.
+    modules: dict[str, torch.nn.Module] | None = None
+
+
+def _module(op: dict, ctx: OpContext) -> torch.nn.Module | None:
+    if op.get("module") and ctx.modules is not None:
+        return ctx.modules[op["out"]]
+    return None
 
 
 def operands(op: dict) -> list[str]:
@@ -160,7 +179,8 @@ _OTHER_UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 def _unary(op, env, ctx):
     x = _guard(_v(env, op["x"]), op.get("guard"))
-    return _UNARY[op["fn"]](x)
+    module = _module(op, ctx)
+    return module(x) if module is not None else _UNARY[op["fn"]](x)
 
 
 def _other_unary(op, env, ctx):
@@ -200,22 +220,29 @@ _CMP = {
 _SWAPPED = {"gt": "lt", "ge": "le", "lt": "gt", "le": "ge", "eq": "eq", "ne": "ne"}
 
 
-def _compare(op, env, ca="a", cb="b"):
+def _compare(op, env, ctx, ca="a", cb="b"):
     a, b = _v(env, op[ca]), _v(env, op[cb])
     cmp = op["cmp"]
     if not torch.is_tensor(a):  # 0.5 < x: the tensor goes first, the comparison turns
         a, b = b, a
         cmp = _SWAPPED[cmp]
+    if ctx.margins is not None and a.numel() and not a.is_meta:
+        # Exact ties (relu's zeros, a clamp's bound against itself) are exact
+        # everywhere; only near misses can flip.
+        gaps = (a - b).abs()
+        gaps = gaps[gaps > 0]
+        if gaps.numel():
+            ctx.margins.append(float(gaps.min()))
     return _CMP[cmp](a, b)
 
 
 def _where(op, env, ctx):
-    cond = _compare(op, env, "ca", "cb")
+    cond = _compare(op, env, ctx, "ca", "cb")
     return torch.where(cond, _v(env, op["x"]), _v(env, op["y"]))
 
 
 def _mask(op, env, ctx):
-    cond = _compare(op, env)
+    cond = _compare(op, env, ctx)
     like = _v(env, op["a"]) if isinstance(op["a"], str) else _v(env, op["b"])
     return cond.to(like.dtype)
 
@@ -346,6 +373,14 @@ def _pad(op, env, ctx):
 def _conv(op, env, ctx):
     x, w, b = _v(env, op["x"]), _v(env, op["w"]), _v(env, op.get("b"))
     padding = op.get("padding", 0)
+    module = _module(op, ctx)
+    if module is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            return module(x)
+    mode = op.get("padding_mode", "zeros")
+    if mode != "zeros":  # what nn.Conv1d does with a padding_mode
+        x, padding = F.pad(x, (padding, padding), mode=mode), 0
     with warnings.catch_warnings():
         # "padding='same' with even kernel lengths ... zero-padded copy": as meant.
         warnings.simplefilter("ignore", UserWarning)
@@ -367,6 +402,9 @@ def _scan(op, env, ctx):
 
 
 def _linear(op, env, ctx):
+    module = _module(op, ctx)
+    if module is not None:
+        return module(_v(env, op["x"]))
     return F.linear(_v(env, op["x"]), _v(env, op["w"]), _v(env, op.get("b")))
 
 
@@ -376,18 +414,27 @@ def _matmul(op, env, ctx):
 
 def _layer_norm(op, env, ctx):
     x = _v(env, op["x"])
+    module = _module(op, ctx)
+    if module is not None:
+        return module(x)
     return F.layer_norm(
         x, (x.shape[-1],), _v(env, op.get("w")), _v(env, op.get("b")), op.get("eps", 1e-5)
     )
 
 
 def _group_norm(op, env, ctx):
+    module = _module(op, ctx)
+    if module is not None:
+        return module(_v(env, op["x"]))
     return F.group_norm(
         _v(env, op["x"]), op["groups"], _v(env, op.get("w")), _v(env, op.get("b")), 1e-5
     )
 
 
 def _batch_norm(op, env, ctx):
+    module = _module(op, ctx)
+    if module is not None:
+        return module(_v(env, op["x"]))
     return F.batch_norm(
         _v(env, op["x"]),
         _v(env, op["mean"]),
@@ -425,10 +472,108 @@ def _cumsum(op, env, ctx):
 
 def _state_update(op, env, ctx):
     assert ctx.module is not None and ctx.buffers is not None
-    buffer = getattr(ctx.module, ctx.buffers[op["buffer"]])
+    buffer = ctx.module
+    for part in ctx.buffers[op["buffer"]].split("."):
+        buffer = getattr(buffer, part)
     with torch.no_grad():
         buffer.copy_(_v(env, op["x"]))
     return None
+
+
+_UNARY_MODULES: dict[str, Callable[[], torch.nn.Module]] = {
+    "relu": torch.nn.ReLU,
+    "sigmoid": torch.nn.Sigmoid,
+    "tanh": torch.nn.Tanh,
+    "silu": torch.nn.SiLU,
+    "gelu": torch.nn.GELU,
+    "gelu_tanh": lambda: torch.nn.GELU(approximate="tanh"),
+    "softplus": torch.nn.Softplus,
+    "hardtanh": torch.nn.Hardtanh,
+    "relu6": torch.nn.ReLU6,
+}
+
+
+def module_kinds(op: dict) -> bool:
+    """Whether ``op`` may be computed by an ``nn.Module`` (``"module": true``)."""
+    kind = op["op"]
+    if kind == "unary":
+        return op["fn"] in _UNARY_MODULES
+    if kind in ("conv", "linear"):
+        return True
+    if kind == "layer_norm":
+        return op.get("w") is not None
+    if kind == "group_norm":
+        return op.get("w") is not None and op.get("b") is not None
+    if kind == "batch_norm":
+        return (op.get("w") is None) == (op.get("b") is None)
+    return False
+
+
+def build_module(
+    op: dict, leaves: dict[str, torch.Tensor]
+) -> tuple[torch.nn.Module, dict[str, str]]:
+    """The ``nn.Module`` computing ``op``, holding its parameter leaves; and
+    which leaves it took (they belong to it alone) as which of its attributes.
+
+    Upstream models call layers, not functions: torch.export records the
+    module in each node's ``nn_module_stack`` and ``source_fn_stack``, which
+    partitioners and passes group nodes by (XNNPACK's linear and conv
+    passes), so a model written with modules can lower differently from the
+    same math written with ``torch.nn.functional``.
+    """
+    kind = op["op"]
+    nn = torch.nn
+
+    def take(key: str) -> torch.Tensor | None:
+        name = op.get(key)
+        return None if name is None else leaves[name]
+
+    attrs = {"w": "weight", "b": "bias", "mean": "running_mean", "var": "running_var"}
+    taken = {op[k]: a for k, a in attrs.items() if isinstance(op.get(k), str)}
+    if kind == "unary":
+        return _UNARY_MODULES[op["fn"]](), {}
+    if kind == "conv":
+        w, b = take("w"), take("b")
+        cout, cin_g, k = w.shape
+        groups = op.get("groups", 1)
+        module: nn.Module = nn.Conv1d(
+            cin_g * groups,
+            cout,
+            k,
+            stride=op.get("stride", 1),
+            padding=op.get("padding", 0),
+            dilation=op.get("dilation", 1),
+            groups=groups,
+            bias=b is not None,
+            padding_mode=op.get("padding_mode", "zeros"),
+        )
+    elif kind == "linear":
+        w, b = take("w"), take("b")
+        module = nn.Linear(w.shape[1], w.shape[0], bias=b is not None)
+    elif kind == "layer_norm":
+        w, b = take("w"), take("b")
+        module = nn.LayerNorm(w.shape[0], eps=op.get("eps", 1e-5), bias=b is not None)
+    elif kind == "group_norm":
+        w, b = take("w"), take("b")
+        module = nn.GroupNorm(op["groups"], w.shape[0], eps=1e-5)
+    elif kind == "batch_norm":
+        w, b = take("w"), take("b")
+        mean, var = take("mean"), take("var")
+        module = nn.BatchNorm1d(mean.shape[0], eps=1e-5, affine=w is not None).eval()
+        module.running_mean.copy_(mean)
+        module.running_var.copy_(var)
+    else:
+        raise ValueError(f"no module for {kind}")
+    if w is not None:
+        module.weight = nn.Parameter(w.clone())
+    if b is not None:
+        module.bias = nn.Parameter(b.clone())
+    dtype = (w if w is not None else b).dtype if (w is not None or b is not None) else None
+    if kind == "batch_norm":
+        dtype = mean.dtype
+    if dtype is not None:
+        module.to(dtype)
+    return module, taken
 
 
 KINDS: dict[str, Callable[[dict, dict, OpContext], Any]] = {

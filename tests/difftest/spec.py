@@ -44,7 +44,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from difftest.ops import DTYPES, OpContext, run_op
+from difftest.ops import DTYPES, OpContext, build_module, run_op
 
 __all__ = [
     "VERSION",
@@ -114,7 +114,10 @@ class DiffModel(nn.Module):
         super().__init__()
         self.program = program
         self.reference = reference
+        #: Per graph, the closest a comparison's operands came (reference only).
+        self.margins: list[float] = [float("inf")] * len(program["graphs"])
         self._names: list[dict[str, str]] = []
+        self._modules_of: list[dict[str, str]] = []
         for gi, graph in enumerate(program["graphs"]):
             names = {}
             for name, info in graph.get("params", {}).items():
@@ -132,6 +135,22 @@ class DiffModel(nn.Module):
                 self.register_buffer(attr, value)
                 names[name] = attr
             self._names.append(names)
+            # Layers: their parameters move into the module (and out of the top level).
+            modules = {}
+            for op in graph["ops"]:
+                if not op.get("module"):
+                    continue
+                leaves = {name: _get(self, attr) for name, attr in names.items()}
+                module, taken = build_module(op, leaves)
+                attr = f"g{gi}_{op['out']}"
+                self.add_module(attr, module)
+                modules[op["out"]] = attr
+                for name, inner in taken.items():
+                    top = names[name]
+                    if "." not in top:
+                        delattr(self, top)
+                    names[name] = f"{attr}.{inner}"
+            self._modules_of.append(modules)
 
     def forward(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
         flat = iter(inputs)
@@ -140,17 +159,27 @@ class DiffModel(nn.Module):
             env: dict[str, Any] = {name: next(flat) for name in graph["inputs"]}
             names = self._names[gi]
             for name, attr in names.items():
-                env[name] = getattr(self, attr)
+                env[name] = _get(self, attr)
             dtype = torch.float64 if self.reference else graph_dtype(graph)
-            ctx = OpContext(dtype=dtype, reference=self.reference, module=self, buffers=names)
+            margins: list[float] | None = [] if self.reference else None
+            modules = {out: getattr(self, attr) for out, attr in self._modules_of[gi].items()}
+            ctx = OpContext(dtype, self.reference, self, names, margins, modules)
             for op in graph["ops"]:
                 result = run_op(op, env, ctx)
                 if "outs" in op:
                     env.update(zip(op["outs"], result, strict=True))
                 elif "out" in op:
                     env[op["out"]] = result
+            if margins:
+                self.margins[gi] = min(self.margins[gi], *margins)
             outputs.extend(env[name] for name in graph["outputs"])
         return tuple(outputs)
+
+
+def _get(module: nn.Module, path: str):
+    for part in path.split("."):
+        module = getattr(module, part)
+    return module
 
 
 def call_inputs(program: dict, call: int, reference: bool = False) -> list[torch.Tensor]:
