@@ -62,13 +62,13 @@ def fingerprint(program: dict, signature: str) -> str:
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:12]
 
 
-def known_or_repaired(program: dict, predicate) -> tuple[Any, dict]:
+def known_or_repaired(program: dict, predicate, flow: str) -> tuple[Any, dict]:
     """(the known bug that explains the failure, None) or (None, the program
     with every known trigger repaired where the failure survives that)."""
     from difftest.known import applicable
     from difftest.shrink import is_valid
 
-    for bug in applicable(program["graphs"][0]):
+    for bug in applicable(program["graphs"][0], flow):
         try:
             repaired = {**program, "graphs": [bug.repair(program["graphs"][0])]}
         except Exception:  # noqa: BLE001  (a repair that does not apply here)
@@ -139,12 +139,11 @@ def triage(
         start = None
         if graph is not None:
             alone = single(program, graph)
-            bug, alone = known_or_repaired(alone, predicate)
+            bug, alone = known_or_repaired(alone, predicate, failure.flow)
             if bug is not None:
                 log(f"triage: {wanted} graph {graph}: known bug {bug.id}")
-                records.append(
-                    _record(program, failure, wanted, f"known:{bug.id}", None, None, out)
-                )
+                verdict = f"{'upstream' if bug.upstream else 'known'}:{bug.id}"
+                records.append(_record(program, failure, wanted, verdict, None, None, out))
                 done_graphs.add((graph, wanted))
                 continue
             if predicate(alone):
