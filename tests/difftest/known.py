@@ -94,7 +94,46 @@ def _gelu_tanh_to_gelu(graph: dict) -> dict:
     return graph
 
 
+_TRANSPOSES = ("transpose", "permute")
+
+
+def _linear_layers_on_transposes(graph: dict) -> list[int]:
+    """Indices of nn.Linear layers applied straight to a transpose or permute."""
+    producer = {op.get("out"): op for op in graph["ops"]}
+    return [
+        i
+        for i, op in enumerate(graph["ops"])
+        if op["op"] == "linear"
+        and op.get("module")
+        and producer.get(op["x"], {}).get("op") in _TRANSPOSES
+    ]
+
+
+def _contiguous_before_linear(graph: dict) -> dict:
+    graph = copy.deepcopy(graph)
+    for i in reversed(_linear_layers_on_transposes(graph)):
+        op = graph["ops"][i]
+        name = f"{op['out']}_in"
+        graph["ops"].insert(i, {"out": name, "op": "clone", "x": op["x"], "form": "contiguous"})
+        op["x"] = name
+    return graph
+
+
 KNOWN_BUGS: list[KnownBug] = [
+    KnownBug(
+        id="xnn_linear_layer_on_transpose",
+        summary=(
+            "with RustConvPartitioner before XnnpackPartitioner, an nn.Linear applied to a "
+            "transposed tensor (no .contiguous() between) fails in XNNPACK's "
+            "ConvertToLinearPass ('t() expects a tensor with <= 2 dimensions'), even with no "
+            "conv in the program; XNNPACK alone lowers it (RustConv's decomposition pass "
+            "decomposes the aten.linear XNNPACK keeps)"
+        ),
+        regression="xnn_linear_layer_on_transpose.json",
+        applies=lambda g: bool(_linear_layers_on_transposes(g)),
+        repair=_contiguous_before_linear,
+        flows=("xnn",),
+    ),
     KnownBug(
         id="xnnpack_gelu_tanh",
         summary=(

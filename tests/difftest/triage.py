@@ -63,14 +63,16 @@ def fingerprint(program: dict, signature: str) -> str:
 
 
 def known_or_repaired(program: dict, predicate, flow: str) -> tuple[Any, dict]:
-    """(the known bug that explains the failure, None) or (None, the program
+    """(the known bug that explains the failure, the program) or (None, the program
     with every known trigger repaired where the failure survives that)."""
     from difftest.known import applicable
     from difftest.shrink import is_valid
 
-    for bug in applicable(program["graphs"][0], flow):
+    bugs = {b.id: b for g in program["graphs"] for b in applicable(g, flow)}
+    for bug in bugs.values():
         try:
-            repaired = {**program, "graphs": [bug.repair(program["graphs"][0])]}
+            graphs = [bug.repair(g) if bug.applies(g) else g for g in program["graphs"]]
+            repaired = {**program, "graphs": graphs}
         except Exception:  # noqa: BLE001  (a repair that does not apply here)
             continue
         if not is_valid(repaired):
@@ -150,6 +152,14 @@ def triage(
                 start = alone
         if start is None:
             start = subset(program, result.kept)
+            if graph is None:
+                bug, start = known_or_repaired(start, predicate, failure.flow)
+                if bug is not None:
+                    log(f"triage: {wanted} (program): known bug {bug.id}")
+                    verdict = f"{'upstream' if bug.upstream else 'known'}:{bug.id}"
+                    records.append(_record(program, failure, wanted, verdict, None, None, out))
+                    done_graphs.add((graph, wanted))
+                    continue
             if not predicate(start):
                 log(f"triage: {wanted} (graph {graph}) did not reproduce; recorded as flaky")
                 records.append(_record(program, failure, wanted, "flaky", None, None, out))
