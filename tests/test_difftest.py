@@ -58,19 +58,21 @@ def test_fixed_seed_batch(checker):
             first.setdefault(f.graph, (f, sum(1 for g in result.failures if g.graph == f.graph)))
         for graph, (f, count) in first.items():
             rebuild = f"generate_program({seed}, graphs={graphs})"
+            wanted = error_class(f)
+
+            def predicate(spec, f=f, wanted=wanted):
+                runners = (f.runner,) if f.runner else ()
+                return any(
+                    error_class(g) == wanted
+                    for g in checker.check(spec, (f.flow,), runners).failures
+                )
+
+            suspect = single(program, graph) if graph is not None else program
+            bug, _ = known_or_repaired(suspect, predicate, f.flow)
+            if bug is not None:
+                known.append(f"seed {seed} graph {graph}: {bug.id}")
+                continue
             if graph is not None:
-                wanted = error_class(f)
-
-                def predicate(spec, f=f, wanted=wanted):
-                    return any(
-                        error_class(g) == wanted
-                        for g in checker.check(spec, (f.flow,), (f.runner,)).failures
-                    )
-
-                bug, _ = known_or_repaired(single(program, graph), predicate, f.flow)
-                if bug is not None:
-                    known.append(f"seed {seed} graph {graph}: {bug.id}")
-                    continue
                 rebuild = f"single({rebuild}, {graph})"
             failures.append(f"{f.describe()} [{count} failures in all]; rebuild: {rebuild}")
     assert models >= 6
