@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from difftest.ops import DTYPES, OpContext, module_kinds, operands, run_op
+from difftest.spec import shape_at, time_entry
 
 __all__ = ["generate_program", "generate_graph", "Probe", "probe_graph", "ACTIONS"]
 
@@ -78,7 +79,7 @@ class Probe:
     def _leaf(self, name: str, info: dict, time: bool) -> None:
         dtype = DTYPES[info.get("dtype", self.graph["dtype"])]
         for env, length in zip(self.env, self.lengths, strict=True):
-            shape = [length if d == "T" else int(d) for d in info["shape"]]
+            shape = shape_at(info["shape"], length)
             env[name] = _meta(shape, dtype)
 
     def run(self, op: dict) -> None:
@@ -131,6 +132,18 @@ class Probe:
     def time_axes(self, name: str) -> list[int]:
         shapes = [tuple(env[name].shape) for env in self.env]
         return [a for a in range(len(shapes[0])) if len({s[a] for s in shapes}) > 1]
+
+    def time_entries(self, name: str) -> list | None:
+        """``name``'s shape as an input's (``"T+c"`` on its time axis), or None
+        where its length is not the call's plus a constant."""
+        shapes = [tuple(env[name].shape) for env in self.env]
+        out: list = list(shapes[0])
+        for axis in self.time_axes(name):
+            offsets = {s[axis] - length for s, length in zip(shapes, self.lengths, strict=True)}
+            if len(offsets) != 1:
+                return None
+            out[axis] = time_entry(offsets.pop())
+        return out
 
     def same_shape(self, a: str, b: str) -> bool:
         return all(tuple(env[a].shape) == tuple(env[b].shape) for env in self.env)
@@ -337,10 +350,10 @@ class GraphGen:
                 return r.choice(same[-4:])
             choice = "input"
         if choice == "input":
-            shape = [
-                "T" if a == self.time_axis(like) else d for a, d in enumerate(self.shape(like))
-            ]
-            return self.input(shape)
+            shape = self.probe.time_entries(like)
+            if shape is not None:
+                return self.input(shape)
+            return self.param(self.broadcast_shape(like))
         if choice == "input_bcast":
             return self.input(self.broadcast_shape(like))
         if choice == "row":
@@ -582,7 +595,9 @@ class GraphGen:
         same = self.acts(cur)
         other = r.choice(same[-3:]) if same and r.random() < 0.6 else None
         if other is None:
-            extra = ["T" if a == t else d for a, d in enumerate(shape)]
+            extra = self.probe.time_entries(cur)
+            if extra is None:
+                return None
             extra[dim] = r.randint(1, 4)
             other = self.input(extra)
         xs = [cur, other] if r.random() < 0.5 else [other, cur]
@@ -642,7 +657,7 @@ class GraphGen:
                 "scaled": 1,
                 "weight_norm": 1,
                 "unflatten": 1,
-                "cast": 1 if self.dtype == torch.float16 else 0,
+                "cast": 1,
                 "input_permuted": 1,
             },
         )
@@ -699,7 +714,9 @@ class GraphGen:
             p = self.param([cout, cin_g * k], scale)
             out = self.emit({"op": "flatten", "x": p, "dim": 1, "sizes": [cin_g, k]})
         elif recipe == "cast":
-            p = self.param([cout, cin_g, k], scale, dtype="float32")
+            # Stored in the other float dtype, cast where used.
+            stored = "float32" if self.g["dtype"] == "float16" else "float16"
+            p = self.param([cout, cin_g, k], scale, dtype=stored)
             out = self.emit({"op": "cast", "x": p, "to": self.g["dtype"]})
         else:  # input_permuted
             x = self.input([k, cin_g, cout], scale=round(scale, 4))
@@ -737,7 +754,23 @@ class GraphGen:
             groups = cin
         else:
             groups = r.choice(divisors)
-        k = _weighted(r, {1: 1, 2: 2, 3: 4, 4: 2, 5: 1, 7: 1, 9: 0.3, 11: 0.3, 16: 0.2, 31: 0.2})
+        k = _weighted(
+            r,
+            {
+                1: 1,
+                2: 2,
+                3: 4,
+                4: 2,
+                5: 1,
+                7: 1,
+                8: 0.3,
+                9: 0.3,
+                10: 0.3,
+                11: 0.3,
+                16: 0.2,
+                31: 0.2,
+            },
+        )
         stride = _weighted(r, {1: 8, 2: 2, 3: 1, 4: 0.5, 5: 0.5})
         dilation = _weighted(r, {1: 8, 2: 2, 3: 1, 4: 0.3})
         top = MAX_CHANNELS if self.big else 16
@@ -919,6 +952,8 @@ class GraphGen:
                 "linear": 3,
                 "matmul": 2,
                 "layer_norm": 2,
+                "rms_norm": 1,
+                "glu": 1,
                 "group_norm": 1,
                 "batch_norm": 1,
                 "softmax": 1,
@@ -934,14 +969,14 @@ class GraphGen:
         )
         shape = self.shape(cur)
         t = self.time_axis(cur)
-        if kind in ("linear", "layer_norm"):
+        if kind in ("linear", "layer_norm", "rms_norm"):
             x = cur
             if t == len(shape) - 1:
                 x = self.emit({"op": "transpose", "x": cur, "d0": -1, "d1": -2})
                 if not x:
                     return None
             cin = self.shape(x)[-1]
-            if kind == "layer_norm" and cin < 4:
+            if kind in ("layer_norm", "rms_norm") and cin < 4:
                 # Over 2 or 3 values ExecuTorch's portable layer_norm is off by
                 # more than 1e-4 (its variance cancels), with or without RustConv.
                 return None
@@ -951,6 +986,8 @@ class GraphGen:
                 b = self.param([cout], 0.5) if r.random() < 0.6 else None
                 return self.emit(self.layer({"op": "linear", "x": x, "w": w, "b": b}, 0.7))
             w = self.param([cin], init="positive") if r.random() < 0.7 else None
+            if kind == "rms_norm":
+                return self.emit(self.layer({"op": "rms_norm", "x": x, "w": w}, 0.7))
             b = self.param([cin], 0.3) if r.random() < 0.5 else None
             return self.emit(self.layer({"op": "layer_norm", "x": x, "w": w, "b": b}, 0.7))
         if kind == "matmul":
@@ -977,6 +1014,10 @@ class GraphGen:
             op = {"op": "batch_norm", "x": x, "mean": mean, "var": var, "w": w, "b": b}
             return self.emit(self.layer(op, 0.7))
         static_axes = [a for a in range(len(shape)) if a != t]
+        if kind == "glu":
+            even = [a for a in static_axes if shape[a] % 2 == 0]
+            if even:
+                return self.emit({"op": "glu", "x": cur, "dim": r.choice(even)})
         if kind == "softmax" and static_axes:
             return self.emit({"op": "softmax", "x": cur, "dim": r.choice(static_axes)})
         if kind == "reduce" and static_axes:

@@ -108,6 +108,8 @@ def _operand_keys() -> dict[str, tuple[str, ...]]:
         "pow": unary,
         "other_unary": unary,
         "cumsum": unary,
+        "glu": unary,
+        "rms_norm": ("x", "w"),
         "state_update": unary,
     }
 
@@ -466,6 +468,18 @@ def _pow(op, env, ctx):
     return torch.pow(_v(env, op["x"]), op["exponent"])
 
 
+def _glu(op, env, ctx):
+    return F.glu(_v(env, op["x"]), dim=op["dim"])
+
+
+def _rms_norm(op, env, ctx):
+    x = _v(env, op["x"])
+    module = _module(op, ctx)
+    if module is not None:
+        return module(x)
+    return F.rms_norm(x, (x.shape[-1],), _v(env, op.get("w")), op.get("eps", 1e-6))
+
+
 def _cumsum(op, env, ctx):
     return torch.cumsum(_v(env, op["x"]), dim=op["dim"])
 
@@ -500,7 +514,7 @@ def module_kinds(op: dict) -> bool:
         return op["fn"] in _UNARY_MODULES
     if kind in ("conv", "linear"):
         return True
-    if kind == "layer_norm":
+    if kind in ("layer_norm", "rms_norm"):
         return op.get("w") is not None
     if kind == "group_norm":
         return op.get("w") is not None and op.get("b") is not None
@@ -553,6 +567,9 @@ def build_module(
     elif kind == "layer_norm":
         w, b = take("w"), take("b")
         module = nn.LayerNorm(w.shape[0], eps=op.get("eps", 1e-5), bias=b is not None)
+    elif kind == "rms_norm":
+        w, b = take("w"), None
+        module = nn.RMSNorm(w.shape[0], eps=op.get("eps", 1e-6))
     elif kind == "group_norm":
         w, b = take("w"), take("b")
         module = nn.GroupNorm(op["groups"], w.shape[0], eps=1e-5)
@@ -610,6 +627,8 @@ KINDS: dict[str, Callable[[dict, dict, OpContext], Any]] = {
     "norm": _norm,
     "pow": _pow,
     "cumsum": _cumsum,
+    "glu": _glu,
+    "rms_norm": _rms_norm,
     "state_update": _state_update,
 }
 

@@ -31,6 +31,7 @@ import torch
 
 from difftest.generate import Rejected, probe_graph, prune
 from difftest.ops import operands
+from difftest.spec import shape_at
 
 __all__ = ["shrink", "candidates", "size"]
 
@@ -46,8 +47,8 @@ def size(program: dict) -> tuple[int, int, int]:
         for kind in ("inputs", "params", "buffers"):
             for info in g.get(kind, {}).values():
                 n = 1
-                for d in info["shape"]:
-                    n *= g["time"] if d == "T" else int(d)
+                for d in shape_at(info["shape"], g["time"]):
+                    n *= d
                 elements += n
     return len(graphs), ops, elements
 
@@ -229,17 +230,13 @@ def _cut_ops(g: dict) -> Iterator[tuple[str, dict]]:
 
 
 def _leaf_for(probe, g: dict, name: str) -> tuple[str, dict] | None:
-    shapes = [tuple(env[name].shape) for env in probe.env]
     dtype = probe.dtype_of(name)
     if dtype not in (torch.float32, torch.float16):
         return None
     axes = probe.time_axes(name)
-    at = probe.lengths.index(g["time"])
-    shape: list[Any] = list(shapes[at])
-    for a in axes:
-        if any(s[a] != length for s, length in zip(shapes, probe.lengths, strict=True)):
-            return None  # a length other than the call's: not an input's "T"
-        shape[a] = "T"
+    shape = probe.time_entries(name)
+    if shape is None:
+        return None  # a length that is not the call's plus a constant
     info: dict[str, Any] = {"shape": shape}
     stored = {torch.float32: "float32", torch.float16: "float16"}[dtype]
     if stored != g["dtype"]:

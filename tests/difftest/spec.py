@@ -19,7 +19,7 @@ Graph::
      "time": 12,                   # the time length of the example inputs
      "tmin": 1, "tmax": 64,        # the Dim range (dynamic and stateful)
      "calls": [7, 1, 1],           # the time length of each call, in order
-     "inputs":  {"x0": {"shape": [1, 4, "T"]}},   # "T": the call's length
+     "inputs":  {"x0": {"shape": [1, 4, "T"]}},   # "T": the call's length ("T+2": 2 more)
      "params":  {"p0": {"shape": [4, 1, 3], "init": "normal", "scale": 0.6}},
      "buffers": {"s0": {"shape": [1, 4, 2], "init": "normal"}},
      "ops": [{"op": "conv", "out": "v1", "x": "x0", "w": "p0", ...}, ...],
@@ -48,6 +48,9 @@ from difftest.ops import DTYPES, OpContext, build_module, run_op
 
 __all__ = [
     "VERSION",
+    "time_offset",
+    "time_entry",
+    "shape_at",
     "DiffModel",
     "call_inputs",
     "example_inputs",
@@ -92,8 +95,28 @@ def tensor_init(info: dict, shape: list[int], rng: np.random.Generator) -> np.nd
     return np.asarray(data, dtype=np.float64)
 
 
+def time_offset(d: Any) -> int | None:
+    """The ``c`` of a time entry ``"T"``, ``"T+c"`` or ``"T-c"``; None for a static size."""
+    if not isinstance(d, str):
+        return None
+    if d == "T":
+        return 0
+    if not d.startswith(("T+", "T-")):
+        raise ValueError(f"bad size {d!r}")
+    return int(d[1:])
+
+
+def time_entry(offset: int) -> str:
+    """The shape entry of a length ``offset`` more than the call's."""
+    return "T" if offset == 0 else f"T{offset:+d}"
+
+
 def _shape(shape: list, length: int) -> list[int]:
-    return [length if d == "T" else int(d) for d in shape]
+    out = []
+    for d in shape:
+        offset = time_offset(d)
+        out.append(int(d) if offset is None else length + offset)
+    return out
 
 
 def _stored_dtype(graph: dict, info: dict, reference: bool) -> torch.dtype:
@@ -182,6 +205,9 @@ def _get(module: nn.Module, path: str):
     return module
 
 
+shape_at = _shape
+
+
 def call_inputs(program: dict, call: int, reference: bool = False) -> list[torch.Tensor]:
     """The flat inputs of call ``call`` (example inputs: ``call=-1``)."""
     flat = []
@@ -210,7 +236,11 @@ def dynamic_shapes(program: dict) -> tuple | None:
     for gi, graph in enumerate(program["graphs"]):
         dim = Dim(f"t{gi}", min=graph["tmin"], max=graph["tmax"])
         for info in graph["inputs"].values():
-            axes = {axis: dim for axis, d in enumerate(info["shape"]) if d == "T"}
+            axes = {
+                axis: dim + time_offset(d) if time_offset(d) else dim
+                for axis, d in enumerate(info["shape"])
+                if time_offset(d) is not None
+            }
             shapes.append(axes or None)
     return (tuple(shapes),)  # forward(*inputs): one varargs argument
 
