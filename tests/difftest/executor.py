@@ -73,7 +73,9 @@ def _serve() -> None:
             method = runtime.load_program(path).load_method("forward")
             outputs = []
             for inputs in calls:
-                result = method.execute([torch.from_numpy(np.ascontiguousarray(a)) for a in inputs])
+                # np.ascontiguousarray would make a 0-d array 1-d.
+                tensors = [torch.from_numpy(np.require(a, requirements="C")) for a in inputs]
+                result = method.execute(tensors)
                 outputs.append([r.detach().numpy().copy() for r in result])
             del method
             _send(out, ("ok", outputs))
