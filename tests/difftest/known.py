@@ -94,18 +94,19 @@ def _gelu_tanh_to_gelu(graph: dict) -> dict:
     return graph
 
 
-_TRANSPOSES = ("transpose", "permute")
+#: Ops whose result is a strided view in eager (torch.export keeps their layout).
+_VIEWS = ("transpose", "permute", "slice", "select")
 
 
 def _linear_layers_on_transposes(graph: dict) -> list[int]:
-    """Indices of nn.Linear layers applied straight to a transpose or permute."""
+    """Indices of nn.Linear layers applied straight to a strided view."""
     producer = {op.get("out"): op for op in graph["ops"]}
     return [
         i
         for i, op in enumerate(graph["ops"])
         if op["op"] == "linear"
         and op.get("module")
-        and producer.get(op["x"], {}).get("op") in _TRANSPOSES
+        and producer.get(op["x"], {}).get("op") in _VIEWS
     ]
 
 
@@ -124,7 +125,7 @@ KNOWN_BUGS: list[KnownBug] = [
         id="xnn_linear_layer_on_transpose",
         summary=(
             "with RustConvPartitioner before XnnpackPartitioner, an nn.Linear applied to a "
-            "transposed tensor (no .contiguous() between) fails in XNNPACK's "
+            "strided view (a transpose, a slice; no .contiguous() between) fails in XNNPACK's "
             "ConvertToLinearPass ('t() expects a tensor with <= 2 dimensions'), even with no "
             "conv in the program; XNNPACK alone lowers it (RustConv's decomposition pass "
             "decomposes the aten.linear XNNPACK keeps)"
