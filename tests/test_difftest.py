@@ -194,3 +194,21 @@ def test_shrinker_finds_the_smallest_model_that_still_fails():
     ops = small["graphs"][0]["ops"]
     assert [op["op"] for op in ops] == ["conv"], ops
     assert size(small) < size(program)
+
+
+def test_known_bugs_recognise_their_regressions_and_repairs_remove_the_trigger():
+    """Each known bug applies to its kept reproducer, and its repair leaves a
+    valid model it no longer applies to (no export: the specs only)."""
+    from difftest.generate import probe_graph
+    from difftest.known import KNOWN_BUGS
+
+    for bug in KNOWN_BUGS:
+        if bug.regression is None:
+            continue
+        entry = json.loads((REGRESSIONS / bug.regression).read_text())
+        assert entry["xfail"], f"{bug.id}: its regression is not marked xfail"
+        (graph,) = entry["program"]["graphs"]
+        assert bug.applies(graph), bug.id
+        repaired = bug.repair(graph)
+        probe_graph(repaired)
+        assert not bug.applies(repaired), bug.id
