@@ -280,7 +280,10 @@ class Checker:
                 for i, why in e.graphs.items():
                     result.invalid[kept[i]] = why
                 kept = [g for i, g in enumerate(kept) if i not in e.graphs]
-                result.failures.clear()
+                for part in (result.failures, result.proposed, result.delegates):
+                    part.clear()
+                result.refused.clear()
+                result.anchors.clear()
                 if not kept:
                     break
         result.kept = kept
