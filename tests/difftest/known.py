@@ -98,15 +98,25 @@ def _gelu_tanh_to_gelu(graph: dict) -> dict:
 _VIEWS = ("transpose", "permute", "slice", "select")
 
 
+#: Views that keep a strided input strided.
+_PASS_THROUGH = ("unsqueeze", "squeeze", "view")
+
+
 def _linear_layers_on_transposes(graph: dict) -> list[int]:
-    """Indices of nn.Linear layers applied straight to a strided view."""
+    """Indices of nn.Linear layers applied to a strided view (through
+    unsqueeze/squeeze/view of it)."""
     producer = {op.get("out"): op for op in graph["ops"]}
+
+    def strided(name: str) -> bool:
+        op = producer.get(name)
+        while op is not None and op["op"] in _PASS_THROUGH:
+            op = producer.get(op["x"])
+        return op is not None and op["op"] in _VIEWS
+
     return [
         i
         for i, op in enumerate(graph["ops"])
-        if op["op"] == "linear"
-        and op.get("module")
-        and producer.get(op["x"], {}).get("op") in _VIEWS
+        if op["op"] == "linear" and op.get("module") and strided(op["x"])
     ]
 
 
@@ -125,7 +135,8 @@ KNOWN_BUGS: list[KnownBug] = [
         id="xnn_linear_layer_on_transpose",
         summary=(
             "with RustConvPartitioner before XnnpackPartitioner, an nn.Linear applied to a "
-            "strided view (a transpose, a slice; no .contiguous() between) fails in XNNPACK's "
+            "strided view (a transpose, a slice, a select; no .contiguous() between) fails in "
+            "XNNPACK's "
             "ConvertToLinearPass ('t() expects a tensor with <= 2 dimensions'), even with no "
             "conv in the program; XNNPACK alone lowers it (RustConv's decomposition pass "
             "decomposes the aten.linear XNNPACK keeps)"
