@@ -106,10 +106,13 @@ def _rank(verdict: str) -> int:
     return {"ours": 0, "flaky": 1}.get(verdict, 2)
 
 
-def summarize(out: Path, elapsed: float, jobs: int) -> dict:
+def summarize(out: Path | list[Path], elapsed: float, jobs: int) -> dict:
+    """Totals of one run's folder (or of several runs' folders)."""
+    folders = out if isinstance(out, list) else [out]
     lines = []
-    for path in sorted(out.glob("job*.jsonl")):
-        lines += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for folder in folders:
+        for path in sorted(folder.glob("job*.jsonl")):
+            lines += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     models = sum(line["models"] for line in lines)
     failing = sum(len(line["failed_graphs"]) for line in lines)
     program_failures = sum(1 for line in lines if line["program_failures"])
@@ -155,7 +158,8 @@ def summarize(out: Path, elapsed: float, jobs: int) -> dict:
         "anchors": dict(anchors),
         "refused": dict(refused.most_common(40)),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    if not isinstance(out, list):
+        (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 
 
@@ -184,9 +188,28 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also shrink failures that happen without RustConv (not ours)",
     )
+    parser.add_argument(
+        "--summarize",
+        nargs="+",
+        metavar="DIR",
+        help="print the totals of earlier runs' folders (the time is their checking time)",
+    )
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.summarize:
+        folders = [Path(d) for d in args.summarize]
+        seconds = sum(
+            json.loads(line)["seconds"]
+            for d in folders
+            for p in d.glob("job*.jsonl")
+            for line in p.read_text().splitlines()
+            if line.strip()
+        )
+        summary = summarize(folders, seconds, 1)
+        print(summary_line(summary))
+        print(json.dumps({k: summary[k] for k in ("signatures", "triage_verdicts", "modes")}))
+        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.worker is not None:
