@@ -831,8 +831,12 @@ class GraphGen:
                 op["x"] = padded
         elif form == "pad_mode":
             amount = max(1, span // 2)
+            # Reflect/replicate/circular pads of a dynamic length fail in
+            # ExecuTorch's own kernels (a static output), with or without RustConv.
             mode = r.choice(["reflect", "replicate", "circular"])
-            padded = self.emit({"op": "pad", "x": x, "pads": [amount, amount], "mode": mode})
+            padded = None
+            if self.static:
+                padded = self.emit({"op": "pad", "x": x, "pads": [amount, amount], "mode": mode})
             if padded:
                 op["x"] = padded
             elif r.random() < 0.5:
@@ -844,7 +848,7 @@ class GraphGen:
             op["padding"] = span
         op = self.layer(op, 0.6)
         if op.get("module") and isinstance(op.get("padding"), int) and op["padding"] > 0:
-            if op["x"] == x and r.random() < 0.15:
+            if op["x"] == x and self.static and r.random() < 0.15:
                 op["padding_mode"] = r.choice(["reflect", "replicate", "circular"])
         if form == "causal_cut":
             # Conv1d(padding=span) then [..., :x.size(-1)] (transformers' LFM2).
