@@ -40,7 +40,10 @@ __all__ = ["triage", "fingerprint", "error_class"]
 
 
 def _kind_class(failure: Failure) -> str:
-    """A failure's kind and message class, whatever the flow and runner."""
+    """A failure's kind and message class, whatever the flow and runner (a run
+    error's message is the runner's own, so only its kind counts)."""
+    if failure.kind in ("run_error", "crash", "timeout"):
+        return failure.kind
     return error_class(failure).split(":", 1)[0] + "|" + error_class(failure).partition("|")[2]
 
 
