@@ -161,9 +161,10 @@ KNOWN_BUGS: list[KnownBug] = [
     KnownBug(
         id="depthwise_short_runtime_weight",
         summary=(
-            "a depthwise conv whose weight reaches the delegate as an input (a graph input, "
-            "or computed outside it: permute, squeeze/unsqueeze, flip, ...) returns zeros "
-            "when a call gives at most 4 outputs per row (a decode step)"
+            "a depthwise conv (groups = in = out channels; a channel multiplier of 2 is right) "
+            "whose weight reaches the delegate as an input (a graph input, or computed outside "
+            "it: permute, squeeze/unsqueeze, flip, ...) returns zeros when a call gives at most "
+            "4 outputs per row (a decode step; a slice folded into the conv counts)"
         ),
         regression="depthwise_short_runtime_weight.json",
         applies=lambda g: bool(_short_depthwise_fed_at_run_time(g)),
