@@ -159,3 +159,29 @@ def test_bool_condition_from_an_input_is_refused():
 
     reasons = explain(MaskIn(), torch.randn(1, 4, 8), torch.rand(1, 4, 8) > 0.5)
     assert "not a comparison RustConv computes" in reason_for(reasons, "where")
+
+
+def test_zero_dim_input_is_refused():
+    """A 0-d graph input read by an elementwise op: the runtime's values have
+    rank 1..4 (it refused such a blob at init, after the partitioner had taken
+    the op; found by tests/difftest). A 0-d constant still folds as a scalar."""
+
+    class ScaleBy(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv1d(4, 4, 3, padding=1)
+            self.gain = nn.Parameter(torch.tensor(0.5))
+
+        def forward(self, x, s):
+            return self.conv(x) * s * self.gain
+
+    model = ScaleBy().eval()
+    x, s = torch.randn(1, 4, 8), torch.tensor(2.0)
+    reasons = explain(model, x, s)
+    assert "0-d tensor" in reason_for(reasons, "mul"), reasons
+    edge = lower(model, (x, s), "to_edge")
+    (lm,) = lowered_modules(edge)
+    taken = [n for n in lm.original_module.graph.nodes if n.op == "placeholder"]
+    assert all(n.meta["val"].dim() > 0 for n in taken if "val" in n.meta)
+    (got,), _ = run_lowered(edge, [x, s])
+    torch.testing.assert_close(got, model(x, s), atol=1e-5, rtol=1e-5)

@@ -56,6 +56,14 @@ def tensor_operand(arg: Any, ctx: GraphContext, role: str, *, mask: bool = False
     tensor of their own and are refused here, naming them.
     """
     val = tensor_val(arg, role)
+    if val.dim() == 0:
+        # The runtime's values have rank 1..4: a number known at export is
+        # folded into an elementwise op instead (is_scalar_like), anything
+        # else 0-d (a graph input, a reduction's result) stays outside.
+        raise NotSupported(
+            f"{role} {arg.name} is a 0-d tensor; RustConv values have rank 1 to {MAX_RANK} "
+            "(only a number known at export folds into an elementwise op)"
+        )
     if val.dtype == torch.bool:
         if not mask:
             raise NotSupported(

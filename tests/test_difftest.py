@@ -1,0 +1,214 @@
+"""Differential testing on random models (``tests/difftest``).
+
+* A fixed-seed batch of random programs through both lowering flows and
+  both runners, compared with eager (the long run is
+  ``scripts/fuzz_models.sh``).
+* Every kept reproducer in ``tests/difftest/regressions/`` replayed. Those
+  that pass run merged into as few programs as possible (one export and
+  lowering per group, as the long run does); those marked ``xfail`` (a bug
+  owned elsewhere, reason in the file) run alone, strict, so a fix shows up.
+* The harness itself: the tolerance, the generator's determinism and
+  coverage, and the shrinker on a synthetic predicate.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from difftest import speed  # noqa: E402
+from difftest.check import Checker, compare  # noqa: E402
+from difftest.generate import generate_graph, generate_program  # noqa: E402
+from difftest.shrink import shrink, size  # noqa: E402
+from difftest.spec import n_calls, single  # noqa: E402
+from difftest.triage import error_class, known_or_repaired  # noqa: E402
+
+REGRESSIONS = Path(__file__).resolve().parent / "difftest" / "regressions"
+
+#: The fixed batch: (program seed, models per program): stateful, static, dynamic.
+BATCH = [(0, 2), (1, 3), (5, 3)]
+
+
+@pytest.fixture(scope="module")
+def checker(tmp_path_factory):
+    speed.install()
+    c = Checker(tmp_path_factory.mktemp("difftest"))
+    yield c
+    c.close()
+
+
+def test_fixed_seed_batch(checker):
+    """Every model of the batch matches eager in every flow and runner, or hits
+    a bug already kept as an xfail regression (:mod:`difftest.known`: the
+    failure goes away when that bug's trigger is taken out of the model)."""
+    failures, known = [], []
+    models = 0
+    for seed, graphs in BATCH:
+        program = generate_program(seed, graphs=graphs)
+        result = checker.check(program)
+        models += result.models
+        assert len(result.invalid) <= graphs // 2, f"seed {seed}: {result.invalid}"
+        first: dict = {}
+        for f in result.failures:
+            first.setdefault(f.graph, (f, sum(1 for g in result.failures if g.graph == f.graph)))
+        for graph, (f, count) in first.items():
+            rebuild = f"generate_program({seed}, graphs={graphs})"
+            wanted = error_class(f)
+
+            def predicate(spec, f=f, wanted=wanted):
+                runners = (f.runner,) if f.runner else ()
+                return any(
+                    error_class(g) == wanted
+                    for g in checker.check(spec, (f.flow,), runners).failures
+                )
+
+            suspect = single(program, graph) if graph is not None else program
+            bug, _ = known_or_repaired(suspect, predicate, f.flow)
+            if bug is not None:
+                known.append(f"seed {seed} graph {graph}: {bug.id}")
+                continue
+            if graph is not None:
+                rebuild = f"single({rebuild}, {graph})"
+            failures.append(f"{f.describe()} [{count} failures in all]; rebuild: {rebuild}")
+    assert models >= 6
+    assert not failures, f"seeds {[s for s, _ in BATCH]}:\n" + "\n".join(failures)
+    print(f"{models} models; known bugs hit: {known}")
+
+
+# -- regressions -------------------------------------------------------------
+
+
+def _entries() -> list[tuple[Path, dict]]:
+    return [(p, json.loads(p.read_text())) for p in sorted(REGRESSIONS.glob("*.json"))]
+
+
+def _params():
+    out = []
+    for path, entry in _entries():
+        marks = []
+        if entry.get("xfail"):
+            marks.append(pytest.mark.xfail(strict=True, reason=entry["xfail"]))
+        out.append(pytest.param(path, marks=marks, id=path.stem))
+    return out
+
+
+@pytest.fixture(scope="module")
+def merged_results(checker):
+    """Results of the passing regressions, checked in groups of one mode and call count."""
+    groups: dict[tuple, list[tuple[Path, dict]]] = {}
+    for path, entry in _entries():
+        program = entry["program"]
+        if entry.get("xfail") or len(program["graphs"]) != 1:
+            continue
+        key = (program["mode"], n_calls(program), program.get("threads", 2))
+        groups.setdefault(key, []).append((path, program))
+    results: dict[Path, list[str]] = {}
+    for members in groups.values():
+        for start in range(0, len(members), 12):
+            chunk = members[start : start + 12]
+            merged = dict(chunk[0][1])
+            merged["graphs"] = [program["graphs"][0] for _, program in chunk]
+            result = checker.check(merged)
+            if any(f.graph is None for f in result.failures) or result.invalid:
+                continue  # attributed one by one instead
+            for gi, (path, _) in enumerate(chunk):
+                results[path] = [f.describe() for f in result.failures if f.graph == gi]
+    return results
+
+
+@pytest.mark.parametrize("path", _params())
+def test_regression(path, checker, merged_results):
+    entry = json.loads(path.read_text())
+    if path in merged_results:
+        failures = merged_results[path]
+    else:
+        result = checker.check(entry["program"])
+        assert not result.invalid, f"{path.name}: spec no longer valid: {result.invalid}"
+        failures = [f.describe() for f in result.failures]
+    assert not failures, f"{path.name} ({entry.get('found')}):\n" + "\n".join(failures)
+
+
+# -- the harness itself -------------------------------------------------------
+
+
+def test_compare_tolerance():
+    import torch
+
+    ref = torch.linspace(-2, 2, 50, dtype=torch.float64).reshape(1, 2, 25)
+    eager = ref.float()
+    assert compare(eager.numpy(), eager, ref, "float32") is None
+    off = eager.clone()
+    off[0, 1, 3] += 1e-3  # 1e-4 * scale (2) + 1e-5 is 2.1e-4
+    numbers = compare(off.numpy(), eager, ref, "float32")
+    assert numbers is not None and numbers["index"] == [0, 1, 3] and numbers["bad"] == 1
+    assert compare(eager[..., :-1].numpy(), eager, ref, "float32")["shape"] == [1, 2, 24]
+    half = ref.half()
+    assert compare((half + 1e-3).numpy(), half, ref, "float16") is None
+    assert compare((half + 2e-2).numpy(), half, ref, "float16") is not None
+    nan = eager.clone()
+    nan[0, 0, 0] = float("nan")
+    assert compare(nan.numpy(), eager, ref, "float32")["index"] == [0, 0, 0]
+
+
+def test_generator_is_deterministic_and_covers_every_op_kind():
+    from difftest.ops import KINDS
+
+    assert generate_program(3, graphs=3) == generate_program(3, graphs=3)
+    assert json.loads(json.dumps(generate_program(4, graphs=2))) == generate_program(4, graphs=2)
+    seen, convs = set(), []
+    for seed in range(100):
+        graph = generate_graph(seed, ["static", "dynamic", "stateful"][seed % 3])
+        seen |= {op["op"] for op in graph["ops"]}
+        convs += [op for op in graph["ops"] if op["op"] == "conv"]
+    missing = set(KINDS) - seen
+    assert not missing, f"op kinds no graph of 100 used: {missing}"
+    assert {c.get("stride", 1) for c in convs} >= {1, 2}
+    assert {c.get("dilation", 1) for c in convs} >= {1, 2}
+    assert {str(c.get("padding", 0)) for c in convs} >= {"0", "same", "valid"}
+    assert any(c.get("groups", 1) > 1 for c in convs)
+
+
+def test_shrinker_finds_the_smallest_model_that_still_fails():
+    """A synthetic bug: "a conv of stride 2 fails". The shrinker keeps one
+    conv of stride 2 and drops everything else it can."""
+
+    def has_strided_conv(program):
+        return any(
+            op["op"] == "conv" and op.get("stride") == 2
+            for g in program["graphs"]
+            for op in g["ops"]
+        )
+
+    seed = next(
+        s for s in range(200) if has_strided_conv(generate_program(s, graphs=3, mode="static"))
+    )
+    program = generate_program(seed, graphs=3, mode="static")
+    small = shrink(program, has_strided_conv, budget_s=120)
+    assert has_strided_conv(small)
+    assert size(small)[0] == 1
+    ops = small["graphs"][0]["ops"]
+    assert [op["op"] for op in ops] == ["conv"], ops
+    assert size(small) < size(program)
+
+
+def test_known_bugs_recognise_their_regressions_and_repairs_remove_the_trigger():
+    """Each known bug applies to its kept reproducer, and its repair leaves a
+    valid model it no longer applies to (no export: the specs only)."""
+    from difftest.generate import probe_graph
+    from difftest.known import KNOWN_BUGS
+
+    for bug in KNOWN_BUGS:
+        if bug.regression is None:
+            continue
+        entry = json.loads((REGRESSIONS / bug.regression).read_text())
+        assert entry["xfail"], f"{bug.id}: its regression is not marked xfail"
+        (graph,) = entry["program"]["graphs"]
+        assert bug.applies(graph), bug.id
+        repaired = bug.repair(graph)
+        probe_graph(repaired)
+        assert not bug.applies(repaired), bug.id
