@@ -10,7 +10,9 @@
 //! `.venv/bin/python` (the link `scripts/common.sh` makes to the cached env).
 //! The package's version is compiled into the library
 //! (`RUSTCONV_BUILT_FOR_EXECUTORCH`), so a mismatched runtime is refused
-//! before it is loaded.
+//! before it is loaded. That Python's shared libpython, if any, is compiled
+//! into pte_runner as the default for ExecuTorch's LLM custom ops
+//! (`RUSTCONV_BUILD_LIBPYTHON`, see pte_runner's kernel_libs.rs).
 //!
 //! The rpath written here is the package's absolute `lib/`, right for
 //! `target/`; the wheel build (setup.py) rewrites it relative to the
@@ -40,7 +42,7 @@ const RUNNER_LIBS: &[&str] = &[
 
 fn main() {
     let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
-    let (package, version) = executorch_package(&root);
+    let (package, version, libpython) = executorch_package(&root);
     let include = package.join("include");
     let c10_include = include.join("executorch/runtime/core/portable_type/c10");
     let lib_dir = package.join("lib");
@@ -120,10 +122,20 @@ fn main() {
         lib_dir.display()
     );
     println!("cargo:rustc-env=RUSTCONV_EXECUTORCH_VERSION={version}");
+    // pte_runner's default libpython for ExecuTorch's LLM custom ops
+    // (kernel_libs.rs): the build Python's, if it has one; empty otherwise
+    // (a cross build: the target's is given at run time).
+    println!(
+        "cargo:rustc-env=RUSTCONV_BUILD_LIBPYTHON={}",
+        libpython
+            .map(|p| p.display().to_string())
+            .unwrap_or_default()
+    );
 }
 
-/// The executorch package directory and its version.
-fn executorch_package(root: &Path) -> (PathBuf, String) {
+/// The executorch package directory, its version and, when found through
+/// a Python, that Python's shared libpython (if it was built with one).
+fn executorch_package(root: &Path) -> (PathBuf, String, Option<PathBuf>) {
     if let Some(dir) = env::var_os("RUSTCONV_EXECUTORCH_DIR") {
         let dir = PathBuf::from(dir);
         println!("cargo:rerun-if-env-changed=RUSTCONV_EXECUTORCH_VERSION");
@@ -138,7 +150,7 @@ fn executorch_package(root: &Path) -> (PathBuf, String) {
                     dir.display()
                 )
             });
-        return (dir, version);
+        return (dir, version, None);
     }
     if env::var("TARGET").unwrap() != env::var("HOST").unwrap() {
         panic!(
@@ -183,13 +195,17 @@ fn find_python(root: &Path) -> PathBuf {
     );
 }
 
-fn executorch_from_python(python: &Path) -> (PathBuf, String) {
+fn executorch_from_python(python: &Path) -> (PathBuf, String, Option<PathBuf>) {
     // executorch is a namespace package in the wheel, so __file__ is None.
+    // The third line: LIBDIR/INSTSONAME when the interpreter is a shared
+    // build (Py_ENABLE_SHARED), else empty.
     let output = Command::new(python)
         .args([
             "-c",
-            "import executorch, importlib.metadata as m; \
-             print(list(executorch.__path__)[0]); print(m.version('executorch'))",
+            "import executorch, importlib.metadata as m, os, sysconfig as s; \
+             print(list(executorch.__path__)[0]); print(m.version('executorch')); \
+             v = s.get_config_var; \
+             print(os.path.join(v('LIBDIR'), v('INSTSONAME')) if v('Py_ENABLE_SHARED') else '')",
         ])
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", python.display()));
@@ -208,5 +224,14 @@ fn executorch_from_python(python: &Path) -> (PathBuf, String) {
             python.display()
         );
     };
-    (PathBuf::from(package.trim()), version.trim().to_owned())
+    let libpython = lines
+        .next()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(PathBuf::from);
+    (
+        PathBuf::from(package.trim()),
+        version.trim().to_owned(),
+        libpython,
+    )
 }

@@ -9,6 +9,8 @@
 Blocks (``rustconv.blocks``) have their linears, so there ours is
 ``to_edge_transform_and_lower(export(m), [RustConvPartitioner(specs),
 XnnpackPartitioner()])`` (``ours_unfused``: specs ``[compile_specs.fusion(False)]``).
+Zoo models likewise (bench/zoo.py; ExecuTorch's LFM2 recipes through their
+own export, RustConv first for ours, as shipped for xnnpack).
 
 All are serialized with ``MemoryPlanningPass(alloc_graph_input=False)``
 unless ``planned_inputs`` is set: the method then reads its inputs where the
@@ -93,12 +95,17 @@ class Lowered:
         return text
 
 
-def _lower(alt: str, data: SettingData, planned_inputs: bool):
-    model, inputs = data.model(), data.torch_inputs()
-    ep = export(model, inputs)
+def _lower(alt: str, data: SettingData, planned_inputs: bool, cache_dir: Path):
     config = ExecutorchBackendConfig(
         memory_planning_pass=MemoryPlanningPass(alloc_graph_input=planned_inputs)
     )
+    if data.setting.kind == "zoo":
+        from bench import zoo
+
+        work = cache_dir / "zoo-recipes" / str(data.setting.size)
+        return zoo.lower(alt, data.zoo, work, config)
+    model, inputs = data.model(), data.torch_inputs()
+    ep = export(model, inputs)
     if data.setting.kind == "blocks" and (alt in ("ours", "ours_unfused") or alt[:5] == "ours:"):
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import (
             XnnpackPartitioner,
@@ -139,8 +146,12 @@ def lowered_pte(
     alt: str, data: SettingData, seed: int, cache_dir: Path, planned_inputs: bool = False
 ) -> Lowered:
     key = f"{alt}|{_versions()}|seed {seed}|planned inputs {planned_inputs}"
-    if alt.startswith("ours") or data.setting.kind == "blocks":
+    if alt.startswith("ours") or data.setting.kind in ("blocks", "zoo"):
         key += f"|export side {_export_side_hash()}"
+    if data.setting.kind == "zoo":
+        from bench import zoo
+
+        key += f"|zoo {zoo.sources_hash()}"
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     folder = cache_dir / "pte" / data.setting.key(seed)
     pte = folder / f"{alt.replace(':', '-')}-{digest}.pte"
@@ -157,7 +168,7 @@ def lowered_pte(
         )
 
     t0 = time.perf_counter()
-    program = _lower(alt, data, planned_inputs)
+    program = _lower(alt, data, planned_inputs, cache_dir)
     plan = program.executorch_program.execution_plan[0]
     delegates = [d.id for d in plan.delegates]
     calls: dict[str, int] = {}
@@ -187,13 +198,44 @@ def lowered_pte(
     return Lowered(pte, delegates, outside, lower_s, False, calls)
 
 
-def inputs_npz(data: SettingData, seed: int, cache_dir: Path) -> Path:
-    """The setting's inputs as "0", "1", ... (pte_runner's format), written once."""
-    tag = hashlib.sha256(_versions().encode()).hexdigest()[:8]
-    path = cache_dir / "inputs" / f"{data.setting.key(seed)}-{tag}.npz"
+def _inputs_tag(data: SettingData) -> str:
+    text = _versions()
+    if data.setting.kind == "zoo":
+        from bench import zoo
+
+        text += f"|zoo {zoo.sources_hash()}"
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def _write_npz(path: Path, arrays) -> Path:
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
-        np.savez(tmp, **{str(i): a for i, a in enumerate(data.inputs)})
+        np.savez(tmp, **{str(i): np.asarray(a) for i, a in enumerate(arrays)})
         tmp.replace(path)
     return path
+
+
+def inputs_npz(data: SettingData, seed: int, cache_dir: Path) -> Path:
+    """The setting's inputs as "0", "1", ... (pte_runner's format), written once."""
+    path = cache_dir / "inputs" / f"{data.setting.key(seed)}-{_inputs_tag(data)}.npz"
+    return _write_npz(path, data.inputs)
+
+
+def steps_npz(data: SettingData, seed: int, cache_dir: Path) -> list[Path]:
+    """A streaming zoo setting's calls, one file each (pte_runner's
+    ``-steps_npz_paths``): the prefill, then the decode steps."""
+    folder = cache_dir / "inputs" / f"{data.setting.key(seed)}-{_inputs_tag(data)}"
+    return [
+        _write_npz(folder / f"call{k}.npz", [t.contiguous().numpy() for t in call])
+        for k, call in enumerate(data.zoo.calls)
+    ]
+
+
+def onnx_path(data: SettingData, seed: int, cache_dir: Path) -> Path:
+    """Where the setting's ONNX export is cached (bench/zoo.py's onnx_call)."""
+    key = f"onnx|{_versions()}|seed {seed}|{_inputs_tag(data)}"
+    if data.setting.kind == "blocks":
+        key += f"|export side {_export_side_hash()}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+    return cache_dir / "onnx" / data.setting.key(seed) / f"model-{digest}.onnx"

@@ -229,15 +229,21 @@ def run_pte(
     threads: int,
     timeout_s: float,
     etdump: Path | None = None,
+    steps: list[Path] | None = None,
 ) -> RunnerResult:
     """Runs pte_runner once and parses its latency, peak memory, plan lines
     and output 0; with ``etdump``, the run is traced into that file (then
-    removed)."""
+    removed). With ``steps``, ``inputs_npz`` is not used: the calls run in
+    that order, state carried (``-steps_npz_paths``), the latency is the
+    calls' after the first (decode steps) and the output the last call's."""
     out_npz.unlink(missing_ok=True)
+    feed = ["-steps_npz_paths", ",".join(map(str, steps))] if steps else [
+        "-inputs_npz_path", str(inputs_npz)
+    ]  # fmt: skip
     cmd = [
         str(runner),
         "-model_path", str(pte),
-        "-inputs_npz_path", str(inputs_npz),
+        *feed,
         "-output_npz_path", str(out_npz),
         "-warmup", str(warmup),
         "-iter", str(iters),
@@ -258,8 +264,11 @@ def run_pte(
         raise RunnerError("no latency line in pte_runner output")
     p10, p50, p90, _ = (float(g) for g in lat.groups())
     peak = _PEAK.search(run.stdout)
-    with np.load(out_npz) as outputs:
+    written = out_npz.with_name(f"{out_npz.stem}.{len(steps) - 1}.npz") if steps else out_npz
+    with np.load(written) as outputs:
         output = outputs["0"]
+    for k in range(len(steps) if steps else 0):
+        out_npz.with_name(f"{out_npz.stem}.{k}.npz").unlink(missing_ok=True)
     out_npz.unlink(missing_ok=True)
     if etdump is not None:
         if not etdump.is_file():

@@ -13,15 +13,19 @@ pick workloads and alternatives, e.g.::
     bench/run.py blocks                       # the reference blocks at the issue's sizes
     bench/run.py blocks C=16 N=64 block=ssm   # tiny sizes, one block
     bench/run.py decode                       # one-token calls with state carried
+    bench/run.py zoo                          # whole upstream models (tests/zoo), full size
+    bench/run.py zoo size=small model=ta_wav2letter_mfcc,et_silero_vad
 
 Blocks run only when named (``blocks`` or ``block=..``); C= and N= then
 replace every block's width and length. Decode steps (one token per call,
 state carried; run as blocks) likewise: ``decode`` or ``block=decode_..``.
+The zoo too: ``zoo`` or ``model=..``, at ``size=full`` (default) or ``small``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import importlib.metadata
 import json
@@ -47,6 +51,7 @@ ALL_ALTERNATIVES = (
     "candidates",
     "xnnpack",
     "et_cpu",
+    "onnxruntime",
     "eager",
     "torch_fft",
     "c_scan",
@@ -64,6 +69,8 @@ def parse_filters(tokens: list[str], full: bool) -> tuple[list[workload.Setting]
     alts = ALL_ALTERNATIVES
     blocks = tuple(workload.BLOCKS)
     decode = tuple(workload.DECODE_BLOCKS)
+    zoo_models: tuple[str, ...] | None = None  # None: every zoo entry
+    zoo_size = "full"
     block_c = block_n = None  # explicit C= / N= also size the blocks
     for token in tokens:
         if token in workload.KINDS:
@@ -73,8 +80,8 @@ def parse_filters(tokens: list[str], full: bool) -> tuple[list[workload.Setting]
         values = [v.strip() for v in value.split(",") if v.strip()]
         if not sep or not values:
             raise SystemExit(
-                f"bad filter {token!r}: use conv, scan, blocks, decode, C=.., N=.., K=.., "
-                "block=.., alt=.."
+                f"bad filter {token!r}: use conv, scan, blocks, decode, zoo, C=.., N=.., K=.., "
+                "block=.., model=.., size=.., alt=.."
             )
         try:
             if key == "C":
@@ -110,15 +117,34 @@ def parse_filters(tokens: list[str], full: bool) -> tuple[list[workload.Setting]
                         kinds.append(kind)
                 if not blocks and "blocks" in kinds:
                     kinds.remove("blocks")
+            elif key == "model":
+                from bench import zoo
+
+                known = zoo.names()
+                unknown = set(values) - set(known)
+                if unknown:
+                    raise SystemExit(f"unknown zoo model(s) {sorted(unknown)}: {known}")
+                zoo_models = tuple(m for m in known if m in values)
+                if "zoo" not in kinds:
+                    kinds.append("zoo")
+            elif key == "size":
+                if values not in (["full"], ["small"]):
+                    raise SystemExit(f"size= is full or small, not {value!r}")
+                zoo_size = values[0]
             else:
                 raise SystemExit(f"unknown filter key {key!r} in {token!r}")
         except ValueError as e:
             raise SystemExit(f"bad filter {token!r}: {e}") from e
     if any(v <= 0 for v in (*cs, *ns)) or any(k != "N" and int(k) <= 0 for k in ks):
         raise SystemExit("C, N and K must be positive")
+    if "zoo" in kinds and zoo_models is None:
+        from bench import zoo
+
+        zoo_models = tuple(zoo.names())
     settings = workload.make_settings(
-        tuple(kinds) or workload.DEFAULT_KINDS, cs, ns, ks, blocks, block_c, block_n, decode
-    )
+        tuple(kinds) or workload.DEFAULT_KINDS, cs, ns, ks, blocks, block_c, block_n, decode,
+        zoo_models or (), zoo_size,
+    )  # fmt: skip
     return settings, alts
 
 
@@ -132,10 +158,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "filters",
         nargs="*",
-        help="conv | scan | blocks | decode | C=.. | N=.. | K=..(or N) | block=.. | alt=..",
+        help="conv | scan | blocks | decode | zoo | C=.. | N=.. | K=..(or N) | block=.. | "
+        "model=.. | size=full|small | alt=..",
     )
     cores = len(os.sched_getaffinity(0))
-    p.add_argument("--threads", type=int, default=cores, help=f"threads (default {cores})")
+    p.add_argument(
+        "--threads",
+        type=_thread_counts,
+        default=[cores],
+        help=f"threads (default {cores}); a list (1,2) runs every setting at each count in "
+        "turn, in one run, each row named with its count",
+    )
     p.add_argument("--out", type=Path, help="output dir (default out/bench/<timestamp>)")
     p.add_argument("--cache-dir", type=Path, default=ROOT / "out" / "bench" / "cache")
     p.add_argument("--runner", type=Path, default=None, help="pte_runner ($PTE_RUNNER)")
@@ -166,9 +199,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.warmup = args.warmup if args.warmup is not None else (3 if args.full else 2)
     args.repeats = args.repeats if args.repeats is not None else (20 if args.full else 7)
     args.budget = args.budget if args.budget is not None else (10.0 if args.full else 2.0)
-    if args.threads < 1 or args.repeats < 1 or args.warmup < 0:
+    if min(args.threads) < 1 or args.repeats < 1 or args.warmup < 0:
         p.error("--threads and --repeats must be >= 1, --warmup >= 0")
     return args
+
+
+def _thread_counts(text: str) -> list[int]:
+    try:
+        counts = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"--threads: {e}") from e
+    if not counts:
+        raise argparse.ArgumentTypeError("--threads needs at least one count")
+    return counts
 
 
 def _describe(settings: list[workload.Setting]) -> str:
@@ -179,8 +222,8 @@ def _describe(settings: list[workload.Setting]) -> str:
             continue
         text = f"{len(group)} {kind}: C in {sorted({s.C for s in group})}, "
         text += f"N in {sorted({s.N for s in group})}"
-        if kind == "blocks":
-            parts.append(f"{len(group)} blocks: " + ", ".join(s.name for s in group))
+        if kind in ("blocks", "zoo"):
+            parts.append(f"{len(group)} {kind}: " + ", ".join(s.name for s in group))
             continue
         if kind == "conv":
             labels = sorted({s.K_label for s in group}, key=lambda k: (k == "N", len(k), k))
@@ -229,19 +272,20 @@ def main(argv=None) -> int:
     work_dir.mkdir(exist_ok=True)
     args.cache_dir.mkdir(parents=True, exist_ok=True)
 
-    torch.set_num_threads(args.threads)
+    threads = args.threads
+    torch.set_num_threads(max(threads))
     native = Native(args.cache_dir)
     print(
-        f"measuring copy bandwidth ({args.bandwidth_mib} MiB, {args.threads} threads)",
+        f"measuring copy bandwidth ({args.bandwidth_mib} MiB, {max(threads)} threads)",
         file=sys.stderr,
     )
-    bandwidth = native.copy_bandwidth(args.bandwidth_mib, args.threads)
+    bandwidth = native.copy_bandwidth(args.bandwidth_mib, max(threads))
 
     meta = {
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "others_busy_start": measure.others_cpu_busy(),
         "machine": measure.machine_info(),
-        "threads": args.threads,
+        "threads": threads[0] if len(threads) == 1 else ", ".join(map(str, threads)),
         "bandwidth_bytes_per_s": bandwidth,
         "bandwidth_buffer_mib": args.bandwidth_mib,
         "mode": "full" if args.full else "quick",
@@ -263,7 +307,7 @@ def main(argv=None) -> int:
     ctx = alternatives.Context(
         runner=runner,
         baseline_runner=args.baseline_runner,
-        threads=args.threads,
+        threads=threads[0],
         warmup=args.warmup,
         repeats=args.repeats,
         time_limit_s=args.time_limit,
@@ -272,19 +316,22 @@ def main(argv=None) -> int:
         cache_dir=args.cache_dir,
         work_dir=work_dir,
         native=native,
-        projector=Projector(args.threads),
+        projector=Projector(threads[0]),
         ram_bytes=int(args.ram_gib * 2**30) if args.ram_gib else measure.ram_bytes(),
         planned_inputs=args.planned_inputs,
         bandwidth=bandwidth,
     )
 
-    steps = [(s, a) for s in settings for a in alternatives.steps_for(s, alts)]
+    # Every setting's data is built once; each thread count then runs its
+    # alternatives (a context, with its own projections, per count).
+    contexts = {t: dataclasses.replace(ctx, threads=t, projector=Projector(t)) for t in threads}
+    steps = [(s, t, a) for s in settings for t in threads for a in alternatives.steps_for(s, alts)]
     rows: list[dict] = []
     bar = tqdm(total=len(steps), unit="run", dynamic_ncols=True, file=sys.stderr)
     current = None
     bench = None
-    for setting, alt in steps:
-        bar.set_postfix_str(f"{setting.name} {alt}")
+    for setting, count, alt in steps:
+        bar.set_postfix_str(f"{setting.name} {alt}" + (f" {count}T" if len(threads) > 1 else ""))
         if setting is not current:
             if bench is not None:
                 report.write_rows(out, meta, rows)  # partial results survive a crash
@@ -294,11 +341,17 @@ def main(argv=None) -> int:
             except Exception as e:
                 error = f"error: inputs: {alternatives.one_line(e)}"
         if bench is None:
-            row = alternatives.new_row(setting, alt)
-            row["status"] = error
-            rows.append(row)
+            new = [alternatives.new_row(setting, alt)]
+            new[0]["status"] = error
         else:
-            rows.extend(bench.run(alt))
+            bench.ctx = contexts[count]
+            torch.set_num_threads(count)
+            new = bench.run(alt)
+        for row in new:
+            row["threads"] = count
+            if len(threads) > 1:
+                row["setting"] = f"{row['setting']} @ {count} threads"
+        rows.extend(new)
         bar.update()
     bar.close()
     bench = None

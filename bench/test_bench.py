@@ -170,6 +170,10 @@ def test_end_to_end_blocks_tiny(tmp_path):
         assert int(rows[(block, "et_cpu")]["xnnpack_calls"]) == 0
     # The whole LFM2 block's linears go to XNNPACK in ours too.
     assert int(rows[("lfm2_hf", "ours")]["xnnpack_calls"]) >= 1
+    # ONNX Runtime runs the exported block at the same thread count.
+    ort = rows[("lfm2_hf", "onnxruntime")]
+    assert ort["status"] == "ok" and float(ort["max_abs_err"]) <= 1e-3, (ort["status"], ort["note"])
+    assert "intra_op_num_threads" in ort["note"]
     summary = (out / "summary.md").read_text()
     assert "## Blocks" in summary and "### Goals (blocks)" in summary
     assert "## Goals\n" not in summary  # no conv/scan goals in a blocks-only run
@@ -236,3 +240,41 @@ def test_end_to_end_decode_tiny(tmp_path):
     goals = summary.split("### Goals (blocks)")[1].split("block goals pass")[0]
     # Six decode workloads and peak memory.
     assert goals.count("**PASS**") + goals.count("**FAIL**") == 7
+
+
+@pytest.mark.skipif(not RUNNER.is_file(), reason="pte_runner not built (scripts/setup.sh)")
+def test_end_to_end_zoo_tiny(tmp_path):
+    """A zoo model (ExecuTorch's SileroVAD example, the tests' size) under
+    every alternative, ONNX Runtime included, with its expected RustConv calls."""
+    out = tmp_path / "out"
+    argv = [
+        "zoo", "size=small", "model=et_silero_vad", "--warmup", "1", "--repeats", "2",
+        "--bandwidth-mib", "16", "--out", str(out), "--cache-dir", str(tmp_path / "cache"),
+        "--runner", str(RUNNER), "--no-plots", "--threads", "1",
+    ]  # fmt: skip
+    assert run.main(argv) == 0
+    with open(out / "results.csv") as f:
+        rows = {r["alternative"]: r for r in csv.DictReader(f)}
+    for alt in ("ours", "xnnpack", "et_cpu", "onnxruntime", "eager"):
+        row = rows[alt]
+        assert row["status"] == "ok", (alt, row["status"], row["note"])
+        assert float(row["median_ms"]) > 0 and float(row["max_abs_err"]) <= 1e-4, alt
+    assert int(rows["ours"]["rustconv_calls"]) == 3
+    assert int(rows["xnnpack"]["rustconv_calls"]) == 0
+    summary = (out / "summary.md").read_text()
+    assert "## Zoo" in summary and "### Goals (zoo)" in summary
+    assert "every zoo model at least as fast as ONNX Runtime" in summary
+
+
+def test_zoo_filters():
+    settings, _ = run.parse_filters(
+        ["zoo", "size=small", "model=hf_lfm2,et_lfm2_fp32:decode"], False
+    )
+    assert [(s.kind, s.block, s.size) for s in settings] == [
+        ("zoo", "hf_lfm2", "small"),
+        ("zoo", "et_lfm2_fp32:decode", "small"),
+    ]
+    with pytest.raises(SystemExit, match="unknown zoo model"):
+        run.parse_filters(["model=nope"], False)
+    with pytest.raises(SystemExit, match="size="):
+        run.parse_filters(["zoo", "size=huge"], False)

@@ -14,6 +14,9 @@ Two workloads (batch 1, C channels, length N):
   and a scan step at C in {1024, 2048, 4096}, the LFM2 short conv (between
   its projections, and whole) at 1024 and 2048, the streaming SSM at 2048.
   They run as blocks (``N`` = 1, the machinery and goals of blocks).
+* ``zoo`` (only when asked): whole upstream models from tests/zoo
+  (bench/zoo.py), ``block`` naming the model and ``size`` "full" (their
+  real widths) or "small" (the tests' sizes).
 
 Inputs and weights are drawn from a ``torch.Generator`` seeded from the
 setting, so every run (and every cached .pte) sees the same numbers.
@@ -41,7 +44,7 @@ QUICK_C = (512,)
 QUICK_N = (1024, 4096)
 QUICK_K = ("4", "128")
 
-KINDS = ("conv", "scan", "blocks", "decode")
+KINDS = ("conv", "scan", "blocks", "decode", "zoo")
 #: What runs when no workload is named: blocks run only when asked for.
 DEFAULT_KINDS = ("conv", "scan")
 
@@ -67,6 +70,10 @@ DECODE_BLOCKS = {
     "decode_conv_stack": ("ConvStackStep", (250,)),
 }
 DECODE_K = 4  # the conv step's filter
+#: A zoo model's work for the projections, which only guard against calls
+#: over the time limit: a nominal GFLOP (about half a second at the prior
+#: rate, so the first call is not probed).
+ZOO_NOMINAL_FLOPS = 1e9
 CONV_STACK_K, CONV_STACK_LAYERS, LFM2_K = 11, 12, 3
 BYTES_PER_ELEMENT = 4  # float32
 
@@ -78,15 +85,20 @@ class Setting:
     N: int
     K: int | None = None  # conv only: the actual filter length
     K_label: str | None = None  # conv only: "4", "32", "128" or "N"
-    block: str | None = None  # blocks only: a key of BLOCKS
+    block: str | None = None  # blocks only: a key of BLOCKS; zoo: the model
+    size: str | None = None  # zoo only: "full" or "small"
 
     @property
     def group(self) -> str:
         """What projections scale within: the workload, or the block."""
-        return f"blocks:{self.block}" if self.kind == "blocks" else self.kind
+        if self.kind in ("blocks", "zoo"):
+            return f"{self.kind}:{self.block}"
+        return self.kind
 
     @property
     def name(self) -> str:
+        if self.kind == "zoo":
+            return f"{self.block}" + (" (small)" if self.size == "small" else "")
         if self.kind == "blocks":
             return f"{self.block} C={self.C} N={self.N}"
         if self.kind == "scan":
@@ -99,6 +111,8 @@ class Setting:
 
     @property
     def slug(self) -> str:
+        if self.kind == "zoo":
+            return f"zoo_{self.block.replace(':', '_')}_{self.size}"
         if self.kind == "blocks":
             return f"blocks_{self.block}_C{self.C}_N{self.N}"
         if self.kind == "scan":
@@ -108,6 +122,8 @@ class Setting:
     # Sizes in bytes -------------------------------------------------------
     @property
     def input_bytes(self) -> int:
+        if self.kind == "zoo":
+            return 0  # whole models: no byte model (projections use a nominal work)
         if self.kind == "blocks":
             one = self.C * self.N * BYTES_PER_ELEMENT
             if self.block == "decode_scan":
@@ -127,10 +143,12 @@ class Setting:
 
     @property
     def output_bytes(self) -> int:
-        return self.C * self.N * BYTES_PER_ELEMENT
+        return self.C * self.N * BYTES_PER_ELEMENT  # 0 for zoo settings (C = N = 0)
 
     @property
     def weight_bytes(self) -> int:
+        if self.kind == "zoo":
+            return 0
         if self.kind == "blocks":
             return block_weight_elements(self.block, self.C, self.N) * BYTES_PER_ELEMENT
         return self.C * self.K * BYTES_PER_ELEMENT if self.kind == "conv" else 0
@@ -139,6 +157,8 @@ class Setting:
     def block_flops(self) -> float:
         """Blocks: a direct definition's flops (linears, convs as written,
         ~10 per element for the rest); what the projections scale by."""
+        if self.kind == "zoo":
+            return ZOO_NOMINAL_FLOPS
         c, n = self.C, self.N
         elementwise = 10.0 * c * n
         return {
@@ -225,6 +245,8 @@ def make_settings(
     block_c: tuple[int, ...] | None = None,
     block_n: tuple[int, ...] | None = None,
     decode: tuple[str, ...] = tuple(DECODE_BLOCKS),
+    zoo: tuple[str, ...] = (),
+    zoo_size: str = "full",
 ) -> list[Setting]:
     """The product of the given values, deduplicated, small work first (so
     projections of large settings can use measured smaller ones). Blocks run
@@ -232,6 +254,9 @@ def make_settings(
     steps (run as blocks) likewise, at N = 1."""
     settings = set()
     for kind in kinds:
+        if kind == "zoo":
+            settings.update(Setting("zoo", 0, 0, block=b, size=zoo_size) for b in zoo)
+            continue
         if kind == "decode":
             for b in decode:
                 for c, n in product(block_c or DECODE_BLOCKS[b][1], block_n or (1,)):
@@ -252,7 +277,7 @@ def make_settings(
     unique = {}
     for s in sorted(settings, key=lambda s: s.K_label != "N"):
         unique.setdefault((s.kind, s.C, s.N, s.K, s.block), s)
-    blocks_order = list(BLOCKS) + list(DECODE_BLOCKS)
+    blocks_order = list(BLOCKS) + list(DECODE_BLOCKS) + list(zoo)
     return sorted(
         unique.values(),
         key=lambda s: (
@@ -294,9 +319,13 @@ class SettingData:
     inputs: list[np.ndarray]
     weight: np.ndarray | None
     module_seed: int = 0  # blocks: the seed their parameters are drawn from
+    zoo: object = None  # zoo: the bench.zoo.ZooCase
 
     def model(self) -> torch.nn.Module:
-        """A fresh module each call (blocks with state start from zero state)."""
+        """A fresh module each call (blocks with state start from zero state;
+        a zoo model is built once)."""
+        if self.setting.kind == "zoo":
+            return self.zoo.module
         if self.setting.kind == "blocks":
             return make_block(self.setting, self.module_seed)
         if self.setting.kind == "scan":
@@ -304,6 +333,8 @@ class SettingData:
         return CausalDepthwiseConv(torch.from_numpy(self.weight)).eval()
 
     def torch_inputs(self) -> tuple[torch.Tensor, ...]:
+        if self.setting.kind == "zoo":
+            return tuple(self.zoo.inputs)
         return tuple(torch.from_numpy(a) for a in self.inputs)
 
     def io_bytes(self) -> int:
@@ -423,6 +454,13 @@ def make_data(setting: Setting, seed: int) -> SettingData:
     range); scan x0, u ~ N(0,1) and decays a ~ U(0, 1) (a stable recurrence)."""
     gen = torch.Generator().manual_seed(_seed_for(setting, seed))
     c, n = setting.C, setting.N
+    if setting.kind == "zoo":
+        # The zoo's own seeds: the tests' inputs and weights.
+        from bench import zoo
+
+        case = zoo.case(setting.block, setting.size == "full")
+        arrays = [t.contiguous().numpy() for t in case.inputs]
+        return SettingData(setting, arrays, None, zoo=case)
     if setting.kind == "blocks":
         # Parameters: the modules' own initialisation (O(1) outputs); inputs:
         # the block's make_inputs, N(0,1).

@@ -5,9 +5,12 @@ RUNPATH finds the executorch package beside it in site-packages. This
 launcher checks that the installed executorch is the one it was built for,
 puts that executorch's ``lib/`` on ``LD_LIBRARY_PATH`` (so environments where
 executorch lives elsewhere on ``sys.path`` work too: a ``--user`` install, a
-layered venv), then replaces itself with the binary, so flags, output and
-exit status are the runner's own (README: pte_runner). A source checkout
-runs ``target/release/pte_runner`` directly.
+layered venv), names this interpreter's shared libpython in
+``RUSTCONV_LIBPYTHON`` (ExecuTorch's LLM custom ops library needs CPython's
+symbols; the runner's default is the build machine's), then replaces itself
+with the binary, so flags, output and exit status are the runner's own
+(README: pte_runner). A source checkout runs ``target/release/pte_runner``
+directly.
 
 It is a module of its own, outside ``rustconv``, because importing that
 package imports torch (seconds), and it loads ``rustconv/native.py`` (the
@@ -19,10 +22,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import sysconfig
 from pathlib import Path
 from types import ModuleType
 
-__all__ = ["package_dir", "executorch_lib", "main"]
+__all__ = ["package_dir", "executorch_lib", "libpython", "main"]
 
 
 def package_dir() -> Path:
@@ -50,6 +54,15 @@ def executorch_lib() -> Path | None:
     return None
 
 
+def libpython() -> Path | None:
+    """This interpreter's shared libpython, if it was built with one."""
+    if not sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        return None
+    libdir, name = sysconfig.get_config_var("LIBDIR"), sysconfig.get_config_var("INSTSONAME")
+    path = Path(libdir or "", name or "")
+    return path if name and path.is_file() else None
+
+
 def main() -> None:
     package = package_dir()
     runner = package / "bin" / "pte_runner"
@@ -67,6 +80,9 @@ def main() -> None:
     if lib is not None:
         paths = [str(lib), *filter(None, os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep))]
         os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(paths)
+    python = libpython()
+    if python is not None:
+        os.environ.setdefault("RUSTCONV_LIBPYTHON", str(python))
     os.execv(runner, [str(runner), *sys.argv[1:]])
 
 

@@ -4,6 +4,8 @@
 # The virtualenv (torch pulls ~6 GB of CUDA wheels) lives outside the worktree,
 # in $RUSTCONV_CACHE (default ~/.cache/rustconv), keyed by a hash of
 # requirements.txt, so fresh clones reuse it and a change of pins makes a new one.
+# The model zoo's packages (requirements-zoo*.txt) are layered into it with
+# their own marker, so changing them never re-downloads torch.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -27,11 +29,33 @@ ensure_venv() {
         # Environments for older pins are 6 GB each: keep only this one.
         find "$CACHE" -maxdepth 1 -name 'venv-*' ! -path "$VENV" -exec rm -rf {} +
     fi
+    ensure_zoo_requirements
     flock -u 9
     ln -sfn "$VENV" "$ROOT/.venv"
     export RUSTCONV_PYTHON="$VENV/bin/python"
     export PYTHONPATH="$ROOT/partitioner_py${PYTHONPATH:+:$PYTHONPATH}"
     PATH="$VENV/bin:$PATH"
+}
+
+# The model zoo's packages (transformers, torchaudio, onnxruntime; see
+# requirements-zoo.txt), installed into $VENV once per hash of their two
+# files. requirements.txt is passed as constraints, so pip keeps every pin of
+# the environment (torch, executorch, numpy) and fails rather than move one;
+# torchaudio goes in without its dependencies (requirements-zoo-nodeps.txt).
+# Called by ensure_venv with the cache lock held.
+ZOO_REQUIREMENTS="requirements-zoo.txt requirements-zoo-nodeps.txt"
+ensure_zoo_requirements() {
+    local hash marker
+    hash=$(cd "$ROOT" && cat $ZOO_REQUIREMENTS | sha256sum | cut -c1-16)
+    marker="$VENV/.rustconv-zoo-$hash"
+    if [ -f "$marker" ]; then
+        return
+    fi
+    log "installing the model zoo's packages ($ZOO_REQUIREMENTS) into $VENV"
+    "$VENV/bin/pip" install --quiet -c "$ROOT/requirements.txt" -r "$ROOT/requirements-zoo.txt"
+    "$VENV/bin/pip" install --quiet --no-deps -r "$ROOT/requirements-zoo-nodeps.txt"
+    rm -f "$VENV"/.rustconv-zoo-*
+    touch "$marker"
 }
 
 flatc_path() {

@@ -1,5 +1,7 @@
 #include "delegate/cpp/runner.h"
 
+#include <dlfcn.h>
+
 #include <cstdio>
 #include <cstring>
 #include <stdexcept>
@@ -13,6 +15,7 @@
 #include <executorch/runtime/backend/options.h>
 #include <executorch/runtime/executor/method.h>
 #include <executorch/runtime/executor/program.h>
+#include <executorch/runtime/kernel/operator_registry.h>
 
 #include "rustconv/delegate/src/bin/pte_runner/ffi.rs.h"
 
@@ -300,6 +303,31 @@ void reset_state() {
   if (err != Error::Ok) {
     fail("set_option(RustConvBackend, reset_state)", err);
   }
+}
+
+void load_library(rust::Str path) {
+  const std::string file(path);
+  // RTLD_NOW: an unresolved symbol is an error here, not a crash at the
+  // first call. RTLD_GLOBAL: a library loaded for the symbols of those loaded
+  // after it (libpython, for the LLM custom ops' library) must export them.
+  // Never closed: the kernels it registered point into it.
+  if (dlopen(file.c_str(), RTLD_NOW | RTLD_GLOBAL) == nullptr) {
+    const char* why = dlerror();
+    throw std::runtime_error(
+        "cannot load " + file + ": " + (why != nullptr ? why : "unknown error"));
+  }
+}
+
+bool has_operator(rust::Str name) {
+  // A walk over the registered kernels rather than registry_has_op_function,
+  // which logs an error for every name it does not find.
+  const std::string op(name);
+  for (const auto& kernel : executorch::runtime::get_registered_kernels()) {
+    if (kernel.name_ != nullptr && op == kernel.name_) {
+      return true;
+    }
+  }
+  return false;
 }
 
 rust::Vec<rust::String> registered_backends() {

@@ -59,5 +59,13 @@ void reset_state();
 
 rust::Vec<rust::String> registered_backends();
 
+// dlopen(path, RTLD_NOW | RTLD_GLOBAL), for libraries whose static
+// initialisers register ExecuTorch kernels; throws with dlerror()'s reason.
+void load_library(rust::Str path);
+
+// Whether ExecuTorch's kernel registry has an operator of this name
+// ("llama::custom_sdpa.out"), for any dtype.
+bool has_operator(rust::Str name);
+
 } // namespace runner
 } // namespace rustconv

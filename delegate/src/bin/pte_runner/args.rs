@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use crate::kernel_libs::LlmOps;
+
 pub const USAGE: &str = "\
 usage: pte_runner -model_path FILE [options]
 
@@ -29,6 +31,17 @@ usage: pte_runner -model_path FILE [options]
   -reset_state            reset RustConv's delegate-owned state (the backend
                           option reset_state) before every iteration but the
                           first, so each replays the sequence from the start
+  -kernel_lib A,B,..      shared libraries to load before the program, whose
+                          static initialisers register ExecuTorch kernels
+                          (a model's own custom operators)
+  -llm_ops auto|on|off    ExecuTorch's LLM custom ops (llama::custom_sdpa.out,
+                          update_cache.out, ...) that its LLM recipes' programs
+                          call, from the executorch wheel's
+                          libcustom_ops_aot_lib.so (which brings libtorch and
+                          a shared libpython: about a second): auto (default)
+                          loads them when the method fails to load for a
+                          missing operator, then loads it again; on, before
+                          the program; off, never
   -help                   show this text";
 
 #[derive(Debug, Default, PartialEq)]
@@ -46,6 +59,8 @@ pub struct Args {
     pub steps_npz_paths: Vec<PathBuf>,
     pub decode_steps: Option<usize>,
     pub reset_state: bool,
+    pub kernel_libs: Vec<PathBuf>,
+    pub llm_ops: LlmOps,
     pub help: bool,
 }
 
@@ -106,6 +121,13 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
                 args.steps_npz_paths = value()?.split(',').map(PathBuf::from).collect()
             }
             "decode_steps" => args.decode_steps = Some(number(name, &value()?)?),
+            "kernel_lib" => args.kernel_libs.extend(
+                value()?
+                    .split(',')
+                    .filter(|p| !p.is_empty())
+                    .map(PathBuf::from),
+            ),
+            "llm_ops" => args.llm_ops = LlmOps::parse(&value()?)?,
             _ => return Err(format!("unknown flag '{arg}' (see -help)")),
         }
     }
@@ -179,6 +201,21 @@ mod tests {
         assert!(parse_str("-model_path m -decode_steps 3")
             .unwrap_err()
             .contains("needs -steps_npz_paths"));
+        assert!(parse_str("-model_path m -llm_ops maybe")
+            .unwrap_err()
+            .contains("auto, on or off"));
+    }
+
+    #[test]
+    fn kernel_libraries_and_llm_ops() {
+        let a = parse_str("-model_path m -kernel_lib a.so,b.so --kernel_lib=c.so -llm_ops off")
+            .unwrap();
+        assert_eq!(
+            a.kernel_libs,
+            [PathBuf::from("a.so"), "b.so".into(), "c.so".into()]
+        );
+        assert_eq!(a.llm_ops, LlmOps::Off);
+        assert_eq!(parse_str("-model_path m").unwrap().llm_ops, LlmOps::Auto);
     }
 
     #[test]

@@ -42,6 +42,16 @@ pub mod bridge {
         fn set_rustconv_threads(num_threads: u32) -> Result<()>;
         fn reset_state() -> Result<()>;
         fn registered_backends() -> Vec<String>;
+        /// dlopen with RTLD_NOW | RTLD_GLOBAL; the library is never closed.
+        ///
+        /// # Safety
+        /// Loading runs the library's static initialisers in this process:
+        /// it must be a library meant to be loaded into an ExecuTorch
+        /// program runner (an operator library built against this runtime,
+        /// as the user's `-kernel_lib` and the executorch wheel's own LLM
+        /// custom ops are), or one such a library needs (libpython).
+        unsafe fn load_library(path: &str) -> Result<()>;
+        fn has_operator(name: &str) -> bool;
     }
 
     #[namespace = "rustconv::ffi"]

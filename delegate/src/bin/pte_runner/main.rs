@@ -1,12 +1,14 @@
 //! pte_runner: runs a `.pte` with RustConvBackend, XNNPACK, ExecuTorch's
 //! optimized CPU kernels and the `rustconv::linear_scan.out` kernel (for scans
-//! no delegate took) linked in, times it, and optionally writes the outputs
-//! (npz) and an ETDump trace for `executorch.devtools.Inspector`.
+//! no delegate took) linked in, and ExecuTorch's LLM custom ops loaded when a
+//! program needs them (kernel_libs.rs), times it, and optionally writes the
+//! outputs (npz) and an ETDump trace for `executorch.devtools.Inspector`.
 //!
 //! Any failure exits non-zero with one line on stderr.
 
 mod args;
 mod ffi;
+mod kernel_libs;
 mod npz;
 mod stats;
 
@@ -18,6 +20,7 @@ use rand::{rngs::SmallRng, Rng, SeedableRng};
 
 use args::Args;
 use ffi::bridge as et;
+use kernel_libs::LlmOps;
 use npz::{Array, ElemType};
 
 fn main() -> ExitCode {
@@ -67,6 +70,10 @@ fn run(argv: impl IntoIterator<Item = String>) -> Result<(), String> {
             args.model_path.display()
         ));
     }
+    kernel_libs::load_user_libraries(&args.kernel_libs)?;
+    if args.llm_ops == LlmOps::On {
+        kernel_libs::load_llm_ops()?;
+    }
     if let Some(n) = args.num_threads {
         et::set_num_threads(n).map_err(|e| e.what().to_owned())?;
     }
@@ -90,7 +97,7 @@ fn run(argv: impl IntoIterator<Item = String>) -> Result<(), String> {
             step_files.push((path.clone(), npz::read_all(path)?));
         }
     }
-    let baseline = stats::reset_peak_rss();
+    let mut baseline = stats::reset_peak_rss();
     // Declared before `session`, so dropped after it: the session reads these
     // bytes in place (see `set_input`).
     #[expect(
@@ -98,8 +105,28 @@ fn run(argv: impl IntoIterator<Item = String>) -> Result<(), String> {
         reason = "declared here for its drop order"
     )]
     let inputs: Vec<Array>;
-    let mut session = et::open_session(model, &args.method, args.etdump_path.is_some())
-        .map_err(|e| e.what().to_owned())?;
+    let open = || et::open_session(model, &args.method, args.etdump_path.is_some());
+    let mut session = match open() {
+        Ok(session) => session,
+        Err(e) if args.llm_ops == LlmOps::Auto && e.what().contains("Error::OperatorMissing") => {
+            // ExecuTorch logged the missing operators above. If loading the
+            // LLM custom ops adds none (they were there), the error stands.
+            let Some(library) =
+                kernel_libs::load_llm_ops().map_err(|why| format!("{} (and {why})", e.what()))?
+            else {
+                return Err(e.what().to_owned());
+            };
+            eprintln!(
+                "pte_runner: loaded ExecuTorch's LLM custom ops from {} for the missing \
+                 operator(s); loading the method again",
+                library.display()
+            );
+            // The libraries' memory is not the program's.
+            baseline = stats::reset_peak_rss();
+            open().map_err(|e| e.what().to_owned())?
+        }
+        Err(e) => return Err(e.what().to_owned()),
+    };
     if !args.steps_npz_paths.is_empty() {
         // The calls' inputs, one set per distinct file, alive as long as the
         // session (set_input reads them in place).
@@ -286,8 +313,9 @@ fn time_iterations(
     Ok(times)
 }
 
-/// Uniform in [-1, 1) for floats, small values for integers, of the shapes
-/// the method declares (the upper bounds for dynamic dimensions).
+/// Uniform in [-1, 1) for floats, small non-negative values for integers (0
+/// to 4), of the shapes the method declares (the upper bounds for dynamic
+/// dimensions).
 fn random_inputs(session: &et::Session, seed: u64) -> Result<Vec<Array>, String> {
     let mut rng = SmallRng::seed_from_u64(seed);
     (0..session.num_inputs())
@@ -309,8 +337,10 @@ fn random_inputs(session: &et::Session, seed: u64) -> Result<Vec<Array>, String>
                     ElemType::F64 => data.extend_from_slice(&x.to_le_bytes()),
                     ElemType::F16 => data.extend_from_slice(&half::f16::from_f64(x).to_le_bytes()),
                     ElemType::Bool => data.push((x > 0.0) as u8),
+                    // Non-negative: integer inputs are mostly indices
+                    // (token ids, positions), and a negative one is refused.
                     int => {
-                        let v = (x * 4.0).round() as i64;
+                        let v = (x.abs() * 4.0).round() as i64;
                         data.extend_from_slice(&v.to_le_bytes()[..int.size()]);
                     }
                 }
