@@ -453,10 +453,12 @@ pub struct SharedOut<'a> {
     _borrow: PhantomData<&'a mut [f32]>,
 }
 
-// SAFETY: `SharedOut` only writes through `store_line`, whose callers (the
-// epilogue sinks) write each element from exactly one task: the store views
-// are bijections from the anchor's output to the stored value, and kernels
-// hand every output element to the sink once.
+// SAFETY: `SharedOut` only writes through `store_line` and `with_line`,
+// whose callers write each element from exactly one task: the epilogue
+// sinks (the store views are bijections from the anchor's output to the
+// stored value, and kernels hand every output element to the sink once) and
+// the reductions (`reduce.rs`: each task owns whole outputs or a block of
+// them, disjoint from every other task's).
 unsafe impl Sync for SharedOut<'_> {}
 unsafe impl Send for SharedOut<'_> {}
 
@@ -500,7 +502,7 @@ impl<'a> SharedOut<'a> {
     ///
     /// # Panics
     /// If the line leaves the tensor (checked before any write).
-    fn store_line(&self, start: usize, stride: usize, values: &[f32]) {
+    pub(super) fn store_line(&self, start: usize, stride: usize, values: &[f32]) {
         let Some(n) = values.len().checked_sub(1) else {
             return;
         };
