@@ -1,13 +1,24 @@
 //! From the fused kernels the exporter recorded (`Node.kernel`) to what
-//! each runs: which values are materialised, the anchor's operands as
-//! stored values or prologue programs, the epilogue, or the programs of a
-//! pass. The rules are schema/README.md's "Fused kernels"; a grouping that
-//! breaks them is refused here, at init, naming the kernel and the reason.
+//! each runs: which values are materialised, the statistics it gathers
+//! first, the anchor's operands as stored values or prologue programs, the
+//! epilogue, or the programs of a pass. The rules are schema/README.md's
+//! "Fused kernels"; a grouping that breaks them is refused here, at init,
+//! naming the kernel and the reason.
+//!
+//! A `Reduce` node needs all of its input before any element of its result
+//! exists, so it cannot run inside the loops that read it: its result is
+//! computed by the kernel's *statistics pass* (`rustconv_kernels::fused::reduce`),
+//! into a stored value, before the kernel's main loop, whose programs then
+//! load it (through the broadcasts the model applies). Reductions of one
+//! input over the same dimensions (a LayerNorm's mean and variance) form one
+//! [`Statistics`] group, gathered in one walk.
 
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
-use rustconv_kernels::fused::{Expr, Program, StoreView};
+use rustconv_kernels::fused::{Expr, Program, ReduceOp, StoreView};
+use rustconv_kernels::MAX_RANK;
 
 use crate::error::GraphError;
 use crate::graph::{GraphDesc, NodeDesc, OpDesc, Operand, Role};
@@ -30,6 +41,20 @@ pub struct Epilogue {
     pub program: Program,
     /// Views from the program's result to the stored result, in order.
     pub views: Vec<StoreView>,
+}
+
+/// Reductions of one program over the same dimensions, computed together
+/// before the kernel's main loop into stored values.
+#[derive(Debug)]
+pub struct Statistics {
+    /// The reductions' input, over the kernel's nodes (never its anchor).
+    pub program: Program,
+    /// The reduced dimensions of the program's root.
+    pub dims: [bool; MAX_RANK],
+    /// Each statistic and the value it is stored into (each op once).
+    pub outputs: Vec<(ReduceOp, usize)>,
+    /// The value the program computes (the `Reduce` nodes' input).
+    input: usize,
 }
 
 #[derive(Debug)]
@@ -59,8 +84,12 @@ pub struct Kernel {
     pub index: u32,
     /// Positions of its nodes in `GraphDesc::nodes`.
     pub nodes: Range<usize>,
-    /// The materialised values it writes.
+    /// The materialised values its main loop writes (an anchor kernel's
+    /// result first); the statistics' values are in `statistics`.
     pub writes: Vec<usize>,
+    /// Gathered before the main loop, in order (a group may read an
+    /// earlier one's values).
+    pub statistics: Vec<Statistics>,
     pub body: KernelBody,
 }
 
@@ -102,11 +131,20 @@ pub fn build(graph: &GraphDesc) -> Result<(Vec<Kernel>, Vec<bool>), GraphError> 
         graph,
         producer: &producer,
         materialised: &materialised,
+        statistics: RefCell::default(),
     };
     let kernels = ranges
         .into_iter()
         .map(|nodes| ctx.kernel(nodes))
         .collect::<Result<Vec<_>, _>>()?;
+    // The statistics' values are stored by their kernel's statistics pass.
+    for kernel in &kernels {
+        for s in &kernel.statistics {
+            for &(_, v) in &s.outputs {
+                materialised[v] = true;
+            }
+        }
+    }
     Ok((kernels, materialised))
 }
 
@@ -147,6 +185,9 @@ struct Context<'a> {
     graph: &'a GraphDesc,
     producer: &'a [Option<usize>],
     materialised: &'a [bool],
+    /// The statistics of the kernel being built, and the `Reduce` nodes
+    /// already among them.
+    statistics: RefCell<(Vec<Statistics>, HashSet<usize>)>,
 }
 
 impl Context<'_> {
@@ -159,18 +200,35 @@ impl Context<'_> {
             name: first.name.clone(),
             reason,
         };
+        // A reduction's result is written by the statistics pass, whether
+        // or not the blob materialises it; the main loop writes the rest.
         let writes: Vec<usize> = nodes
             .clone()
+            .filter(|&n| !matches!(graph.nodes[n].op, OpDesc::Reduce { .. }))
             .map(|n| graph.nodes[n].op.output())
             .filter(|&v| self.materialised[v])
             .collect();
+        let reduced_for_others = nodes.clone().any(|n| {
+            matches!(graph.nodes[n].op, OpDesc::Reduce { .. })
+                && self.materialised[graph.nodes[n].op.output()]
+        });
+        *self.statistics.borrow_mut() = Default::default();
         let anchors: Vec<usize> = nodes
             .clone()
             .filter(|&n| graph.nodes[n].op.is_anchor())
             .collect();
+        // Materialised reductions are computed whether or not a program
+        // reads them.
+        for n in nodes.clone() {
+            if let OpDesc::Reduce { output, .. } = graph.nodes[n].op {
+                if self.materialised[output] {
+                    self.statistic(&nodes, n).map_err(&bad)?;
+                }
+            }
+        }
         let body = match anchors[..] {
             [] => {
-                if writes.is_empty() {
+                if writes.is_empty() && !reduced_for_others {
                     return Err(bad("computes nothing that is read".into()));
                 }
                 let mut results = Vec::new();
@@ -239,12 +297,58 @@ impl Context<'_> {
                 )))
             }
         };
+        let (statistics, _) = self.statistics.take();
         Ok(Kernel {
             index,
             nodes,
             writes,
+            statistics,
             body,
         })
+    }
+
+    /// Registers `Reduce` node `n` with the kernel's statistics (once):
+    /// into the group of its input and dimensions where that group does not
+    /// compute its op yet, else as a new group after the ones its input
+    /// program reads.
+    fn statistic(&self, nodes: &Range<usize>, n: usize) -> Result<(), String> {
+        let OpDesc::Reduce {
+            op,
+            input,
+            output,
+            dims,
+        } = self.graph.nodes[n].op
+        else {
+            unreachable!("statistic of a Reduce node")
+        };
+        {
+            let mut stats = self.statistics.borrow_mut();
+            let (groups, known) = &mut *stats;
+            if known.contains(&n) {
+                return Ok(());
+            }
+            let fits = |s: &&mut Statistics| {
+                s.input == input && s.dims == dims && s.outputs.iter().all(|&(o, _)| o != op)
+            };
+            if let Some(s) = groups.iter_mut().find(fits) {
+                s.outputs.push((op, output));
+                known.insert(n);
+                return Ok(());
+            }
+        }
+        // Registers the reductions the input reads first.
+        let mut b = self.builder(nodes, None);
+        b.reduction = Some(n);
+        b.value(input)?;
+        let mut stats = self.statistics.borrow_mut();
+        stats.0.push(Statistics {
+            program: b.program,
+            dims,
+            outputs: vec![(op, output)],
+            input,
+        });
+        stats.1.insert(n);
+        Ok(())
     }
 
     fn names(&self, values: &[usize]) -> String {
@@ -367,6 +471,7 @@ impl Context<'_> {
             program: Program::default(),
             memo: HashMap::new(),
             through_anchor: Vec::new(),
+            reduction: None,
         }
     }
 }
@@ -379,6 +484,8 @@ struct ProgramBuilder<'a> {
     memo: HashMap<usize, usize>,
     /// Per program node: whether it depends on the anchor's chunk.
     through_anchor: Vec<bool>,
+    /// The `Reduce` node whose input this program computes, if it is one.
+    reduction: Option<usize>,
 }
 
 impl ProgramBuilder<'_> {
@@ -452,11 +559,25 @@ impl ProgramBuilder<'_> {
         let out = node.op.output();
         let expr = match node.op {
             OpDesc::Conv1d { .. } | OpDesc::LinearScan { .. } => {
+                if let Some(r) = self.reduction {
+                    return Err(format!(
+                        "the reduction '{}' reads the output of '{}' ({}), the kernel's own \
+                         anchor: a kernel gathers its statistics before its anchor runs",
+                        self.ctx.graph.nodes[r].name,
+                        node.name,
+                        node.op.kind()
+                    ));
+                }
                 return Err(format!(
                     "'{}' ({}) is read inside its own kernel other than by its epilogue",
                     node.name,
                     node.op.kind()
-                ))
+                ));
+            }
+            OpDesc::Reduce { .. } => {
+                // Computed by the statistics pass; read back as stored.
+                self.ctx.statistic(self.nodes, n)?;
+                Expr::Load
             }
             OpDesc::Unary { op, input, .. } => Expr::Unary {
                 op,
