@@ -31,7 +31,7 @@ from rustconv.ops_lowering.common import (
     tensor_val,
 )
 from rustconv.ops_lowering.operands import check_elementwise_dtypes, tensor_operand
-from rustconv.ops_lowering.registry import OpLowering, register
+from rustconv.ops_lowering.registry import OpLowering, lowering_for, register
 from rustconv.ops_lowering.slice_bounds import encode_bound
 
 if TYPE_CHECKING:
@@ -108,7 +108,9 @@ class SplitLowering(OpLowering):
 
 @register
 class GetItemLowering(OpLowering):
-    """``operator.getitem`` of a split: the piece as a ``Slice``."""
+    """``operator.getitem`` of a split: the piece as a ``Slice``; of another
+    op's tuple (a normalisation), whatever that op's lowering made of the item
+    (:meth:`OpLowering.check_item`)."""
 
     kind = "split piece"
     targets = (operator.getitem,)
@@ -116,13 +118,20 @@ class GetItemLowering(OpLowering):
     def check(self, node: Node, ctx: GraphContext) -> None:
         source, index = node.args
         if not is_split(source):
-            raise NotSupported(f"getitem of {getattr(source, 'name', source)}, not of a split")
+            # An item of another op's tuple (a normalisation's result).
+            lowering = lowering_for(source) if isinstance(source, Node) else None
+            if lowering is None:
+                raise NotSupported(f"getitem of {getattr(source, 'name', source)}, not of a split")
+            lowering.check_item(source, static_int(index, "index"), ctx)
+            return
         reason = SplitLowering().unsupported_reason(source, ctx)
         if reason is not None:
             raise NotSupported(f"its split {source.name} is not supported: {reason}")
         piece_slice(source, static_int(index, "index"))
 
     def emit(self, node: Node, builder: LoweringBuilder) -> None:
+        if builder.value_of(node) is not None:
+            return  # an item its source's lowering gave a value
         split, index = node.args
         source, dim, start, end = piece_slice(split, int(index))
         op = SliceT()
