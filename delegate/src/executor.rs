@@ -11,7 +11,7 @@ use rustconv_kernels::fused::{
 use rustconv_kernels::{self as kernels, KernelError, Scratch};
 
 use crate::error::{ArgError, DelegateError};
-use crate::fusion::Source;
+use crate::fusion::{Source, StatisticsKind};
 use crate::graph::{DType, OpDesc, Role, ValueDesc, MAX_RANK};
 use crate::memory::AlignedBuf;
 use crate::ops;
@@ -454,24 +454,28 @@ impl Executable<'_> {
         };
         let scratch = &state.scratch;
         for s in &step.statistics {
-            // At most one statistic per op (fusion.rs groups them so).
-            let mut stats = [None, None, None];
-            for (slot, &(op, v)) in stats.iter_mut().zip(&s.outputs) {
-                *slot = Some(Statistic { op, out: out(v) });
+            match &s.kind {
+                StatisticsKind::Reduce { dims, outputs, .. } => {
+                    // At most one statistic per op (fusion.rs groups them so).
+                    let mut stats = [None, None, None];
+                    for (slot, &(op, v)) in stats.iter_mut().zip(outputs) {
+                        *slot = Some(Statistic { op, out: out(v) });
+                    }
+                    let mut stats = stats.map(|s| {
+                        s.unwrap_or(Statistic {
+                            op: kernels::fused::ReduceOp::Sum,
+                            out: &mut [],
+                        })
+                    });
+                    reduce(&s.program, &env, dims, &mut stats[..outputs.len()], scratch)?;
+                }
+                StatisticsKind::Derived { value, .. } => materialise(
+                    &ProgramRows::new(&s.program, &env),
+                    out(*value),
+                    row_len(*value),
+                    scratch,
+                ),
             }
-            let mut stats = stats.map(|s| {
-                s.unwrap_or(Statistic {
-                    op: kernels::fused::ReduceOp::Sum,
-                    out: &mut [],
-                })
-            });
-            reduce(
-                &s.program,
-                &env,
-                &s.dims,
-                &mut stats[..s.outputs.len()],
-                scratch,
-            )?;
         }
         match &step.exec {
             Exec::Pass { results } => {

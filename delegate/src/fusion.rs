@@ -43,18 +43,47 @@ pub struct Epilogue {
     pub views: Vec<StoreView>,
 }
 
-/// Reductions of one program over the same dimensions, computed together
-/// before the kernel's main loop into stored values.
+/// What a kernel computes before its main loop, into stored values its
+/// programs then load.
 #[derive(Debug)]
 pub struct Statistics {
-    /// The reductions' input, over the kernel's nodes (never its anchor).
+    /// Over the kernel's nodes (never its anchor), reading earlier
+    /// statistics as stored.
     pub program: Program,
-    /// The reduced dimensions of the program's root.
-    pub dims: [bool; MAX_RANK],
-    /// Each statistic and the value it is stored into (each op once).
-    pub outputs: Vec<(ReduceOp, usize)>,
-    /// The value the program computes (the `Reduce` nodes' input).
-    input: usize,
+    pub kind: StatisticsKind,
+}
+
+#[derive(Debug)]
+pub enum StatisticsKind {
+    /// Reductions of the program over the same dimensions, gathered in one
+    /// walk.
+    Reduce {
+        /// The reduced dimensions of the program's root.
+        dims: [bool; MAX_RANK],
+        /// Each statistic and the value it is stored into (each op once).
+        outputs: Vec<(ReduceOp, usize)>,
+        /// The value the program computes (the `Reduce` nodes' input).
+        input: usize,
+    },
+    /// An elementwise function of earlier statistics alone, of their shape
+    /// (a LayerNorm's `rsqrt(var + eps)`), computed once per statistic
+    /// rather than at every element that reads it through a broadcast.
+    Derived {
+        /// The value the program computes, stored.
+        value: usize,
+        /// Its op's name, for the plan.
+        op: &'static str,
+    },
+}
+
+impl Statistics {
+    /// The values it stores.
+    pub fn values(&self) -> Vec<usize> {
+        match &self.kind {
+            StatisticsKind::Reduce { outputs, .. } => outputs.iter().map(|&(_, v)| v).collect(),
+            StatisticsKind::Derived { value, .. } => vec![*value],
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -139,10 +168,8 @@ pub fn build(graph: &GraphDesc) -> Result<(Vec<Kernel>, Vec<bool>), GraphError> 
         .collect::<Result<Vec<_>, _>>()?;
     // The statistics' values are stored by their kernel's statistics pass.
     for kernel in &kernels {
-        for s in &kernel.statistics {
-            for &(_, v) in &s.outputs {
-                materialised[v] = true;
-            }
+        for v in kernel.statistics.iter().flat_map(Statistics::values) {
+            materialised[v] = true;
         }
     }
     Ok((kernels, materialised))
@@ -185,9 +212,17 @@ struct Context<'a> {
     graph: &'a GraphDesc,
     producer: &'a [Option<usize>],
     materialised: &'a [bool],
-    /// The statistics of the kernel being built, and the `Reduce` nodes
-    /// already among them.
-    statistics: RefCell<(Vec<Statistics>, HashSet<usize>)>,
+    /// The statistics of the kernel being built.
+    statistics: RefCell<KernelStatistics>,
+}
+
+/// The statistics of the kernel being built: in order, the nodes already
+/// among them, and which nodes derive from statistics alone.
+#[derive(Default)]
+struct KernelStatistics {
+    list: Vec<Statistics>,
+    known: HashSet<usize>,
+    derivable: HashMap<usize, bool>,
 }
 
 impl Context<'_> {
@@ -297,7 +332,7 @@ impl Context<'_> {
                 )))
             }
         };
-        let (statistics, _) = self.statistics.take();
+        let statistics = self.statistics.take().list;
         Ok(Kernel {
             index,
             nodes,
@@ -323,31 +358,94 @@ impl Context<'_> {
         };
         {
             let mut stats = self.statistics.borrow_mut();
-            let (groups, known) = &mut *stats;
+            let KernelStatistics { list, known, .. } = &mut *stats;
             if known.contains(&n) {
                 return Ok(());
             }
-            let fits = |s: &&mut Statistics| {
-                s.input == input && s.dims == dims && s.outputs.iter().all(|&(o, _)| o != op)
-            };
-            if let Some(s) = groups.iter_mut().find(fits) {
-                s.outputs.push((op, output));
+            let group = list.iter_mut().find_map(|s| match &mut s.kind {
+                StatisticsKind::Reduce {
+                    dims: d,
+                    outputs,
+                    input: i,
+                } if *i == input && *d == dims && outputs.iter().all(|&(o, _)| o != op) => {
+                    Some(outputs)
+                }
+                _ => None,
+            });
+            if let Some(outputs) = group {
+                outputs.push((op, output));
                 known.insert(n);
                 return Ok(());
             }
         }
-        // Registers the reductions the input reads first.
+        // Registers the statistics the input reads first.
         let mut b = self.builder(nodes, None);
         b.reduction = Some(n);
         b.value(input)?;
         let mut stats = self.statistics.borrow_mut();
-        stats.0.push(Statistics {
+        stats.list.push(Statistics {
             program: b.program,
-            dims,
-            outputs: vec![(op, output)],
-            input,
+            kind: StatisticsKind::Reduce {
+                dims,
+                outputs: vec![(op, output)],
+                input,
+            },
         });
-        stats.1.insert(n);
+        stats.known.insert(n);
+        Ok(())
+    }
+
+    /// Whether node `n` of the kernel computes an elementwise function of
+    /// the kernel's reductions alone, at their shape (every tensor operand
+    /// a reduction or such a node, of the output's dims), and is not stored
+    /// for another reason: the statistics pass then computes it once.
+    fn derivable(&self, nodes: &Range<usize>, n: usize) -> bool {
+        if let Some(&d) = self.statistics.borrow().derivable.get(&n) {
+            return d;
+        }
+        let graph = self.graph;
+        let node = &graph.nodes[n];
+        let out = node.op.output();
+        let elementwise = matches!(
+            node.op,
+            OpDesc::Unary { .. }
+                | OpDesc::Binary { .. }
+                | OpDesc::Where { .. }
+                | OpDesc::Clamp { .. }
+        );
+        let d = elementwise
+            && !self.materialised[out]
+            && node.op.inputs().into_iter().all(|v| {
+                graph.values[v].dims == graph.values[out].dims
+                    && self.producer[v].is_some_and(|p| {
+                        nodes.contains(&p)
+                            && (matches!(graph.nodes[p].op, OpDesc::Reduce { .. })
+                                || self.derivable(nodes, p))
+                    })
+            });
+        self.statistics.borrow_mut().derivable.insert(n, d);
+        d
+    }
+
+    /// Registers node `n` (see [`Self::derivable`]) with the statistics,
+    /// once, after those it reads.
+    fn derive(&self, nodes: &Range<usize>, n: usize) -> Result<(), String> {
+        if self.statistics.borrow().known.contains(&n) {
+            return Ok(());
+        }
+        let mut b = self.builder(nodes, None);
+        b.deriving = Some(n);
+        let value = self.graph.nodes[n].op.output();
+        b.value(value)?;
+        let mut stats = self.statistics.borrow_mut();
+        stats.list.push(Statistics {
+            program: b.program,
+            kind: StatisticsKind::Derived {
+                value,
+                op: self.graph.nodes[n].op.kind(),
+            },
+        });
+        stats.known.insert(n);
         Ok(())
     }
 
@@ -472,6 +570,7 @@ impl Context<'_> {
             memo: HashMap::new(),
             through_anchor: Vec::new(),
             reduction: None,
+            deriving: None,
         }
     }
 }
@@ -486,6 +585,8 @@ struct ProgramBuilder<'a> {
     through_anchor: Vec<bool>,
     /// The `Reduce` node whose input this program computes, if it is one.
     reduction: Option<usize>,
+    /// The derived statistic this program computes, if it is one.
+    deriving: Option<usize>,
 }
 
 impl ProgramBuilder<'_> {
@@ -557,6 +658,11 @@ impl ProgramBuilder<'_> {
     fn node(&mut self, n: usize) -> Result<usize, String> {
         let node = &self.ctx.graph.nodes[n];
         let out = node.op.output();
+        if self.deriving != Some(n) && self.ctx.derivable(self.nodes, n) {
+            // Computed by the statistics pass; read back as stored.
+            self.ctx.derive(self.nodes, n)?;
+            return self.push(Expr::Load, out);
+        }
         let expr = match node.op {
             OpDesc::Conv1d { .. } | OpDesc::LinearScan { .. } => {
                 if let Some(r) = self.reduction {

@@ -7,7 +7,7 @@ use rustconv_kernels::fused::{line_scratch, reduce_scratch, Program};
 use rustconv_kernels::{self as kernels, scan_rows_scratch, Choice, PreparedConv1d};
 
 use crate::error::{DelegateError, GraphError};
-use crate::fusion::{self, Epilogue, KernelBody, Source, Statistics};
+use crate::fusion::{self, Epilogue, KernelBody, Source, Statistics, StatisticsKind};
 use crate::graph::{DType, GraphDesc, NodeDesc, OpDesc, Role, ValueDesc};
 use crate::memory::{self, Lifetime};
 use crate::ops;
@@ -289,7 +289,7 @@ impl Plan {
             let mut writes: Vec<usize> = kernel
                 .statistics
                 .iter()
-                .flat_map(|s| s.outputs.iter().map(|&(_, v)| v))
+                .flat_map(Statistics::values)
                 .collect();
             writes.extend(kernel.writes);
             let mut step = Step {
@@ -462,7 +462,10 @@ impl Step {
         let statistics = self
             .statistics
             .iter()
-            .map(|s| reduce_scratch(s.program.temporaries()))
+            .map(|s| match s.kind {
+                StatisticsKind::Reduce { .. } => reduce_scratch(s.program.temporaries()),
+                StatisticsKind::Derived { .. } => line_scratch(s.program.temporaries()),
+            })
             .max()
             .unwrap_or(0);
         statistics.max(self.exec_scratch_per_thread())
@@ -534,23 +537,29 @@ impl Step {
     /// for a kernel with nothing fused), after the statistics it gathers
     /// first (", statistics first: mean, var over dim 2").
     pub fn fusion_summary(&self) -> String {
-        let statistics: String = self
-            .statistics
-            .iter()
-            .map(|s| {
-                let ops: Vec<&str> = s.outputs.iter().map(|(op, _)| op.name()).collect();
-                let dims: Vec<String> = (0..s.dims.len())
-                    .filter(|&d| s.dims[d])
-                    .map(|d| d.to_string())
-                    .collect();
-                let plural = if dims.len() == 1 { "" } else { "s" };
-                format!(
-                    ", statistics first: {} over dim{plural} {}",
-                    ops.join(" and "),
-                    dims.join(" and ")
-                )
-            })
-            .collect();
+        let mut statistics = String::new();
+        let mut derived = Vec::new();
+        for s in &self.statistics {
+            match &s.kind {
+                StatisticsKind::Reduce { dims, outputs, .. } => {
+                    let ops: Vec<&str> = outputs.iter().map(|(op, _)| op.name()).collect();
+                    let dims: Vec<String> = (0..dims.len())
+                        .filter(|&d| dims[d])
+                        .map(|d| d.to_string())
+                        .collect();
+                    let plural = if dims.len() == 1 { "" } else { "s" };
+                    statistics += &format!(
+                        ", statistics first: {} over dim{plural} {}",
+                        ops.join(" and "),
+                        dims.join(" and ")
+                    );
+                }
+                StatisticsKind::Derived { op, .. } => derived.push(*op),
+            }
+        }
+        if !derived.is_empty() {
+            statistics += &format!(" (then {} once per statistic)", derived.join(", "));
+        }
         statistics + &self.exec_summary()
     }
 

@@ -7,6 +7,7 @@
 //! runtime must refuse.
 
 use super::*;
+use crate::fusion::StatisticsKind;
 
 const C: usize = 6;
 const C2: usize = 5;
@@ -305,11 +306,14 @@ fn layer_norm_over_a_convs_channels_runs_in_the_next_convs_kernel() {
     let plan = d.plan().unwrap();
     assert_eq!(plan.steps.len(), 2, "{:?}", plan.steps);
     let step = &plan.steps[1];
-    assert_eq!(step.statistics.len(), 1, "mean and var in one walk");
-    assert_eq!(step.statistics[0].outputs.len(), 2);
+    // Mean and var in one walk, then rsqrt(var + eps) once per time step.
+    assert_eq!(step.statistics.len(), 3, "{:?}", step.statistics);
+    assert_eq!(step.statistics[0].values().len(), 2);
     let summary = step.fusion_summary();
     assert!(
-        summary.starts_with(", statistics first: mean and var over dim 2"),
+        summary.starts_with(
+            ", statistics first: mean and var over dim 2 (then add, rsqrt once per statistic)"
+        ),
         "{summary}"
     );
     let ops: Vec<&str> = step.absorbed.iter().map(|a| a.op).collect();
@@ -322,7 +326,8 @@ fn layer_norm_over_a_convs_channels_runs_in_the_next_convs_kernel() {
         matches!(plan.locations[v], Location::Arena(_))
     };
     assert!(stored("mean") && stored("var") && stored("y1"));
-    assert!(!stored("d") && !stored("r") && !stored("nrm") && !stored("p1"));
+    assert!(stored("ve") && stored("r"), "derived statistics");
+    assert!(!stored("d") && !stored("nrm") && !stored("p1"));
     assert!(plan
         .report
         .iter()
@@ -330,7 +335,7 @@ fn layer_norm_over_a_convs_channels_runs_in_the_next_convs_kernel() {
 
     let transposed_store = layer_norm_stack(&[0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
     let d = check_stack(&transposed_store, true, "after a transposed store");
-    assert!(d.plan().unwrap().steps[1].statistics.len() == 1);
+    assert!(d.plan().unwrap().steps[1].statistics.len() == 3);
     check_stack(&layer_norm_stack(&[-1; 13]), true, "unfused");
 }
 
@@ -339,12 +344,11 @@ fn group_norm_over_time_runs_in_the_next_convs_kernel() {
     let blob = group_norm_stack(&[0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]);
     let d = check_stack(&blob, false, "fused");
     let step = &d.plan().unwrap().steps[1];
-    assert_eq!(step.statistics.len(), 1);
-    let mut ops: Vec<_> = step.statistics[0]
-        .outputs
-        .iter()
-        .map(|o| o.0.name())
-        .collect();
+    assert_eq!(step.statistics.len(), 3);
+    let StatisticsKind::Reduce { outputs, .. } = &step.statistics[0].kind else {
+        panic!("{:?}", step.statistics)
+    };
+    let mut ops: Vec<_> = outputs.iter().map(|o| o.0.name()).collect();
     ops.sort_unstable();
     assert_eq!(ops, ["mean", "var"]);
     check_stack(&group_norm_stack(&[-1; 11]), false, "unfused");
@@ -443,7 +447,8 @@ fn rms_norm_of_a_projection_is_a_pointwise_convs_prologue() {
         let d = init(&blob).unwrap();
         let plan = d.plan().unwrap();
         if kernels[0] == 0 {
-            assert_eq!(plan.steps[0].statistics.len(), 1, "{kernels:?}");
+            // The mean of squares, then rsqrt(ms + eps) once per step.
+            assert_eq!(plan.steps[0].statistics.len(), 3, "{kernels:?}");
         }
         for n in [1, 7, NX] {
             let h = ramp(n * C, 0.3);

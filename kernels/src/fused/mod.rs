@@ -12,6 +12,7 @@
 //!   of its dimensions (a normalisation's statistics), gathered before a
 //!   kernel's loops read them.
 
+mod chain_recipes;
 mod conv_recipes;
 mod math;
 mod ops;
