@@ -26,7 +26,7 @@
 
 use rayon::prelude::*;
 
-use super::program::{Env, Line, Program};
+use super::program::{Env, Leaf, LeafMap, Line, Program};
 use super::rows::{SharedOut, LINE_CHUNK};
 use super::shape::{Shape, MAX_RANK};
 use crate::error::KernelError;
@@ -148,6 +148,10 @@ pub fn reduce(
         dims: *dims,
         count: (0..rank).filter(|&d| dims[d]).map(|d| shape[d]).product(),
         var: stats.iter().any(|s| s.op == ReduceOp::Var),
+        leaf: program
+            .is_leaf(program.root())
+            .then(|| program.leaf_map(program.root(), env))
+            .flatten(),
     };
     let [a, b, c] = split_stats(stats);
     let outs = [a, b, c].map(|s| s.map(|(op, out)| (op, SharedOut::new(out))));
@@ -188,9 +192,21 @@ struct Run<'a> {
     count: usize,
     /// The variance is asked for: a second pass.
     var: bool,
+    /// The program's root, where it is a stored tensor (through views).
+    leaf: Option<LeafMap<'a>>,
 }
 
-impl Run<'_> {
+impl<'a> Run<'a> {
+    /// The program's values along `line` (as long as `buf`): read in place
+    /// where the program is a stored tensor read contiguously, else
+    /// computed into `buf` (`tmp` holding the program's temporaries).
+    fn line<'s>(&'s self, line: &Line, buf: &'s mut [f32], tmp: &mut [f32]) -> &'s [f32] {
+        if let Some(Leaf::Contiguous(v, _)) = self.leaf.and_then(|l| l.read(line, buf.len())) {
+            return v;
+        }
+        self.program.eval(self.env, &[], line, buf, tmp);
+        buf
+    }
     /// Rows where the loads are no less contiguous along the best reduced
     /// dimension than along the best kept one.
     fn walk(&self) -> Walk {
@@ -272,14 +288,7 @@ impl Run<'_> {
                 for t0 in (0..len).step_by(LINE_CHUNK) {
                     let n = LINE_CHUNK.min(len - t0);
                     b[dim] = t0;
-                    self.program.eval(
-                        self.env,
-                        &[],
-                        &Line::along(b, dim),
-                        &mut buf[..n],
-                        &mut tmp[..temps * n],
-                    );
-                    f(&buf[..n]);
+                    f(self.line(&Line::along(b, dim), &mut buf[..n], &mut tmp[..temps * n]));
                 }
             }
         };
@@ -362,9 +371,7 @@ impl Run<'_> {
                                 for d in (0..self.shape.rank()).filter(|&d| reduced(d)) {
                                     b[d] = c[d];
                                 }
-                                self.program
-                                    .eval(self.env, &[], &Line::along(b, dim), buf, tmp);
-                                f(parts, buf);
+                                f(parts, self.line(&Line::along(b, dim), buf, tmp));
                             }
                             for (a, p) in acc.iter_mut().zip(parts.iter()) {
                                 add(a, p);
@@ -640,6 +647,7 @@ mod tests {
                 dims: mask(dims),
                 count: 1,
                 var: false,
+                leaf: None,
             }
             .walk()
         };
