@@ -6,12 +6,12 @@ use std::sync::Arc;
 
 use rayon::ThreadPool;
 use rustconv_kernels::fused::{
-    drain, materialise, Env, EpilogueSink, ProgramRows, RowsIn, RowsOut,
+    drain, materialise, reduce, Env, EpilogueSink, ProgramRows, RowsIn, RowsOut, Statistic,
 };
 use rustconv_kernels::{self as kernels, KernelError, Scratch};
 
 use crate::error::{ArgError, DelegateError};
-use crate::fusion::Source;
+use crate::fusion::{Source, StatisticsKind};
 use crate::graph::{DType, OpDesc, Role, ValueDesc, MAX_RANK};
 use crate::memory::AlignedBuf;
 use crate::ops;
@@ -438,10 +438,12 @@ impl Executable<'_> {
         // SAFETY: `data[v]` points to `shapes[v].numel()` f32s of a stored
         // value this step writes (checked against nbytes and alignment for
         // arguments, planned within the arena for intermediates). Nothing
-        // else reads or writes it during the step: programs never load a
-        // value their own kernel produces (fusion.rs), and the planner keeps
-        // values live at the same step apart (arguments:
-        // check_outputs_disjoint).
+        // else reads or writes it while the slice lives: programs never load
+        // a value their own kernel produces (fusion.rs) except the
+        // statistics, which the step writes first, each group's slices
+        // dropped before a later group's or the main loop's programs read
+        // them; and the planner keeps values live at the same step apart
+        // (arguments: check_outputs_disjoint).
         let out = |v: usize| -> &mut [f32] {
             let n = shape(v).numel();
             assert!(
@@ -451,6 +453,30 @@ impl Executable<'_> {
             unsafe { std::slice::from_raw_parts_mut(state.data[v].cast::<f32>(), n) }
         };
         let scratch = &state.scratch;
+        for s in &step.statistics {
+            match &s.kind {
+                StatisticsKind::Reduce { dims, outputs, .. } => {
+                    // At most one statistic per op (fusion.rs groups them so).
+                    let mut stats = [None, None, None];
+                    for (slot, &(op, v)) in stats.iter_mut().zip(outputs) {
+                        *slot = Some(Statistic { op, out: out(v) });
+                    }
+                    let mut stats = stats.map(|s| {
+                        s.unwrap_or(Statistic {
+                            op: kernels::fused::ReduceOp::Sum,
+                            out: &mut [],
+                        })
+                    });
+                    reduce(&s.program, &env, dims, &mut stats[..outputs.len()], scratch)?;
+                }
+                StatisticsKind::Derived { value, .. } => materialise(
+                    &ProgramRows::new(&s.program, &env),
+                    out(*value),
+                    row_len(*value),
+                    scratch,
+                ),
+            }
+        }
         match &step.exec {
             Exec::Pass { results } => {
                 for (v, program) in results {

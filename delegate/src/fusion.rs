@@ -1,13 +1,24 @@
 //! From the fused kernels the exporter recorded (`Node.kernel`) to what
-//! each runs: which values are materialised, the anchor's operands as
-//! stored values or prologue programs, the epilogue, or the programs of a
-//! pass. The rules are schema/README.md's "Fused kernels"; a grouping that
-//! breaks them is refused here, at init, naming the kernel and the reason.
+//! each runs: which values are materialised, the statistics it gathers
+//! first, the anchor's operands as stored values or prologue programs, the
+//! epilogue, or the programs of a pass. The rules are schema/README.md's
+//! "Fused kernels"; a grouping that breaks them is refused here, at init,
+//! naming the kernel and the reason.
+//!
+//! A `Reduce` node needs all of its input before any element of its result
+//! exists, so it cannot run inside the loops that read it: its result is
+//! computed by the kernel's *statistics pass* (`rustconv_kernels::fused::reduce`),
+//! into a stored value, before the kernel's main loop, whose programs then
+//! load it (through the broadcasts the model applies). Reductions of one
+//! input over the same dimensions (a LayerNorm's mean and variance) form one
+//! [`Statistics`] group, gathered in one walk.
 
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
-use rustconv_kernels::fused::{Expr, Program, StoreView};
+use rustconv_kernels::fused::{Expr, Program, ReduceOp, StoreView};
+use rustconv_kernels::MAX_RANK;
 
 use crate::error::GraphError;
 use crate::graph::{GraphDesc, NodeDesc, OpDesc, Operand, Role};
@@ -30,6 +41,49 @@ pub struct Epilogue {
     pub program: Program,
     /// Views from the program's result to the stored result, in order.
     pub views: Vec<StoreView>,
+}
+
+/// What a kernel computes before its main loop, into stored values its
+/// programs then load.
+#[derive(Debug)]
+pub struct Statistics {
+    /// Over the kernel's nodes (never its anchor), reading earlier
+    /// statistics as stored.
+    pub program: Program,
+    pub kind: StatisticsKind,
+}
+
+#[derive(Debug)]
+pub enum StatisticsKind {
+    /// Reductions of the program over the same dimensions, gathered in one
+    /// walk.
+    Reduce {
+        /// The reduced dimensions of the program's root.
+        dims: [bool; MAX_RANK],
+        /// Each statistic and the value it is stored into (each op once).
+        outputs: Vec<(ReduceOp, usize)>,
+        /// The value the program computes (the `Reduce` nodes' input).
+        input: usize,
+    },
+    /// An elementwise function of earlier statistics alone, of their shape
+    /// (a LayerNorm's `rsqrt(var + eps)`), computed once per statistic
+    /// rather than at every element that reads it through a broadcast.
+    Derived {
+        /// The value the program computes, stored.
+        value: usize,
+        /// Its op's name, for the plan.
+        op: &'static str,
+    },
+}
+
+impl Statistics {
+    /// The values it stores.
+    pub fn values(&self) -> Vec<usize> {
+        match &self.kind {
+            StatisticsKind::Reduce { outputs, .. } => outputs.iter().map(|&(_, v)| v).collect(),
+            StatisticsKind::Derived { value, .. } => vec![*value],
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -59,8 +113,12 @@ pub struct Kernel {
     pub index: u32,
     /// Positions of its nodes in `GraphDesc::nodes`.
     pub nodes: Range<usize>,
-    /// The materialised values it writes.
+    /// The materialised values its main loop writes (an anchor kernel's
+    /// result first); the statistics' values are in `statistics`.
     pub writes: Vec<usize>,
+    /// Gathered before the main loop, in order (a group may read an
+    /// earlier one's values).
+    pub statistics: Vec<Statistics>,
     pub body: KernelBody,
 }
 
@@ -102,11 +160,18 @@ pub fn build(graph: &GraphDesc) -> Result<(Vec<Kernel>, Vec<bool>), GraphError> 
         graph,
         producer: &producer,
         materialised: &materialised,
+        statistics: RefCell::default(),
     };
     let kernels = ranges
         .into_iter()
         .map(|nodes| ctx.kernel(nodes))
         .collect::<Result<Vec<_>, _>>()?;
+    // The statistics' values are stored by their kernel's statistics pass.
+    for kernel in &kernels {
+        for v in kernel.statistics.iter().flat_map(Statistics::values) {
+            materialised[v] = true;
+        }
+    }
     Ok((kernels, materialised))
 }
 
@@ -147,6 +212,17 @@ struct Context<'a> {
     graph: &'a GraphDesc,
     producer: &'a [Option<usize>],
     materialised: &'a [bool],
+    /// The statistics of the kernel being built.
+    statistics: RefCell<KernelStatistics>,
+}
+
+/// The statistics of the kernel being built: in order, the nodes already
+/// among them, and which nodes derive from statistics alone.
+#[derive(Default)]
+struct KernelStatistics {
+    list: Vec<Statistics>,
+    known: HashSet<usize>,
+    derivable: HashMap<usize, bool>,
 }
 
 impl Context<'_> {
@@ -159,18 +235,35 @@ impl Context<'_> {
             name: first.name.clone(),
             reason,
         };
+        // A reduction's result is written by the statistics pass, whether
+        // or not the blob materialises it; the main loop writes the rest.
         let writes: Vec<usize> = nodes
             .clone()
+            .filter(|&n| !matches!(graph.nodes[n].op, OpDesc::Reduce { .. }))
             .map(|n| graph.nodes[n].op.output())
             .filter(|&v| self.materialised[v])
             .collect();
+        let reduced_for_others = nodes.clone().any(|n| {
+            matches!(graph.nodes[n].op, OpDesc::Reduce { .. })
+                && self.materialised[graph.nodes[n].op.output()]
+        });
+        *self.statistics.borrow_mut() = Default::default();
         let anchors: Vec<usize> = nodes
             .clone()
             .filter(|&n| graph.nodes[n].op.is_anchor())
             .collect();
+        // Materialised reductions are computed whether or not a program
+        // reads them.
+        for n in nodes.clone() {
+            if let OpDesc::Reduce { output, .. } = graph.nodes[n].op {
+                if self.materialised[output] {
+                    self.statistic(&nodes, n).map_err(&bad)?;
+                }
+            }
+        }
         let body = match anchors[..] {
             [] => {
-                if writes.is_empty() {
+                if writes.is_empty() && !reduced_for_others {
                     return Err(bad("computes nothing that is read".into()));
                 }
                 let mut results = Vec::new();
@@ -239,12 +332,121 @@ impl Context<'_> {
                 )))
             }
         };
+        let statistics = self.statistics.take().list;
         Ok(Kernel {
             index,
             nodes,
             writes,
+            statistics,
             body,
         })
+    }
+
+    /// Registers `Reduce` node `n` with the kernel's statistics (once):
+    /// into the group of its input and dimensions where that group does not
+    /// compute its op yet, else as a new group after the ones its input
+    /// program reads.
+    fn statistic(&self, nodes: &Range<usize>, n: usize) -> Result<(), String> {
+        let OpDesc::Reduce {
+            op,
+            input,
+            output,
+            dims,
+        } = self.graph.nodes[n].op
+        else {
+            unreachable!("statistic of a Reduce node")
+        };
+        {
+            let mut stats = self.statistics.borrow_mut();
+            let KernelStatistics { list, known, .. } = &mut *stats;
+            if known.contains(&n) {
+                return Ok(());
+            }
+            let group = list.iter_mut().find_map(|s| match &mut s.kind {
+                StatisticsKind::Reduce {
+                    dims: d,
+                    outputs,
+                    input: i,
+                } if *i == input && *d == dims && outputs.iter().all(|&(o, _)| o != op) => {
+                    Some(outputs)
+                }
+                _ => None,
+            });
+            if let Some(outputs) = group {
+                outputs.push((op, output));
+                known.insert(n);
+                return Ok(());
+            }
+        }
+        // Registers the statistics the input reads first.
+        let mut b = self.builder(nodes, None);
+        b.reduction = Some(n);
+        b.value(input)?;
+        let mut stats = self.statistics.borrow_mut();
+        stats.list.push(Statistics {
+            program: b.program,
+            kind: StatisticsKind::Reduce {
+                dims,
+                outputs: vec![(op, output)],
+                input,
+            },
+        });
+        stats.known.insert(n);
+        Ok(())
+    }
+
+    /// Whether node `n` of the kernel computes an elementwise function of
+    /// the kernel's reductions alone, at their shape (every tensor operand
+    /// a reduction or such a node, of the output's dims), and is not stored
+    /// for another reason: the statistics pass then computes it once.
+    fn derivable(&self, nodes: &Range<usize>, n: usize) -> bool {
+        if let Some(&d) = self.statistics.borrow().derivable.get(&n) {
+            return d;
+        }
+        let graph = self.graph;
+        let node = &graph.nodes[n];
+        let out = node.op.output();
+        let elementwise = matches!(
+            node.op,
+            OpDesc::Unary { .. }
+                | OpDesc::Binary { .. }
+                | OpDesc::Where { .. }
+                | OpDesc::Clamp { .. }
+        );
+        let d = elementwise
+            && !self.materialised[out]
+            && node.op.inputs().into_iter().all(|v| {
+                graph.values[v].dims == graph.values[out].dims
+                    && self.producer[v].is_some_and(|p| {
+                        nodes.contains(&p)
+                            && (matches!(graph.nodes[p].op, OpDesc::Reduce { .. })
+                                || self.derivable(nodes, p))
+                    })
+            });
+        self.statistics.borrow_mut().derivable.insert(n, d);
+        d
+    }
+
+    /// Registers node `n` (see [`Self::derivable`]) with the statistics,
+    /// once, after those it reads.
+    fn derive(&self, nodes: &Range<usize>, n: usize) -> Result<(), String> {
+        if self.statistics.borrow().known.contains(&n) {
+            return Ok(());
+        }
+        let mut b = self.builder(nodes, None);
+        b.deriving = Some(n);
+        let value = self.graph.nodes[n].op.output();
+        b.value(value)?;
+        let mut stats = self.statistics.borrow_mut();
+        stats.list.push(Statistics {
+            program: b.program,
+            kind: StatisticsKind::Derived {
+                value,
+                op: self.graph.nodes[n].op.kind(),
+            },
+        });
+        stats.known.insert(n);
+        Ok(())
     }
 
     fn names(&self, values: &[usize]) -> String {
@@ -367,6 +569,8 @@ impl Context<'_> {
             program: Program::default(),
             memo: HashMap::new(),
             through_anchor: Vec::new(),
+            reduction: None,
+            deriving: None,
         }
     }
 }
@@ -379,6 +583,10 @@ struct ProgramBuilder<'a> {
     memo: HashMap<usize, usize>,
     /// Per program node: whether it depends on the anchor's chunk.
     through_anchor: Vec<bool>,
+    /// The `Reduce` node whose input this program computes, if it is one.
+    reduction: Option<usize>,
+    /// The derived statistic this program computes, if it is one.
+    deriving: Option<usize>,
 }
 
 impl ProgramBuilder<'_> {
@@ -450,13 +658,32 @@ impl ProgramBuilder<'_> {
     fn node(&mut self, n: usize) -> Result<usize, String> {
         let node = &self.ctx.graph.nodes[n];
         let out = node.op.output();
+        if self.deriving != Some(n) && self.ctx.derivable(self.nodes, n) {
+            // Computed by the statistics pass; read back as stored.
+            self.ctx.derive(self.nodes, n)?;
+            return self.push(Expr::Load, out);
+        }
         let expr = match node.op {
             OpDesc::Conv1d { .. } | OpDesc::LinearScan { .. } => {
+                if let Some(r) = self.reduction {
+                    return Err(format!(
+                        "the reduction '{}' reads the output of '{}' ({}), the kernel's own \
+                         anchor: a kernel gathers its statistics before its anchor runs",
+                        self.ctx.graph.nodes[r].name,
+                        node.name,
+                        node.op.kind()
+                    ));
+                }
                 return Err(format!(
                     "'{}' ({}) is read inside its own kernel other than by its epilogue",
                     node.name,
                     node.op.kind()
-                ))
+                ));
+            }
+            OpDesc::Reduce { .. } => {
+                // Computed by the statistics pass; read back as stored.
+                self.ctx.statistic(self.nodes, n)?;
+                Expr::Load
             }
             OpDesc::Unary { op, input, .. } => Expr::Unary {
                 op,

@@ -7,7 +7,7 @@ use rustconv_schema as fb;
 
 use crate::blob::{BlobLayout, CONSTANT_ALIGNMENT};
 use crate::error::{BlobError, DelegateError, GraphError};
-pub use rustconv_kernels::fused::{BinaryOp, UnaryOp};
+pub use rustconv_kernels::fused::{BinaryOp, ReduceOp, UnaryOp};
 
 /// Ranks above this are refused; every op here uses rank 1 to 4.
 pub use rustconv_kernels::MAX_RANK;
@@ -171,6 +171,13 @@ pub enum OpDesc {
         output: usize,
         dim: usize,
     },
+    /// `op` over the dimensions `dims` marks, kept with size 1.
+    Reduce {
+        op: ReduceOp,
+        input: usize,
+        output: usize,
+        dims: [bool; MAX_RANK],
+    },
 }
 
 impl OpDesc {
@@ -191,7 +198,8 @@ impl OpDesc {
             | OpDesc::Clamp { input, .. }
             | OpDesc::Permute { input, .. }
             | OpDesc::Slice { input, .. }
-            | OpDesc::Reshape { input, .. } => vec![input],
+            | OpDesc::Reshape { input, .. }
+            | OpDesc::Reduce { input, .. } => vec![input],
             OpDesc::Binary { a, b, .. } => [a.value(), b.value()].into_iter().flatten().collect(),
             OpDesc::Where { cond, a, b, .. } => [Some(cond), a.value(), b.value()]
                 .into_iter()
@@ -214,7 +222,8 @@ impl OpDesc {
             | OpDesc::Permute { output, .. }
             | OpDesc::Slice { output, .. }
             | OpDesc::Reshape { output, .. }
-            | OpDesc::Cat { output, .. } => output,
+            | OpDesc::Cat { output, .. }
+            | OpDesc::Reduce { output, .. } => output,
         }
     }
 
@@ -237,6 +246,7 @@ impl OpDesc {
             OpDesc::Slice { .. } => "slice",
             OpDesc::Reshape { .. } => "reshape",
             OpDesc::Cat { .. } => "cat",
+            OpDesc::Reduce { op, .. } => op.name(),
         }
     }
 }
@@ -565,6 +575,40 @@ fn decode_op(
                 inputs,
                 output: index(&at("output"), c.output().into())?,
                 dim: c.dim().into(),
+            }
+        }
+        fb::Op::Reduce => {
+            let r = node.op_as_reduce().ok_or_else(|| missing("Reduce"))?;
+            let op = match r.op() {
+                fb::ReduceOp::Sum => ReduceOp::Sum,
+                fb::ReduceOp::Mean => ReduceOp::Mean,
+                fb::ReduceOp::Var => ReduceOp::Var,
+                other => {
+                    return Err(bad_node(
+                        id,
+                        name,
+                        &format!("unknown reduce op {}: update the runtime", other.0),
+                    )
+                    .into())
+                }
+            };
+            let mut dims = [false; MAX_RANK];
+            for d in r.dims().into_iter().flatten() {
+                let d = usize::from(d);
+                if d >= MAX_RANK || std::mem::replace(&mut dims[d], true) {
+                    return Err(bad_node(
+                        id,
+                        name,
+                        &format!("reduce dimension {d} is out of range or listed twice"),
+                    )
+                    .into());
+                }
+            }
+            OpDesc::Reduce {
+                op,
+                input: index(&at("input"), r.input().into())?,
+                output: index(&at("output"), r.output().into())?,
+                dims,
             }
         }
         fb::Op::NONE => return Err(bad_node(id, name, "has no op").into()),

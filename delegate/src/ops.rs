@@ -159,6 +159,15 @@ pub fn check_static(op: &OpDesc, values: &[ValueDesc]) -> Result<(), String> {
             }
         }
         OpDesc::Reshape { .. } => {} // its map was checked when decoded
+        OpDesc::Reduce { input, dims, .. } => {
+            same_rank(input, "input")?;
+            if let Some(d) = (rank_of(out)..MAX_RANK).find(|&d| dims[d]) {
+                return Err(format!(
+                    "reduce dimension {d} of a rank-{} tensor",
+                    rank_of(out)
+                ));
+            }
+        }
         OpDesc::Cat {
             ref inputs, dim, ..
         } => {
@@ -347,6 +356,13 @@ pub fn infer_shape(
                 ));
             }
             Ok(out)
+        }
+        OpDesc::Reduce { input, dims, .. } => {
+            let mut x = shape_of(input);
+            for d in (0..x.rank()).filter(|&d| dims[d]) {
+                x = x.with(d, 1);
+            }
+            Ok(x)
         }
         OpDesc::Cat {
             ref inputs, dim, ..

@@ -3,11 +3,11 @@
 //! materialised value lives, and how big the arena is. `execute` only
 //! follows it.
 
-use rustconv_kernels::fused::{line_scratch, Program};
+use rustconv_kernels::fused::{line_scratch, reduce_scratch, Program};
 use rustconv_kernels::{self as kernels, scan_rows_scratch, Choice, PreparedConv1d, Weights};
 
 use crate::error::{DelegateError, GraphError};
-use crate::fusion::{self, Epilogue, KernelBody, Source};
+use crate::fusion::{self, Epilogue, KernelBody, Source, Statistics, StatisticsKind};
 use crate::graph::{DType, GraphDesc, NodeDesc, OpDesc, Role, ValueDesc};
 use crate::memory::{self, Lifetime};
 use crate::ops;
@@ -103,8 +103,11 @@ pub struct Step {
     pub absorbed: Vec<Absorbed>,
     /// Materialised values read during `execute`.
     pub reads: Vec<usize>,
-    /// Materialised values written.
+    /// Materialised values written (the statistics' too).
     pub writes: Vec<usize>,
+    /// Reductions computed before `exec` runs, in order, into stored
+    /// values its programs read.
+    pub statistics: Vec<Statistics>,
     pub exec: Exec,
 }
 
@@ -283,12 +286,19 @@ impl Plan {
                 ),
                 KernelBody::Pass { results } => (Exec::Pass { results }, "elementwise"),
             };
+            let mut writes: Vec<usize> = kernel
+                .statistics
+                .iter()
+                .flat_map(Statistics::values)
+                .collect();
+            writes.extend(kernel.writes);
             let mut step = Step {
                 kernel: kernel.index,
                 algorithm,
                 absorbed,
                 reads: Vec::new(),
-                writes: kernel.writes,
+                writes,
+                statistics: kernel.statistics,
                 exec,
             };
             step.reads = step.values_read(&materialised);
@@ -434,6 +444,7 @@ impl Step {
             }
             Exec::Pass { results } => results.iter().flat_map(|(_, p)| p.loads()).collect(),
         };
+        reads.extend(self.statistics.iter().flat_map(|s| s.program.loads()));
         reads.retain(|&v| materialised[v]);
         reads.sort_unstable();
         reads.dedup();
@@ -448,6 +459,19 @@ impl Step {
     }
 
     fn scratch_per_thread(&self) -> usize {
+        let statistics = self
+            .statistics
+            .iter()
+            .map(|s| match s.kind {
+                StatisticsKind::Reduce { .. } => reduce_scratch(s.program.temporaries()),
+                StatisticsKind::Derived { .. } => line_scratch(s.program.temporaries()),
+            })
+            .max()
+            .unwrap_or(0);
+        statistics.max(self.exec_scratch_per_thread())
+    }
+
+    fn exec_scratch_per_thread(&self) -> usize {
         match &self.exec {
             Exec::Conv1d {
                 prepared,
@@ -510,8 +534,36 @@ impl Step {
 
     /// What runs inside the kernel's loops and what goes through memory,
     /// as ", prologue in its loops, epilogue staged through memory" (empty
-    /// for a kernel with nothing fused).
+    /// for a kernel with nothing fused), after the statistics it gathers
+    /// first (", statistics first: mean, var over dim 2").
     pub fn fusion_summary(&self) -> String {
+        let mut statistics = String::new();
+        let mut derived = Vec::new();
+        for s in &self.statistics {
+            match &s.kind {
+                StatisticsKind::Reduce { dims, outputs, .. } => {
+                    let ops: Vec<&str> = outputs.iter().map(|(op, _)| op.name()).collect();
+                    let dims: Vec<String> = (0..dims.len())
+                        .filter(|&d| dims[d])
+                        .map(|d| d.to_string())
+                        .collect();
+                    let plural = if dims.len() == 1 { "" } else { "s" };
+                    statistics += &format!(
+                        ", statistics first: {} over dim{plural} {}",
+                        ops.join(" and "),
+                        dims.join(" and ")
+                    );
+                }
+                StatisticsKind::Derived { op, .. } => derived.push(*op),
+            }
+        }
+        if !derived.is_empty() {
+            statistics += &format!(" (then {} once per statistic)", derived.join(", "));
+        }
+        statistics + &self.exec_summary()
+    }
+
+    fn exec_summary(&self) -> String {
         match &self.exec {
             Exec::Conv1d {
                 input,

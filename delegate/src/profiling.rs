@@ -12,8 +12,8 @@
 //! Metadata is ASCII `key=value` pairs joined by `;`:
 //! `algorithm=depthwise_simd;bytes=16777216;flops=33554432`, where `bytes` is
 //! what the kernel must read and write in memory (every stored value it reads
-//! or writes, counted once, at this call's shapes; values computed in its
-//! loops cost nothing) and `flops` (absent for elementwise passes) counts a
+//! or writes, counted once, at this call's shapes, plus what its statistics
+//! pass reads; values computed in its loops cost nothing) and `flops` (absent for elementwise passes) counts a
 //! multiply-add as two. `rustconv.profiling.parse_delegate_metadata` reads it.
 
 use std::io::Write;
@@ -80,13 +80,17 @@ pub struct Work {
 pub fn work(step: &Step, shapes: &[Shape]) -> Work {
     // Reads and writes are each sorted and deduplicated; a value both read
     // and written (a staged conv's buffers) is moved twice, and counted so.
+    // The statistics pass reads its inputs once more (its variance pass
+    // re-reads them from cache).
     let bytes = step
         .reads
         .iter()
         .chain(&step.writes)
+        .copied()
+        .chain(step.statistics.iter().flat_map(|s| s.program.loads()))
         // Kernels read and write every stored value as f32 (float16
         // arguments through f32 shadows, converted outside the steps).
-        .map(|&v| (shapes[v].numel() * std::mem::size_of::<f32>()) as u64)
+        .map(|v| (shapes[v].numel() * std::mem::size_of::<f32>()) as u64)
         .sum();
     let flops = match &step.exec {
         Exec::Conv1d { op, .. } => {
@@ -137,6 +141,7 @@ mod tests {
             absorbed: Vec::new(),
             reads: Vec::new(),
             writes: Vec::new(),
+            statistics: Vec::new(),
             exec: Exec::Pass {
                 results: Vec::new(),
             },

@@ -1,8 +1,12 @@
 //! `execute` allocates nothing, fused blocks included: blobs exported from
 //! the reference blocks (an LFM2 short conv between its projections, a
-//! diagonal SSM, and their streaming forms whose state the delegate owns;
-//! `tests/fixtures/*.blob`, made by `RustConvBackend.preprocess`)
-//! run through the delegate under a counting global allocator.
+//! diagonal SSM, and their streaming forms whose state the delegate owns)
+//! and from transformers' wav2vec2 feature encoder (LayerNorm and
+//! GroupNorm: statistics passes; `Wav2Vec2FeatureEncoder` with
+//! `conv_dim=(32, 32, 32)`, `conv_kernel=(10, 3, 2)`, `conv_stride=(5, 2, 2)`,
+//! 1600 samples, seed 0) (`tests/fixtures/*.blob`, made by
+//! `RustConvBackend.preprocess`) run through the delegate under a counting
+//! global allocator.
 //!
 //! Profiled calls (an event sink attached) allocate nothing either.
 //!
@@ -163,6 +167,11 @@ fn main() {
         "v1_causal_conv_scan",
         "stream_lfm2_example_core",
         "stream_ssm",
+        // Statistics passes: transformers' wav2vec2 feature encoder at 32
+        // channels, its LayerNorms over the channels (and GroupNorm over
+        // time) gathered before the kernels that apply them.
+        "fused_w2v2_layer_norm",
+        "fused_w2v2_group_norm",
     ] {
         run_block(name, false);
     }

@@ -16,8 +16,9 @@ use std::sync::atomic::Ordering;
 use counting_alloc::ALLOCATIONS;
 
 use rustconv_kernels::fused::{
-    drain, line_scratch, materialise, BinaryOp, Env, EpilogueSink, Expr, Program, ProgramRows,
-    RowSink, RowSource, RowsIn, RowsOut, StoreView, UnaryOp,
+    drain, line_scratch, materialise, reduce, reduce_scratch, BinaryOp, Env, EpilogueSink, Expr,
+    Program, ProgramRows, ReduceOp, RowSink, RowSource, RowsIn, RowsOut, Statistic, StoreView,
+    UnaryOp,
 };
 use rustconv_kernels::{
     conv1d_f32, linear_scan_f32, linear_scan_rows, linear_scan_rows_pair, scan_rows_scratch,
@@ -418,7 +419,13 @@ fn main() {
         .max(fdw_fed.rows_scratch_per_thread(temps, temps))
         .max(fdense.rows_scratch_per_thread(0, temps))
         .max(scan_rows_scratch(temps))
-        .max(line_scratch(temps));
+        .max(line_scratch(temps))
+        .max(reduce_scratch(temps));
+    // A normalisation's statistics of `pro` ([1, C, N] read through a
+    // transpose): over the channels (rows of the stored [1, N, C]) and
+    // over time (columns).
+    let (mut ch_mean, mut ch_var) = (vec![0.0; fn_], vec![0.0; fn_]);
+    let (mut t_mean, mut t_var) = (vec![0.0; fc], vec![0.0; fc]);
 
     let scratch = Scratch::sized(
         2,
@@ -560,6 +567,22 @@ fn main() {
             )
             .unwrap();
             materialise(&ProgramRows::new(&coef, &env), &mut pass_out, fn_, &scratch);
+            for (dims, mean, var) in [
+                ([false, true, false, false], &mut ch_mean, &mut ch_var),
+                ([false, false, true, false], &mut t_mean, &mut t_var),
+            ] {
+                let mut stats = [
+                    Statistic {
+                        op: ReduceOp::Mean,
+                        out: mean,
+                    },
+                    Statistic {
+                        op: ReduceOp::Var,
+                        out: var,
+                    },
+                ];
+                reduce(&pro, &env, &dims, &mut stats, &scratch).unwrap();
+            }
             let sink = EpilogueSink::new(
                 &epi,
                 &env,
@@ -615,5 +638,8 @@ fn main() {
     ] {
         assert!(out.iter().all(|v| v.is_finite() && *v > 0.0));
     }
+    // x1 * x2 is 1 everywhere.
+    assert!(ch_mean.iter().chain(&t_mean).all(|&m| m == 1.0));
+    assert!(ch_var.iter().chain(&t_var).all(|&v| v == 0.0));
     println!("no_alloc: kernels made no heap allocation, fused ones included");
 }

@@ -23,6 +23,11 @@ runtime's plan and its profiling events:
    output, or a convolution weight) gets a pass kernel of its own. Anchors are
    never duplicated.
 
+A ``Reduce`` is neither elementwise nor an anchor, so no epilogue grows over
+it: a normalisation of an anchor's output lands, with the elementwise nodes
+applying it, in the kernel that reads it (the next conv's prologue, or a
+pass), whose statistics pass gathers it before that kernel's loops.
+
 Why no cycle can arise between kernels: every kernel has exactly one
 materialised result, and every node in a kernel contributes to that result
 (prologue nodes feed the anchor, side operands feed the epilogue, pass kernel
@@ -284,10 +289,12 @@ def check_kernels(graph: IRGraph) -> str | None:
 
     Checks what the runtime will: consecutive kernels numbered from 0, a
     topological node order, at most one anchor per kernel, exactly one
-    materialised result per anchor kernel, conv weights materialised, and no
-    mask materialised.
+    materialised result per anchor kernel besides its reductions', conv
+    weights materialised, no mask materialised, and no reduction of its own
+    kernel's anchor.
     """
     values = graph.values
+    producers = graph.producers()
     kernel_of: dict[int, int] = {}
     available = {v for v in graph.inputs}
     available.update(
@@ -330,7 +337,28 @@ def check_kernels(graph: IRGraph) -> str | None:
             if values[ref].is_mask:
                 return f"the mask {values[ref].name} is materialised by kernel {kernel}"
     for kernel in anchors:
-        count = len(materialised.get(kernel, ()))
-        if count != 1:
-            return f"anchor kernel {kernel} has {count} materialised results"
+        # A reduction's result is stored by its kernel's statistics pass,
+        # apart from the one result the anchor's loops write.
+        results = {
+            ref
+            for ref in materialised.get(kernel, ())
+            if producers.get(ref) is None or producers[ref].op_type != Op.Reduce
+        }
+        if len(results) != 1:
+            return f"anchor kernel {kernel} has {len(results)} materialised results"
+    # A kernel gathers its reductions before its anchor runs: no reduction
+    # may read, through its own kernel's nodes, the anchor's output.
+    for node in graph.nodes:
+        if node.op_type != Op.Reduce:
+            continue
+        pending, seen = [int(node.op.input)], set()
+        while pending:
+            ref = pending.pop()
+            source = producers.get(ref)
+            if ref in seen or source is None or source.kernel != node.kernel:
+                continue
+            seen.add(ref)
+            if source.is_anchor:
+                return f"the reduction {node.name} reads the anchor of its own kernel {node.kernel}"
+            pending.extend(source.operands())
     return None

@@ -30,6 +30,7 @@ from rustconv.fb.Full import FullT
 from rustconv.fb.LinearScan import LinearScanT
 from rustconv.fb.Op import Op
 from rustconv.fb.Permute import PermuteT
+from rustconv.fb.Reduce import ReduceT
 from rustconv.fb.Reshape import ReshapeT
 from rustconv.fb.Slice import SliceT
 from rustconv.fb.Unary import UnaryT
@@ -60,6 +61,7 @@ VALUE_FIELDS: dict[int, tuple[str, ...]] = {
     Op.Slice: ("input",),
     Op.Reshape: ("input",),
     Op.Cat: ("inputs",),
+    Op.Reduce: ("input",),
 }
 
 #: The generated object class of each op.
@@ -75,6 +77,7 @@ OP_TABLES: dict[int, type] = {
     Op.Slice: SliceT,
     Op.Reshape: ReshapeT,
     Op.Cat: CatT,
+    Op.Reduce: ReduceT,
 }
 
 ANCHOR_OPS = frozenset({Op.Conv1d, Op.LinearScan})

@@ -93,7 +93,6 @@ class LoweringBuilder:
         #: Results of nodes evaluated at export, until a blob node reads them.
         self._folded: dict[Node, torch.Tensor] = {}
         #: Tensor items of nodes whose result is a tuple (a batch norm's output).
-        self._items: dict[tuple[Node, int], int] = {}
         #: The data of every Constant value, by value id (for ops that derive
         #: new constants from them, e.g. a batch norm folded into its conv).
         self._constant_data: dict[int, torch.Tensor] = {}
@@ -349,18 +348,6 @@ class LoweringBuilder:
     def mark_inline(self, node: Node, what: str) -> None:
         """``node`` emits nothing; ``what`` says why, for error messages."""
         self._inline[node] = what
-
-    def set_item(self, node: Node, index: int, value: int) -> None:
-        """Item ``index`` of ``node``'s tuple result is ``value`` (read by getitem)."""
-        self._items[(node, index)] = value
-
-    def item(self, node: Node, index: int, consumer: Node) -> int:
-        try:
-            return self._items[(node, index)]
-        except KeyError:
-            raise UnsupportedGraphError(
-                f"{consumer.name!r} reads item {index} of {node.name!r}, which has none"
-            ) from None
 
     def value_of(self, node: Node) -> int | None:
         return self._value_of.get(node)

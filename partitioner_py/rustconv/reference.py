@@ -25,6 +25,7 @@ from rustconv.fb.BinaryOp import BinaryOp
 from rustconv.fb.DType import DType
 from rustconv.fb.Graph import GraphT
 from rustconv.fb.Op import Op
+from rustconv.fb.ReduceOp import ReduceOp
 from rustconv.fb.UnaryOp import UnaryOp
 from rustconv.fb.ValueKind import ValueKind
 from rustconv.ops import linear_scan
@@ -144,6 +145,13 @@ def _run_node(op_type: int, op, env: dict[int, torch.Tensor], values, name) -> t
         )
     if op_type == Op.Cat:
         return torch.cat([read(i) for i in op.inputs], dim=op.dim)
+    if op_type == Op.Reduce:
+        x, dims = read(op.input), [int(d) for d in op.dims]
+        if op.op == ReduceOp.Sum:
+            return x.sum(dims, keepdim=True)
+        if op.op == ReduceOp.Mean:
+            return x.mean(dims, keepdim=True)
+        return x.var(dims, correction=0, keepdim=True)
     raise ValueError(f"unknown op type {op_type} in node {name!r}")
 
 

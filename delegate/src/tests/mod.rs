@@ -93,6 +93,7 @@ fn dynamic(bound: i64) -> (i64, bool) {
 mod constant_checks;
 mod fed_weights;
 mod fused;
+mod norm;
 mod streaming;
 
 #[derive(Clone, Copy)]
@@ -142,6 +143,12 @@ enum N {
         inputs: &'static [u32],
         output: u32,
         dim: u8,
+    },
+    Reduce {
+        op: fb::ReduceOp,
+        input: u32,
+        output: u32,
+        dims: &'static [u8],
     },
 }
 
@@ -316,6 +323,27 @@ fn build_blob_grouped(
                                 inputs: Some(inputs),
                                 output,
                                 dim,
+                            },
+                        )
+                        .as_union_value(),
+                    )
+                }
+                N::Reduce {
+                    op,
+                    input,
+                    output,
+                    dims,
+                } => {
+                    let dims = b.create_vector(dims);
+                    (
+                        fb::Op::Reduce,
+                        fb::Reduce::create(
+                            &mut b,
+                            &fb::ReduceArgs {
+                                input,
+                                output,
+                                op,
+                                dims: Some(dims),
                             },
                         )
                         .as_union_value(),

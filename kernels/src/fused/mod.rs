@@ -8,12 +8,17 @@
 //!   one (an epilogue), row chunk by row chunk, while it is in cache.
 //! * [`UnaryOp`], [`BinaryOp`]: the elementwise functions, on vectorisable
 //!   implementations of exp, log, erf and friends (`math.rs`).
+//! * [`reduce`]: sums, means and two-pass variances of a program over some
+//!   of its dimensions (a normalisation's statistics), gathered before a
+//!   kernel's loops read them.
 
+mod chain_recipes;
 mod conv_recipes;
 mod math;
 mod ops;
 mod program;
 mod recipes;
+mod reduce;
 mod rows;
 mod shape;
 mod strided;
@@ -21,6 +26,7 @@ mod strided;
 pub(crate) use ops::prefetch;
 pub use ops::{BinaryOp, UnaryOp};
 pub use program::{resolve_start, Env, Expr, Line, Node, Program, MAX_SHARED};
+pub use reduce::{reduce, reduce_scratch, ReduceOp, Statistic};
 pub use rows::{
     block_tmp, col_tmp, drain, line_scratch, materialise, EpilogueSink, PairSource, ProgramRows,
     RowSink, RowSource, RowsIn, RowsOut, SharedOut, StoreView, LINE_CHUNK, ROW_BLOCK,

@@ -493,7 +493,7 @@ impl Program {
 impl Program {
     /// The line a view node (broadcast, permute / squeeze, slice) reads of
     /// its operand when asked for `line`; any other node's `line` itself.
-    fn view_line(&self, i: usize, env: &dyn Env, line: &Line) -> Line {
+    pub(super) fn view_line(&self, i: usize, env: &dyn Env, line: &Line) -> Line {
         let node = &self.nodes[i];
         match node.expr {
             Expr::Broadcast { x } => {
@@ -588,6 +588,41 @@ impl Program {
             data: env.data(value),
             offset,
             coef,
+        })
+    }
+
+    /// [`Self::leaf_map`] of leaf `i` for lines of another node's
+    /// coordinates, `views` the view nodes between that node and `i`'s
+    /// (outermost first): how `i` reads the lines of a node above views.
+    pub(super) fn leaf_map_through<'e>(
+        &self,
+        views: &[usize],
+        i: usize,
+        env: &'e dyn Env,
+    ) -> Option<LeafMap<'e>> {
+        let map = self.leaf_map(i, env)?;
+        let LeafMap::Stored { data, offset, coef } = map else {
+            return Some(map);
+        };
+        let down = |line: Line| {
+            views
+                .iter()
+                .fold(line, |line, &v| self.view_line(v, env, &line))
+        };
+        let at = |line: &Line, of: fn(&Line) -> &[usize; MAX_RANK]| -> usize {
+            of(line).iter().zip(&coef).map(|(&c, &k)| c * k).sum()
+        };
+        let base = down(Line::default());
+        let mut through = [0; MAX_RANK];
+        for (d, t) in through.iter_mut().enumerate() {
+            let mut unit = Line::default();
+            unit.step[d] = 1;
+            *t = at(&down(unit), |l| &l.step);
+        }
+        Some(LeafMap::Stored {
+            data,
+            offset: offset + at(&base, |l| &l.base),
+            coef: through,
         })
     }
 

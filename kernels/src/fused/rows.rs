@@ -12,6 +12,7 @@
 
 use std::marker::PhantomData;
 
+use super::chain_recipes::Chain;
 use super::conv_recipes::{Product, SkipGate};
 use super::ops::{copy, copy_streaming};
 use super::program::{Env, Line, Program};
@@ -217,6 +218,10 @@ pub struct ProgramRows<'a> {
     /// The one-pass loop for a product of two stored operands
     /// (`conv_recipes.rs`).
     product: Option<Product<'a>>,
+    /// The one-pass loop for a chain of adds and products of a stored
+    /// tensor, then an activation (a normalisation applied;
+    /// `chain_recipes.rs`).
+    chain: Option<Chain<'a>>,
 }
 
 impl<'a> ProgramRows<'a> {
@@ -237,6 +242,7 @@ impl<'a> ProgramRows<'a> {
             across,
             discretise: Discretise::find(program, program.named_roots(), env),
             product: Product::find(program, env),
+            chain: Chain::find(program, env).filter(|c| !c.reads_anchor()),
         }
     }
 
@@ -354,6 +360,11 @@ impl ProgramRows<'_> {
                 return;
             }
         }
+        if let Some(recipe) = &self.chain {
+            if recipe.run(line, &[], out) {
+                return;
+            }
+        }
         self.program.eval(self.env, &[], line, out, tmp);
     }
 }
@@ -453,10 +464,13 @@ pub struct SharedOut<'a> {
     _borrow: PhantomData<&'a mut [f32]>,
 }
 
-// SAFETY: `SharedOut` only writes through `store_line`, whose callers (the
-// epilogue sinks) write each element from exactly one task: the store views
-// are bijections from the anchor's output to the stored value, and kernels
-// hand every output element to the sink once.
+// SAFETY: `SharedOut` only writes through `store_line` and `with_line`,
+// whose callers write each element from exactly one task: the epilogue
+// sinks (the store views are bijections from the anchor's output to the
+// stored value, and kernels hand every output element to the sink once),
+// `materialise_across` (each task owns a block of rows over a tile of time
+// steps) and the reductions (`reduce.rs`: each task owns whole outputs or a
+// block of them, disjoint from every other task's).
 unsafe impl Sync for SharedOut<'_> {}
 unsafe impl Send for SharedOut<'_> {}
 
@@ -500,7 +514,7 @@ impl<'a> SharedOut<'a> {
     ///
     /// # Panics
     /// If the line leaves the tensor (checked before any write).
-    fn store_line(&self, start: usize, stride: usize, values: &[f32]) {
+    pub(super) fn store_line(&self, start: usize, stride: usize, values: &[f32]) {
         let Some(n) = values.len().checked_sub(1) else {
             return;
         };
@@ -554,10 +568,15 @@ pub struct EpilogueSink<'a> {
 }
 
 /// The epilogues the recipes compute in one pass: a scan's gate
-/// (`recipes.rs`) and a gated convolution's (`conv_recipes.rs`).
+/// (`recipes.rs`), a gated convolution's (`conv_recipes.rs`) and a chain
+/// of adds and products then an activation (`chain_recipes.rs`).
+// The chain is twice the others' size, but a sink is built on the stack
+// once per kernel call: boxing it would allocate in `execute`.
+#[allow(clippy::large_enum_variant)]
 enum EpilogueRecipe<'a> {
     Gate(Gate<'a>),
     SkipGate(SkipGate<'a>),
+    Chain(Chain<'a>),
 }
 
 impl<'a> EpilogueRecipe<'a> {
@@ -566,6 +585,11 @@ impl<'a> EpilogueRecipe<'a> {
         Gate::find(program, env)
             .map(Self::Gate)
             .or_else(|| SkipGate::find(program, env).map(Self::SkipGate))
+            .or_else(|| {
+                Chain::find(program, env)
+                    .filter(Chain::reads_anchor)
+                    .map(Self::Chain)
+            })
     }
 
     /// Writes the finished anchor values along `line` into `out` and
@@ -575,6 +599,7 @@ impl<'a> EpilogueRecipe<'a> {
         match self {
             Self::Gate(r) => r.run(line, values, out),
             Self::SkipGate(r) => r.run(line, values, out),
+            Self::Chain(r) => r.run(line, values, out),
         }
     }
 }
@@ -756,9 +781,9 @@ const MIN_TASK_ELEMS: usize = 16 * 1024;
 
 /// f32 elements of per-thread scratch [`materialise`] or [`drain`] needs
 /// for a source or sink needing `temporaries` line-sized temporaries (and
-/// a column buffer, for short rows).
+/// a column buffer, for short rows, or a tile, for transposed ones).
 pub fn line_scratch(temporaries: usize) -> usize {
-    (temporaries + 1) * LINE_CHUNK
+    ((temporaries + 1) * LINE_CHUNK).max(ROW_BLOCK * ACROSS_TILE + col_tmp(temporaries, ROW_BLOCK))
 }
 
 /// Rows at most this long [`materialise`] computes a column at a time (a
@@ -814,6 +839,11 @@ pub fn materialise(
         }
         return;
     }
+    let rows = out.len() / row_len;
+    if source.prefers_columns() && run > 1 && rows.is_multiple_of(run) {
+        materialise_across(source, out, row_len, run, scratch);
+        return;
+    }
     out.par_chunks_mut(row_len)
         .enumerate()
         .with_min_len(MIN_TASK_ELEMS.div_ceil(row_len))
@@ -821,6 +851,60 @@ pub fn materialise(
             scratch.with_slot(|tmp| {
                 for (i, chunk) in out.chunks_mut(LINE_CHUNK).enumerate() {
                     source.fill(row, i * LINE_CHUNK, chunk, tmp);
+                }
+            })
+        });
+}
+
+/// Time steps of one task of [`materialise_across`]: a tile of
+/// [`ROW_BLOCK`] rows by this many steps (32 KiB) stays in L1, and each of
+/// its rows is stored as two whole cache lines.
+const ACROSS_TILE: usize = 32;
+
+/// [`materialise`] of a source whose rows lie far apart in memory and whose
+/// columns close together (a transposed `[B, N, C]` tensor, a norm over its
+/// channels applied on the way): per task, blocks of up to [`ROW_BLOCK`]
+/// rows of one batch item over [`ACROSS_TILE`] time steps, a line across
+/// the rows per step (a contiguous run of the stored tensor) into a tile,
+/// then the tile's rows stored as contiguous runs. Row by row, every
+/// element read is a gather with the stored tensor's row stride; column by
+/// column, every element stored is a scatter with the output's, each on
+/// another page: both took 17-24 ms for wav2vec2's second conv's input
+/// (`[1, 512, 3199]`, 1 thread), this takes 2.
+fn materialise_across(
+    source: &dyn RowSource,
+    out: &mut [f32],
+    row_len: usize,
+    run: usize,
+    scratch: &crate::Scratch,
+) {
+    use rayon::prelude::*;
+    let blocks = run.div_ceil(ROW_BLOCK);
+    let tiles = row_len.div_ceil(ACROSS_TILE);
+    let items = out.len() / row_len / run;
+    let out = SharedOut::new(out);
+    (0..items * blocks * tiles)
+        .into_par_iter()
+        .with_min_len(MIN_TASK_ELEMS.div_ceil(ROW_BLOCK * ACROSS_TILE))
+        .for_each(|task| {
+            let (item, rest) = (task / (blocks * tiles), task % (blocks * tiles));
+            let (block, tile) = (rest / tiles, rest % tiles);
+            let row0 = item * run + block * ROW_BLOCK;
+            let rows = ROW_BLOCK.min(run - block * ROW_BLOCK);
+            let t0 = tile * ACROSS_TILE;
+            let steps = ACROSS_TILE.min(row_len - t0);
+            scratch.with_slot(|slot| {
+                let (buf, tmp) = slot.split_at_mut(ROW_BLOCK * ACROSS_TILE);
+                let buf = &mut buf[..rows * steps];
+                for (i, line) in buf.chunks_exact_mut(rows).enumerate() {
+                    source.fill_col(row0, t0 + i, line, tmp);
+                }
+                for r in 0..rows {
+                    out.with_line((row0 + r) * row_len + t0, steps, |dst| {
+                        for (i, d) in dst.iter_mut().enumerate() {
+                            *d = buf[i * rows + r];
+                        }
+                    });
                 }
             })
         });

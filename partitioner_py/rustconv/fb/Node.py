@@ -155,6 +155,7 @@ import rustconv.fb.Full
 import rustconv.fb.LinearScan
 import rustconv.fb.Op
 import rustconv.fb.Permute
+import rustconv.fb.Reduce
 import rustconv.fb.Reshape
 import rustconv.fb.Slice
 import rustconv.fb.Unary
@@ -169,7 +170,7 @@ class NodeT(object):
     # NodeT
     def __init__(self):
         self.opType = 0  # type: int
-        self.op = None  # type: Union[None, rustconv.fb.Conv1d.Conv1dT, rustconv.fb.LinearScan.LinearScanT, rustconv.fb.Unary.UnaryT, rustconv.fb.Binary.BinaryT, rustconv.fb.Where.WhereT, rustconv.fb.Clamp.ClampT, rustconv.fb.Full.FullT, rustconv.fb.Permute.PermuteT, rustconv.fb.Slice.SliceT, rustconv.fb.Reshape.ReshapeT, rustconv.fb.Cat.CatT]
+        self.op = None  # type: Union[None, rustconv.fb.Conv1d.Conv1dT, rustconv.fb.LinearScan.LinearScanT, rustconv.fb.Unary.UnaryT, rustconv.fb.Binary.BinaryT, rustconv.fb.Where.WhereT, rustconv.fb.Clamp.ClampT, rustconv.fb.Full.FullT, rustconv.fb.Permute.PermuteT, rustconv.fb.Slice.SliceT, rustconv.fb.Reshape.ReshapeT, rustconv.fb.Cat.CatT, rustconv.fb.Reduce.ReduceT]
         self.id = 0  # type: int
         self.debugHandles = None  # type: List[int]
         self.name = None  # type: str

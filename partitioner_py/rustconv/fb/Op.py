@@ -15,6 +15,7 @@ class Op(object):
     Slice = 9
     Reshape = 10
     Cat = 11
+    Reduce = 12
 
 def OpCreator(unionType, table):
     from flatbuffers.table import Table
@@ -53,4 +54,7 @@ def OpCreator(unionType, table):
     if unionType == Op().Cat:
         import rustconv.fb.Cat
         return rustconv.fb.Cat.CatT.InitFromBuf(table.Bytes, table.Pos)
+    if unionType == Op().Reduce:
+        import rustconv.fb.Reduce
+        return rustconv.fb.Reduce.ReduceT.InitFromBuf(table.Bytes, table.Pos)
     return None

@@ -20,6 +20,10 @@ module                    ATen ops                                       blob op
 :mod:`.select`            select (one index)                             Slice, Reshape
 :mod:`.reshape`           view, reshape, squeeze, unsqueeze              Reshape
 :mod:`.cat`               cat                                            Cat
+:mod:`.pow`               pow with exponent 2, 0.5, -0.5 or -1           Binary, Unary
+:mod:`.norm`              native_layer_norm, native_group_norm,          Reduce and
+                          rms_norm (and their composite forms);          elementwise
+                          mean.dim, sum.dim_IntList, var                 nodes
 :mod:`.symint`            sym_size and SymInt arithmetic                 (none)
 :mod:`.batch_norm`        _native_batch_norm_legit_no_training (eval)    folded into the
                                                                          conv, or Binary
@@ -36,7 +40,9 @@ from rustconv.ops_lowering import (  # noqa: F401  (each module registers its lo
     clamp,
     conv,
     full,
+    norm,
     permute,
+    pow,
     reshape,
     scan,
     select,

@@ -46,15 +46,11 @@ from rustconv.ops_lowering.scalars import is_number
 if TYPE_CHECKING:
     from rustconv.lowering import LoweringBuilder
 
-__all__ = ["BATCH_NORM_OPS", "BatchNormLowering", "is_batch_norm"]
+__all__ = ["BATCH_NORM_OPS", "BatchNormLowering"]
 
 _aten = torch.ops.aten
 BATCH_NORM_OPS = frozenset({_aten._native_batch_norm_legit_no_training.default})
 _STATS = ("weight", "bias", "running_mean", "running_var")
-
-
-def is_batch_norm(node: Any) -> bool:
-    return isinstance(node, Node) and aten_op(node) in BATCH_NORM_OPS
 
 
 def _stat_nodes(node: Node) -> dict[str, Node]:
@@ -116,6 +112,13 @@ class BatchNormLowering(OpLowering):
     def inline_only(self, node: Node, ctx: GraphContext) -> bool:
         return True  # a tuple: only its getitem 0 is a tensor
 
+    def check_item(self, node: Node, index: int, ctx: GraphContext) -> None:
+        reason = self.unsupported_reason(node, ctx)
+        if reason is not None:
+            raise NotSupported(f"its batch norm {node.name} is not supported: {reason}")
+        if index != 0:
+            raise NotSupported(f"reads item {index} of {node.name}, not its output")
+
     def export_operands(self, node: Node) -> list[Node]:
         return list(_stat_nodes(node).values())
 
@@ -134,8 +137,12 @@ class BatchNormLowering(OpLowering):
         out = self._fold_into_conv(builder, node, x_node, x, scale, shift)
         if out is None:
             out = self._affine(builder, node, x, scale.to(dtype), shift.to(dtype))
-        builder.set_item(node, 0, out)
         builder.mark_inline(node, "a batch norm's result tuple")
+        producer = builder.producer(out)
+        for user in node.users:  # check() allowed only getitem 0 readers
+            builder.alias(user, out)
+            if producer is not None:
+                builder.join_handles(producer, user)
 
     @staticmethod
     def _stat(builder: LoweringBuilder, node: Node, name: str, arg: Any) -> torch.Tensor | None:

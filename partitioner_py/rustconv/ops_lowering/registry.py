@@ -63,6 +63,12 @@ class OpLowering:
         """
         return False
 
+    def check_item(self, node: Node, index: int, ctx: GraphContext) -> None:
+        """For an op returning a tuple (``native_layer_norm``): raises
+        :class:`NotSupported` unless RustConv gives item ``index`` a value
+        (the ``getitem`` reading it then emits nothing)."""
+        raise NotSupported(f"{node.name} ({self.kind}) has no items RustConv reads")
+
     def outside_operands(self, node: Node) -> list[Node]:
         """Operands that must come from outside the delegate (constants or inputs)."""
         return []

@@ -31,7 +31,7 @@ from rustconv.ops_lowering.common import (
     tensor_val,
 )
 from rustconv.ops_lowering.operands import check_elementwise_dtypes, tensor_operand
-from rustconv.ops_lowering.registry import OpLowering, register
+from rustconv.ops_lowering.registry import OpLowering, lowering_for, register
 from rustconv.ops_lowering.slice_bounds import encode_bound
 
 if TYPE_CHECKING:
@@ -108,41 +108,31 @@ class SplitLowering(OpLowering):
 
 @register
 class GetItemLowering(OpLowering):
-    """``operator.getitem`` of a split: the piece as a ``Slice``; of a batch
-    norm (:mod:`.batch_norm`): its output, the value that op emitted."""
+    """``operator.getitem`` of a split: the piece as a ``Slice``; of another
+    op's tuple (a normalisation), whatever that op's lowering made of the item
+    (:meth:`OpLowering.check_item`)."""
 
     kind = "split piece"
     targets = (operator.getitem,)
 
     def check(self, node: Node, ctx: GraphContext) -> None:
-        from rustconv.ops_lowering.batch_norm import BatchNormLowering, is_batch_norm
-
         source, index = node.args
-        if is_batch_norm(source):
-            if index != 0:
-                raise NotSupported(f"reads item {index} of {source.name}, not its output")
-            reason = BatchNormLowering().unsupported_reason(source, ctx)
-            if reason is not None:
-                raise NotSupported(f"its batch norm {source.name} is not supported: {reason}")
-            return
         if not is_split(source):
-            raise NotSupported(f"getitem of {getattr(source, 'name', source)}, not of a split")
+            # An item of another op's tuple (a normalisation's result).
+            lowering = lowering_for(source) if isinstance(source, Node) else None
+            if lowering is None:
+                raise NotSupported(f"getitem of {getattr(source, 'name', source)}, not of a split")
+            lowering.check_item(source, static_int(index, "index"), ctx)
+            return
         reason = SplitLowering().unsupported_reason(source, ctx)
         if reason is not None:
             raise NotSupported(f"its split {source.name} is not supported: {reason}")
         piece_slice(source, static_int(index, "index"))
 
     def emit(self, node: Node, builder: LoweringBuilder) -> None:
-        from rustconv.ops_lowering.batch_norm import is_batch_norm
-
+        if builder.value_of(node) is not None:
+            return  # an item its source's lowering gave a value
         split, index = node.args
-        if is_batch_norm(split):
-            value = builder.item(split, int(index), node)
-            builder.alias(node, value)
-            producer = builder.producer(value)
-            if producer is not None:
-                builder.join_handles(producer, node)
-            return
         source, dim, start, end = piece_slice(split, int(index))
         op = SliceT()
         op.input = builder.value(source, node, "input")

@@ -475,12 +475,101 @@ impl<'a> flatbuffers::Verifiable for BinaryOp {
 
 impl flatbuffers::SimpleToVerifyInSlice for BinaryOp {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MIN_OP: u8 = 0;
+pub const ENUM_MIN_REDUCE_OP: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_OP: u8 = 11;
+pub const ENUM_MAX_REDUCE_OP: u8 = 2;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_OP: [Op; 12] = [
+pub const ENUM_VALUES_REDUCE_OP: [ReduceOp; 3] = [
+  ReduceOp::Sum,
+  ReduceOp::Mean,
+  ReduceOp::Var,
+];
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[repr(transparent)]
+pub struct ReduceOp(pub u8);
+#[allow(non_upper_case_globals)]
+impl ReduceOp {
+  pub const Sum: Self = Self(0);
+  pub const Mean: Self = Self(1);
+  pub const Var: Self = Self(2);
+
+  pub const ENUM_MIN: u8 = 0;
+  pub const ENUM_MAX: u8 = 2;
+  pub const ENUM_VALUES: &'static [Self] = &[
+    Self::Sum,
+    Self::Mean,
+    Self::Var,
+  ];
+  /// Returns the variant's name or "" if unknown.
+  pub fn variant_name(self) -> Option<&'static str> {
+    match self {
+      Self::Sum => Some("Sum"),
+      Self::Mean => Some("Mean"),
+      Self::Var => Some("Var"),
+      _ => None,
+    }
+  }
+}
+impl core::fmt::Debug for ReduceOp {
+  fn fmt(&self, f: &mut core::fmt::Formatter) -> core::fmt::Result {
+    if let Some(name) = self.variant_name() {
+      f.write_str(name)
+    } else {
+      f.write_fmt(format_args!("<UNKNOWN {:?}>", self.0))
+    }
+  }
+}
+impl<'a> flatbuffers::Follow<'a> for ReduceOp {
+  type Inner = Self;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    let b = flatbuffers::read_scalar_at::<u8>(buf, loc);
+    Self(b)
+  }
+}
+
+impl flatbuffers::Push for ReduceOp {
+    type Output = ReduceOp;
+    #[inline]
+    unsafe fn push(&self, dst: &mut [u8], _written_len: usize) {
+        flatbuffers::emplace_scalar::<u8>(dst, self.0);
+    }
+}
+
+impl flatbuffers::EndianScalar for ReduceOp {
+  type Scalar = u8;
+  #[inline]
+  fn to_little_endian(self) -> u8 {
+    self.0.to_le()
+  }
+  #[inline]
+  #[allow(clippy::wrong_self_convention)]
+  fn from_little_endian(v: u8) -> Self {
+    let b = u8::from_le(v);
+    Self(b)
+  }
+}
+
+impl<'a> flatbuffers::Verifiable for ReduceOp {
+  #[inline]
+  fn run_verifier(
+    v: &mut flatbuffers::Verifier, pos: usize
+  ) -> Result<(), flatbuffers::InvalidFlatbuffer> {
+    use self::flatbuffers::Verifiable;
+    u8::run_verifier(v, pos)
+  }
+}
+
+impl flatbuffers::SimpleToVerifyInSlice for ReduceOp {}
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MIN_OP: u8 = 0;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+pub const ENUM_MAX_OP: u8 = 12;
+#[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
+#[allow(non_camel_case_types)]
+pub const ENUM_VALUES_OP: [Op; 13] = [
   Op::NONE,
   Op::Conv1d,
   Op::LinearScan,
@@ -493,6 +582,7 @@ pub const ENUM_VALUES_OP: [Op; 12] = [
   Op::Slice,
   Op::Reshape,
   Op::Cat,
+  Op::Reduce,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -512,9 +602,10 @@ impl Op {
   pub const Slice: Self = Self(9);
   pub const Reshape: Self = Self(10);
   pub const Cat: Self = Self(11);
+  pub const Reduce: Self = Self(12);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 11;
+  pub const ENUM_MAX: u8 = 12;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::Conv1d,
@@ -528,6 +619,7 @@ impl Op {
     Self::Slice,
     Self::Reshape,
     Self::Cat,
+    Self::Reduce,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -544,6 +636,7 @@ impl Op {
       Self::Slice => Some("Slice"),
       Self::Reshape => Some("Reshape"),
       Self::Cat => Some("Cat"),
+      Self::Reduce => Some("Reduce"),
       _ => None,
     }
   }
@@ -2688,6 +2781,154 @@ impl core::fmt::Debug for Cat<'_> {
       ds.finish()
   }
 }
+pub enum ReduceOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct Reduce<'a> {
+  pub _tab: flatbuffers::Table<'a>,
+}
+
+impl<'a> flatbuffers::Follow<'a> for Reduce<'a> {
+  type Inner = Reduce<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: flatbuffers::Table::new(buf, loc) }
+  }
+}
+
+impl<'a> Reduce<'a> {
+  pub const VT_INPUT: flatbuffers::VOffsetT = 4;
+  pub const VT_OUTPUT: flatbuffers::VOffsetT = 6;
+  pub const VT_OP: flatbuffers::VOffsetT = 8;
+  pub const VT_DIMS: flatbuffers::VOffsetT = 10;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: flatbuffers::Table<'a>) -> Self {
+    Reduce { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args ReduceArgs<'args>
+  ) -> flatbuffers::WIPOffset<Reduce<'bldr>> {
+    let mut builder = ReduceBuilder::new(_fbb);
+    if let Some(x) = args.dims { builder.add_dims(x); }
+    builder.add_output(args.output);
+    builder.add_input(args.input);
+    builder.add_op(args.op);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn input(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Reduce::VT_INPUT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn output(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Reduce::VT_OUTPUT, Some(0)).unwrap()}
+  }
+  #[inline]
+  pub fn op(&self) -> ReduceOp {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<ReduceOp>(Reduce::VT_OP, Some(ReduceOp::Sum)).unwrap()}
+  }
+  #[inline]
+  pub fn dims(&self) -> Option<flatbuffers::Vector<'a, u8>> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'a, u8>>>(Reduce::VT_DIMS, None)}
+  }
+}
+
+impl flatbuffers::Verifiable for Reduce<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut flatbuffers::Verifier, pos: usize
+  ) -> Result<(), flatbuffers::InvalidFlatbuffer> {
+    use self::flatbuffers::Verifiable;
+    v.visit_table(pos)?
+     .visit_field::<u32>("input", Self::VT_INPUT, false)?
+     .visit_field::<u32>("output", Self::VT_OUTPUT, false)?
+     .visit_field::<ReduceOp>("op", Self::VT_OP, false)?
+     .visit_field::<flatbuffers::ForwardsUOffset<flatbuffers::Vector<'_, u8>>>("dims", Self::VT_DIMS, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct ReduceArgs<'a> {
+    pub input: u32,
+    pub output: u32,
+    pub op: ReduceOp,
+    pub dims: Option<flatbuffers::WIPOffset<flatbuffers::Vector<'a, u8>>>,
+}
+impl<'a> Default for ReduceArgs<'a> {
+  #[inline]
+  fn default() -> Self {
+    ReduceArgs {
+      input: 0,
+      output: 0,
+      op: ReduceOp::Sum,
+      dims: None,
+    }
+  }
+}
+
+pub struct ReduceBuilder<'a: 'b, 'b, A: flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: flatbuffers::WIPOffset<flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: flatbuffers::Allocator + 'a> ReduceBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_input(&mut self, input: u32) {
+    self.fbb_.push_slot::<u32>(Reduce::VT_INPUT, input, 0);
+  }
+  #[inline]
+  pub fn add_output(&mut self, output: u32) {
+    self.fbb_.push_slot::<u32>(Reduce::VT_OUTPUT, output, 0);
+  }
+  #[inline]
+  pub fn add_op(&mut self, op: ReduceOp) {
+    self.fbb_.push_slot::<ReduceOp>(Reduce::VT_OP, op, ReduceOp::Sum);
+  }
+  #[inline]
+  pub fn add_dims(&mut self, dims: flatbuffers::WIPOffset<flatbuffers::Vector<'b , u8>>) {
+    self.fbb_.push_slot_always::<flatbuffers::WIPOffset<_>>(Reduce::VT_DIMS, dims);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut flatbuffers::FlatBufferBuilder<'a, A>) -> ReduceBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    ReduceBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> flatbuffers::WIPOffset<Reduce<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl core::fmt::Debug for Reduce<'_> {
+  fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+    let mut ds = f.debug_struct("Reduce");
+      ds.field("input", &self.input());
+      ds.field("output", &self.output());
+      ds.field("op", &self.op());
+      ds.field("dims", &self.dims());
+      ds.finish()
+  }
+}
 pub enum NodeOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -2938,6 +3179,21 @@ impl<'a> Node<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn op_as_reduce(&self) -> Option<Reduce<'a>> {
+    if self.op_type() == Op::Reduce {
+      self.op().map(|t| {
+       // Safety:
+       // Created from a valid Table for this object
+       // Which contains a valid union in this slot
+       unsafe { Reduce::init_from_table(t) }
+     })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl flatbuffers::Verifiable for Node<'_> {
@@ -2960,6 +3216,7 @@ impl flatbuffers::Verifiable for Node<'_> {
           Op::Slice => v.verify_union_variant::<flatbuffers::ForwardsUOffset<Slice>>("Op::Slice", pos),
           Op::Reshape => v.verify_union_variant::<flatbuffers::ForwardsUOffset<Reshape>>("Op::Reshape", pos),
           Op::Cat => v.verify_union_variant::<flatbuffers::ForwardsUOffset<Cat>>("Op::Cat", pos),
+          Op::Reduce => v.verify_union_variant::<flatbuffers::ForwardsUOffset<Reduce>>("Op::Reduce", pos),
           _ => Ok(()),
         }
      })?
@@ -3114,6 +3371,13 @@ impl core::fmt::Debug for Node<'_> {
         },
         Op::Cat => {
           if let Some(x) = self.op_as_cat() {
+            ds.field("op", &x)
+          } else {
+            ds.field("op", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Op::Reduce => {
+          if let Some(x) = self.op_as_reduce() {
             ds.field("op", &x)
           } else {
             ds.field("op", &"InvalidFlatbuffer: Union discriminant does not match value.")

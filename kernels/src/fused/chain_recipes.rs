@@ -1,0 +1,571 @@
+//! A recipe for a tensor through a chain of adds, subtractions and products
+//! by stored operands, then an activation: `act((x - mean) * rstd * w + b)`,
+//! a normalisation applied (LayerNorm, GroupNorm, RMSNorm's
+//! `x * rrms * w`), with its statistics loaded as stored values (the
+//! kernel's statistics pass computed them, `rstd` included); and a scale,
+//! a shift and an activation in general.
+//!
+//! Interpreted, every step is a pass over a line buffer, and every operand
+//! is first copied into one, or filled in where it is one value along the
+//! line (a statistic across the channels, a per-channel parameter along
+//! time): seven passes and six copies or fills per line for a LayerNorm with
+//! its GELU. Between wav2vec2's convs (`[1, 512, 3199]`) that took 14 ms of
+//! a conv's 2 ms staged prologue. Here `x` and every operand is read in
+//! place, a block of 64 at a time, each step a vector loop over the block
+//! while it is in registers or L1.
+//!
+//! As the other recipes, it computes the program's ops in its tree's order
+//! with the same functions and instruction-set variant as the interpreter,
+//! so its results are the interpreter's bit for bit; per line it runs only
+//! where `x` is read contiguously (or is the anchor's chunk, in an
+//! epilogue) and every operand contiguously or as one value. Any other line
+//! or program is interpreted.
+
+#![allow(unsafe_code)]
+
+use super::math;
+#[cfg(target_arch = "x86_64")]
+use super::ops::Isa;
+use super::ops::BASELINE_FMA;
+use super::program::{Env, Expr, Leaf, LeafMap, Line, Program};
+use super::{BinaryOp, UnaryOp};
+
+/// Most steps a chain has (a LayerNorm with weight and bias has four).
+const MAX_STEPS: usize = 6;
+
+/// Most views a chain passes through.
+const MAX_VIEWS: usize = 8;
+
+/// Elements per block of the loops.
+const BLOCK: usize = 64;
+
+/// Where the chain starts.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Start<'a> {
+    /// A stored tensor (through views).
+    Stored(LeafMap<'a>),
+    /// The anchor's chunk (an epilogue).
+    Anchor,
+}
+
+/// `act(((x op0 o0) op1 o1) ...)`, each `op` an add, a subtraction of the
+/// operand or a product, each operand a leaf.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Chain<'a> {
+    x: Start<'a>,
+    steps: [(BinaryOp, LeafMap<'a>); MAX_STEPS],
+    len: usize,
+    act: Option<UnaryOp>,
+}
+
+/// The activations a chain may end with.
+fn activation(op: UnaryOp) -> bool {
+    matches!(
+        op,
+        UnaryOp::Relu
+            | UnaryOp::Sigmoid
+            | UnaryOp::Tanh
+            | UnaryOp::Silu
+            | UnaryOp::Gelu
+            | UnaryOp::GeluTanh
+    )
+}
+
+impl<'a> Chain<'a> {
+    /// The recipe for a program whose root is such a chain (views anywhere
+    /// along it, commuted sums and products), its leaves resolved for
+    /// `env`'s current shapes; None for any other program, and for a chain
+    /// of no step (a view or an activation alone gains nothing).
+    pub(super) fn find(program: &Program, env: &'a dyn Env) -> Option<Self> {
+        let nodes = program.nodes();
+        // The view nodes passed so far, outermost first: every leaf is
+        // read through them, from the root's coordinates. Fixed arrays:
+        // kernels find their recipes in `execute`, which allocates nothing.
+        let mut views = [0usize; MAX_VIEWS];
+        let mut n_views = 0;
+        let through_views = |views: &mut [usize; MAX_VIEWS], n: &mut usize, mut i: usize| {
+            while let Expr::View { x, .. } = nodes[i].expr {
+                *views.get_mut(*n)? = i;
+                *n += 1;
+                i = x;
+            }
+            Some(i)
+        };
+        let mut i = program.root();
+        let act = match nodes.get(i)?.expr {
+            Expr::Unary { op, x } if activation(op) => {
+                i = x;
+                Some(op)
+            }
+            _ => None,
+        };
+        i = through_views(&mut views, &mut n_views, i)?;
+        // Found from the root down, each step with the views above it.
+        let mut found = [(BinaryOp::Add, 0usize, 0usize); MAX_STEPS];
+        let mut len = 0;
+        let x = loop {
+            match nodes[i].expr {
+                Expr::Anchor => break None,
+                _ if program.is_leaf(i) => break Some(i),
+                Expr::Binary { op, a, b } => {
+                    let (next, operand) = match op {
+                        BinaryOp::Sub => (a, b),
+                        BinaryOp::Add | BinaryOp::Mul if program.is_leaf(b) => (a, b),
+                        BinaryOp::Add | BinaryOp::Mul if program.is_leaf(a) => (b, a),
+                        _ => return None,
+                    };
+                    if !program.is_leaf(operand) || len == MAX_STEPS {
+                        return None;
+                    }
+                    found[len] = (op, operand, n_views);
+                    len += 1;
+                    i = through_views(&mut views, &mut n_views, next)?;
+                }
+                _ => return None,
+            }
+        };
+        if len == 0 {
+            return None;
+        }
+        let x = match x {
+            Some(leaf) => Start::Stored(program.leaf_map_through(&views[..n_views], leaf, env)?),
+            // The anchor's chunk is in the root's coordinates.
+            None if n_views == 0 => Start::Anchor,
+            None => return None,
+        };
+        let mut chain = Chain {
+            x,
+            steps: [(BinaryOp::Add, LeafMap::Const(0.0)); MAX_STEPS],
+            len,
+            act,
+        };
+        // Applied from the start up.
+        for (slot, &(op, leaf, above)) in chain.steps.iter_mut().zip(found[..len].iter().rev()) {
+            *slot = (op, program.leaf_map_through(&views[..above], leaf, env)?);
+        }
+        Some(chain)
+    }
+
+    /// Whether the chain starts at the anchor's chunk (an epilogue's).
+    pub(super) fn reads_anchor(&self) -> bool {
+        self.x == Start::Anchor
+    }
+
+    /// Writes the chain along `line` into `out` and returns true, or
+    /// returns false, writing nothing, where `x` or an operand is not read
+    /// contiguously or as one value along this line. `anchor` is the
+    /// anchor's chunk where the chain starts there (as long as `out`).
+    pub(super) fn run(&self, line: &Line, anchor: &[f32], out: &mut [f32]) -> bool {
+        let len = out.len();
+        let x = match self.x {
+            Start::Anchor => anchor,
+            Start::Stored(x) => match x.read(line, len) {
+                Some(Leaf::Contiguous(x, _)) => x,
+                _ => return false,
+            },
+        };
+        let mut steps = [(BinaryOp::Add, Operand::Scalar(0.0)); MAX_STEPS];
+        for (step, &(op, leaf)) in steps.iter_mut().zip(&self.steps[..self.len]) {
+            *step = match leaf.read(line, len) {
+                Some(Leaf::Scalar(v)) => (op, Operand::Scalar(v)),
+                Some(Leaf::Contiguous(v, _)) => (op, Operand::Slice(v)),
+                None => return false,
+            };
+        }
+        chain(&steps[..self.len], self.act, x, out);
+        true
+    }
+}
+
+/// A step's operand along a line.
+#[derive(Clone, Copy, Debug)]
+enum Operand<'a> {
+    Scalar(f32),
+    Slice(&'a [f32]),
+}
+
+fn chain(steps: &[(BinaryOp, Operand)], act: Option<UnaryOp>, x: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        match Isa::detect() {
+            // SAFETY: the CPU has AVX-512F, AVX2 and FMA (just detected).
+            Isa::Avx512 => return unsafe { chain_avx512(steps, act, x, out) },
+            // SAFETY: the CPU has AVX2 and FMA (just detected).
+            Isa::Avx2 => return unsafe { chain_avx2(steps, act, x, out) },
+            Isa::Baseline => {}
+        }
+    }
+    chain_generic::<BASELINE_FMA>(steps, act, x, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn chain_avx512(
+    steps: &[(BinaryOp, Operand)],
+    act: Option<UnaryOp>,
+    x: &[f32],
+    out: &mut [f32],
+) {
+    chain_generic::<true>(steps, act, x, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn chain_avx2(
+    steps: &[(BinaryOp, Operand)],
+    act: Option<UnaryOp>,
+    x: &[f32],
+    out: &mut [f32],
+) {
+    chain_generic::<true>(steps, act, x, out)
+}
+
+/// The loops, inlined into each instruction-set variant; `F` as in
+/// `UnaryOp::apply`, so the activation rounds as the interpreter's. Each
+/// step and the activation is a loop of its own over a block, so each
+/// vectorises without a test per element.
+#[inline(always)]
+fn chain_generic<const F: bool>(
+    steps: &[(BinaryOp, Operand)],
+    act: Option<UnaryOp>,
+    x: &[f32],
+    out: &mut [f32],
+) {
+    #[inline(always)]
+    fn each(out: &mut [f32], f: impl Fn(f32) -> f32) {
+        for v in out {
+            *v = f(*v);
+        }
+    }
+    #[inline(always)]
+    fn with(out: &mut [f32], o: &[f32], f: impl Fn(f32, f32) -> f32) {
+        for (v, &o) in out.iter_mut().zip(o) {
+            *v = f(*v, o);
+        }
+    }
+    for (b, out) in out.chunks_mut(BLOCK).enumerate() {
+        let at = b * BLOCK;
+        let n = out.len();
+        out.copy_from_slice(&x[at..at + n]);
+        for &(op, operand) in steps {
+            match (op, operand) {
+                (BinaryOp::Add, Operand::Scalar(o)) => each(out, |v| v + o),
+                (BinaryOp::Sub, Operand::Scalar(o)) => each(out, |v| v - o),
+                (BinaryOp::Mul, Operand::Scalar(o)) => each(out, |v| v * o),
+                (BinaryOp::Add, Operand::Slice(o)) => with(out, &o[at..at + n], |v, o| v + o),
+                (BinaryOp::Sub, Operand::Slice(o)) => with(out, &o[at..at + n], |v, o| v - o),
+                (BinaryOp::Mul, Operand::Slice(o)) => with(out, &o[at..at + n], |v, o| v * o),
+                _ => unreachable!("a chain adds, subtracts and multiplies"),
+            }
+        }
+        match act {
+            None => {}
+            // max(v, 0) would turn NaN into 0; PyTorch keeps NaN.
+            Some(UnaryOp::Relu) => each(out, |v| if v < 0.0 { 0.0 } else { v }),
+            Some(UnaryOp::Sigmoid) => each(out, math::sigmoid::<F>),
+            Some(UnaryOp::Tanh) => each(out, math::tanh::<F>),
+            Some(UnaryOp::Silu) => each(out, |v| v * math::sigmoid::<F>(v)),
+            Some(UnaryOp::Gelu) => each(out, math::gelu::<F>),
+            Some(UnaryOp::GeluTanh) => each(out, math::gelu_tanh::<F>),
+            Some(op) => unreachable!("{op:?} is not a chain's activation"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fused::Shape;
+    use crate::test_support::Rng;
+
+    #[derive(Default)]
+    struct TestEnv {
+        shapes: Vec<Shape>,
+        data: Vec<Vec<f32>>,
+    }
+
+    impl Env for TestEnv {
+        fn shape(&self, value: usize) -> Shape {
+            self.shapes[value]
+        }
+        fn data(&self, value: usize) -> &[f32] {
+            &self.data[value]
+        }
+    }
+
+    impl TestEnv {
+        fn value(&mut self, dims: &[usize], data: Vec<f32>) -> usize {
+            self.shapes.push(Shape::new(dims));
+            self.data.push(data);
+            self.shapes.len() - 1
+        }
+    }
+
+    const T: [Option<u8>; 4] = [Some(0), Some(2), Some(1), None];
+
+    /// wav2vec2's LayerNorm applied in the next conv's prologue:
+    /// `act(permute((x - mean) * rstd * w + b))` over a stored `[1, N, C]`
+    /// `x`, its statistics `[1, N, 1]` and parameters `[C]`, read as
+    /// `[1, C, N]`.
+    fn layer_norm(
+        env: &mut TestEnv,
+        rng: &mut Rng,
+        n: usize,
+        c: usize,
+        act: Option<UnaryOp>,
+    ) -> Program {
+        let x = env.value(&[1, n, c], rng.vec(n * c, -2.0, 2.0));
+        let m = env.value(&[1, n, 1], rng.vec(n, -0.5, 0.5));
+        let r = env.value(&[1, n, 1], rng.vec(n, 0.5, 2.0));
+        let w = env.value(&[c], rng.vec(c, 0.5, 1.5));
+        let b = env.value(&[c], rng.vec(c, -0.5, 0.5));
+        let nc = env.value(&[1, n, c], Vec::new());
+        let cn = env.value(&[1, c, n], Vec::new());
+        let mut p = Program::default();
+        let lx = p.push(Expr::Load, x);
+        let lm = p.push(Expr::Load, m);
+        let bm = p.push(Expr::Broadcast { x: lm }, nc);
+        let d = p.push(
+            Expr::Binary {
+                op: BinaryOp::Sub,
+                a: lx,
+                b: bm,
+            },
+            nc,
+        );
+        let lr = p.push(Expr::Load, r);
+        let br = p.push(Expr::Broadcast { x: lr }, nc);
+        let y = p.push(
+            Expr::Binary {
+                op: BinaryOp::Mul,
+                a: d,
+                b: br,
+            },
+            nc,
+        );
+        let lw = p.push(Expr::Load, w);
+        let bw = p.push(Expr::Broadcast { x: lw }, nc);
+        // The weight first: a commuted product.
+        let y = p.push(
+            Expr::Binary {
+                op: BinaryOp::Mul,
+                a: bw,
+                b: y,
+            },
+            nc,
+        );
+        let lb = p.push(Expr::Load, b);
+        let bb = p.push(Expr::Broadcast { x: lb }, nc);
+        let y = p.push(
+            Expr::Binary {
+                op: BinaryOp::Add,
+                a: y,
+                b: bb,
+            },
+            nc,
+        );
+        let v = p.push(Expr::View { x: y, map: T }, cn);
+        if let Some(op) = act {
+            p.push(Expr::Unary { op, x: v }, cn);
+        }
+        p
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// Every line of the root, across the channels and along time: the
+    /// recipe runs where it reads in place (across) and declines where `x`
+    /// is strided (along), and equals the interpreter bit for bit.
+    #[test]
+    fn a_layer_norm_through_a_transpose_equals_the_interpreter() {
+        let mut rng = Rng::new(4);
+        for act in [
+            None,
+            Some(UnaryOp::Gelu),
+            Some(UnaryOp::Silu),
+            Some(UnaryOp::Relu),
+        ] {
+            let (n, c) = (37, 150);
+            let mut env = TestEnv::default();
+            let p = layer_norm(&mut env, &mut rng, n, c, act);
+            let chain = Chain::find(&p, &env).expect("a chain");
+            assert_eq!(chain.len, 4);
+            let mut tmp = vec![0.0; p.temporaries() * c.max(n)];
+            for t in 0..n {
+                let line = Line::along([0, 0, t, 0], 1);
+                let (mut got, mut want) = (vec![0.0; c], vec![0.0; c]);
+                assert!(chain.run(&line, &[], &mut got), "across the channels");
+                p.eval(&env, &[], &line, &mut want, &mut tmp);
+                assert_eq!(bits(&got), bits(&want), "{act:?} t={t}");
+            }
+            let line = Line::along([0, 3, 0, 0], 2);
+            assert!(
+                !chain.run(&line, &[], &mut vec![0.0; n]),
+                "x is strided along time"
+            );
+        }
+    }
+
+    /// An epilogue's chain starts at the anchor's chunk: a per-channel
+    /// scale and shift then a SiLU (a batch norm folded to an affine),
+    /// along time; RMSNorm's `x * rrms * w` across the channels; and the
+    /// programs that are not chains.
+    #[test]
+    fn anchored_and_rms_chains_and_the_forms_refused() {
+        let mut rng = Rng::new(8);
+        let (c, n) = (5, 300);
+        let mut env = TestEnv::default();
+        let y = env.value(&[1, c, n], Vec::new());
+        let s = env.value(&[c, 1], rng.vec(c, 0.5, 1.5));
+        let t = env.value(&[c, 1], rng.vec(c, -1.0, 1.0));
+        let mut p = Program::default();
+        let a = p.push(Expr::Anchor, y);
+        let ls = p.push(Expr::Load, s);
+        let bs = p.push(Expr::Broadcast { x: ls }, y);
+        let m = p.push(
+            Expr::Binary {
+                op: BinaryOp::Mul,
+                a,
+                b: bs,
+            },
+            y,
+        );
+        let lt = p.push(Expr::Load, t);
+        let bt = p.push(Expr::Broadcast { x: lt }, y);
+        let z = p.push(
+            Expr::Binary {
+                op: BinaryOp::Add,
+                a: bt,
+                b: m,
+            },
+            y,
+        );
+        p.push(
+            Expr::Unary {
+                op: UnaryOp::Silu,
+                x: z,
+            },
+            y,
+        );
+        let chain = Chain::find(&p, &env).expect("a chain from the anchor");
+        assert!(chain.reads_anchor());
+        let values = rng.vec(n, -3.0, 3.0);
+        let mut tmp = vec![0.0; p.temporaries() * n];
+        for row in 0..c {
+            let line = Line::along([0, row, 0, 0], 2);
+            let (mut got, mut want) = (vec![0.0; n], vec![0.0; n]);
+            assert!(chain.run(&line, &values, &mut got));
+            p.eval(&env, &values, &line, &mut want, &mut tmp);
+            assert_eq!(bits(&got), bits(&want), "row {row}");
+        }
+
+        // RMSNorm over a [1, N, C] projection, read as [1, C, N].
+        let mut env = TestEnv::default();
+        let (n, c) = (9, 70);
+        let x = env.value(&[1, n, c], rng.vec(n * c, -2.0, 2.0));
+        let r = env.value(&[1, n, 1], rng.vec(n, 0.5, 2.0));
+        let w = env.value(&[c], rng.vec(c, 0.5, 1.5));
+        let nc = env.value(&[1, n, c], Vec::new());
+        let cn = env.value(&[1, c, n], Vec::new());
+        let mut p = Program::default();
+        let lx = p.push(Expr::Load, x);
+        let lr = p.push(Expr::Load, r);
+        let br = p.push(Expr::Broadcast { x: lr }, nc);
+        let h = p.push(
+            Expr::Binary {
+                op: BinaryOp::Mul,
+                a: lx,
+                b: br,
+            },
+            nc,
+        );
+        let lw = p.push(Expr::Load, w);
+        let bw = p.push(Expr::Broadcast { x: lw }, nc);
+        let h = p.push(
+            Expr::Binary {
+                op: BinaryOp::Mul,
+                a: h,
+                b: bw,
+            },
+            nc,
+        );
+        p.push(Expr::View { x: h, map: T }, cn);
+        let chain = Chain::find(&p, &env).expect("RMSNorm's chain");
+        let mut tmp = vec![0.0; p.temporaries() * c];
+        for t in 0..n {
+            let line = Line::along([0, 0, t, 0], 1);
+            let (mut got, mut want) = (vec![0.0; c], vec![0.0; c]);
+            assert!(chain.run(&line, &[], &mut got));
+            p.eval(&env, &[], &line, &mut want, &mut tmp);
+            assert_eq!(bits(&got), bits(&want), "t={t}");
+        }
+
+        // Not chains: an operand computed (rsqrt of a statistic), the
+        // spine subtracted from a leaf, a division, a lone activation.
+        let refused = |build: &dyn Fn(&mut Program, usize, usize)| {
+            let mut p = Program::default();
+            let lx = p.push(Expr::Load, x);
+            let lr = p.push(Expr::Load, r);
+            build(&mut p, lx, lr);
+            Chain::find(&p, &env).is_none()
+        };
+        assert!(refused(&|p, lx, lr| {
+            let q = p.push(
+                Expr::Unary {
+                    op: UnaryOp::Rsqrt,
+                    x: lr,
+                },
+                r,
+            );
+            let bq = p.push(Expr::Broadcast { x: q }, nc);
+            p.push(
+                Expr::Binary {
+                    op: BinaryOp::Mul,
+                    a: lx,
+                    b: bq,
+                },
+                nc,
+            );
+        }));
+        assert!(refused(&|p, lx, lr| {
+            let br = p.push(Expr::Broadcast { x: lr }, nc);
+            let e = p.push(
+                Expr::Unary {
+                    op: UnaryOp::Exp,
+                    x: lx,
+                },
+                nc,
+            );
+            p.push(
+                Expr::Binary {
+                    op: BinaryOp::Sub,
+                    a: br,
+                    b: e,
+                },
+                nc,
+            );
+        }));
+        assert!(refused(&|p, lx, lr| {
+            let br = p.push(Expr::Broadcast { x: lr }, nc);
+            p.push(
+                Expr::Binary {
+                    op: BinaryOp::Div,
+                    a: lx,
+                    b: br,
+                },
+                nc,
+            );
+        }));
+        assert!(refused(&|p, lx, _| {
+            p.push(
+                Expr::Unary {
+                    op: UnaryOp::Gelu,
+                    x: lx,
+                },
+                nc,
+            );
+        }));
+    }
+}

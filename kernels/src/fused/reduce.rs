@@ -1,0 +1,810 @@
+//! Reductions of a fused program's result over some of its dimensions:
+//! the statistics normalisations need (LayerNorm's and GroupNorm's mean and
+//! variance, RMSNorm's mean of squares), gathered before a kernel's main
+//! loop reads them.
+//!
+//! A [`reduce`] call computes any of [`ReduceOp`]'s statistics of one
+//! program over the same dimensions in one walk: the variance is two-pass
+//! (the mean of a block first, then its squared deviations, the block read
+//! again while it is in cache), never `E[x^2] - E[x]^2`, whose cancellation
+//! loses every digit of a variance small against the squared mean. The
+//! second pass also sums the deviations themselves, which corrects both the
+//! mean and the variance for the rounding of the first pass's mean (the
+//! corrected two-pass algorithm of Chan, Golub and LeVeque). Sums are
+//! accumulated in f32 within a line or a block of 64 rows, and in f64
+//! (rows) or across blocks (columns) beyond it.
+//!
+//! The walk follows memory: where the program's loads are contiguous along
+//! a reduced dimension (LayerNorm over the channels of a `[B, N, C]`
+//! projection, GroupNorm over time), each output element reduces whole
+//! lines along it (*rows*); where they are contiguous along a kept one
+//! (LayerNorm over the channels of a `[B, C, N]` conv output), a block of
+//! outputs along that dimension accumulates one line per reduced
+//! coordinate, so every read is a contiguous run (*columns*). Results do
+//! not depend on the thread count: every output's sum runs in a fixed
+//! order.
+
+use rayon::prelude::*;
+
+use super::program::{Env, Leaf, LeafMap, Line, Program};
+use super::rows::{SharedOut, LINE_CHUNK};
+use super::shape::{Shape, MAX_RANK};
+use crate::error::KernelError;
+use crate::Scratch;
+
+/// A statistic over the reduced dimensions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// The sum.
+    Sum,
+    /// The mean (NaN over no element, as PyTorch).
+    Mean,
+    /// The population variance (`correction = 0`, what LayerNorm and
+    /// GroupNorm divide by), two-pass.
+    Var,
+}
+
+impl ReduceOp {
+    /// The op's name in plans and logs (PyTorch's spelling).
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Mean => "mean",
+            ReduceOp::Var => "var",
+        }
+    }
+}
+
+/// One statistic of a [`reduce`] call and where it goes: a row-major tensor
+/// of the program's shape with the reduced dimensions of size 1.
+pub struct Statistic<'a> {
+    #[allow(missing_docs)]
+    pub op: ReduceOp,
+    #[allow(missing_docs)]
+    pub out: &'a mut [f32],
+}
+
+/// Rows of a column block accumulated in f32 before they are added to the
+/// block's running sums (error `~(64 + K / 64) eps` rather than `K eps`).
+const ROW_BLOCK: usize = 64;
+
+/// Most elements of one column block's reduced rows together: a block's
+/// variance pass reads them again, from L2.
+const BLOCK_ELEMS: usize = 64 * 1024;
+
+/// Fewest elements one task reduces.
+const MIN_TASK_ELEMS: usize = 16 * 1024;
+
+/// f32 elements of per-thread scratch [`reduce`] needs for a program
+/// needing `temporaries` line-sized temporaries.
+pub fn reduce_scratch(temporaries: usize) -> usize {
+    (temporaries + 7) * LINE_CHUNK
+}
+
+/// How a reduction walks its input (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Walk {
+    /// Each output reduces lines along `dim`, a reduced dimension.
+    Rows { dim: usize },
+    /// Blocks of outputs along `dim`, a kept dimension, accumulate a line
+    /// per reduced coordinate.
+    Columns { dim: usize },
+}
+
+/// Writes the statistics `stats` of `program`'s root over the dimensions
+/// `dims` marks (`dims[d]` for dimension `d`) into their tensors, in
+/// parallel on the current pool. `scratch` needs [`reduce_scratch`]`(program.temporaries())`
+/// elements per thread. The program must not read an anchor
+/// ([`crate::fused::Expr::Anchor`]): a reduction runs before any kernel.
+///
+/// # Errors
+/// [`KernelError::BufferLen`] for an output of the wrong size or too little
+/// scratch; [`KernelError::NotFusable`] for a program reading an anchor;
+/// [`KernelError::InvalidParam`] for an op asked for twice.
+pub fn reduce(
+    program: &Program,
+    env: &dyn Env,
+    dims: &[bool; MAX_RANK],
+    stats: &mut [Statistic],
+    scratch: &Scratch,
+) -> Result<(), KernelError> {
+    if program.reads_anchor() {
+        return Err(KernelError::NotFusable {
+            algorithm: "reduce",
+        });
+    }
+    let shape = env.shape(program.nodes()[program.root()].value);
+    let rank = shape.rank();
+    let mut out_shape = shape;
+    for d in (0..rank).filter(|&d| dims[d]) {
+        out_shape = out_shape.with(d, 1);
+    }
+    for (i, s) in stats.iter().enumerate() {
+        crate::error::check_len("statistic", out_shape.numel(), s.out.len())?;
+        if stats[..i].iter().any(|t| t.op == s.op) {
+            return Err(KernelError::InvalidParam {
+                what: "statistics",
+                value: stats.len(),
+                requirement: "each op at most once",
+            });
+        }
+    }
+    let need = reduce_scratch(program.temporaries());
+    if scratch.per_thread() < need {
+        return Err(KernelError::BufferLen {
+            which: "scratch",
+            expected: need,
+            actual: scratch.per_thread(),
+        });
+    }
+    if out_shape.numel() == 0 || stats.is_empty() {
+        return Ok(());
+    }
+    let run = Run {
+        program,
+        env,
+        shape,
+        out_shape,
+        dims: *dims,
+        count: (0..rank).filter(|&d| dims[d]).map(|d| shape[d]).product(),
+        var: stats.iter().any(|s| s.op == ReduceOp::Var),
+        leaf: program
+            .is_leaf(program.root())
+            .then(|| program.leaf_map(program.root(), env))
+            .flatten(),
+    };
+    let [a, b, c] = split_stats(stats);
+    let outs = [a, b, c].map(|s| s.map(|(op, out)| (op, SharedOut::new(out))));
+    match run.walk() {
+        Walk::Rows { dim } => run.rows(dim, &outs, scratch),
+        Walk::Columns { dim } => run.columns(dim, &outs, scratch),
+    }
+    Ok(())
+}
+
+/// Adds a line (the second argument) into a column block's partial sums.
+type AddLine<'f> = &'f dyn Fn(&mut [&mut [f32]], &[f32]);
+
+/// The statistics, one of each op at most.
+type Outs<'a> = [Option<(ReduceOp, SharedOut<'a>)>; 3];
+
+/// The statistics by op (each at most once, checked by [`reduce`]).
+fn split_stats<'a>(stats: &'a mut [Statistic]) -> [Option<(ReduceOp, &'a mut [f32])>; 3] {
+    let mut slots: [Option<(ReduceOp, &'a mut [f32])>; 3] = [None, None, None];
+    for s in stats.iter_mut() {
+        let i = match s.op {
+            ReduceOp::Sum => 0,
+            ReduceOp::Mean => 1,
+            ReduceOp::Var => 2,
+        };
+        slots[i] = Some((s.op, &mut *s.out));
+    }
+    slots
+}
+
+struct Run<'a> {
+    program: &'a Program,
+    env: &'a dyn Env,
+    shape: Shape,
+    out_shape: Shape,
+    dims: [bool; MAX_RANK],
+    /// Elements reduced into each output.
+    count: usize,
+    /// The variance is asked for: a second pass.
+    var: bool,
+    /// The program's root, where it is a stored tensor (through views).
+    leaf: Option<LeafMap<'a>>,
+}
+
+impl<'a> Run<'a> {
+    /// The program's values along `line` (as long as `buf`): read in place
+    /// where the program is a stored tensor read contiguously, else
+    /// computed into `buf` (`tmp` holding the program's temporaries).
+    fn line<'s>(&'s self, line: &Line, buf: &'s mut [f32], tmp: &mut [f32]) -> &'s [f32] {
+        if let Some(Leaf::Contiguous(v, _)) = self.leaf.and_then(|l| l.read(line, buf.len())) {
+            return v;
+        }
+        self.program.eval(self.env, &[], line, buf, tmp);
+        buf
+    }
+    /// Rows where the loads are no less contiguous along the best reduced
+    /// dimension than along the best kept one.
+    fn walk(&self) -> Walk {
+        let rank = self.shape.rank();
+        let stride = |d: usize| {
+            self.program
+                .max_load_stride(self.env, &Line::along([0; MAX_RANK], d))
+        };
+        // The innermost of the least strided, among dimensions of size > 1.
+        let best = |reduced: bool| {
+            (0..rank)
+                .filter(|&d| self.dims[d] == reduced && self.shape[d] > 1)
+                .map(|d| (stride(d), std::cmp::Reverse(d)))
+                .min()
+                .map(|(s, d)| (s, d.0))
+        };
+        let reduced = best(true);
+        match (reduced, best(false)) {
+            (Some((sr, _)), Some((sk, dk))) if sk < sr => Walk::Columns { dim: dk },
+            (Some((_, dr)), _) => Walk::Rows { dim: dr },
+            // Nothing longer than 1 is reduced: each output reads one element.
+            (None, _) => Walk::Rows {
+                dim: (0..rank).rev().find(|&d| self.dims[d]).unwrap_or(0),
+            },
+        }
+    }
+
+    /// The coordinates of element `i` of a row-major walk over the
+    /// dimensions `over` marks, each of `shape`'s size there (others 0).
+    fn unravel(shape: &Shape, over: impl Fn(usize) -> bool, mut i: usize) -> [usize; MAX_RANK] {
+        let mut c = [0; MAX_RANK];
+        for d in (0..shape.rank()).rev().filter(|&d| over(d)) {
+            c[d] = i % shape[d];
+            i /= shape[d];
+        }
+        c
+    }
+
+    /// Offset of output coordinates `c`.
+    fn out_offset(&self, c: &[usize; MAX_RANK]) -> usize {
+        let strides = self.out_shape.strides();
+        (0..self.out_shape.rank()).map(|d| c[d] * strides[d]).sum()
+    }
+
+    /// A statistic from the sum and, when the variance was asked for, the
+    /// second pass's sums of deviations from the first pass's mean `m` and
+    /// of their squares.
+    fn finish(&self, op: ReduceOp, sum: f64, m: f32, dev: f64, sq: f64) -> f32 {
+        let n = self.count as f64;
+        (match op {
+            ReduceOp::Sum => sum,
+            ReduceOp::Mean if self.var => f64::from(m) + dev / n,
+            ReduceOp::Mean => sum / n,
+            ReduceOp::Var => (sq - dev * dev / n) / n,
+        }) as f32
+    }
+
+    /// One output per task element: whole lines along `dim`, and every
+    /// coordinate of the other reduced dimensions.
+    fn rows(&self, dim: usize, outs: &Outs, scratch: &Scratch) {
+        let len = self.shape[dim];
+        let others = |d: usize| self.dims[d] && d != dim;
+        let outer: usize = (0..self.shape.rank())
+            .filter(|&d| others(d))
+            .map(|d| self.shape[d])
+            .product();
+        let temps = self.program.temporaries();
+        // For every line of the output element `base`, its values.
+        let each_line = |base: &[usize; MAX_RANK],
+                         buf: &mut [f32],
+                         tmp: &mut [f32],
+                         f: &mut dyn FnMut(&[f32])| {
+            for o in 0..outer {
+                let inner = Self::unravel(&self.shape, others, o);
+                let mut b = *base;
+                for d in (0..self.shape.rank()).filter(|&d| others(d)) {
+                    b[d] = inner[d];
+                }
+                for t0 in (0..len).step_by(LINE_CHUNK) {
+                    let n = LINE_CHUNK.min(len - t0);
+                    b[dim] = t0;
+                    f(self.line(&Line::along(b, dim), &mut buf[..n], &mut tmp[..temps * n]));
+                }
+            }
+        };
+        let kept = |d: usize| !self.dims[d];
+        let per_task = MIN_TASK_ELEMS.div_ceil(self.count.max(1));
+        (0..self.out_shape.numel())
+            .into_par_iter()
+            .with_min_len(per_task)
+            .for_each(|e| {
+                scratch.with_slot(|slot| {
+                    let (buf, tmp) = slot.split_at_mut(LINE_CHUNK);
+                    let base = Self::unravel(&self.out_shape, kept, e);
+                    let mut sum = 0.0f64;
+                    each_line(&base, buf, tmp, &mut |v| sum += f64::from(sum_line(v)));
+                    let mean = (sum / self.count as f64) as f32;
+                    let (mut dev, mut sq) = (0.0f64, 0.0f64);
+                    if self.var {
+                        each_line(&base, buf, tmp, &mut |v| {
+                            let (d, s) = sum_dev(v, mean);
+                            dev += f64::from(d);
+                            sq += f64::from(s);
+                        });
+                    }
+                    let at = self.out_offset(&base);
+                    for (op, out) in outs.iter().flatten() {
+                        out.store_line(at, 1, &[self.finish(*op, sum, mean, dev, sq)]);
+                    }
+                })
+            });
+    }
+
+    /// Blocks of outputs along `dim`, a kept dimension: per block, a line
+    /// along `dim` for every reduced coordinate, accumulated.
+    fn columns(&self, dim: usize, outs: &Outs, scratch: &Scratch) {
+        let len = self.shape[dim];
+        let count = self.count;
+        let block = (BLOCK_ELEMS / count.max(1)).clamp(64, 512).min(len);
+        let blocks = len.div_ceil(block);
+        let lines_over = |d: usize| !self.dims[d] && d != dim;
+        let lines = self.out_shape.numel() / len;
+        let reduced = |d: usize| self.dims[d];
+        let temps = self.program.temporaries();
+        let tasks_per_block = (MIN_TASK_ELEMS / (count * block).max(1)).max(1);
+        (0..lines * blocks)
+            .into_par_iter()
+            .with_min_len(tasks_per_block)
+            .for_each(|task| {
+                let (line, j) = (task / blocks, task % blocks);
+                let t0 = j * block;
+                let n = block.min(len - t0);
+                let mut base = Self::unravel(&self.out_shape, lines_over, line);
+                base[dim] = t0;
+                scratch.with_slot(|slot| {
+                    let (buf, rest) = slot.split_at_mut(LINE_CHUNK);
+                    let (sum, rest) = rest.split_at_mut(LINE_CHUNK);
+                    let (part, rest) = rest.split_at_mut(2 * LINE_CHUNK);
+                    let (mean, rest) = rest.split_at_mut(LINE_CHUNK);
+                    let (dev, rest) = rest.split_at_mut(LINE_CHUNK);
+                    let (sq, tmp) = rest.split_at_mut(LINE_CHUNK);
+                    let (buf, sum, mean) = (&mut buf[..n], &mut sum[..n], &mut mean[..n]);
+                    let (dev, sq) = (&mut dev[..n], &mut sq[..n]);
+                    let tmp = &mut tmp[..temps * n];
+                    // Every reduced coordinate's line, in blocks of rows:
+                    // `f` adds a line into the block's partial sums, which
+                    // are added into `acc` after each block.
+                    let mut pass = |acc: &mut [&mut [f32]], f: AddLine| {
+                        for a in acc.iter_mut() {
+                            a.fill(0.0);
+                        }
+                        for k0 in (0..count).step_by(ROW_BLOCK) {
+                            let (p0, p1) = part.split_at_mut(n);
+                            let mut parts = [p0, &mut p1[..n]];
+                            let parts = &mut parts[..acc.len()];
+                            for p in parts.iter_mut() {
+                                p.fill(0.0);
+                            }
+                            for k in k0..(k0 + ROW_BLOCK).min(count) {
+                                let c = Self::unravel(&self.shape, reduced, k);
+                                let mut b = base;
+                                for d in (0..self.shape.rank()).filter(|&d| reduced(d)) {
+                                    b[d] = c[d];
+                                }
+                                f(parts, self.line(&Line::along(b, dim), buf, tmp));
+                            }
+                            for (a, p) in acc.iter_mut().zip(parts.iter()) {
+                                add(a, p);
+                            }
+                        }
+                    };
+                    pass(&mut [&mut *sum], &|p, v| add(p[0], v));
+                    let inv = 1.0 / count as f32;
+                    for (m, &s) in mean.iter_mut().zip(sum.iter()) {
+                        *m = s * inv;
+                    }
+                    if self.var {
+                        let m = &*mean;
+                        pass(&mut [&mut *dev, &mut *sq], &|p, v| {
+                            let (d, s) = p.split_at_mut(1);
+                            add_dev(d[0], s[0], v, m)
+                        });
+                        // The corrected two-pass mean and variance.
+                        for i in 0..n {
+                            let d = dev[i] * inv;
+                            mean[i] += d;
+                            sq[i] = (sq[i] - dev[i] * d) * inv;
+                        }
+                    }
+                    let stride = self.out_shape.strides()[dim];
+                    let at = self.out_offset(&base);
+                    for (op, out) in outs.iter().flatten() {
+                        let values: &[f32] = match op {
+                            ReduceOp::Sum => sum,
+                            ReduceOp::Mean => mean,
+                            ReduceOp::Var => sq,
+                        };
+                        out.store_line(at, stride, values);
+                    }
+                })
+            });
+    }
+}
+
+/// The sum of `v`, in 16 lanes (vectorised) then across them.
+#[inline]
+fn sum_line(v: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; 16];
+    let mut chunks = v.chunks_exact(16);
+    for c in &mut chunks {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            *l += x;
+        }
+    }
+    for (l, &x) in lanes.iter_mut().zip(chunks.remainder()) {
+        *l += x;
+    }
+    lanes.iter().sum()
+}
+
+/// The sums of `v - mean` and of `(v - mean)^2`, as [`sum_line`].
+#[inline]
+fn sum_dev(v: &[f32], mean: f32) -> (f32, f32) {
+    let (mut dev, mut sq) = ([0.0f32; 16], [0.0f32; 16]);
+    let mut chunks = v.chunks_exact(16);
+    for c in &mut chunks {
+        for ((l, q), &x) in dev.iter_mut().zip(sq.iter_mut()).zip(c) {
+            let d = x - mean;
+            *l += d;
+            *q += d * d;
+        }
+    }
+    for ((l, q), &x) in dev.iter_mut().zip(sq.iter_mut()).zip(chunks.remainder()) {
+        let d = x - mean;
+        *l += d;
+        *q += d * d;
+    }
+    (dev.iter().sum(), sq.iter().sum())
+}
+
+/// `acc[i] += v[i]`.
+#[inline]
+fn add(acc: &mut [f32], v: &[f32]) {
+    for (a, &x) in acc.iter_mut().zip(v) {
+        *a += x;
+    }
+}
+
+/// `dev[i] += v[i] - mean[i]` and `sq[i] += (v[i] - mean[i])^2`.
+#[inline]
+fn add_dev(dev: &mut [f32], sq: &mut [f32], v: &[f32], mean: &[f32]) {
+    for (((a, q), &x), &m) in dev.iter_mut().zip(sq.iter_mut()).zip(v).zip(mean) {
+        let d = x - m;
+        *a += d;
+        *q += d * d;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fused::{BinaryOp, Expr};
+    use crate::test_support::Rng;
+
+    /// Values by index: shapes for all, data for the stored ones.
+    #[derive(Default)]
+    struct TestEnv {
+        shapes: Vec<Shape>,
+        data: Vec<Vec<f32>>,
+    }
+
+    impl Env for TestEnv {
+        fn shape(&self, value: usize) -> Shape {
+            self.shapes[value]
+        }
+        fn data(&self, value: usize) -> &[f32] {
+            &self.data[value]
+        }
+    }
+
+    impl TestEnv {
+        fn value(&mut self, dims: &[usize], data: Vec<f32>) -> usize {
+            self.shapes.push(Shape::new(dims));
+            self.data.push(data);
+            self.shapes.len() - 1
+        }
+    }
+
+    fn mask(dims: &[usize]) -> [bool; MAX_RANK] {
+        let mut m = [false; MAX_RANK];
+        for &d in dims {
+            m[d] = true;
+        }
+        m
+    }
+
+    /// Sum, mean and population variance in f64, element by element of
+    /// `get`'s tensor of `shape`, over `dims`.
+    fn reference(shape: &[usize], dims: &[usize], get: impl Fn(&[usize]) -> f64) -> [Vec<f64>; 3] {
+        let out: Vec<usize> = (0..shape.len())
+            .map(|d| if dims.contains(&d) { 1 } else { shape[d] })
+            .collect();
+        let n_out: usize = out.iter().product();
+        let mut groups: Vec<Vec<f64>> = vec![Vec::new(); n_out];
+        let total: usize = shape.iter().product();
+        for i in 0..total {
+            let mut idx = vec![0; shape.len()];
+            let mut rest = i;
+            for d in (0..shape.len()).rev() {
+                idx[d] = rest % shape[d];
+                rest /= shape[d];
+            }
+            let mut o = 0;
+            for d in 0..shape.len() {
+                o = o * out[d] + if dims.contains(&d) { 0 } else { idx[d] };
+            }
+            groups[o].push(get(&idx));
+        }
+        let sum: Vec<f64> = groups.iter().map(|g| g.iter().sum()).collect();
+        let mean: Vec<f64> = groups
+            .iter()
+            .zip(&sum)
+            .map(|(g, s)| s / g.len() as f64)
+            .collect();
+        let var = groups
+            .iter()
+            .zip(&mean)
+            .map(|(g, m)| g.iter().map(|x| (x - m) * (x - m)).sum::<f64>() / g.len() as f64)
+            .collect();
+        [sum, mean, var]
+    }
+
+    /// Runs every statistic of `p` over `dims` on a pool of `threads`.
+    fn run(p: &Program, env: &TestEnv, dims: &[usize], threads: usize) -> [Vec<f32>; 3] {
+        let shape = env.shape(p.nodes()[p.root()].value);
+        let n: usize = (0..shape.rank())
+            .map(|d| if dims.contains(&d) { 1 } else { shape[d] })
+            .product();
+        let (mut s, mut m, mut v) = (vec![f32::NAN; n], vec![f32::NAN; n], vec![f32::NAN; n]);
+        let scratch = Scratch::new(threads, reduce_scratch(p.temporaries()));
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let mut stats = [
+                Statistic {
+                    op: ReduceOp::Sum,
+                    out: &mut s,
+                },
+                Statistic {
+                    op: ReduceOp::Mean,
+                    out: &mut m,
+                },
+                Statistic {
+                    op: ReduceOp::Var,
+                    out: &mut v,
+                },
+            ];
+            reduce(p, env, &mask(dims), &mut stats, &scratch).unwrap();
+        });
+        [s, m, v]
+    }
+
+    fn check(got: &[Vec<f32>; 3], want: &[Vec<f64>; 3], context: &str) {
+        for (what, (g, w)) in ["sum", "mean", "var"].iter().zip(got.iter().zip(want)) {
+            let scale = w.iter().fold(1e-30f64, |a, x| a.max(x.abs()));
+            for (i, (&g, &w)) in g.iter().zip(w).enumerate() {
+                assert!(
+                    (f64::from(g) - w).abs() <= 2e-6 * scale,
+                    "{context}: {what}[{i}] = {g}, want {w} (scale {scale})"
+                );
+            }
+        }
+    }
+
+    /// `x` stored as `dims`, read through the permutation `perm` (the
+    /// program's root is `x.permute(perm)`).
+    fn permuted(env: &mut TestEnv, x: usize, perm: &[usize]) -> Program {
+        let mut p = Program::default();
+        let l = p.push(Expr::Load, x);
+        let stored = env.shape(x);
+        let dims: Vec<usize> = perm.iter().map(|&q| stored[q]).collect();
+        let v = env.value(&dims, Vec::new());
+        let mut map = [None; MAX_RANK];
+        for (d, &q) in perm.iter().enumerate() {
+            map[d] = Some(q as u8);
+        }
+        p.push(Expr::View { x: l, map }, v);
+        p
+    }
+
+    /// Contiguous reductions (rows), transposed ones (columns), several
+    /// dimensions, lines crossing the chunk and block edges, against f64.
+    #[test]
+    fn statistics_match_the_f64_reference_on_every_walk() {
+        let mut rng = Rng::new(7);
+        // (stored shape, permutation read, reduced dims of the read view)
+        let cases: &[(&[usize], &[usize], &[usize])] = &[
+            (&[2, 5, 37], &[0, 1, 2], &[2]),          // LayerNorm over rows
+            (&[2, 3, 2500], &[0, 1, 2], &[2]),        // GroupNorm over time
+            (&[3, 4, 300], &[0, 1, 2], &[1, 2]),      // GroupNorm(1, C)
+            (&[1, 37, 130], &[0, 2, 1], &[2]),        // LayerNorm over a conv's channels
+            (&[2, 600, 1500], &[0, 2, 1], &[2]),      // columns, several blocks
+            (&[2, 7, 9, 11], &[0, 1, 2, 3], &[1, 3]), // rank 4, not adjacent
+            (&[4, 1, 33], &[0, 1, 2], &[1]),          // a size-1 dimension reduced
+            (&[5, 70], &[1, 0], &[0]),                // columns of a transpose
+        ];
+        for &(stored, perm, dims) in cases {
+            let mut env = TestEnv::default();
+            let n: usize = stored.iter().product();
+            let x = env.value(stored, rng.vec(n, -2.0, 3.0));
+            let p = permuted(&mut env, x, perm);
+            let view: Vec<usize> = perm.iter().map(|&q| stored[q]).collect();
+            let st = Shape::new(stored).strides();
+            let data = env.data[x].clone();
+            let want = reference(&view, dims, |idx| {
+                let off: usize = perm.iter().enumerate().map(|(d, &q)| idx[d] * st[q]).sum();
+                f64::from(data[off])
+            });
+            let got = run(&p, &env, dims, 2);
+            check(&got, &want, &format!("{stored:?} {perm:?} over {dims:?}"));
+        }
+    }
+
+    #[test]
+    fn the_walk_follows_memory() {
+        let mut env = TestEnv::default();
+        let x = env.value(&[1, 8, 16], vec![0.0; 128]);
+        let direct = permuted(&mut env, x, &[0, 1, 2]);
+        let transposed = permuted(&mut env, x, &[0, 2, 1]);
+        let walk = |p: &Program, dims: &[usize]| {
+            Run {
+                program: p,
+                env: &env,
+                shape: env.shape(p.nodes()[p.root()].value),
+                out_shape: Shape::default(),
+                dims: mask(dims),
+                count: 1,
+                var: false,
+                leaf: None,
+            }
+            .walk()
+        };
+        assert_eq!(walk(&direct, &[2]), Walk::Rows { dim: 2 });
+        assert_eq!(walk(&direct, &[1]), Walk::Columns { dim: 2 });
+        assert_eq!(walk(&transposed, &[2]), Walk::Columns { dim: 1 });
+        assert_eq!(walk(&transposed, &[1]), Walk::Rows { dim: 1 });
+        assert_eq!(walk(&direct, &[1, 2]), Walk::Rows { dim: 2 });
+    }
+
+    /// A computed input (`2 x + 1`, read through a transpose), on pools of
+    /// 1, 2 and 3 threads: the same bits every time.
+    #[test]
+    fn computed_inputs_and_every_thread_count_give_the_same_bits() {
+        let mut rng = Rng::new(3);
+        for (stored, perm, dims) in [
+            ([1usize, 96, 700], [0usize, 2, 1], [2usize]),
+            ([1, 96, 700], [0, 1, 2], [2]),
+        ] {
+            let mut env = TestEnv::default();
+            let x = env.value(&stored, rng.vec(96 * 700, -1.0, 1.0));
+            let mut p = permuted(&mut env, x, &perm);
+            let root = env.shape(p.nodes()[p.root()].value);
+            let v = env.value(root.dims(), Vec::new());
+            let two = p.push(Expr::Const(2.0), v);
+            let one = p.push(Expr::Const(1.0), v);
+            let m = p.push(
+                Expr::Binary {
+                    op: BinaryOp::Mul,
+                    a: 1,
+                    b: two,
+                },
+                v,
+            );
+            p.push(
+                Expr::Binary {
+                    op: BinaryOp::Add,
+                    a: m,
+                    b: one,
+                },
+                v,
+            );
+            let data = env.data[x].clone();
+            let st = Shape::new(&stored).strides();
+            let want = reference(root.dims(), &dims, |idx| {
+                let off: usize = perm.iter().enumerate().map(|(d, &q)| idx[d] * st[q]).sum();
+                2.0 * f64::from(data[off]) + 1.0
+            });
+            let one_thread = run(&p, &env, &dims, 1);
+            check(&one_thread, &want, "2x + 1");
+            for threads in [2, 3] {
+                let got = run(&p, &env, &dims, threads);
+                for (a, b) in got.iter().zip(&one_thread) {
+                    assert!(
+                        a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{threads} threads differ from 1"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Values of 1000 with a spread of 1e-2: `E[x^2] - E[x]^2` in f32 has
+    /// no digit of the variance left (1e6 against 3e-5); two passes and the
+    /// correction keep it to 1e-5.
+    #[test]
+    fn the_variance_survives_a_large_mean() {
+        let mut rng = Rng::new(11);
+        for perm in [[0usize, 1, 2], [0, 2, 1]] {
+            let mut env = TestEnv::default();
+            let x = env.value(
+                &[1, 512, 300],
+                (0..512 * 300)
+                    .map(|_| 1000.0 + rng.uniform(-0.01, 0.01))
+                    .collect(),
+            );
+            let p = permuted(&mut env, x, &perm);
+            let data = env.data[x].clone();
+            let shape = env.shape(p.nodes()[p.root()].value);
+            let st = Shape::new(&[1, 512, 300]).strides();
+            let want = reference(shape.dims(), &[1], |idx| {
+                let off: usize = perm.iter().enumerate().map(|(d, &q)| idx[d] * st[q]).sum();
+                f64::from(data[off])
+            });
+            let got = run(&p, &env, &[1], 2);
+            for (i, (&g, &w)) in got[2].iter().zip(&want[2]).enumerate() {
+                assert!(
+                    (f64::from(g) - w).abs() <= 1e-5 * w,
+                    "{perm:?}: var[{i}] = {g}, want {w}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn nothing_to_reduce_gives_pytorchs_nan_mean_and_zero_sum() {
+        let mut env = TestEnv::default();
+        let x = env.value(&[1, 3, 0], Vec::new());
+        let p = permuted(&mut env, x, &[0, 1, 2]);
+        let [s, m, v] = run(&p, &env, &[2], 1);
+        assert_eq!(s, [0.0; 3]);
+        assert!(m.iter().chain(&v).all(|x| x.is_nan()));
+    }
+
+    #[test]
+    fn bad_outputs_scratch_and_anchors_are_errors() {
+        let mut env = TestEnv::default();
+        let x = env.value(&[2, 8], vec![1.0; 16]);
+        let p = permuted(&mut env, x, &[0, 1]);
+        let scratch = Scratch::new(1, reduce_scratch(0));
+        let mut out = vec![0.0; 3];
+        let mut stats = [Statistic {
+            op: ReduceOp::Mean,
+            out: &mut out,
+        }];
+        assert!(matches!(
+            reduce(&p, &env, &mask(&[1]), &mut stats, &scratch),
+            Err(KernelError::BufferLen {
+                expected: 2,
+                actual: 3,
+                ..
+            })
+        ));
+        let mut out = vec![0.0; 2];
+        let mut stats = [Statistic {
+            op: ReduceOp::Mean,
+            out: &mut out,
+        }];
+        let small = Scratch::new(1, 8);
+        assert!(matches!(
+            reduce(&p, &env, &mask(&[1]), &mut stats, &small),
+            Err(KernelError::BufferLen {
+                which: "scratch",
+                ..
+            })
+        ));
+        let mut anchored = Program::default();
+        anchored.push(Expr::Anchor, x);
+        assert!(matches!(
+            reduce(&anchored, &env, &mask(&[1]), &mut stats, &scratch),
+            Err(KernelError::NotFusable { .. })
+        ));
+        let (mut a, mut b) = (vec![0.0; 2], vec![0.0; 2]);
+        let mut twice = [
+            Statistic {
+                op: ReduceOp::Var,
+                out: &mut a,
+            },
+            Statistic {
+                op: ReduceOp::Var,
+                out: &mut b,
+            },
+        ];
+        assert!(matches!(
+            reduce(&p, &env, &mask(&[1]), &mut twice, &scratch),
+            Err(KernelError::InvalidParam { .. })
+        ));
+        assert_eq!(out, [0.0; 2], "nothing written");
+    }
+}
