@@ -69,12 +69,24 @@
 //! | 64→64, K=3, dilation 2       | 211 vs 191   | 375 vs 348   |
 //!
 //! At stride 2 the window copy gathers every other sample; with the stride
-//! a compile-time constant (2, 3, 4) that loop vectorises, which took the
-//! stride-2 row from 105 to 177 GFLOP/s. The blocks were sized by register
-//! count; other block shapes (say 6 × 4 on AVX-512) were not compared.
-//! 4→4 (one 4-row panel) takes the 4 × 6 block. The 4→4 shape is too
-//! small (0.4 MFLOP, a few tiles of [`MIN_TILE_MACS`]) to gain from a
-//! second thread.
+//! a compile-time constant (2 to 5) that loop vectorises, which took the
+//! stride-2 row from 105 to 177 GFLOP/s. 4→4 (one 4-row panel) takes the
+//! 4 × 6 block. The 4→4 shape is too small (0.4 MFLOP, a few tiles of
+//! [`MIN_TILE_MACS`]) to gain from a second thread.
+//!
+//! wav2vec2's feature encoder (1 s of 16 kHz audio: 1→512 K=10 stride 5,
+//! then 512→512 K=3 and K=2 at stride 2, outputs 3199 down to 49), one
+//! thread's CPU time (best of 30 calls, `CLOCK_THREAD_CPUTIME_ID`, so the
+//! other jobs of the shared 2-core Xeon (Emerald Rapids, AVX-512, 179
+//! GFLOP/s FMA peak per core) this was measured on cost little), GFLOP/s:
+//! rows that start on 64-byte boundaries and ragged ends in 1- and
+//! 2-vector blocks took the K=3 layers from 134/133/124/112 to
+//! 149/146/139/126 (outputs 1599/799/399/199) and the last one (49
+//! outputs) from 58 to 67; the whole stack stored 38.8 → 34.9 ms. Blocks of
+//! 12 × 2, 6 × 4, 7 × 4, 14 × 2 and 5 × 5 vectors ran within 2% of 8 × 3;
+//! a row per tap (every load aligned, but `K / stride` times the window),
+//! and cutting the reduction into L1-sized slices of channels, ran no
+//! faster.
 
 #![allow(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -85,7 +97,7 @@ use rayon::prelude::*;
 
 use super::cost::direct_macs;
 use super::params::Conv1dGeometry;
-use crate::fused::RowSink;
+use crate::fused::{block_tmp, RowSink, ROW_BLOCK};
 use crate::scratch::Scratch;
 use crate::simd::Backend;
 use kernel::{choose_block, Block, TileArgs, TileKernel, Window};
@@ -191,9 +203,10 @@ impl GemmConv {
         let p = &g.params;
         let kernel = TileKernel::new(backend, g.out_per_group)?;
         let block = kernel.block();
-        // Chunks never exceed the output length nor the cap (Tiling::new),
-        // and calls have at most the prepared length.
-        let max_chunk = chunk_cap(g, block).min(g.out_len);
+        // Chunks never exceed the output length nor the cap plus the ragged
+        // end a last chunk takes in (Tiling::new), and calls have at most
+        // the prepared length.
+        let max_chunk = max_chunk(g, block);
         let window = Window::new(p.kernel_size, p.stride, p.dilation, max_chunk, block.cols());
         Some(GemmConv {
             kernel,
@@ -226,18 +239,22 @@ impl GemmConv {
     }
 
     /// f32 elements of per-thread scratch [`Self::run_into`] needs: the
-    /// window, the largest tile, and the sink's temporaries.
+    /// window, the largest tile (an epilogue that stores across rows takes
+    /// whole tiles; others a panel at a time, which fits in it), and the
+    /// sink's temporaries for a block of rows.
     pub(crate) fn rows_scratch(&self, g: &Conv1dGeometry, y_temps: usize) -> usize {
         let block = self.kernel.block();
-        let chunk = CHUNK_MAX.next_multiple_of(block.cols());
+        let chunk = max_chunk(g, block);
         self.scratch_per_thread()
             + g.out_per_group.next_multiple_of(block.mr) * chunk
-            + y_temps * chunk
+            + block_tmp(y_temps, chunk)
     }
 
-    /// [`Self::run`] with the output handed to an epilogue: each tile is
-    /// computed into the thread's scratch and passed on row by row while it
-    /// is in cache (a fused activation never makes a pass of its own).
+    /// [`Self::run`] with the output handed to an epilogue while it is in
+    /// cache (a fused activation never makes a pass of its own): each panel
+    /// of a tile's rows as soon as it is computed, or, for an epilogue that
+    /// stores across rows (a transposed result, [`RowSink::prefers_columns`]),
+    /// each tile in blocks of up to [`ROW_BLOCK`] rows.
     /// `scratch` has [`Self::rows_scratch`] floats per thread.
     pub(crate) fn run_into(
         &self,
@@ -277,9 +294,9 @@ impl GemmConv {
             let (b, rest) = (t / per_item, t % per_item);
             let per_group = tiling.row_blocks * tiling.chunks;
             let (group, rest) = (rest / per_group, rest % per_group);
-            let (block, chunk) = (rest / tiling.chunks, rest % tiling.chunks);
-            let rows = block * tiling.rows..((block + 1) * tiling.rows).min(cout);
-            let cols = chunk * tiling.chunk..((chunk + 1) * tiling.chunk).min(g.out_len);
+            let (row_block, chunk) = (rest / tiling.chunks, rest % tiling.chunks);
+            let rows = row_block * tiling.rows..((row_block + 1) * tiling.rows).min(cout);
+            let cols = tiling.cols(chunk, g.out_len);
             let o0 = group * cout + rows.start;
             let mut args = TileArgs {
                 x: &x[(b * p.in_channels + group * cin) * p.in_len..][..cin * p.in_len],
@@ -295,6 +312,7 @@ impl GemmConv {
                 n: cols.len(),
                 y: std::ptr::null_mut(),
                 y_stride: 0,
+                reuse: false,
             };
             scratch.with_slot(|slot| match dest {
                 Dest::Stored(out) => {
@@ -305,25 +323,45 @@ impl GemmConv {
                     // `y`, which outlives the loop; tiles partition the
                     // output (distinct (b, group, rows, cols) cover disjoint
                     // elements), so no other task touches them.
-                    unsafe { self.kernel.tile(&args, slot) }
+                    unsafe { self.kernel.tile(&args, slot, None) }
                 }
                 Dest::Sink(sink) => {
                     let (window, rest) = slot.split_at_mut(window_len);
                     let n = cols.len();
-                    let (tile, tmp) = rest.split_at_mut(rows.len() * n);
+                    let row0 = b * p.out_channels + o0;
+                    let across = sink.prefers_columns();
+                    let tile_rows = if across { rows.len() } else { block.mr };
+                    let (tile, tmp) = rest.split_at_mut(tile_rows * n);
                     args.y = tile.as_mut_ptr();
                     args.y_stride = n;
-                    // SAFETY: `args.y` addresses `rows × n` floats of this
-                    // thread's own scratch slot (`tile`), borrowed mutably
-                    // here and nowhere else.
-                    unsafe { self.kernel.tile(&args, window) }
-                    for r in 0..rows.len() {
-                        sink.store(
-                            b * p.out_channels + o0 + r,
-                            cols.start,
-                            &tile[r * n..][..n],
-                            tmp,
-                        );
+                    args.reuse = !across;
+                    if across {
+                        // SAFETY: `args.y` addresses `rows × n` floats of
+                        // this thread's own scratch slot (`tile`), borrowed
+                        // mutably here and nowhere else.
+                        unsafe { self.kernel.tile(&args, window, None) }
+                        for r in (0..rows.len()).step_by(ROW_BLOCK) {
+                            let m = ROW_BLOCK.min(rows.len() - r);
+                            sink.store_rows(
+                                row0 + r,
+                                m,
+                                cols.start,
+                                n,
+                                &tile[r * n..][..m * n],
+                                tmp,
+                            );
+                        }
+                    } else {
+                        let mut done = |r: usize, m: usize, values: &[f32]| {
+                            for (i, row) in values.chunks(n).take(m).enumerate() {
+                                sink.store(row0 + r + i, cols.start, &row[..n], tmp);
+                            }
+                        };
+                        // SAFETY: `args.y` addresses `MR × n` floats of
+                        // this thread's own scratch slot (`tile`), borrowed
+                        // mutably here and nowhere else; each panel is
+                        // handed to `done` before the next overwrites it.
+                        unsafe { self.kernel.tile(&args, window, Some(&mut done)) }
                     }
                 }
             });
@@ -363,10 +401,18 @@ fn chunk_cap(g: &Conv1dGeometry, block: Block) -> usize {
     by_window.clamp(cols, CHUNK_MAX.next_multiple_of(cols))
 }
 
+/// Longest chunk any call up to `g`'s shape makes: [`chunk_cap`] plus
+/// the ragged end a last chunk takes in ([`Tiling::new`]), at most the
+/// output length.
+fn max_chunk(g: &Conv1dGeometry, block: Block) -> usize {
+    (chunk_cap(g, block) + block.cols() - 1).min(g.out_len)
+}
+
 /// How the output of one (batch item, group) is cut into tiles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tiling {
-    /// Output positions per chunk (the last chunk may be shorter).
+    /// Output positions per chunk; the last chunk may be shorter, or up to
+    /// a block longer (it takes in a ragged end).
     chunk: usize,
     /// Chunks per output row.
     chunks: usize,
@@ -382,7 +428,9 @@ impl Tiling {
     /// [`MIN_TILE_MACS`] per tile), narrower chunks (down to [`CHUNK_MIN`])
     /// and then blocks of output channels (down to [`ROWS_MIN`], a multiple
     /// of `block.mr`). Where there are several chunks, they are multiples of
-    /// the block.
+    /// the block, and a last chunk shorter than one block joins the one
+    /// before it (a ragged end costs a tile its narrow blocks, not a tile of
+    /// its own whose one block is mostly padding).
     fn new(g: &Conv1dGeometry, block: Block) -> Self {
         let p = &g.params;
         let cols = block.cols();
@@ -398,7 +446,10 @@ impl Tiling {
         if chunks > 1 {
             chunk = chunk.next_multiple_of(cols).min(g.out_len);
         }
-        let chunks = g.out_len.div_ceil(chunk);
+        let mut chunks = g.out_len.div_ceil(chunk);
+        if chunks > 1 && g.out_len - (chunks - 1) * chunk < cols {
+            chunks -= 1;
+        }
 
         let want_blocks = target.div_ceil(outer * chunks);
         let blocks = want_blocks.min(g.out_per_group / ROWS_MIN).max(1);
@@ -412,6 +463,16 @@ impl Tiling {
             rows,
             row_blocks: g.out_per_group.div_ceil(rows),
         }
+    }
+
+    /// The output positions of chunk `c` of a row of `out_len`.
+    fn cols(&self, c: usize, out_len: usize) -> std::ops::Range<usize> {
+        let end = if c + 1 == self.chunks {
+            out_len
+        } else {
+            (c + 1) * self.chunk
+        };
+        c * self.chunk..end
     }
 }
 
