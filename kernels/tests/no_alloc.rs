@@ -129,6 +129,7 @@ fn main() {
         gemm_shape(16, 18, 2, 999, 1, 2, (4, 0)),
         gemm_shape(8, 5, 1, 9, 1, 1, (2, 2)),
         gemm_shape(40, 70, 1, 4, 1, 1, (2, 0)),
+        gemm_shape(64, 256, 1, 200, 2, 1, (0, 0)),
         // A speech front-end's first layer: one input channel, K = 10,
         // stride 5.
         Conv1dParams {
@@ -161,6 +162,9 @@ fn main() {
         })
         .collect();
     let mut gemm_runs = gemm_runs;
+    // Short outputs of many channels: gemm fills each chunk's window once
+    // into the shared region.
+    assert!(gemm_runs.iter().any(|r| r.1.shared_scratch() > 0));
 
     // Fused: a depthwise conv reading `x1 * x2` from [B, N, C] tensors and
     // storing `silu(y) * g` transposed back; a scan computing `a` and `u`
@@ -438,7 +442,7 @@ fn main() {
     let fused_scratch = fdw
         .rows_scratch_per_thread(temps, temps)
         .max(fdense.rows_scratch_per_thread(0, temps))
-        .max(gdense.rows_scratch_per_thread(0, temps))
+        .max(gdense.rows_scratch_per_thread(temps, temps))
         .max(scan_rows_scratch(temps))
         .max(line_scratch(temps));
 
@@ -548,14 +552,16 @@ fn main() {
                 Shape::new(&[1, fc, fn_]),
             );
             assert!(!sink.prefers_columns());
+            // Its input computed by the transposed product prologue, into
+            // each window.
             gdense
                 .run_rows(
                     &fdense_params,
-                    RowsIn::Slice(&fdense_x),
+                    RowsIn::Fused(&source),
                     Some(&fdense_w),
                     None,
                     RowsOut::Fused(&sink),
-                    0,
+                    xt,
                     sink.temporaries(),
                     &scratch,
                 )

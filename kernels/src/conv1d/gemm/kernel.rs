@@ -42,6 +42,7 @@
 #![allow(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
+use crate::fused::{block_tmp, RowSource, ROW_BLOCK};
 #[cfg(target_arch = "aarch64")]
 use crate::simd::Neon;
 #[cfg(target_arch = "x86_64")]
@@ -157,10 +158,34 @@ impl Window {
     }
 }
 
+/// A tile's input channels.
+#[derive(Clone, Copy)]
+pub(crate) enum TileInput<'a> {
+    /// The group's input rows, stored, `cin × in_len`.
+    Rows(&'a [f32]),
+    /// Computed by a prologue: the group's rows are the source's rows
+    /// `row0 .. row0 + cin` (consecutive channels of one batch item).
+    Source {
+        source: &'a dyn RowSource,
+        row0: usize,
+    },
+}
+
+/// Where a tile's window is: filled by the tile into its thread's scratch
+/// (with room for a prologue's input), or already filled and shared by
+/// the tiles of one chunk.
+pub(crate) enum TileWindow<'a> {
+    Fill {
+        window: &'a mut [f32],
+        buf: &'a mut [f32],
+    },
+    Filled(&'a [f32]),
+}
+
 /// One tile's inputs and output.
 pub(crate) struct TileArgs<'a> {
-    /// The group's input rows, `cin × in_len`.
-    pub x: &'a [f32],
+    /// The group's input channels.
+    pub x: TileInput<'a>,
     pub in_len: usize,
     pub pad_left: usize,
     pub cin: usize,
@@ -184,7 +209,11 @@ pub(crate) struct TileArgs<'a> {
 
 /// `f(args, scratch)`: one tile. Unsafe because of the CPU features it may
 /// be compiled for and because it writes through `args.y`.
-type TileFn = unsafe fn(&TileArgs<'_>, &mut [f32], Option<&mut PanelDone<'_>>);
+type TileFn = unsafe fn(&TileArgs<'_>, TileWindow<'_>, Option<&mut PanelDone<'_>>);
+
+/// `f(args, channels, cols, out, buf)`: [`fill_window`] compiled for one
+/// backend (its gathers vectorise with the backend's instructions).
+type FillFn = unsafe fn(&TileArgs<'_>, std::ops::Range<usize>, usize, &mut [f32], &mut [f32]);
 
 /// The tile function for one backend and block, chosen at prepare.
 #[derive(Clone, Copy)]
@@ -192,6 +221,7 @@ pub(crate) struct TileKernel {
     backend: Backend,
     block: Block,
     f: TileFn,
+    fill: FillFn,
 }
 
 impl std::fmt::Debug for TileKernel {
@@ -225,16 +255,21 @@ impl TileKernel {
                 }
             };
         }
-        let f = match backend {
-            Backend::Portable => pick!(tile_portable),
+        let (f, fill) = match backend {
+            Backend::Portable => (pick!(tile_portable), fill_portable as FillFn),
             #[cfg(target_arch = "x86_64")]
-            Backend::Avx2 => pick!(tile_avx2),
+            Backend::Avx2 => (pick!(tile_avx2), fill_avx2 as FillFn),
             #[cfg(target_arch = "x86_64")]
-            Backend::Avx512 => pick!(tile_avx512),
+            Backend::Avx512 => (pick!(tile_avx512), fill_avx512 as FillFn),
             #[cfg(target_arch = "aarch64")]
-            Backend::Neon => pick!(tile_neon),
+            Backend::Neon => (pick!(tile_neon), fill_neon as FillFn),
         };
-        Some(TileKernel { backend, block, f })
+        Some(TileKernel {
+            backend,
+            block,
+            f,
+            fill,
+        })
     }
 
     #[cfg(test)]
@@ -246,8 +281,10 @@ impl TileKernel {
         self.block
     }
 
-    /// Computes one tile (see the module docs), its window in `scratch`,
-    /// handing each panel of `MR` rows to `done` once written.
+    /// Computes one tile (see the module docs), filling its window or
+    /// reading one filled for it (`window`, which must then be this tile's
+    /// chunk's, as [`TileKernel::fill`] wrote it), and handing each panel
+    /// of `MR` rows to `done` once written.
     ///
     /// # Safety
     /// `args.y` is valid for reads and writes of `args.n` floats at each of
@@ -257,53 +294,130 @@ impl TileKernel {
     pub(crate) unsafe fn tile(
         &self,
         args: &TileArgs<'_>,
-        scratch: &mut [f32],
+        window: TileWindow<'_>,
         done: Option<&mut PanelDone<'_>>,
     ) {
         // SAFETY: `new` built `f` for `backend` only after checking this CPU
         // has its features; the output is valid by our caller's contract.
-        unsafe { (self.f)(args, scratch, done) }
+        unsafe { (self.f)(args, window, done) }
+    }
+
+    /// Fills the window rows of input channels `channels` of the tile
+    /// `args` into `out` ([`fill_window`], with `buf` for a prologue's
+    /// input): a chunk's window shared by its tiles, filled before them.
+    pub(crate) fn fill(
+        &self,
+        args: &TileArgs<'_>,
+        channels: std::ops::Range<usize>,
+        out: &mut [f32],
+        buf: &mut [f32],
+    ) {
+        // SAFETY: `new` built `fill` for `backend` only after checking this
+        // CPU has its features; the function is otherwise safe.
+        unsafe { (self.fill)(args, channels, self.block.cols(), out, buf) }
     }
 }
 
-/// Copies the window of `a` into `scratch` (see the module docs): for each
-/// input channel `c` and phase `r` read, `max(n, cols) + halo` values from
-/// `c · channel_stride + r · pitch` on. Safe, bounds-checked code.
+/// Channels a window fill computes from a prologue at a time
+/// ([`RowSource::fill_rows`]): few enough that their input span stays in
+/// L1/L2 before it is split into phases, at most [`ROW_BLOCK`].
+pub(crate) const SOURCE_CHANNELS: usize = 64;
+const _: () = assert!(SOURCE_CHANNELS <= ROW_BLOCK);
+
+/// Floats of `buf` [`fill_window`] needs for a prologue input needing
+/// `x_temps` line-sized temporaries: a block of [`SOURCE_CHANNELS`]
+/// channels' input span (at most `pitch · stride` samples each) and the
+/// prologue's temporaries for reading it.
+pub(crate) fn source_buf(win: &Window, x_temps: usize) -> usize {
+    let span = win.pitch * win.stride;
+    SOURCE_CHANNELS * span + block_tmp(x_temps, span)
+}
+
+/// Fills the window rows of input channels `channels` of the tile `a`
+/// into `out` (`channels.len() · channel_stride` floats, from the first
+/// channel's rows; see the module docs): for each channel `c` and phase
+/// read, `max(n, cols) + halo` values. A stored input is gathered from its
+/// rows; a prologue's is computed, [`SOURCE_CHANNELS`] channels at a time,
+/// into `buf` (at least [`source_buf`] floats), over the samples the tile
+/// reads, then gathered. Safe, bounds-checked code.
 #[inline(always)]
-fn fill_window(a: &TileArgs<'_>, cols: usize, scratch: &mut [f32]) {
+fn fill_window(
+    a: &TileArgs<'_>,
+    channels: std::ops::Range<usize>,
+    cols: usize,
+    out: &mut [f32],
+    buf: &mut [f32],
+) {
     let win = a.window;
     let s = win.stride;
     let needed = a.n.max(cols) + win.halo;
     assert!(needed <= win.pitch, "window pitch");
-    assert!(a.x.len() == a.cin * a.in_len, "x group");
+    assert!(channels.end <= a.cin, "channels");
     let cs = win.channel_stride();
-    for c in 0..a.cin {
-        let x_row = &a.x[c * a.in_len..][..a.in_len];
-        for (i, &r) in win.phases.iter().enumerate() {
-            let row = &mut scratch[c * cs + i * win.pitch..][..needed];
-            // row[q] is padded position p0 + q·s, input sample p0 + q·s −
-            // pad_left: real for q in lo..hi.
-            let p0 = a.l0 * s + r;
-            let lo = a.pad_left.saturating_sub(p0).div_ceil(s).min(needed);
-            let hi = (a.in_len + a.pad_left)
-                .saturating_sub(p0)
-                .div_ceil(s)
-                .clamp(lo, needed);
-            row[..lo].fill(0.0);
-            row[hi..].fill(0.0);
-            if lo < hi {
-                let first = p0 + lo * s - a.pad_left;
-                if s == 1 {
-                    row[lo..hi].copy_from_slice(&x_row[first..first + hi - lo]);
-                } else {
-                    match s {
-                        2 => gather::<2>(&mut row[lo..hi], &x_row[first..]),
-                        3 => gather::<3>(&mut row[lo..hi], &x_row[first..]),
-                        4 => gather::<4>(&mut row[lo..hi], &x_row[first..]),
-                        5 => gather::<5>(&mut row[lo..hi], &x_row[first..]),
-                        _ => gather_any(&mut row[lo..hi], &x_row[first..], s),
-                    }
+    // Samples t_lo .. t_hi are all any row of the tile reads.
+    let last_phase = win.phases.last().copied().unwrap_or(0);
+    let t_lo = (a.l0 * s).saturating_sub(a.pad_left).min(a.in_len);
+    let t_hi = ((a.l0 + needed - 1) * s + last_phase + 1)
+        .saturating_sub(a.pad_left)
+        .min(a.in_len);
+    match a.x {
+        TileInput::Rows(x) => {
+            assert!(x.len() == a.cin * a.in_len, "x group");
+            for c in channels.clone() {
+                let x_row = &x[c * a.in_len..][..a.in_len];
+                let rows = &mut out[(c - channels.start) * cs..][..cs];
+                fill_channel(a, needed, x_row, 0, rows);
+            }
+        }
+        TileInput::Source { source, row0 } => {
+            let span = t_hi - t_lo;
+            assert!(span <= win.pitch * s, "span");
+            let (block, tmp) = buf.split_at_mut(SOURCE_CHANNELS * span);
+            for c0 in channels.clone().step_by(SOURCE_CHANNELS) {
+                let m = SOURCE_CHANNELS.min(channels.end - c0);
+                if span > 0 {
+                    source.fill_rows(row0 + c0, m, t_lo, span, &mut block[..m * span], tmp);
                 }
+                for c in c0..c0 + m {
+                    let x_row = &block[(c - c0) * span..][..span];
+                    let rows = &mut out[(c - channels.start) * cs..][..cs];
+                    fill_channel(a, needed, x_row, t_lo, rows);
+                }
+            }
+        }
+    }
+}
+
+/// One channel's window rows (`rows`, one per phase read) from `x_row`,
+/// which holds its input samples from `x_first` on (every sample the
+/// tile reads): `needed` values per row, padding as zeros.
+#[inline(always)]
+fn fill_channel(a: &TileArgs<'_>, needed: usize, x_row: &[f32], x_first: usize, rows: &mut [f32]) {
+    let win = a.window;
+    let s = win.stride;
+    for (i, &r) in win.phases.iter().enumerate() {
+        let row = &mut rows[i * win.pitch..][..needed];
+        // row[q] is padded position p0 + q·s, input sample p0 + q·s −
+        // pad_left: real for q in lo..hi.
+        let p0 = a.l0 * s + r;
+        let lo = a.pad_left.saturating_sub(p0).div_ceil(s).min(needed);
+        let hi = (a.in_len + a.pad_left)
+            .saturating_sub(p0)
+            .div_ceil(s)
+            .clamp(lo, needed);
+        row[..lo].fill(0.0);
+        row[hi..].fill(0.0);
+        if lo < hi {
+            let first = p0 + lo * s - a.pad_left - x_first;
+            let src = &x_row[first..];
+            let dst = &mut row[lo..hi];
+            match s {
+                1 => dst.copy_from_slice(&src[..hi - lo]),
+                2 => gather::<2>(dst, src),
+                3 => gather::<3>(dst, src),
+                4 => gather::<4>(dst, src),
+                5 => gather::<5>(dst, src),
+                _ => gather_any(dst, src, s),
             }
         }
     }
@@ -343,7 +457,7 @@ fn gather_any(dst: &mut [f32], src: &[f32], s: usize) {
 #[inline(always)]
 unsafe fn tile_generic<S: Simd, const MR: usize, const NR: usize>(
     a: &TileArgs<'_>,
-    scratch: &mut [f32],
+    window: TileWindow<'_>,
     mut done: Option<&mut PanelDone<'_>>,
 ) {
     let lanes = S::LANES;
@@ -351,7 +465,13 @@ unsafe fn tile_generic<S: Simd, const MR: usize, const NR: usize>(
     let win = a.window;
     let taps = win.offsets.len();
     let cs = win.channel_stride();
-    fill_window(a, cols, scratch);
+    let scratch: &[f32] = match window {
+        TileWindow::Fill { window, buf } => {
+            fill_window(a, 0..a.cin, cols, window, buf);
+            window
+        }
+        TileWindow::Filled(window) => window,
+    };
     let panels = a.rows.div_ceil(MR);
     let filter_len = a.cin * taps;
     assert!(a.weights.len() == a.rows * filter_len, "weights");
@@ -537,11 +657,25 @@ unsafe fn micro<S: Simd, const MR: usize, const NR: usize>(
 /// As [`TileKernel::tile`]; the portable backend needs no CPU feature.
 unsafe fn tile_portable<const MR: usize, const NR: usize>(
     a: &TileArgs<'_>,
-    s: &mut [f32],
+    s: TileWindow<'_>,
     done: Option<&mut PanelDone<'_>>,
 ) {
     // SAFETY: Portable needs no feature; the output by our contract.
     unsafe { tile_generic::<Portable, MR, NR>(a, s, done) }
+}
+
+/// [`fill_window`] for the portable backend.
+///
+/// # Safety
+/// None needed (an `unsafe fn` to share [`FillFn`]'s type).
+unsafe fn fill_portable(
+    a: &TileArgs<'_>,
+    c: std::ops::Range<usize>,
+    cols: usize,
+    out: &mut [f32],
+    buf: &mut [f32],
+) {
+    fill_window(a, c, cols, out, buf)
 }
 
 /// # Safety
@@ -550,7 +684,7 @@ unsafe fn tile_portable<const MR: usize, const NR: usize>(
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile_avx2<const MR: usize, const NR: usize>(
     a: &TileArgs<'_>,
-    s: &mut [f32],
+    s: TileWindow<'_>,
     done: Option<&mut PanelDone<'_>>,
 ) {
     // SAFETY: our caller guarantees AVX2, FMA and the output.
@@ -563,7 +697,7 @@ unsafe fn tile_avx2<const MR: usize, const NR: usize>(
 #[target_feature(enable = "avx512f,fma")]
 unsafe fn tile_avx512<const MR: usize, const NR: usize>(
     a: &TileArgs<'_>,
-    s: &mut [f32],
+    s: TileWindow<'_>,
     done: Option<&mut PanelDone<'_>>,
 ) {
     // SAFETY: our caller guarantees AVX-512 F, FMA and the output.
@@ -576,9 +710,57 @@ unsafe fn tile_avx512<const MR: usize, const NR: usize>(
 #[target_feature(enable = "neon")]
 unsafe fn tile_neon<const MR: usize, const NR: usize>(
     a: &TileArgs<'_>,
-    s: &mut [f32],
+    s: TileWindow<'_>,
     done: Option<&mut PanelDone<'_>>,
 ) {
     // SAFETY: our caller guarantees NEON and the output.
     unsafe { tile_generic::<Neon, MR, NR>(a, s, done) }
+}
+
+/// [`fill_window`] with AVX2 and FMA.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fill_avx2(
+    a: &TileArgs<'_>,
+    c: std::ops::Range<usize>,
+    cols: usize,
+    out: &mut [f32],
+    buf: &mut [f32],
+) {
+    fill_window(a, c, cols, out, buf)
+}
+
+/// [`fill_window`] with AVX-512 F and FMA.
+///
+/// # Safety
+/// The CPU supports AVX-512 F and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn fill_avx512(
+    a: &TileArgs<'_>,
+    c: std::ops::Range<usize>,
+    cols: usize,
+    out: &mut [f32],
+    buf: &mut [f32],
+) {
+    fill_window(a, c, cols, out, buf)
+}
+
+/// [`fill_window`] with NEON.
+///
+/// # Safety
+/// The CPU supports NEON.
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon")]
+unsafe fn fill_neon(
+    a: &TileArgs<'_>,
+    c: std::ops::Range<usize>,
+    cols: usize,
+    out: &mut [f32],
+    buf: &mut [f32],
+) {
+    fill_window(a, c, cols, out, buf)
 }

@@ -18,7 +18,11 @@ fn run(
     bias: Option<&[f32]>,
 ) -> Vec<f32> {
     let mut y = vec![f32::NAN; p.output_elems().unwrap()];
-    let scratch = Scratch::new(rayon::current_num_threads(), conv.scratch_per_thread());
+    let scratch = Scratch::sized(
+        rayon::current_num_threads(),
+        conv.scratch_per_thread(),
+        conv.shared_scratch(),
+    );
     assert!(conv.reads_weights());
     conv.run(p, x, Some(w), bias, &mut y, &scratch).unwrap();
     y
@@ -429,7 +433,7 @@ fn gflops(p: &Conv1dParams, algorithm: Algorithm, threads: &[usize]) -> (Vec<f64
     let rates = threads
         .iter()
         .map(|&t| {
-            let scratch = Scratch::new(t, conv.scratch_per_thread());
+            let scratch = Scratch::sized(t, conv.scratch_per_thread(), conv.shared_scratch());
             let reps = std::env::var("GEMM_REPS")
                 .map_or((2e9 / flops).clamp(5.0, 200.0) as usize, |r| {
                     r.parse().unwrap()
@@ -557,7 +561,8 @@ fn run_gemm(
 ) -> Vec<f32> {
     let g = p.geometry().unwrap();
     let mut y = vec![f32::NAN; g.output_elems];
-    let scratch = Scratch::new(rayon::current_num_threads(), conv.scratch_per_thread());
+    let threads = rayon::current_num_threads();
+    let scratch = Scratch::sized(threads, conv.scratch_per_thread(), conv.shared_scratch());
     conv.run(&g, x, w, bias, &mut y, &scratch);
     y
 }
@@ -916,7 +921,11 @@ fn fused_epilogues_get_the_stored_result() {
                 let across = transposed_sink(&identity, &NoTensors, &views, &p, &mut transposed);
                 assert!(across.prefers_columns() && !relu.prefers_columns());
                 let temps = relu.temporaries().max(across.temporaries());
-                let scratch = Scratch::new(threads, conv.rows_scratch_per_thread(0, temps));
+                let scratch = Scratch::sized(
+                    threads,
+                    conv.rows_scratch_per_thread(0, temps),
+                    conv.shared_scratch(),
+                );
                 for sink in [&relu as &dyn RowSink, &across] {
                     pool.install(|| {
                         conv.run_rows(
@@ -966,5 +975,211 @@ fn ragged_ends_join_the_last_chunk() {
             "{out_len}: {t:?}"
         );
         assert!(t.chunks * t.row_blocks >= MIN_TILES, "{out_len}: {t:?}");
+    }
+}
+
+/// Values by index for the prologue tests: stored ones with data, virtual
+/// ones (computed) with a shape only.
+struct Tensors(Vec<(crate::fused::Shape, Vec<f32>)>);
+
+impl crate::fused::Env for Tensors {
+    fn shape(&self, value: usize) -> crate::fused::Shape {
+        self.0[value].0
+    }
+    fn data(&self, value: usize) -> &[f32] {
+        &self.0[value].1
+    }
+}
+
+/// Convs whose chunks are split into blocks of rows (short outputs, many
+/// output channels), and ones whose are not.
+fn split_and_whole_cases() -> Vec<Conv1dParams> {
+    vec![
+        // wav2vec2's last layers, fewer input channels.
+        params(1, (64, 512, 1), 199, 2, 2, (0, 0), 1),
+        params(2, (48, 256, 1), 401, 3, 2, (1, 1), 1),
+        params(1, (16, 96, 2), 150, 4, 3, (2, 1), 2),
+        params(1, (3, 64, 1), 1000, 10, 5, (0, 0), 1),
+        // Long: whole rows already.
+        params(1, (32, 40, 1), 3000, 3, 2, (1, 1), 1),
+    ]
+}
+
+#[test]
+fn shared_windows_agree_with_windows_per_tile() {
+    // The same calls with and without the shared region: one window per
+    // chunk, or one per tile; bit for bit, on 1 and 2 threads.
+    let mut rng = Rng::new(23);
+    let mut shared_somewhere = false;
+    for p in split_and_whole_cases() {
+        let g = p.geometry().unwrap();
+        let x = rng.vec(p.input_elems(), -1.0, 1.0);
+        let w = rng.vec(p.weight_elems(), -1.0, 1.0);
+        let b = rng.vec(p.bias_elems(), -1.0, 1.0);
+        let conv = GemmConv::prepare(&g);
+        let split = Tiling::new(&g, conv.kernel.block()).row_blocks > 1;
+        assert_eq!(conv.shared_scratch() > 0, split, "{p:?}");
+        shared_somewhere |= split;
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let run_with = |shared: usize| {
+                let mut y = vec![f32::NAN; g.output_elems];
+                let scratch = Scratch::sized(threads, conv.scratch_per_thread(), shared);
+                pool.install(|| conv.run(&g, &x, &w, Some(&b), &mut y, &scratch));
+                y
+            };
+            let per_tile = run_with(0);
+            assert_eq!(run_with(conv.shared_scratch()), per_tile, "{p:?}");
+            if threads == 1 {
+                check_output(&p, &x, &w, Some(&b), &per_tile, &format!("{p:?}"));
+            }
+        }
+    }
+    assert!(shared_somewhere);
+}
+
+#[test]
+fn fused_prologues_get_the_materialised_input() {
+    // A prologue computing the input, ReLU(x) from a transposed [B, N, C]
+    // tensor (read across channels) or x * x2 from [B, C, N] ones, with
+    // windows shared, per tile, or per tile with whole rows (no shared
+    // region); a ReLU epilogue or a stored output: exactly the stored
+    // conv of the materialised input, on 1 and 2 threads.
+    use crate::fused::{
+        materialise, BinaryOp, Expr, Program, ProgramRows, RowSource, RowsIn, RowsOut, Shape,
+        UnaryOp,
+    };
+    use crate::test_support::ReluSink;
+    let mut rng = Rng::new(29);
+    let mut cases = split_and_whole_cases();
+    cases.push(params(1, (1, 32, 1), 2003, 10, 5, (3, 3), 1));
+    cases.push(params(2, (5, 7, 1), 40, 3, 2, (1, 1), 1));
+    for p in cases {
+        let g = p.geometry().unwrap();
+        let (b, c, n) = (p.batch, p.in_channels, p.in_len);
+        let dims_nc = [b, n, c];
+        let dims_cn = [b, c, n];
+        let env = Tensors(vec![
+            (Shape::new(&dims_nc), rng.vec(b * n * c, -1.0, 1.0)), // 0: x, [B, N, C]
+            (Shape::new(&dims_cn), vec![]),                        // 1: x^T (virtual)
+            (Shape::new(&dims_cn), vec![]),                        // 2: relu(x^T) (virtual)
+            (Shape::new(&dims_cn), rng.vec(b * c * n, -1.0, 1.0)), // 3: x1, [B, C, N]
+            (Shape::new(&dims_cn), rng.vec(b * c * n, -1.0, 1.0)), // 4: x2
+        ]);
+        let mut transposed = Program::default();
+        let l = transposed.push(Expr::Load, 0);
+        let v = transposed.push(
+            Expr::View {
+                x: l,
+                map: [Some(0), Some(2), Some(1), None],
+            },
+            1,
+        );
+        transposed.push(
+            Expr::Unary {
+                op: UnaryOp::Relu,
+                x: v,
+            },
+            2,
+        );
+        let mut product = Program::default();
+        let (l1, l2) = (product.push(Expr::Load, 3), product.push(Expr::Load, 4));
+        product.push(
+            Expr::Binary {
+                op: BinaryOp::Mul,
+                a: l1,
+                b: l2,
+            },
+            2,
+        );
+        let w = rng.vec(p.weight_elems(), -1.0, 1.0);
+        let bias = rng.vec(p.bias_elems(), -1.0, 1.0);
+        let conv = prepare(&p, &w);
+        assert!(conv.fuses_input());
+        for program in [&transposed, &product] {
+            let source = ProgramRows::new(program, &env);
+            let across = std::ptr::eq(program, &transposed) && c > 1;
+            assert_eq!(source.prefers_columns(), across, "{p:?}");
+            let xt = source.temporaries();
+            let mut xm = vec![0.0; p.input_elems()];
+            materialise(
+                &source,
+                &mut xm,
+                n,
+                &Scratch::new(1, crate::fused::line_scratch(xt)),
+            );
+            for threads in [1, 2] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let want = pool.install(|| run(&conv, &p, &xm, &w, Some(&bias)));
+                let ctx = format!("{threads} threads: {p:?}");
+                let per = conv.rows_scratch_per_thread(xt, 0);
+                for shared in [conv.shared_scratch(), 0] {
+                    let scratch = Scratch::sized(threads, per, shared);
+                    let relu = ReluSink::new(want.len(), g.out_len);
+                    let mut stored = vec![f32::NAN; want.len()];
+                    // With no shared region the call is refused (its
+                    // scratch is short) where the conv needs one.
+                    let r = pool.install(|| {
+                        conv.run_rows(
+                            &p,
+                            RowsIn::Fused(&source),
+                            Some(&w),
+                            Some(&bias),
+                            RowsOut::Slice(&mut stored),
+                            xt,
+                            0,
+                            &scratch,
+                        )
+                    });
+                    if shared < conv.shared_scratch() {
+                        assert!(r.is_err(), "{ctx}");
+                        continue;
+                    }
+                    r.unwrap();
+                    assert_eq!(stored, want, "stored, shared {shared}: {ctx}");
+                    pool.install(|| {
+                        conv.run_rows(
+                            &p,
+                            RowsIn::Fused(&source),
+                            Some(&w),
+                            Some(&bias),
+                            RowsOut::Fused(&relu),
+                            xt,
+                            0,
+                            &scratch,
+                        )
+                    })
+                    .unwrap();
+                    let relu_want: Vec<f32> = want.iter().map(|v| v.max(0.0)).collect();
+                    assert_eq!(
+                        relu.into_values(),
+                        relu_want,
+                        "ReLU, shared {shared}: {ctx}"
+                    );
+                }
+                // The kernel itself, without the shared region: each
+                // chunk's rows in one block.
+                let gemm = GemmConv::prepare(&g);
+                let mut y = vec![f32::NAN; want.len()];
+                let scratch = Scratch::new(threads, gemm.rows_scratch(&g, xt, 0));
+                pool.install(|| {
+                    gemm.run_rows(
+                        &g,
+                        RowsIn::Fused(&source),
+                        &w,
+                        Some(&bias),
+                        RowsOut::Slice(&mut y),
+                        &scratch,
+                    )
+                });
+                assert_eq!(y, want, "whole rows: {ctx}");
+            }
+        }
     }
 }
