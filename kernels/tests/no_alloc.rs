@@ -130,6 +130,21 @@ fn main() {
         gemm_shape(16, 18, 2, 999, 1, 2, (4, 0)),
         gemm_shape(8, 5, 1, 9, 1, 1, (2, 2)),
         gemm_shape(40, 70, 1, 4, 1, 1, (2, 0)),
+        gemm_shape(64, 256, 1, 200, 2, 1, (0, 0)),
+        // A speech front-end's first layer: one input channel, K = 10,
+        // stride 5.
+        Conv1dParams {
+            in_channels: 1,
+            out_channels: 24,
+            groups: 1,
+            in_len: 1603,
+            kernel_size: 10,
+            stride: 5,
+            pad_left: 0,
+            pad_right: 0,
+            dilation: 1,
+            ..depthwise
+        },
     ];
     // The same shapes through fft_gemm where it applies (stride 1): its
     // window, spectra and output rows live in the scratch slots too.
@@ -148,6 +163,9 @@ fn main() {
         })
         .collect();
     let mut gemm_runs = gemm_runs;
+    // Short outputs of many channels: gemm fills each chunk's window once
+    // into the shared region.
+    assert!(gemm_runs.iter().any(|r| r.1.shared_scratch() > 0));
 
     // Fused: a depthwise conv reading `x1 * x2` from [B, N, C] tensors and
     // storing `silu(y) * g` transposed back; a scan computing `a` and `u`
@@ -414,10 +432,27 @@ fn main() {
     assert!(fdense.fuses_output());
     let fdense_x = vec![0.5; fc * fn_];
     let mut fdense_out = vec![0.0; fc * fn_];
+    // The same conv through gemm, its epilogue stored transposed (whole
+    // tiles, across rows) and ReLU'd row by row (a panel at a time).
+    let gdense =
+        PreparedConv1d::new(&fdense_params, &fdense_w, Choice::Force(Algorithm::Gemm)).unwrap();
+    assert!(gdense.fuses_output());
+    let mut gdense_out = vec![0.0; fc * fn_];
+    let mut grows_out = vec![0.0; fc * fn_];
+    let mut relu = Program::default();
+    let an = relu.push(Expr::Anchor, 3);
+    relu.push(
+        Expr::Unary {
+            op: UnaryOp::Relu,
+            x: an,
+        },
+        3,
+    );
     let fused_scratch = fdw
         .rows_scratch_per_thread(temps, temps)
         .max(fdw_fed.rows_scratch_per_thread(temps, temps))
         .max(fdense.rows_scratch_per_thread(0, temps))
+        .max(gdense.rows_scratch_per_thread(temps, temps))
         .max(scan_rows_scratch(temps))
         .max(line_scratch(temps))
         .max(reduce_scratch(temps));
@@ -520,6 +555,50 @@ fn main() {
                     RowsOut::Fused(&sink),
                     0,
                     yt,
+                    &scratch,
+                )
+                .unwrap();
+            let sink = EpilogueSink::new(
+                &epi,
+                &env,
+                Shape::new(&[1, fc, fn_]),
+                &views,
+                &mut gdense_out,
+                Shape::new(&[1, fn_, fc]),
+            );
+            assert!(sink.prefers_columns());
+            gdense
+                .run_rows(
+                    &fdense_params,
+                    RowsIn::Slice(&fdense_x),
+                    Some(&fdense_w),
+                    None,
+                    RowsOut::Fused(&sink),
+                    0,
+                    yt,
+                    &scratch,
+                )
+                .unwrap();
+            let sink = EpilogueSink::new(
+                &relu,
+                &env,
+                Shape::new(&[1, fc, fn_]),
+                &[],
+                &mut grows_out,
+                Shape::new(&[1, fc, fn_]),
+            );
+            assert!(!sink.prefers_columns());
+            // Its input computed by the transposed product prologue, into
+            // each window.
+            gdense
+                .run_rows(
+                    &fdense_params,
+                    RowsIn::Fused(&source),
+                    Some(&fdense_w),
+                    None,
+                    RowsOut::Fused(&sink),
+                    xt,
+                    sink.temporaries(),
                     &scratch,
                 )
                 .unwrap();
@@ -635,6 +714,8 @@ fn main() {
         &pass_out,
         &drained,
         &fdense_out,
+        &gdense_out,
+        &grows_out,
     ] {
         assert!(out.iter().all(|v| v.is_finite() && *v > 0.0));
     }

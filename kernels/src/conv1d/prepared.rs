@@ -332,10 +332,12 @@ impl PreparedConv1d {
     }
 
     /// `f32` elements of the scratch's shared region a call needs (see
-    /// [`Scratch::with_shared`]): `fft_gemm`'s weights, packed per call.
+    /// [`Scratch::with_shared`]): `fft_gemm`'s weights, packed per call;
+    /// `gemm`'s windows, where its chunks are split into blocks of rows.
     pub fn shared_scratch(&self) -> usize {
         match &self.imp {
             Imp::FftGemm(k) => k.shared_scratch(self.max.params.groups),
+            Imp::Gemm(k) => k.shared_scratch(),
             _ => 0,
         }
     }
@@ -362,7 +364,7 @@ impl PreparedConv1d {
     /// this algorithm's loops); otherwise the input must be stored.
     pub fn fuses_input(&self) -> bool {
         match &self.imp {
-            Imp::Depthwise(_) => true,
+            Imp::Depthwise(_) | Imp::Gemm(_) => true,
             Imp::Fft(k) => k.fuses(),
             _ => false,
         }
@@ -386,7 +388,7 @@ impl PreparedConv1d {
             Imp::Depthwise(_) => {
                 depthwise::DepthwiseConv::rows_scratch(&self.max, x_temps, y_temps)
             }
-            Imp::Gemm(k) => k.rows_scratch(&self.max, y_temps),
+            Imp::Gemm(k) => k.rows_scratch(&self.max, x_temps, y_temps),
             Imp::FftGemm(k) => k.rows_scratch(y_temps),
             Imp::Fft(k) => k.rows_scratch(x_temps.max(y_temps)),
             _ => self.scratch_per_thread(),
@@ -440,8 +442,8 @@ impl PreparedConv1d {
                     (Imp::Depthwise(k), x, y) => {
                         k.run_rows(&g, x, w.unwrap_or_default(), bias, y, scratch)
                     }
-                    (Imp::Gemm(k), RowsIn::Slice(x), RowsOut::Fused(sink)) => {
-                        k.run_into(&g, x, w.unwrap_or_default(), bias, sink, scratch)
+                    (Imp::Gemm(k), x, y) => {
+                        k.run_rows(&g, x, w.unwrap_or_default(), bias, y, scratch)
                     }
                     (Imp::FftGemm(k), RowsIn::Slice(x), RowsOut::Fused(sink)) => {
                         k.run_into(&g, x, w.unwrap_or_default(), bias, sink, scratch)

@@ -13,8 +13,10 @@
 //!    positions `(l0 + q)·stride + r` for `q = 0, 1, ...`, so tap `k` of
 //!    outputs `l0 + j ..` reads phase row `r_k` from `j + o_k` on, at unit
 //!    stride, whatever the convolution's stride. Only the phases some tap
-//!    reads are written. The row offsets `r_k·pitch + o_k` are fixed at
-//!    prepare ([`Window`]).
+//!    reads have a row. The row offsets are fixed at prepare ([`Window`]);
+//!    rows start on 64-byte boundaries, so the taps with `o_k = 0` load
+//!    whole cache lines (7-9% faster at stride 2 than rows packed end to
+//!    end).
 //! 2. **Micro-kernels.** For each block of `MR` output channels (their
 //!    filters read in place, `[in_channel][tap]` each, side by side; rows
 //!    past the tile's last output channel repeat its filter), and each
@@ -22,10 +24,14 @@
 //!    start at the bias and take, for every input channel and tap in
 //!    ascending order, `NR` unit-stride loads from the window shared by `MR`
 //!    weight broadcasts: `MR · NR` multiply-adds per `NR + MR` loads. Rows
-//!    past the tile's end are computed but not stored. A chunk whose length is not
-//!    a multiple of the block ends with the block that ends at its last
-//!    output, recomputing some outputs with the same values; a chunk
-//!    shorter than one block is computed into a stack buffer and copied.
+//!    past the tile's end are computed but not stored. The columns a chunk
+//!    has beyond its whole blocks take blocks of 2 vectors, then one of 1
+//!    or 2 vectors that ends at the chunk's last output (recomputing a few
+//!    outputs with the same values), so a ragged end computes at most a
+//!    vector's worth of extra columns; a chunk shorter than that last block
+//!    is computed into a stack buffer and copied. Each panel of `MR` rows
+//!    can be handed on as soon as its columns are done
+//!    ([`TileKernel::tile`]'s `done`), while it is in L1.
 //!
 //! Every output is its bias plus one multiply-add per (input channel, tap),
 //! channels outer, taps inner, fused on the SIMD backends: the same order
@@ -36,6 +42,7 @@
 #![allow(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
+use crate::fused::{block_tmp, RowSource, ROW_BLOCK};
 #[cfg(target_arch = "aarch64")]
 use crate::simd::Neon;
 #[cfg(target_arch = "x86_64")]
@@ -93,18 +100,25 @@ pub(crate) const MAX_BLOCK_FLOATS: usize = 384;
 
 /// Where each tap reads in a tile's input window (see the module docs),
 /// fixed at prepare.
+///
+/// The window holds, per input channel, one row per phase `r` some tap
+/// reads, [`Window::pitch`] floats apart: padded input positions
+/// `(l0 + q)·stride + r` for `q = 0, 1, ...`. Tap `k` of outputs `l0 + j ..`
+/// reads the row of its phase `(k·dilation) % stride` from `j + o_k` on,
+/// `o_k = (k·dilation) / stride`, at unit stride.
 #[derive(Debug)]
 pub(crate) struct Window {
-    /// Floats per phase row: the longest chunk (or one block, if longer)
-    /// plus [`Window::halo`].
+    /// Floats per row: the longest chunk (or one block, if longer) plus
+    /// [`Window::halo`], rounded up to a multiple of 16 (64 bytes).
     pub pitch: usize,
-    /// `max_k o_k`: positions a phase row holds beyond the chunk.
+    /// `max_k o_k`: positions a row holds beyond the chunk.
     pub halo: usize,
-    /// The convolution's stride: phase rows per input channel.
+    /// The convolution's stride.
     pub stride: usize,
-    /// `r_k · pitch + o_k` for each tap `k`.
+    /// `i_k · pitch + o_k` for each tap `k`, `i_k` the row of its phase.
     pub offsets: Box<[usize]>,
-    /// The phases some tap reads, ascending.
+    /// The phases some tap reads, ascending: row `i` holds phase
+    /// `phases[i]`.
     pub phases: Box<[usize]>,
 }
 
@@ -118,13 +132,16 @@ impl Window {
         max_chunk: usize,
         cols: usize,
     ) -> Self {
-        let halo = (kernel_size - 1) * dilation / stride;
-        let pitch = max_chunk.max(cols) + halo;
-        let offsets = (0..kernel_size)
-            .map(|k| (k * dilation % stride) * pitch + k * dilation / stride)
-            .collect();
-        let phases = (0..stride)
+        let phases: Box<[usize]> = (0..stride)
             .filter(|&r| (0..kernel_size).any(|k| k * dilation % stride == r))
+            .collect();
+        let halo = (kernel_size - 1) * dilation / stride;
+        let pitch = (max_chunk.max(cols) + halo).next_multiple_of(16);
+        let offsets = (0..kernel_size)
+            .map(|k| {
+                let row = phases.iter().position(|&r| r == k * dilation % stride);
+                row.expect("a phase some tap reads") * pitch + k * dilation / stride
+            })
             .collect();
         Window {
             pitch,
@@ -137,14 +154,38 @@ impl Window {
 
     /// Floats of scratch per input channel.
     pub(crate) fn channel_stride(&self) -> usize {
-        self.stride * self.pitch
+        self.phases.len() * self.pitch
     }
+}
+
+/// A tile's input channels.
+#[derive(Clone, Copy)]
+pub(crate) enum TileInput<'a> {
+    /// The group's input rows, stored, `cin × in_len`.
+    Rows(&'a [f32]),
+    /// Computed by a prologue: the group's rows are the source's rows
+    /// `row0 .. row0 + cin` (consecutive channels of one batch item).
+    Source {
+        source: &'a dyn RowSource,
+        row0: usize,
+    },
+}
+
+/// Where a tile's window is: filled by the tile into its thread's scratch
+/// (with room for a prologue's input), or already filled and shared by
+/// the tiles of one chunk.
+pub(crate) enum TileWindow<'a> {
+    Fill {
+        window: &'a mut [f32],
+        buf: &'a mut [f32],
+    },
+    Filled(&'a [f32]),
 }
 
 /// One tile's inputs and output.
 pub(crate) struct TileArgs<'a> {
-    /// The group's input rows, `cin × in_len`.
-    pub x: &'a [f32],
+    /// The group's input channels.
+    pub x: TileInput<'a>,
     pub in_len: usize,
     pub pad_left: usize,
     pub cin: usize,
@@ -158,14 +199,21 @@ pub(crate) struct TileArgs<'a> {
     /// First output position and number of positions.
     pub l0: usize,
     pub n: usize,
-    /// The output at (first row of the tile, `l0`); rows `out_stride` apart.
+    /// The output at (first row of the tile, `l0`); rows `y_stride` apart.
     pub y: *mut f32,
     pub y_stride: usize,
+    /// Every panel is written at `y` (a buffer of `MR` rows, each handed
+    /// on before the next panel overwrites it), not at its own rows.
+    pub reuse: bool,
 }
 
 /// `f(args, scratch)`: one tile. Unsafe because of the CPU features it may
 /// be compiled for and because it writes through `args.y`.
-type TileFn = unsafe fn(&TileArgs<'_>, &mut [f32]);
+type TileFn = unsafe fn(&TileArgs<'_>, TileWindow<'_>, Option<&mut PanelDone<'_>>);
+
+/// `f(args, channels, cols, out, buf)`: [`fill_window`] compiled for one
+/// backend (its gathers vectorise with the backend's instructions).
+type FillFn = unsafe fn(&TileArgs<'_>, std::ops::Range<usize>, usize, &mut [f32], &mut [f32]);
 
 /// The tile function for one backend and block, chosen at prepare.
 #[derive(Clone, Copy)]
@@ -173,6 +221,7 @@ pub(crate) struct TileKernel {
     backend: Backend,
     block: Block,
     f: TileFn,
+    fill: FillFn,
 }
 
 impl std::fmt::Debug for TileKernel {
@@ -206,16 +255,21 @@ impl TileKernel {
                 }
             };
         }
-        let f = match backend {
-            Backend::Portable => pick!(tile_portable),
+        let (f, fill) = match backend {
+            Backend::Portable => (pick!(tile_portable), fill_portable as FillFn),
             #[cfg(target_arch = "x86_64")]
-            Backend::Avx2 => pick!(tile_avx2),
+            Backend::Avx2 => (pick!(tile_avx2), fill_avx2 as FillFn),
             #[cfg(target_arch = "x86_64")]
-            Backend::Avx512 => pick!(tile_avx512),
+            Backend::Avx512 => (pick!(tile_avx512), fill_avx512 as FillFn),
             #[cfg(target_arch = "aarch64")]
-            Backend::Neon => pick!(tile_neon),
+            Backend::Neon => (pick!(tile_neon), fill_neon as FillFn),
         };
-        Some(TileKernel { backend, block, f })
+        Some(TileKernel {
+            backend,
+            block,
+            f,
+            fill,
+        })
     }
 
     #[cfg(test)]
@@ -227,56 +281,143 @@ impl TileKernel {
         self.block
     }
 
-    /// Computes one tile (see the module docs), its window in `scratch`.
+    /// Computes one tile (see the module docs), filling its window or
+    /// reading one filled for it (`window`, which must then be this tile's
+    /// chunk's, as [`TileKernel::fill`] wrote it), and handing each panel
+    /// of `MR` rows to `done` once written.
     ///
     /// # Safety
-    /// `args.y` is valid for writes of `args.n` floats at each of
-    /// `args.rows` rows `args.y_stride` apart, and no other thread accesses
-    /// them during the call. Everything else is checked (panics).
-    pub(crate) unsafe fn tile(&self, args: &TileArgs<'_>, scratch: &mut [f32]) {
+    /// `args.y` is valid for reads and writes of `args.n` floats at each of
+    /// `args.rows` rows (`MR` rows where `args.reuse`) `args.y_stride` apart,
+    /// `args.n <= args.y_stride`, and no other thread accesses them during
+    /// the call. Everything else is checked (panics).
+    pub(crate) unsafe fn tile(
+        &self,
+        args: &TileArgs<'_>,
+        window: TileWindow<'_>,
+        done: Option<&mut PanelDone<'_>>,
+    ) {
         // SAFETY: `new` built `f` for `backend` only after checking this CPU
         // has its features; the output is valid by our caller's contract.
-        unsafe { (self.f)(args, scratch) }
+        unsafe { (self.f)(args, window, done) }
+    }
+
+    /// Fills the window rows of input channels `channels` of the tile
+    /// `args` into `out` ([`fill_window`], with `buf` for a prologue's
+    /// input): a chunk's window shared by its tiles, filled before them.
+    pub(crate) fn fill(
+        &self,
+        args: &TileArgs<'_>,
+        channels: std::ops::Range<usize>,
+        out: &mut [f32],
+        buf: &mut [f32],
+    ) {
+        // SAFETY: `new` built `fill` for `backend` only after checking this
+        // CPU has its features; the function is otherwise safe.
+        unsafe { (self.fill)(args, channels, self.block.cols(), out, buf) }
     }
 }
 
-/// Copies the window of `a` into `scratch` (see the module docs): for each
-/// input channel `c` and phase `r` read, `max(n, cols) + halo` values from
-/// `c · channel_stride + r · pitch` on. Safe, bounds-checked code.
+/// Channels a window fill computes from a prologue at a time
+/// ([`RowSource::fill_rows`]): few enough that their input span stays in
+/// L1/L2 before it is split into phases, at most [`ROW_BLOCK`].
+pub(crate) const SOURCE_CHANNELS: usize = 64;
+const _: () = assert!(SOURCE_CHANNELS <= ROW_BLOCK);
+
+/// Floats of `buf` [`fill_window`] needs for a prologue input needing
+/// `x_temps` line-sized temporaries: a block of [`SOURCE_CHANNELS`]
+/// channels' input span (at most `pitch · stride` samples each) and the
+/// prologue's temporaries for reading it.
+pub(crate) fn source_buf(win: &Window, x_temps: usize) -> usize {
+    let span = win.pitch * win.stride;
+    SOURCE_CHANNELS * span + block_tmp(x_temps, span)
+}
+
+/// Fills the window rows of input channels `channels` of the tile `a`
+/// into `out` (`channels.len() · channel_stride` floats, from the first
+/// channel's rows; see the module docs): for each channel `c` and phase
+/// read, `max(n, cols) + halo` values. A stored input is gathered from its
+/// rows; a prologue's is computed, [`SOURCE_CHANNELS`] channels at a time,
+/// into `buf` (at least [`source_buf`] floats), over the samples the tile
+/// reads, then gathered. Safe, bounds-checked code.
 #[inline(always)]
-fn fill_window(a: &TileArgs<'_>, cols: usize, scratch: &mut [f32]) {
+fn fill_window(
+    a: &TileArgs<'_>,
+    channels: std::ops::Range<usize>,
+    cols: usize,
+    out: &mut [f32],
+    buf: &mut [f32],
+) {
     let win = a.window;
     let s = win.stride;
     let needed = a.n.max(cols) + win.halo;
     assert!(needed <= win.pitch, "window pitch");
-    assert!(a.x.len() == a.cin * a.in_len, "x group");
+    assert!(channels.end <= a.cin, "channels");
     let cs = win.channel_stride();
-    for c in 0..a.cin {
-        let x_row = &a.x[c * a.in_len..][..a.in_len];
-        for &r in &*win.phases {
-            let row = &mut scratch[c * cs + r * win.pitch..][..needed];
-            // row[q] is padded position p0 + q·s, input sample p0 + q·s −
-            // pad_left: real for q in lo..hi.
-            let p0 = a.l0 * s + r;
-            let lo = a.pad_left.saturating_sub(p0).div_ceil(s).min(needed);
-            let hi = (a.in_len + a.pad_left)
-                .saturating_sub(p0)
-                .div_ceil(s)
-                .clamp(lo, needed);
-            row[..lo].fill(0.0);
-            row[hi..].fill(0.0);
-            if lo < hi {
-                let first = p0 + lo * s - a.pad_left;
-                if s == 1 {
-                    row[lo..hi].copy_from_slice(&x_row[first..first + hi - lo]);
-                } else {
-                    match s {
-                        2 => gather::<2>(&mut row[lo..hi], &x_row[first..]),
-                        3 => gather::<3>(&mut row[lo..hi], &x_row[first..]),
-                        4 => gather::<4>(&mut row[lo..hi], &x_row[first..]),
-                        _ => gather_any(&mut row[lo..hi], &x_row[first..], s),
-                    }
+    // Samples t_lo .. t_hi are all any row of the tile reads.
+    let last_phase = win.phases.last().copied().unwrap_or(0);
+    let t_lo = (a.l0 * s).saturating_sub(a.pad_left).min(a.in_len);
+    let t_hi = ((a.l0 + needed - 1) * s + last_phase + 1)
+        .saturating_sub(a.pad_left)
+        .min(a.in_len);
+    match a.x {
+        TileInput::Rows(x) => {
+            assert!(x.len() == a.cin * a.in_len, "x group");
+            for c in channels.clone() {
+                let x_row = &x[c * a.in_len..][..a.in_len];
+                let rows = &mut out[(c - channels.start) * cs..][..cs];
+                fill_channel(a, needed, x_row, 0, rows);
+            }
+        }
+        TileInput::Source { source, row0 } => {
+            let span = t_hi - t_lo;
+            assert!(span <= win.pitch * s, "span");
+            let (block, tmp) = buf.split_at_mut(SOURCE_CHANNELS * span);
+            for c0 in channels.clone().step_by(SOURCE_CHANNELS) {
+                let m = SOURCE_CHANNELS.min(channels.end - c0);
+                if span > 0 {
+                    source.fill_rows(row0 + c0, m, t_lo, span, &mut block[..m * span], tmp);
                 }
+                for c in c0..c0 + m {
+                    let x_row = &block[(c - c0) * span..][..span];
+                    let rows = &mut out[(c - channels.start) * cs..][..cs];
+                    fill_channel(a, needed, x_row, t_lo, rows);
+                }
+            }
+        }
+    }
+}
+
+/// One channel's window rows (`rows`, one per phase read) from `x_row`,
+/// which holds its input samples from `x_first` on (every sample the
+/// tile reads): `needed` values per row, padding as zeros.
+#[inline(always)]
+fn fill_channel(a: &TileArgs<'_>, needed: usize, x_row: &[f32], x_first: usize, rows: &mut [f32]) {
+    let win = a.window;
+    let s = win.stride;
+    for (i, &r) in win.phases.iter().enumerate() {
+        let row = &mut rows[i * win.pitch..][..needed];
+        // row[q] is padded position p0 + q·s, input sample p0 + q·s −
+        // pad_left: real for q in lo..hi.
+        let p0 = a.l0 * s + r;
+        let lo = a.pad_left.saturating_sub(p0).div_ceil(s).min(needed);
+        let hi = (a.in_len + a.pad_left)
+            .saturating_sub(p0)
+            .div_ceil(s)
+            .clamp(lo, needed);
+        row[..lo].fill(0.0);
+        row[hi..].fill(0.0);
+        if lo < hi {
+            let first = p0 + lo * s - a.pad_left - x_first;
+            let src = &x_row[first..];
+            let dst = &mut row[lo..hi];
+            match s {
+                1 => dst.copy_from_slice(&src[..hi - lo]),
+                2 => gather::<2>(dst, src),
+                3 => gather::<3>(dst, src),
+                4 => gather::<4>(dst, src),
+                5 => gather::<5>(dst, src),
+                _ => gather_any(dst, src, s),
             }
         }
     }
@@ -285,7 +426,8 @@ fn fill_window(a: &TileArgs<'_>, cols: usize, scratch: &mut [f32]) {
 /// `dst[i] = src[i · S]`. With `S` known, the loop vectorises (strided
 /// loads become shuffles): the window copy is a sizeable share of a tile
 /// at stride > 1, where the scalar loop ([`gather_any`]) made 64→64, K=3,
-/// stride 2 run at half the speed of stride 1.
+/// stride 2 run at half the speed of stride 1. Strides 2 to 5 (speech
+/// front-ends stride their first layer by 5) take it.
 #[inline(always)]
 fn gather<const S: usize>(dst: &mut [f32], src: &[f32]) {
     let (whole, _) = src.as_chunks::<S>();
@@ -306,7 +448,8 @@ fn gather_any(dst: &mut [f32], src: &[f32], s: usize) {
     }
 }
 
-/// One tile on backend `S` with blocks of `MR × NR` vectors.
+/// One tile on backend `S` with blocks of `MR × NR` vectors (see the
+/// module docs), each panel handed to `done` once written.
 ///
 /// # Safety
 /// `S`'s features are present, and `a.y` is as [`TileKernel::tile`]
@@ -314,27 +457,37 @@ fn gather_any(dst: &mut [f32], src: &[f32], s: usize) {
 #[inline(always)]
 unsafe fn tile_generic<S: Simd, const MR: usize, const NR: usize>(
     a: &TileArgs<'_>,
-    scratch: &mut [f32],
+    window: TileWindow<'_>,
+    mut done: Option<&mut PanelDone<'_>>,
 ) {
-    let cols = NR * S::LANES;
+    let lanes = S::LANES;
+    let cols = NR * lanes;
     let win = a.window;
     let taps = win.offsets.len();
     let cs = win.channel_stride();
-    fill_window(a, cols, scratch);
+    let scratch: &[f32] = match window {
+        TileWindow::Fill { window, buf } => {
+            fill_window(a, 0..a.cin, cols, window, buf);
+            window
+        }
+        TileWindow::Filled(window) => window,
+    };
     let panels = a.rows.div_ceil(MR);
     let filter_len = a.cin * taps;
     assert!(a.weights.len() == a.rows * filter_len, "weights");
     assert!(a.bias.is_none_or(|b| b.len() >= a.rows), "bias");
     assert!(a.cin == 0 || scratch.len() >= (a.cin - 1) * cs + win.pitch);
-    assert!(MR * cols <= MAX_BLOCK_FLOATS);
-    // Every tap's offset plus a block's reads stays in its phase row:
-    // o_k <= halo and the blocks start at j <= max(n, cols) - cols, so the
-    // last value read is at r_k·pitch + halo + max(n, cols) - 1 < (r_k + 1)·pitch
-    // (fill_window asserted max(n, cols) + halo <= pitch).
+    assert!(MR * 2 * lanes <= MAX_BLOCK_FLOATS && NR >= 1);
+    assert!(a.n <= a.y_stride, "output rows overlap");
+    // Every tap's offset plus a block's reads stays in its row: o_k <=
+    // halo, and every block (of at most `cols` columns) starts at j with
+    // j + its width <= max(n, cols), so the last value read is at
+    // i_k·pitch + halo + max(n, cols) - 1 < (i_k + 1)·pitch (fill_window
+    // asserted max(n, cols) + halo <= pitch).
     debug_assert!(win
         .offsets
         .iter()
-        .all(|&o| o % win.pitch <= win.halo && o / win.pitch < win.stride));
+        .all(|&o| o % win.pitch <= win.halo && o / win.pitch < win.phases.len()));
     let x = scratch.as_ptr();
     for p in 0..panels {
         let r0 = p * MR;
@@ -348,59 +501,106 @@ unsafe fn tile_generic<S: Simd, const MR: usize, const NR: usize>(
         let filters = &a.weights[r0 * filter_len..][..rows * filter_len];
         let w: [*const f32; MR] =
             std::array::from_fn(|i| filters[i.min(rows - 1) * filter_len..].as_ptr());
-        if a.n >= cols {
-            let mut j = 0;
-            while j < a.n {
-                let j0 = j.min(a.n - cols);
-                // SAFETY: features by our contract. Reads: the window as
-                // argued above with j0 + cols <= n; cin·taps values from
-                // each of the MR filter pointers, each the start of a
-                // whole filter inside `filters` (sliced above). Writes: rows `rows` (<= the tile's
-                // remaining rows) and columns j0 .. j0 + cols <= n of the
-                // tile's output, valid by our contract.
-                unsafe {
-                    micro::<S, MR, NR>(
-                        x.add(j0),
-                        cs,
-                        &win.offsets,
-                        a.cin,
-                        w,
-                        &bias,
-                        a.y.add(r0 * a.y_stride + j0),
-                        a.y_stride,
-                        rows,
-                    );
-                }
-                j += cols;
-            }
+        let y = if a.reuse {
+            a.y
         } else {
-            let mut buf = [0.0f32; MAX_BLOCK_FLOATS];
-            // SAFETY: as above with j0 = 0 (the window holds cols + halo
-            // values per row), writing all MR rows of cols values into
-            // `buf`, which holds MR · cols (asserted).
-            unsafe {
-                micro::<S, MR, NR>(
-                    x,
-                    cs,
-                    &win.offsets,
-                    a.cin,
-                    w,
-                    &bias,
-                    buf.as_mut_ptr(),
-                    cols,
-                    MR,
-                );
+            a.y.wrapping_add(r0 * a.y_stride)
+        };
+        // Every `block` call below is sound: the features by our contract.
+        // Reads: the window as argued above, every block ending at or
+        // before max(n, cols); cin·taps values from each of the MR filter
+        // pointers, each the start of a whole filter inside `filters`
+        // (sliced above). Writes: `rows` rows at `y`, the panel's (<= the
+        // tile's remaining rows, of which columns j0 .. j0 + width <= n,
+        // valid by our contract) or the stack buffer's (MR rows of `width`).
+        let args = (x, cs, &*win.offsets, a.cin, w, &bias);
+        let mut j = 0;
+        while j + cols <= a.n {
+            // SAFETY: see above; j + cols <= n.
+            unsafe { block::<S, MR, NR>(args, j, y, a.y_stride, rows, NR) };
+            j += cols;
+        }
+        while NR > 2 && j + 2 * lanes <= a.n {
+            // SAFETY: see above; j + 2 · lanes <= n.
+            unsafe { block::<S, MR, NR>(args, j, y, a.y_stride, rows, 2) };
+            j += 2 * lanes;
+        }
+        if j < a.n {
+            // At most 2 vectors remain (or NR, if fewer), ending at n.
+            let vectors = (a.n - j).div_ceil(lanes);
+            let width = vectors * lanes;
+            if a.n >= width {
+                // SAFETY: see above; the block ends at n.
+                unsafe { block::<S, MR, NR>(args, a.n - width, y, a.y_stride, rows, vectors) };
+            } else {
+                // Shorter than the block: all MR rows into `buf` (which
+                // holds MR · 2 · lanes, asserted), then copied.
+                let mut buf = [0.0f32; MAX_BLOCK_FLOATS];
+                // SAFETY: see above; width <= 2 · lanes <= cols, the
+                // window's rows hold max(n, cols) + halo values.
+                unsafe { block::<S, MR, NR>(args, 0, buf.as_mut_ptr(), width, MR, vectors) };
+                for (i, src) in buf.chunks_exact(width).take(rows).enumerate() {
+                    // SAFETY: row i < rows of this panel, columns 0 .. n,
+                    // valid and ours by the contract.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(y.add(i * a.y_stride), a.n) };
+                    dst.copy_from_slice(&src[..a.n]);
+                }
             }
-            for (i, src) in buf.chunks_exact(cols).take(rows).enumerate() {
-                // SAFETY: row r0 + i < a.rows, columns 0 .. n of the tile's
-                // output, valid and ours by the contract.
-                let dst =
-                    unsafe { std::slice::from_raw_parts_mut(a.y.add((r0 + i) * a.y_stride), a.n) };
-                dst.copy_from_slice(&src[..a.n]);
-            }
+        }
+        if let Some(done) = done.as_deref_mut() {
+            // SAFETY: the panel's rows were just written (columns 0 .. n
+            // of `rows` rows, y_stride apart) and nothing writes them while
+            // `done` reads them.
+            let values = unsafe { std::slice::from_raw_parts(y, (rows - 1) * a.y_stride + a.n) };
+            done(r0, rows, values);
         }
     }
 }
+
+/// One block of `vectors` vectors (1, 2 or `NR`) at column `j0` of the
+/// window in `args`, written to `rows` rows at `y + j0`, `y_stride` apart
+/// (see [`micro`]). A function rather than a closure so that it inlines
+/// into the backend's `#[target_feature]` function with its intrinsics.
+///
+/// # Safety
+/// As [`micro`] for the window and output offset by `j0`.
+#[inline(always)]
+unsafe fn block<S: Simd, const MR: usize, const NR: usize>(
+    args: MicroArgs<'_, MR>,
+    j0: usize,
+    y: *mut f32,
+    y_stride: usize,
+    rows: usize,
+    vectors: usize,
+) {
+    let (x, cs, offsets, cin, w, bias) = args;
+    let args = (x.wrapping_add(j0), cs, offsets, cin, w, bias);
+    let y = y.wrapping_add(j0);
+    // SAFETY: by our contract.
+    unsafe {
+        match vectors {
+            1 => micro::<S, MR, 1>(args, y, y_stride, rows),
+            2 => micro::<S, MR, 2>(args, y, y_stride, rows),
+            _ => micro::<S, MR, NR>(args, y, y_stride, rows),
+        }
+    }
+}
+
+/// Called with each finished panel: its first row (of the tile), its rows,
+/// and their values (`rows` rows of `n`, `y_stride` apart).
+pub(crate) type PanelDone<'a> = dyn FnMut(usize, usize, &[f32]) + 'a;
+
+/// The inputs of one micro-kernel call that do not depend on where its
+/// output goes: window, its channel stride, the taps' offsets, the input
+/// channels, the `MR` filter pointers and the bias.
+type MicroArgs<'a, const MR: usize> = (
+    *const f32,
+    usize,
+    &'a [usize],
+    usize,
+    [*const f32; MR],
+    &'a [f32; MR],
+);
 
 /// `MR × NR` vectors of outputs: `y[i][j] = bias[i] + Σ_c Σ_k w[i][c][k] ·
 /// x[c·chan_stride + offsets[k] + j]`, channels then taps ascending, for
@@ -412,14 +612,8 @@ unsafe fn tile_generic<S: Simd, const MR: usize, const NR: usize>(
 /// `w[i]` for `cin · offsets.len()` values; `y` writable for `NR · LANES` values at
 /// each of the first `rows` rows.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 unsafe fn micro<S: Simd, const MR: usize, const NR: usize>(
-    x: *const f32,
-    chan_stride: usize,
-    offsets: &[usize],
-    cin: usize,
-    w: [*const f32; MR],
-    bias: &[f32; MR],
+    (x, chan_stride, offsets, cin, w, bias): MicroArgs<'_, MR>,
     y: *mut f32,
     y_stride: usize,
     rows: usize,
@@ -461,34 +655,112 @@ unsafe fn micro<S: Simd, const MR: usize, const NR: usize>(
 
 /// # Safety
 /// As [`TileKernel::tile`]; the portable backend needs no CPU feature.
-unsafe fn tile_portable<const MR: usize, const NR: usize>(a: &TileArgs<'_>, s: &mut [f32]) {
+unsafe fn tile_portable<const MR: usize, const NR: usize>(
+    a: &TileArgs<'_>,
+    s: TileWindow<'_>,
+    done: Option<&mut PanelDone<'_>>,
+) {
     // SAFETY: Portable needs no feature; the output by our contract.
-    unsafe { tile_generic::<Portable, MR, NR>(a, s) }
+    unsafe { tile_generic::<Portable, MR, NR>(a, s, done) }
+}
+
+/// [`fill_window`] for the portable backend.
+///
+/// # Safety
+/// None needed (an `unsafe fn` to share [`FillFn`]'s type).
+unsafe fn fill_portable(
+    a: &TileArgs<'_>,
+    c: std::ops::Range<usize>,
+    cols: usize,
+    out: &mut [f32],
+    buf: &mut [f32],
+) {
+    fill_window(a, c, cols, out, buf)
 }
 
 /// # Safety
 /// As [`TileKernel::tile`]; the CPU supports AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2<const MR: usize, const NR: usize>(a: &TileArgs<'_>, s: &mut [f32]) {
+unsafe fn tile_avx2<const MR: usize, const NR: usize>(
+    a: &TileArgs<'_>,
+    s: TileWindow<'_>,
+    done: Option<&mut PanelDone<'_>>,
+) {
     // SAFETY: our caller guarantees AVX2, FMA and the output.
-    unsafe { tile_generic::<Avx2, MR, NR>(a, s) }
+    unsafe { tile_generic::<Avx2, MR, NR>(a, s, done) }
 }
 
 /// # Safety
 /// As [`TileKernel::tile`]; the CPU supports AVX-512 F and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
-unsafe fn tile_avx512<const MR: usize, const NR: usize>(a: &TileArgs<'_>, s: &mut [f32]) {
+unsafe fn tile_avx512<const MR: usize, const NR: usize>(
+    a: &TileArgs<'_>,
+    s: TileWindow<'_>,
+    done: Option<&mut PanelDone<'_>>,
+) {
     // SAFETY: our caller guarantees AVX-512 F, FMA and the output.
-    unsafe { tile_generic::<Avx512, MR, NR>(a, s) }
+    unsafe { tile_generic::<Avx512, MR, NR>(a, s, done) }
 }
 
 /// # Safety
 /// As [`TileKernel::tile`]; the CPU supports NEON.
 #[cfg(target_arch = "aarch64")]
 #[target_feature(enable = "neon")]
-unsafe fn tile_neon<const MR: usize, const NR: usize>(a: &TileArgs<'_>, s: &mut [f32]) {
+unsafe fn tile_neon<const MR: usize, const NR: usize>(
+    a: &TileArgs<'_>,
+    s: TileWindow<'_>,
+    done: Option<&mut PanelDone<'_>>,
+) {
     // SAFETY: our caller guarantees NEON and the output.
-    unsafe { tile_generic::<Neon, MR, NR>(a, s) }
+    unsafe { tile_generic::<Neon, MR, NR>(a, s, done) }
+}
+
+/// [`fill_window`] with AVX2 and FMA.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fill_avx2(
+    a: &TileArgs<'_>,
+    c: std::ops::Range<usize>,
+    cols: usize,
+    out: &mut [f32],
+    buf: &mut [f32],
+) {
+    fill_window(a, c, cols, out, buf)
+}
+
+/// [`fill_window`] with AVX-512 F and FMA.
+///
+/// # Safety
+/// The CPU supports AVX-512 F and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn fill_avx512(
+    a: &TileArgs<'_>,
+    c: std::ops::Range<usize>,
+    cols: usize,
+    out: &mut [f32],
+    buf: &mut [f32],
+) {
+    fill_window(a, c, cols, out, buf)
+}
+
+/// [`fill_window`] with NEON.
+///
+/// # Safety
+/// The CPU supports NEON.
+#[cfg(target_arch = "aarch64")]
+#[target_feature(enable = "neon")]
+unsafe fn fill_neon(
+    a: &TileArgs<'_>,
+    c: std::ops::Range<usize>,
+    cols: usize,
+    out: &mut [f32],
+    buf: &mut [f32],
+) {
+    fill_window(a, c, cols, out, buf)
 }

@@ -69,12 +69,24 @@
 //! | 64→64, K=3, dilation 2       | 211 vs 191   | 375 vs 348   |
 //!
 //! At stride 2 the window copy gathers every other sample; with the stride
-//! a compile-time constant (2, 3, 4) that loop vectorises, which took the
-//! stride-2 row from 105 to 177 GFLOP/s. The blocks were sized by register
-//! count; other block shapes (say 6 × 4 on AVX-512) were not compared.
-//! 4→4 (one 4-row panel) takes the 4 × 6 block. The 4→4 shape is too
-//! small (0.4 MFLOP, a few tiles of [`MIN_TILE_MACS`]) to gain from a
-//! second thread.
+//! a compile-time constant (2 to 5) that loop vectorises, which took the
+//! stride-2 row from 105 to 177 GFLOP/s. 4→4 (one 4-row panel) takes the
+//! 4 × 6 block. The 4→4 shape is too small (0.4 MFLOP, a few tiles of
+//! [`MIN_TILE_MACS`]) to gain from a second thread.
+//!
+//! wav2vec2's feature encoder (1 s of 16 kHz audio: 1→512 K=10 stride 5,
+//! then 512→512 K=3 and K=2 at stride 2, outputs 3199 down to 49), one
+//! thread's CPU time (best of 30 calls, `CLOCK_THREAD_CPUTIME_ID`, so the
+//! other jobs of the shared 2-core Xeon (Emerald Rapids, AVX-512, 179
+//! GFLOP/s FMA peak per core) this was measured on cost little), GFLOP/s:
+//! rows that start on 64-byte boundaries and ragged ends in 1- and
+//! 2-vector blocks took the K=3 layers from 134/133/124/112 to
+//! 149/146/139/126 (outputs 1599/799/399/199) and the last one (49
+//! outputs) from 58 to 67; the whole stack stored 38.8 → 34.9 ms. Blocks of
+//! 12 × 2, 6 × 4, 7 × 4, 14 × 2 and 5 × 5 vectors ran within 2% of 8 × 3;
+//! a row per tap (every load aligned, but `K / stride` times the window),
+//! and cutting the reduction into L1-sized slices of channels, ran no
+//! faster.
 
 #![allow(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -85,10 +97,14 @@ use rayon::prelude::*;
 
 use super::cost::direct_macs;
 use super::params::Conv1dGeometry;
-use crate::fused::RowSink;
+use std::ops::Range;
+
+use crate::fused::{block_tmp, RowSink, RowsIn, RowsOut, ROW_BLOCK};
 use crate::scratch::Scratch;
 use crate::simd::Backend;
-use kernel::{choose_block, Block, TileArgs, TileKernel, Window};
+use kernel::{
+    choose_block, source_buf, Block, TileArgs, TileInput, TileKernel, TileWindow, Window,
+};
 
 /// How many times faster than [`super::cost::DIRECT_MACS_PER_SEC`] one core runs the
 /// micro-kernels when both matrix dimensions (`in_per_group`,
@@ -115,6 +131,17 @@ const CHUNK_MAX: usize = 512;
 /// Floats of window a tile aims to stay under (512 KiB, half of L2 on the
 /// machine measured); wide groups get shorter chunks.
 const WINDOW_FLOATS: usize = 1 << 17;
+/// Floats of shared windows a conv may keep (4 MiB): where a call splits
+/// its chunks into blocks of rows, each chunk's window is filled once into
+/// the scratch's shared region and read by its tiles, instead of by every
+/// tile into its own slot. A redundant fill costs about as much as the
+/// multiply-adds of a tile of 32 rows at K = 2 (wav2vec2's last layers:
+/// 91 and 67 GFLOP/s against 124 and 96 with one fill per chunk). Shapes
+/// needing more (long outputs split into two or three blocks of rows,
+/// where a fill is a few % of a tile) fill per tile.
+const SHARED_WINDOW_FLOATS: usize = 1 << 20;
+/// Input channels per task when a shared window is filled.
+const FILL_CHANNELS: usize = 64;
 /// Shortest chunk the tiling makes in order to find parallelism.
 const CHUNK_MIN: usize = 64;
 /// Fewest output channels in a tile when channel blocks are split for
@@ -176,6 +203,10 @@ pub(crate) struct GemmConv {
     window: Window,
     /// Input channels per group.
     cin: usize,
+    /// Floats of the scratch's shared region a call may fill its windows
+    /// into, one per chunk, where its chunks are split into blocks of rows
+    /// ([`SHARED_WINDOW_FLOATS`]); 0 where the prepared shape's are not.
+    shared_windows: usize,
 }
 
 impl GemmConv {
@@ -191,27 +222,55 @@ impl GemmConv {
         let p = &g.params;
         let kernel = TileKernel::new(backend, g.out_per_group)?;
         let block = kernel.block();
-        // Chunks never exceed the output length nor the cap (Tiling::new),
-        // and calls have at most the prepared length.
-        let max_chunk = chunk_cap(g, block).min(g.out_len);
+        // Chunks never exceed the output length nor the cap plus the ragged
+        // end a last chunk takes in (Tiling::new), and calls have at most
+        // the prepared length.
+        let max_chunk = max_chunk(g, block);
         let window = Window::new(p.kernel_size, p.stride, p.dilation, max_chunk, block.cols());
-        Some(GemmConv {
+        let mut conv = GemmConv {
             kernel,
             window,
             cin: g.in_per_group,
-        })
+            shared_windows: 0,
+        };
+        let need = conv.shared_need(g, &Tiling::new(g, block));
+        if need <= SHARED_WINDOW_FLOATS {
+            conv.shared_windows = need;
+        }
+        Some(conv)
     }
 
-    /// The window of one tile: `in_per_group × stride × pitch` floats.
+    /// The window of one tile: `in_per_group × phases × pitch` floats.
     pub(crate) fn scratch_per_thread(&self) -> usize {
         self.cin * self.window.channel_stride()
+    }
+
+    /// Floats of the scratch's shared region a call needs (see
+    /// [`Scratch::with_shared`]): the windows of the prepared shape's
+    /// chunks, where they are split into blocks of rows.
+    pub(crate) fn shared_scratch(&self) -> usize {
+        self.shared_windows
+    }
+
+    /// Floats of shared windows a call of `g` tiled by `tiling` fills: one
+    /// window per (batch item, group, chunk), where the chunks are split
+    /// into blocks of rows (every tile would fill the same window
+    /// otherwise); 0 where they are not.
+    fn shared_need(&self, g: &Conv1dGeometry, tiling: &Tiling) -> usize {
+        if tiling.row_blocks > 1 {
+            g.params.batch * g.params.groups * tiling.chunks * self.scratch_per_thread()
+        } else {
+            0
+        }
     }
 
     /// Computes `y = conv1d(x, w) + bias` for `g`, whose static parameters
     /// are those this was prepared with (batch and input length may be
     /// smaller), `w` being `[out_channels, in_per_group, kernel_size]`. The
     /// caller has checked every slice length, and `scratch` has
-    /// [`GemmConv::scratch_per_thread`] floats per thread of the pool.
+    /// [`GemmConv::scratch_per_thread`] floats per thread of the pool (and
+    /// a shared region of [`GemmConv::shared_scratch`], or the windows are
+    /// filled per tile).
     pub(crate) fn run(
         &self,
         g: &Conv1dGeometry,
@@ -222,46 +281,68 @@ impl GemmConv {
         scratch: &Scratch,
     ) {
         debug_assert_eq!(y.len(), g.output_elems);
-        self.run_tiles(g, x, w, bias, Dest::Stored(OutPtr(y.as_mut_ptr())), scratch);
+        debug_assert_eq!(x.len(), g.input_elems);
+        let dest = Dest::Stored(OutPtr(y.as_mut_ptr()));
+        self.run_tiles(g, RowsIn::Slice(x), w, bias, dest, scratch);
     }
 
-    /// f32 elements of per-thread scratch [`Self::run_into`] needs: the
-    /// window, the largest tile, and the sink's temporaries.
-    pub(crate) fn rows_scratch(&self, g: &Conv1dGeometry, y_temps: usize) -> usize {
+    /// f32 elements of per-thread scratch [`Self::run_rows`] needs: the
+    /// window, room to compute a prologue's input for it
+    /// ([`kernel::source_buf`]), the largest tile (an epilogue that stores
+    /// across rows takes whole tiles; others a panel at a time, which fits
+    /// in it), and the sink's temporaries for a block of rows.
+    pub(crate) fn rows_scratch(&self, g: &Conv1dGeometry, x_temps: usize, y_temps: usize) -> usize {
         let block = self.kernel.block();
-        let chunk = CHUNK_MAX.next_multiple_of(block.cols());
+        let chunk = max_chunk(g, block);
         self.scratch_per_thread()
+            + source_buf(&self.window, x_temps)
             + g.out_per_group.next_multiple_of(block.mr) * chunk
-            + y_temps * chunk
+            + block_tmp(y_temps, chunk)
     }
 
-    /// [`Self::run`] with the output handed to an epilogue: each tile is
-    /// computed into the thread's scratch and passed on row by row while it
-    /// is in cache (a fused activation never makes a pass of its own).
+    /// [`Self::run`] with the input computed by a prologue and / or the
+    /// output handed to an epilogue, both while in cache:
+    ///
+    /// * a prologue's values go straight into each window, a block of
+    ///   input channels at a time (never stored whole). Where a chunk's
+    ///   window is shared by its tiles, it is computed once; where it
+    ///   would not fit the shared region, the chunks are not split into
+    ///   blocks of rows, so that no tile computes another's window again;
+    /// * an epilogue gets each panel of a tile's rows as soon as it is
+    ///   computed, or, where it stores across rows (a transposed result,
+    ///   [`RowSink::prefers_columns`]), each tile in blocks of up to
+    ///   [`ROW_BLOCK`] rows.
+    ///
     /// `scratch` has [`Self::rows_scratch`] floats per thread.
-    pub(crate) fn run_into(
+    pub(crate) fn run_rows(
         &self,
         g: &Conv1dGeometry,
-        x: &[f32],
+        x: RowsIn<'_>,
         w: &[f32],
         bias: Option<&[f32]>,
-        sink: &dyn RowSink,
+        y: RowsOut<'_>,
         scratch: &Scratch,
     ) {
-        self.run_tiles(g, x, w, bias, Dest::Sink(sink), scratch);
+        match y {
+            RowsOut::Slice(y) => {
+                debug_assert_eq!(y.len(), g.output_elems);
+                let dest = Dest::Stored(OutPtr(y.as_mut_ptr()));
+                self.run_tiles(g, x, w, bias, dest, scratch)
+            }
+            RowsOut::Fused(sink) => self.run_tiles(g, x, w, bias, Dest::Sink(sink), scratch),
+        }
     }
 
     fn run_tiles(
         &self,
         g: &Conv1dGeometry,
-        x: &[f32],
+        x: RowsIn<'_>,
         w: &[f32],
         bias: Option<&[f32]>,
         dest: Dest<'_>,
         scratch: &Scratch,
     ) {
         let p = &g.params;
-        debug_assert_eq!(x.len(), g.input_elems);
         debug_assert!(bias.is_none_or(|b| b.len() == p.out_channels));
         let (cin, cout) = (g.in_per_group, g.out_per_group);
         assert_eq!(cin, self.cin, "prepared for another shape");
@@ -269,20 +350,32 @@ impl GemmConv {
         let block = self.kernel.block();
         let filter_len = cin * p.kernel_size;
 
-        let tiling = Tiling::new(g, block);
+        let mut tiling = Tiling::new(g, block);
+        let need = self.shared_need(g, &tiling);
+        let shared = need > 0 && need <= self.shared_windows.min(scratch.shared_len());
+        if need > 0 && !shared && matches!(x, RowsIn::Fused(_)) {
+            tiling = tiling.whole_rows(g);
+        }
         let per_item = p.groups * tiling.row_blocks * tiling.chunks;
         let tiles = p.batch * per_item;
         let window_len = self.scratch_per_thread();
-        (0..tiles).into_par_iter().for_each(|t| {
-            let (b, rest) = (t / per_item, t % per_item);
-            let per_group = tiling.row_blocks * tiling.chunks;
-            let (group, rest) = (rest / per_group, rest % per_group);
-            let (block, chunk) = (rest / tiling.chunks, rest % tiling.chunks);
-            let rows = block * tiling.rows..((block + 1) * tiling.rows).min(cout);
-            let cols = chunk * tiling.chunk..((chunk + 1) * tiling.chunk).min(g.out_len);
+        let source_len = match x {
+            RowsIn::Slice(_) => 0,
+            RowsIn::Fused(_) => source_buf(&self.window, x.temporaries()),
+        };
+        // The tile args of (batch item, group, rows, columns).
+        let args = |b: usize, group: usize, rows: Range<usize>, cols: Range<usize>| {
             let o0 = group * cout + rows.start;
-            let mut args = TileArgs {
-                x: &x[(b * p.in_channels + group * cin) * p.in_len..][..cin * p.in_len],
+            TileArgs {
+                x: match x {
+                    RowsIn::Slice(x) => TileInput::Rows(
+                        &x[(b * p.in_channels + group * cin) * p.in_len..][..cin * p.in_len],
+                    ),
+                    RowsIn::Fused(source) => TileInput::Source {
+                        source,
+                        row0: b * p.in_channels + group * cin,
+                    },
+                },
                 in_len: p.in_len,
                 pad_left: p.pad_left,
                 cin,
@@ -295,38 +388,113 @@ impl GemmConv {
                 n: cols.len(),
                 y: std::ptr::null_mut(),
                 y_stride: 0,
-            };
-            scratch.with_slot(|slot| match dest {
-                Dest::Stored(out) => {
-                    args.y = out.at((b * p.out_channels + o0) * g.out_len + cols.start);
-                    args.y_stride = g.out_len;
-                    // SAFETY: `args.y` addresses rows `rows` of group
-                    // `group`, batch item `b`, columns `cols`, all inside
-                    // `y`, which outlives the loop; tiles partition the
-                    // output (distinct (b, group, rows, cols) cover disjoint
-                    // elements), so no other task touches them.
-                    unsafe { self.kernel.tile(&args, slot) }
-                }
-                Dest::Sink(sink) => {
-                    let (window, rest) = slot.split_at_mut(window_len);
-                    let n = cols.len();
-                    let (tile, tmp) = rest.split_at_mut(rows.len() * n);
-                    args.y = tile.as_mut_ptr();
-                    args.y_stride = n;
-                    // SAFETY: `args.y` addresses `rows × n` floats of this
-                    // thread's own scratch slot (`tile`), borrowed mutably
-                    // here and nowhere else.
-                    unsafe { self.kernel.tile(&args, window) }
-                    for r in 0..rows.len() {
-                        sink.store(
-                            b * p.out_channels + o0 + r,
-                            cols.start,
-                            &tile[r * n..][..n],
-                            tmp,
-                        );
+                reuse: false,
+            }
+        };
+        // One tile (batch item b, group, block of rows, chunk), its window
+        // filled into the thread's slot or read from `windows`.
+        let tile = |t: usize, windows: Option<&[f32]>| {
+            let (b, rest) = (t / per_item, t % per_item);
+            let per_group = tiling.row_blocks * tiling.chunks;
+            let (group, rest) = (rest / per_group, rest % per_group);
+            let (row_block, chunk) = (rest / tiling.chunks, rest % tiling.chunks);
+            let rows = row_block * tiling.rows..((row_block + 1) * tiling.rows).min(cout);
+            let cols = tiling.cols(chunk, g.out_len);
+            let o0 = group * cout + rows.start;
+            let mut args = args(b, group, rows.clone(), cols.clone());
+            let shared_window = windows.map(|windows| {
+                let i = (b * p.groups + group) * tiling.chunks + chunk;
+                &windows[i * window_len..][..window_len]
+            });
+            scratch.with_slot(|slot| {
+                let (own, rest) = match shared_window {
+                    Some(_) => slot.split_at_mut(0),
+                    None => slot.split_at_mut(window_len + source_len),
+                };
+                let window = match shared_window {
+                    Some(window) => TileWindow::Filled(window),
+                    None => {
+                        let (window, buf) = own.split_at_mut(window_len);
+                        TileWindow::Fill { window, buf }
+                    }
+                };
+                match dest {
+                    Dest::Stored(out) => {
+                        args.y = out.at((b * p.out_channels + o0) * g.out_len + cols.start);
+                        args.y_stride = g.out_len;
+                        // SAFETY: `args.y` addresses rows `rows` of group
+                        // `group`, batch item `b`, columns `cols`, all
+                        // inside `y`, which outlives the loop; tiles
+                        // partition the output (distinct (b, group, rows,
+                        // cols) cover disjoint elements), so no other task
+                        // touches them.
+                        unsafe { self.kernel.tile(&args, window, None) }
+                    }
+                    Dest::Sink(sink) => {
+                        let n = cols.len();
+                        let row0 = b * p.out_channels + o0;
+                        let across = sink.prefers_columns();
+                        let tile_rows = if across { rows.len() } else { block.mr };
+                        let (tile, tmp) = rest.split_at_mut(tile_rows * n);
+                        args.y = tile.as_mut_ptr();
+                        args.y_stride = n;
+                        args.reuse = !across;
+                        if across {
+                            // SAFETY: `args.y` addresses `rows × n` floats
+                            // of this thread's own scratch slot (`tile`),
+                            // borrowed mutably here and nowhere else.
+                            unsafe { self.kernel.tile(&args, window, None) }
+                            for r in (0..rows.len()).step_by(ROW_BLOCK) {
+                                let m = ROW_BLOCK.min(rows.len() - r);
+                                let values = &tile[r * n..][..m * n];
+                                sink.store_rows(row0 + r, m, cols.start, n, values, tmp);
+                            }
+                        } else {
+                            let mut done = |r: usize, m: usize, values: &[f32]| {
+                                for (i, row) in values.chunks(n).take(m).enumerate() {
+                                    sink.store(row0 + r + i, cols.start, &row[..n], tmp);
+                                }
+                            };
+                            // SAFETY: `args.y` addresses `MR × n` floats of
+                            // this thread's own scratch slot (`tile`),
+                            // borrowed mutably here and nowhere else; each
+                            // panel is handed to `done` before the next
+                            // overwrites it.
+                            unsafe { self.kernel.tile(&args, window, Some(&mut done)) }
+                        }
                     }
                 }
             });
+        };
+        if !shared {
+            (0..tiles).into_par_iter().for_each(|t| tile(t, None));
+            return;
+        }
+        // Each chunk's window once, in blocks of channels, then its tiles.
+        scratch.with_shared(|region| {
+            let windows = &mut region[..need];
+            let cs = self.window.channel_stride();
+            windows
+                .par_chunks_mut(window_len)
+                .enumerate()
+                .for_each(|(i, window)| {
+                    let (item, chunk) = (i / tiling.chunks, i % tiling.chunks);
+                    let (b, group) = (item / p.groups, item % p.groups);
+                    let cols = tiling.cols(chunk, g.out_len);
+                    window
+                        .par_chunks_mut(FILL_CHANNELS * cs)
+                        .enumerate()
+                        .for_each(|(k, out)| {
+                            let args = args(b, group, 0..0, cols.clone());
+                            let c0 = k * FILL_CHANNELS;
+                            let channels = c0..(c0 + FILL_CHANNELS).min(cin);
+                            scratch.with_slot(|buf| self.kernel.fill(&args, channels, out, buf));
+                        });
+                });
+            let windows = &*windows;
+            (0..tiles)
+                .into_par_iter()
+                .for_each(|t| tile(t, Some(windows)));
         });
     }
 }
@@ -363,10 +531,18 @@ fn chunk_cap(g: &Conv1dGeometry, block: Block) -> usize {
     by_window.clamp(cols, CHUNK_MAX.next_multiple_of(cols))
 }
 
+/// Longest chunk any call up to `g`'s shape makes: [`chunk_cap`] plus
+/// the ragged end a last chunk takes in ([`Tiling::new`]), at most the
+/// output length.
+fn max_chunk(g: &Conv1dGeometry, block: Block) -> usize {
+    (chunk_cap(g, block) + block.cols() - 1).min(g.out_len)
+}
+
 /// How the output of one (batch item, group) is cut into tiles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Tiling {
-    /// Output positions per chunk (the last chunk may be shorter).
+    /// Output positions per chunk; the last chunk may be shorter, or up to
+    /// a block longer (it takes in a ragged end).
     chunk: usize,
     /// Chunks per output row.
     chunks: usize,
@@ -382,7 +558,9 @@ impl Tiling {
     /// [`MIN_TILE_MACS`] per tile), narrower chunks (down to [`CHUNK_MIN`])
     /// and then blocks of output channels (down to [`ROWS_MIN`], a multiple
     /// of `block.mr`). Where there are several chunks, they are multiples of
-    /// the block.
+    /// the block, and a last chunk shorter than one block joins the one
+    /// before it (a ragged end costs a tile its narrow blocks, not a tile of
+    /// its own whose one block is mostly padding).
     fn new(g: &Conv1dGeometry, block: Block) -> Self {
         let p = &g.params;
         let cols = block.cols();
@@ -398,10 +576,18 @@ impl Tiling {
         if chunks > 1 {
             chunk = chunk.next_multiple_of(cols).min(g.out_len);
         }
-        let chunks = g.out_len.div_ceil(chunk);
+        let mut chunks = g.out_len.div_ceil(chunk);
+        if chunks > 1 && g.out_len - (chunks - 1) * chunk < cols {
+            chunks -= 1;
+        }
 
         let want_blocks = target.div_ceil(outer * chunks);
         let blocks = want_blocks.min(g.out_per_group / ROWS_MIN).max(1);
+        let blocks = if std::env::var("GEMM_ONEBLOCK").is_ok() {
+            1
+        } else {
+            blocks
+        }; // XXX
         let mut rows = g.out_per_group.div_ceil(blocks);
         if blocks > 1 {
             rows = rows.next_multiple_of(block.mr).min(g.out_per_group);
@@ -412,6 +598,26 @@ impl Tiling {
             rows,
             row_blocks: g.out_per_group.div_ceil(rows),
         }
+    }
+
+    /// This tiling with every chunk's rows in one block (for a prologue
+    /// whose windows cannot be shared: each is then computed once).
+    fn whole_rows(self, g: &Conv1dGeometry) -> Self {
+        Tiling {
+            rows: g.out_per_group,
+            row_blocks: 1,
+            ..self
+        }
+    }
+
+    /// The output positions of chunk `c` of a row of `out_len`.
+    fn cols(&self, c: usize, out_len: usize) -> std::ops::Range<usize> {
+        let end = if c + 1 == self.chunks {
+            out_len
+        } else {
+            (c + 1) * self.chunk
+        };
+        c * self.chunk..end
     }
 }
 
