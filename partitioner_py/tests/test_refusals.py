@@ -139,7 +139,7 @@ def test_weight_computed_from_an_input_stays_outside():
             return torch.relu(F.conv1d(x, self.w * s, padding=1))
 
     model = ScaledWeight().eval()
-    x, s = torch.randn(1, 4, 8), torch.tensor(2.0)
+    x, s = torch.randn(1, 4, 8), torch.tensor([2.0])  # rank 1: a 0-d operand is refused anyway
     reasons = explain(model, x, s)
     assert "conv weight or bias" in reason_for(reasons, "mul")
     edge = lower(model, (x, s), "to_edge")

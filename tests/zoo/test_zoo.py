@@ -6,8 +6,7 @@
 * outputs equal to eager within 1e-4 times each output's scale, prefill and
   decode steps, in ``executorch.runtime`` and in pte_runner (2 threads);
 * rule one (issue 16): lowering with and without RustConv leaves everything
-  outside RustConv's calls the same, once the ``rules`` helper's checker is
-  there (test_rule_one_invariance).
+  outside RustConv's calls the same (test_rule_one_invariance).
 
 The default run uses the small sizes; ``RUSTCONV_ZOO_FULL=1`` runs the full
 ones (the models' real widths) and the entries too slow for the default
@@ -21,6 +20,10 @@ from __future__ import annotations
 import os
 
 import pytest
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+from executorch.exir import EdgeCompileConfig
+from rustconv.testing import check_others_unchanged, transform_and_lower
+from torch.export import export
 from zoo_harness import Lowered, lower, run_in_pte_runner, run_in_runtime
 from zoo_models import MODELS, ZooModel
 
@@ -109,28 +112,26 @@ def test_matches_eager_in_pte_runner(name, request, tmp_path_factory, tmp_path):
     assert not problems, "\n".join(problems)
 
 
-def rule_one_checker():
-    """The rule-one invariance checker, once the ``rules`` helper provides
-    it: called as ``check(exported_program, partitioners)``, it lowers with
-    and without RustConvPartitioner and raises if anything outside the
-    subgraphs RustConv takes differs. Where it will live is the lead's to
-    say; until then this returns None and the test skips."""
-    try:
-        from rustconv.rule_one import check_invariance  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    return check_invariance
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_rule_one_invariance(name, request):
-    check = rule_one_checker()
-    if check is None:
-        pytest.skip("the rule-one invariance checker (rules helper) is not merged yet")
+    """Lowered with XNNPACK alone, with RustConv first and (full runs) last:
+    what XNNPACK sees and everything outside RustConv's calls is the same
+    (:func:`rustconv.testing.check_others_unchanged`)."""
     model = MODELS[name]
     expect(request, model, "rule_one")
     example = model.build(FULL)
-    from torch.export import export
-
-    ep = export(example.module, example.inputs, strict=example.strict)
-    check(ep)
+    config = EdgeCompileConfig(**(example.edge_compile_config or {}))
+    check_others_unchanged(
+        transform_and_lower(
+            lambda: export(
+                example.module,
+                example.inputs,
+                dynamic_shapes=example.dynamic_shapes,
+                strict=example.strict,
+            ),
+            compile_config=config,
+        ),
+        others=lambda: [XnnpackPartitioner()],
+        min_rustconv_calls=min(example.rustconv_calls, 1),
+        orders=("first", "last") if FULL else ("first",),
+    )

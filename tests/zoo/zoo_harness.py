@@ -115,15 +115,25 @@ def lower(example: Example, out_dir: Path, partitioners=None) -> Lowered:
     lowering failure is kept in ``error`` (raised by ``programs``)."""
     partitioners = partitioners or (lambda: [RustConvPartitioner(), XnnpackPartitioner()])
     calls = [example.inputs, *example.steps]
-    ep = export(
-        example.module, example.inputs, dynamic_shapes=example.dynamic_shapes, strict=example.strict
-    )
+
+    def exported():
+        return export(
+            example.module,
+            example.inputs,
+            dynamic_shapes=example.dynamic_shapes,
+            strict=example.strict,
+        )
+
     config = EdgeCompileConfig(**(example.edge_compile_config or {}))
+    # Each flow gets its own export: to_edge leaves an exported program that
+    # to_edge_transform_and_lower cannot take again (its decompositions lose
+    # track of unbacked sizes, such as voxtral's .item() positions).
     lowered = Lowered(
         example,
-        outside_summary(to_edge(ep, compile_config=config).exported_program()),
+        outside_summary(to_edge(exported(), compile_config=config).exported_program()),
         example.eager_outputs(),
     )
+    ep = exported()
     groups: dict[tuple, list[int]] = {}
     if state_in_buffers(ep) or example.dynamic_shapes is not None:
         groups[signature(example.inputs)] = list(range(len(calls)))

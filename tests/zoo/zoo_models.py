@@ -31,24 +31,8 @@ from dataclasses import dataclass, field
 import torch
 
 #: Expected-failure reasons, by owner (issue 16's helpers), named once.
-LFM2_SHORT_CONV = (
-    "rules (weight folding) and runtime (run-time weights): transformers' causal_conv1d_fn "
-    "fallback feeds F.conv1d the weight as conv.weight.squeeze(1).unsqueeze(1); the "
-    "unsqueeze is left outside and RustConv reads the computed weight with the wrong "
-    "layout (issue 16, section 1, rule three)"
-)
-BATCHNORM_SPLIT = (
-    "rules: BatchNorm (eval) is not folded into the depthwise conv, so the Conformer "
-    "conv module splits at _native_batch_norm_legit_no_training (issue 16, section 4)"
-)
 ELU_UNSUPPORTED = (
     "ELU is not a RustConv op (no helper owns it yet): every SEANet conv is its own call"
-)
-VOXTRAL_STREAMING_LOWERING = (
-    "rules: with RustConvPartitioner in the list, to_edge_transform_and_lower takes the "
-    "path that runs run_decompositions({}) first, which fails on the streaming encoder's "
-    ".item() positions (PendingUnbackedSymbolNotFound); XNNPACK alone lowers it (issue 16, "
-    "section 1, rule one)"
 )
 
 
@@ -497,12 +481,11 @@ def et_silero_vad(full: bool) -> Example:
             calls.append((x, state))
             _, state = model(x, state)
     return Example(
-        model, calls[0], 3,
-        "three: the learned STFT conv (1 -> 258 channels, K = 256, stride 128) with the "
-        "slices of its real and imaginary halves; the magnitude's sqrt and the four-conv "
-        "encoder with its ReLUs (x ** 2 between them is not a RustConv op: with it, these "
-        "two would be one); after the LSTM cell, the final 1x1 conv with the ReLU before it "
-        "and the sigmoid after",
+        model, calls[0], 2,
+        "two: the learned STFT conv (1 -> 258 channels, K = 256, stride 128) with the "
+        "slices of its real and imaginary halves, the magnitude (real ** 2 + imag ** 2, "
+        "sqrt) and the four-conv encoder with its ReLUs; after the LSTM cell (XNNPACK's "
+        "and portable ops), the final 1x1 conv with the ReLU before it and the sigmoid after",
         steps=calls[1:], edge_compile_config=EXAMPLES_EDGE_CONFIG,
     )  # fmt: skip
 
@@ -555,7 +538,10 @@ def et_voxtral_streaming_stem(full: bool) -> Example:
     chunks = 4 if full else 3
     mel = torch.randn(1, config.num_mel_bins, 8 * chunks, generator=_generator(1))
     calls = [
-        (mel[:, :, 8 * c : 8 * c + 8], torch.arange(4 * c, 4 * c + 4, dtype=torch.long))
+        (
+            mel[:, :, 8 * c : 8 * c + 8].contiguous(),
+            torch.arange(4 * c, 4 * c + 4, dtype=torch.long),
+        )
         for c in range(chunks)
     ]
     return Example(
@@ -577,10 +563,6 @@ WHY = {
     "aten.bmm.default": "attention's matmuls: XNNPACK's",
     "aten._softmax.default": "attention's softmax",
     "aten._log_softmax.default": "log_softmax over the classes",
-    "aten.mean.dim": "a norm's or the final mean",
-    "aten.pow.Tensor_Scalar": "a norm's square; SileroVAD's STFT magnitude (real**2 + "
-    "imag**2), which splits its STFT conv from its encoder",
-    "aten.native_layer_norm.default": "LayerNorm away from any conv",
     "aten.cos.default": "rotary tables",
     "aten.sin.default": "rotary tables",
     "aten.arange.start_step": "positions, masks, a decomposed reflection pad",
@@ -617,43 +599,31 @@ def outside(*ops: str) -> dict[str, str]:
 #: What a transformers decoder leaves to others.
 LLM_OPS = (
     "aten.embedding.default", "aten.mm.default", "aten.bmm.default", "aten._softmax.default",
-    "aten.mean.dim", "aten.pow.Tensor_Scalar", "aten.cos.default", "aten.sin.default",
+    "aten.cos.default", "aten.sin.default",
     "aten.arange.start_step", "aten.cumsum.default", "aten.index.Tensor",
     "aten.expand_copy.default", "aten.full.default", "aten.any.dim", "aten.bitwise_and.Tensor",
     "aten.logical_not.default",
 )  # fmt: skip
-#: The short conv's weight reaches F.conv1d as ``weight.squeeze(1)`` then
-#: ``.unsqueeze(1)``: left outside today (a computed conv weight). The goal
-#: is that it folds into a constant at export (issue 16, rule three), so no
-#: expected set has it.
-WEIGHT_UNSQUEEZE = (
-    "aten.unsqueeze_copy.default: it computes an operand of <node> that RustConv prepares "
-    "at load (a conv weight or bias), which must be a constant or a delegate input"
-)
-SHORT_CONV_FAILS = {"accuracy": LFM2_SHORT_CONV, "outside": LFM2_SHORT_CONV}
 
 MODELS: dict[str, ZooModel] = {
     m.name: m
     for m in [
         ZooModel(
             "hf_lfm2", "transformers Lfm2ForCausalLM", hf_lfm2, outside(*LLM_OPS),
-            SHORT_CONV_FAILS,
         ),
         ZooModel(
             "hf_lfm3", "transformers Lfm3ForCausalLM (K = 7)", hf_lfm3, outside(*LLM_OPS),
-            SHORT_CONV_FAILS,
         ),
         ZooModel(
             "hf_parakeet_encoder", "transformers ParakeetEncoder (FastConformer)",
             hf_parakeet_encoder,
             outside(
                 "aten.mm.default", "aten.addmm.default", "aten.bmm.default",
-                "aten._softmax.default", "aten.native_layer_norm.default", "aten.cos.default",
+                "aten._softmax.default", "aten.cos.default",
                 "aten.sin.default", "aten.arange.start_step", "aten.expand_copy.default",
                 "aten.any.dim", "aten.logical_not.default",
                 "aten.convolution.default: stride has 2 entries, expected 1 (1-D)",
             ),
-            {"calls": BATCHNORM_SPLIT, "outside": BATCHNORM_SPLIT},
         ),
         ZooModel(
             "hf_mimi_encoder", "transformers MimiModel.encoder.encoder_seanet (SEANet)",
@@ -670,11 +640,11 @@ MODELS: dict[str, ZooModel] = {
         ),
         ZooModel(
             "hf_qwen3_5_gated_deltanet_conv", "transformers Qwen3_5GatedDeltaNet's conv path",
-            hf_qwen3_5_gated_deltanet_conv, outside("aten.mm.default"), SHORT_CONV_FAILS,
+            hf_qwen3_5_gated_deltanet_conv, outside("aten.mm.default"),
         ),
         ZooModel(
             "hf_qwen3_5_gated_deltanet", "transformers Qwen3_5GatedDeltaNet",
-            hf_qwen3_5_gated_deltanet, outside(*LLM_OPS), SHORT_CONV_FAILS, slow=True,
+            hf_qwen3_5_gated_deltanet, outside(*LLM_OPS), slow=True,
         ),
         ZooModel(
             "ta_wav2letter_waveform", "torchaudio Wav2Letter(input_type='waveform')",
@@ -688,8 +658,7 @@ MODELS: dict[str, ZooModel] = {
             "et_silero_vad", "executorch examples/models/silero_vad SileroVAD16k",
             et_silero_vad,
             outside(
-                "aten.pow.Tensor_Scalar", "aten.arange.start_step", "aten.index.Tensor",
-                "aten.addmm.default", "aten.mean.dim",
+                "aten.arange.start_step", "aten.index.Tensor", "aten.addmm.default",
                 "aten.unsqueeze_copy.default: reshapes the result of <node>, which RustConv "
                 "does not run; left with it for its backend",
             ),
@@ -699,8 +668,8 @@ MODELS: dict[str, ZooModel] = {
             "CausalWhisperEncoder", et_voxtral_encoder,
             outside(
                 "aten.mm.default", "aten.addmm.default", "aten.bmm.default",
-                "aten._softmax.default", "aten.mean.dim", "aten.pow.Tensor_Scalar",
-                "aten.arange.start_step", "aten.expand_copy.default", "aten.full.default",
+                "aten._softmax.default", "aten.arange.start_step", "aten.expand_copy.default",
+                "aten.full.default",
                 "aten.any.dim", "aten.logical_and.default", "aten.logical_not.default",
             ),
         ),
@@ -708,14 +677,12 @@ MODELS: dict[str, ZooModel] = {
             "et_voxtral_streaming_stem", "executorch examples/models/voxtral_realtime "
             "StreamingAudioEncoderExport", et_voxtral_streaming_stem,
             outside(
-                "aten.mm.default", "aten.addmm.default", "aten.mean.dim",
-                "aten.pow.Tensor_Scalar", "aten.cos.default", "aten.sin.default",
+                "aten.mm.default", "aten.addmm.default", "aten.cos.default", "aten.sin.default",
                 "aten.arange.start_step", "aten.full.default", "aten.bitwise_and.Tensor",
                 "aten.remainder.Scalar", "aten._assert_scalar.default",
                 "aten._local_scalar_dense.default", "ge", "auto_functionalized_v2",
                 "llama.custom_sdpa.default",
             ),
-            {"lower": VOXTRAL_STREAMING_LOWERING},
         ),
     ]
 }  # fmt: skip
