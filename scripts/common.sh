@@ -37,7 +37,8 @@ ensure_venv() {
     PATH="$VENV/bin:$PATH"
 }
 
-# The model zoo's packages (transformers, torchaudio, onnxruntime; see
+# The model zoo's and the test runner's packages (transformers, torchaudio,
+# onnxruntime, pytest-xdist; see
 # requirements-zoo.txt), installed into $VENV once per hash of their two
 # files. requirements.txt is passed as constraints, so pip keeps every pin of
 # the environment (torch, executorch, numpy) and fails rather than move one;

@@ -62,4 +62,6 @@ cp "$ROOT/tests/wheel_smoke.py" "$wheel_tmp/"
 ls -l "$wheel_tmp"/dist/rustconv-*.whl | awk '{print "wheel: " $NF ", " $5 " bytes"}' >&2
 
 log "Python tests"
-"$RUSTCONV_PYTHON" -m pytest -q partitioner_py/tests tests bench "$@"
+# Two workers: most of the end-to-end tests' time is single-threaded export;
+# a group (one zoo model, the LFM2 recipes) stays in one worker, which lowers it once.
+"$RUSTCONV_PYTHON" -m pytest -q -n 2 --dist loadgroup partitioner_py/tests tests bench "$@"

@@ -45,6 +45,8 @@ pytestmark = [
     pytest.mark.filterwarnings(
         "ignore:_check_is_size:FutureWarning", "ignore:Mutation on a buffer:UserWarning"
     ),
+    # One test worker builds the recipes' programs once for every test here.
+    pytest.mark.xdist_group("lfm2-recipes"),
 ]
 
 _PROGRAMS: dict = {}

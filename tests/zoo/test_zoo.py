@@ -28,7 +28,13 @@ from zoo_harness import Lowered, lower, run_in_pte_runner, run_in_runtime
 from zoo_models import MODELS, ZooModel
 
 FULL = os.environ.get("RUSTCONV_ZOO_FULL") == "1"
-NAMES = [name for name, model in MODELS.items() if FULL or not model.slow]
+# Each model's tests run in one test worker (pytest -n: --dist loadgroup), which
+# lowers the model once for all of them (``lowered``).
+NAMES = [
+    pytest.param(name, marks=pytest.mark.xdist_group(f"zoo-{name}"))
+    for name, model in MODELS.items()
+    if FULL or not model.slow
+]
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:_check_is_size:FutureWarning",
