@@ -37,10 +37,6 @@ LFM2_SHORT_CONV = (
     "unsqueeze is left outside and RustConv reads the computed weight with the wrong "
     "layout (issue 16, section 1, rule three)"
 )
-BATCHNORM_SPLIT = (
-    "rules: BatchNorm (eval) is not folded into the depthwise conv, so the Conformer "
-    "conv module splits at _native_batch_norm_legit_no_training (issue 16, section 4)"
-)
 ELU_UNSUPPORTED = (
     "ELU is not a RustConv op (no helper owns it yet): every SEANet conv is its own call"
 )
@@ -648,12 +644,11 @@ MODELS: dict[str, ZooModel] = {
             hf_parakeet_encoder,
             outside(
                 "aten.mm.default", "aten.addmm.default", "aten.bmm.default",
-                "aten._softmax.default", "aten.native_layer_norm.default", "aten.cos.default",
-                "aten.sin.default", "aten.arange.start_step", "aten.expand_copy.default",
+                "aten._softmax.default", "aten.cos.default", "aten.sin.default",
+                "aten.arange.start_step", "aten.expand_copy.default",
                 "aten.any.dim", "aten.logical_not.default",
                 "aten.convolution.default: stride has 2 entries, expected 1 (1-D)",
             ),
-            {"calls": BATCHNORM_SPLIT, "outside": BATCHNORM_SPLIT},
         ),
         ZooModel(
             "hf_mimi_encoder", "transformers MimiModel.encoder.encoder_seanet (SEANet)",

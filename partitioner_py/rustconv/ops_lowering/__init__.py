@@ -17,6 +17,8 @@ module                    ATen ops                                       blob op
 :mod:`.permute`           permute, transpose                             Permute
 :mod:`.slices`            slice (or folded into a conv)                  Slice
 :mod:`.split`             split, split_with_sizes, chunk + getitem       Slice
+:mod:`.glu`               glu (static, even size along dim)              Slice, Unary,
+                                                                         Binary
 :mod:`.select`            select (one index)                             Slice, Reshape
 :mod:`.reshape`           view, reshape, squeeze, unsqueeze              Reshape
 :mod:`.cat`               cat                                            Cat
@@ -40,6 +42,7 @@ from rustconv.ops_lowering import (  # noqa: F401  (each module registers its lo
     clamp,
     conv,
     full,
+    glu,
     norm,
     permute,
     pow,
