@@ -331,7 +331,7 @@ class LoweringBuilder:
             )
         )
 
-    def value_like(self, node: Node, name: str) -> int:
+    def value_like(self, node: Node, name: str, *, is_mask: bool = False) -> int:
         """A fresh intermediate value shaped like ``node``'s result but not
         bound to it (the output of a helper node among several emitting ``node``)."""
         val = self.tensor_meta(node)
@@ -342,6 +342,7 @@ class LoweringBuilder:
                 shape=shape_exprs(val),
                 dims=make_dims(val.shape, self.ranges, repr(name)),
                 kind=ValueKind.Intermediate,
+                is_mask=is_mask,
             )
         )
 
