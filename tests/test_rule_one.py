@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-from executorch.exir import to_edge
 from rustconv import RustConvPartitioner
 from rustconv.testing import check_others_unchanged, transform_and_lower
 from torch.export import export
