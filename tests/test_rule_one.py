@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-from executorch.exir import to_edge
 from rustconv import RustConvPartitioner
 from rustconv.testing import check_others_unchanged, transform_and_lower
 from torch.export import export
@@ -160,11 +159,69 @@ def _check_pt2e_stack(channels, layers):
 
 
 def test_pt2e_quantized_conv_stack_stays_with_xnnpack_and_explain_says_why():
-    quantized, x = _check_pt2e_stack(channels=32, layers=3)
-    reasons = RustConvPartitioner().explain(to_edge(export(quantized, (x,))).exported_program())
-    convs = {n: r for n, r in reasons.items() if "convolution" in n}
-    assert len(convs) == 3
+    """The issue's model (12 dense convs, K=11, PT2E per-channel int8) at 16
+    channels: exports, runs equal to the XNNPACK-only program, every conv
+    in XNNPACK, and explain() says why for each of the 12."""
+    quantized, x = _check_pt2e_stack(channels=16, layers=12)
+    # (explain() on the exported ATen program: a to_edge of it costs 20 s here.)
+    reasons = RustConvPartitioner().explain(export(quantized, (x,)))
+    convs = {n: r for n, r in reasons.items() if n.startswith("conv1d")}
+    assert len(convs) == 12
     assert all("dequantize" in r and "quantizing backend" in r for r in convs.values()), convs
+
+
+class _ShortConvBlock(torch.nn.Module):
+    """in_proj, causal depthwise conv (K=3) over time, out_proj."""
+
+    def __init__(self, width=64):
+        super().__init__()
+        self.in_proj = torch.nn.Linear(width, width)
+        self.conv = torch.nn.Conv1d(width, width, 3, padding=2, groups=width)
+        self.out_proj = torch.nn.Linear(width, width)
+
+    def forward(self, x):
+        h = self.conv(self.in_proj(x).transpose(1, 2))[..., : x.shape[1]]
+        return self.out_proj(h.transpose(1, 2))
+
+
+def test_float_short_conv_between_pt2e_quantized_linears_is_ours():
+    """Linears quantized with PT2E (XNNPACKQuantizer, per-channel int8 weights,
+    dynamic int8 activations), the conv between them left in float: XNNPACK
+    takes each quantized linear with its quantize/dequantize, RustConv the
+    conv, and the program computes what the XNNPACK-only one does.
+
+    (Static activation quantization of the linears alone puts a
+    quantize/dequantize pair on the conv's input, which XNNPACK alone
+    already fails to lower: "Weight and Input should both be quantized".)"""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer,
+        get_symmetric_quantization_config,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    torch.manual_seed(0)
+    model, x = _ShortConvBlock().eval(), torch.randn(1, 32, 64)
+    config = get_symmetric_quantization_config(is_per_channel=True, is_dynamic=True)
+    quantizer = XNNPACKQuantizer().set_module_type(torch.nn.Linear, config)
+    graph = prepare_pt2e(export(model, (x,)).module(), quantizer)
+    graph(x)
+    quantized = convert_pt2e(graph)
+    want = quantized(x)
+    report = check_others_unchanged(
+        transform_and_lower(lambda: export(quantized, (x,))),
+        lambda: [XnnpackPartitioner()],
+        inputs=(x,),
+        atol=1e-4 * want.abs().max().item(),
+        orders=("first",),
+    )
+    calls = report.first.calls
+    assert [c.backend_id for c in calls] == ["XnnpackBackend", "RustConvBackend", "XnnpackBackend"]
+    (ours,) = [c for c in calls if c.backend_id == "RustConvBackend"]
+    assert any("convolution" in n for n in ours.nodes)
+    assert not any("quantize" in n or "addmm" in n or "linear" in n for n in ours.nodes)
+    # Against the quantized eager model: its own dynamic-quantization error.
+    step = 2 * want.abs().max().item() / 127
+    assert (report.outputs["first"][0] - want).abs().max().item() <= 4 * step
 
 
 @slow

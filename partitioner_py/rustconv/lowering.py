@@ -331,6 +331,21 @@ class LoweringBuilder:
             )
         )
 
+    def value_like(self, node: Node, name: str, *, is_mask: bool = False) -> int:
+        """A fresh intermediate value shaped like ``node``'s result but not
+        bound to it (the output of a helper node among several emitting ``node``)."""
+        val = self.tensor_meta(node)
+        return self.graph.add_value(
+            IRValue(
+                name=name,
+                dtype=val.dtype,
+                shape=shape_exprs(val),
+                dims=make_dims(val.shape, self.ranges, repr(name)),
+                kind=ValueKind.Intermediate,
+                is_mask=is_mask,
+            )
+        )
+
     def alias(self, node: Node, index: int, *, reshape: bool = False) -> None:
         """``node``'s result is the existing value ``index`` (no node emitted).
 

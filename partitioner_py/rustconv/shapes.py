@@ -24,9 +24,23 @@ from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 from rustconv.errors import DynamicShapeError
 from rustconv.fb.Dim import DimT
 
-__all__ = ["upper_bound", "make_dims"]
+__all__ = ["upper_bound", "make_dims", "finite_int"]
 
 _INFINITIES = (int_oo, -int_oo, sympy.oo, -sympy.oo, sympy.zoo)
+
+
+def finite_int(bound: sympy.Expr) -> int | None:
+    """A bound from ``bound_sympy`` as an int; ``None`` if infinite or symbolic.
+
+    torch's ``int_oo`` claims to be a finite integer to sympy (and ``int()``
+    of it raises deep in sympy), so infinities are tested explicitly.
+    """
+    if bound in _INFINITIES or not bound.is_number or bound.free_symbols:
+        return None
+    try:
+        return int(bound)
+    except (TypeError, ValueError, AttributeError):
+        return None
 
 
 def upper_bound(
@@ -49,14 +63,13 @@ def upper_bound(
             )
         upper = shape_env.bound_sympy(expr).upper
 
-    # torch's int_oo claims to be a finite integer to sympy; test it explicitly.
-    if upper in _INFINITIES or not upper.is_number or upper.free_symbols:
+    bound = finite_int(upper)
+    if bound is None:
         raise DynamicShapeError(
             f"{what} has dynamic size {expr} with no finite upper bound. RustConv "
             "plans memory for the largest shape, so every dynamic dimension needs "
             'a maximum: export with e.g. torch.export.Dim("seq", max=4096).'
         )
-    bound = int(upper)
     if bound < 0:
         raise DynamicShapeError(f"{what} has size {expr} with upper bound {bound} < 0")
     return bound

@@ -17,7 +17,7 @@ computed from them by views, ``permute``, ``flip``, slices, casts and weight
 normalisation; linear scans; elementwise chains with NumPy broadcasting,
 scalars and ``full_like``; comparisons with ``where``; clamps; transposes,
 permutes, squeeze/unsqueeze views, slices (static, negative, of a length
-read at run time), selects, chunks/splits, ``cat``; clones; ops RustConv does
+read at run time), selects, chunks/splits, ``F.glu``, ``cat``; clones; ops RustConv does
 not run (linear, matmul, norms, softmax, reductions, ...) in between; in
 stateful programs, a conv state or a scan state kept in a buffer and
 updated with ``copy_``.
@@ -577,6 +577,20 @@ class GraphGen:
                 return out
         return r.choice(pieces)
 
+    def a_glu(self, cur: str) -> str | None:
+        """``F.glu`` over a static axis of even size (the halves of a split,
+        written as one op: RustConv takes it whole or decomposed)."""
+        r = self.rng
+        shape = self.shape(cur)
+        t = self.time_axis(cur)
+        even = [a for a in range(len(shape)) if a != t and shape[a] % 2 == 0]
+        if not even:
+            return None
+        dim = r.choice(even)
+        if r.random() < 0.3:
+            dim -= len(shape)
+        return self.emit({"op": "glu", "x": cur, "dim": dim})
+
     def a_cat(self, cur: str) -> str | None:
         r = self.rng
         shape = self.shape(cur)
@@ -957,11 +971,10 @@ class GraphGen:
                 "matmul": 2,
                 "layer_norm": 2,
                 "rms_norm": 1,
-                "glu": 1,
-                "group_norm": 1,
+                "group_norm": 2,
                 "batch_norm": 1,
                 "softmax": 1,
-                "reduce": 1,
+                "reduce": 1.5,
                 "other_unary": 2,
                 "pow": 1,
                 "cumsum": 1,
@@ -1018,10 +1031,6 @@ class GraphGen:
             op = {"op": "batch_norm", "x": x, "mean": mean, "var": var, "w": w, "b": b}
             return self.emit(self.layer(op, 0.7))
         static_axes = [a for a in range(len(shape)) if a != t]
-        if kind == "glu":
-            even = [a for a in static_axes if shape[a] % 2 == 0]
-            if even:
-                return self.emit({"op": "glu", "x": cur, "dim": r.choice(even)})
         if kind == "softmax" and static_axes:
             return self.emit({"op": "softmax", "x": cur, "dim": r.choice(static_axes)})
         if kind == "reduce" and static_axes:
@@ -1071,6 +1080,7 @@ ACTIONS: dict[str, float] = {
     "select": 0.7,
     "split": 1.2,
     "cat": 1.2,
+    "glu": 0.6,
     "clone": 0.5,
     "scan": 1.5,
     "foreign": 2.5,

@@ -30,11 +30,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-#: Expected-failure reasons, by owner (issue 16's helpers), named once.
-ELU_UNSUPPORTED = (
-    "ELU is not a RustConv op (no helper owns it yet): every SEANet conv is its own call"
-)
-
 
 @dataclass
 class Example:
@@ -324,12 +319,10 @@ def hf_mimi_encoder(full: bool) -> Example:
             # The cache keeps views (slices of the last input): inputs of a
             # program are contiguous.
             states = [t.contiguous() for t in stream(*calls[-1])[1:]]
-    convs = len(stream.convs)
     return Example(
-        stream, calls[0], convs,
-        f"one per conv ({convs}) while ELU is not a RustConv op: an ELU precedes every conv "
-        "but the first, so no two chain; a call holds its conv, the cat of its padding "
-        "state and, after a residual block's second conv, the residual add",
+        stream, calls[0], 1,
+        f"one: the whole SEANet encoder ({len(stream.convs)} convs, strided or not, the ELU "
+        "before each, the cats of their padding states and the residual adds) is one chain",
         steps=calls[1:],
     )  # fmt: skip
 
@@ -342,11 +335,11 @@ def hf_mimi_decoder(full: bool) -> Example:
     decoder = MimiSeanetDecoder(MimiModel(config).eval().decoder.decoder_seanet).eval()
     frames = 25 if full else 10
     latent = torch.randn(1, config.hidden_size, frames, generator=_generator(1))
-    convs = len(decoder.convs)
+    upsamplers = len(config.upsampling_ratios)
     return Example(
-        decoder, (latent,), convs,
-        f"one per (non-transposed) conv ({convs}), ELU not being a RustConv op; the "
-        "ConvTranspose1d upsamplers are not RustConv's",
+        decoder, (latent,), upsamplers + 1,
+        f"one per chain of convs (with their ELUs and residual adds) between the "
+        f"{upsamplers} ConvTranspose1d upsamplers, which are not RustConv's",
     )  # fmt: skip
 
 
@@ -580,7 +573,6 @@ WHY = {
     "ge": "a symbolic size check",
     "auto_functionalized_v2": "the KV cache's in-place update, functionalized",
     "llama.custom_sdpa.default": "ExecuTorch's custom SDPA",
-    "aten.elu.default": ELU_UNSUPPORTED,
     "dim_order_ops._empty_dim_order.default": "the padding cache's empty state of a conv "
     "with no padding (K = 1)",
     "aten.convolution.default: transposed convolution is not supported": "ConvTranspose1d "
@@ -619,8 +611,8 @@ MODELS: dict[str, ZooModel] = {
             hf_parakeet_encoder,
             outside(
                 "aten.mm.default", "aten.addmm.default", "aten.bmm.default",
-                "aten._softmax.default", "aten.cos.default",
-                "aten.sin.default", "aten.arange.start_step", "aten.expand_copy.default",
+                "aten._softmax.default", "aten.cos.default", "aten.sin.default",
+                "aten.arange.start_step", "aten.expand_copy.default",
                 "aten.any.dim", "aten.logical_not.default",
                 "aten.convolution.default: stride has 2 entries, expected 1 (1-D)",
             ),
@@ -628,13 +620,13 @@ MODELS: dict[str, ZooModel] = {
         ZooModel(
             "hf_mimi_encoder", "transformers MimiModel.encoder.encoder_seanet (SEANet)",
             hf_mimi_encoder,
-            outside("aten.elu.default", "dim_order_ops._empty_dim_order.default"),
+            outside("dim_order_ops._empty_dim_order.default"),
         ),
         ZooModel(
             "hf_mimi_decoder", "transformers MimiModel.decoder.decoder_seanet (SEANet)",
             hf_mimi_decoder,
             outside(
-                "aten.elu.default", "aten.full.default",
+                "aten.full.default",
                 "aten.convolution.default: transposed convolution is not supported",
             ),
         ),

@@ -17,6 +17,10 @@ module                    ATen ops                                       blob op
 :mod:`.permute`           permute, transpose                             Permute
 :mod:`.slices`            slice (or folded into a conv)                  Slice
 :mod:`.split`             split, split_with_sizes, chunk + getitem       Slice
+:mod:`.elu`               elu (alpha, scale, input_scale numbers)        Binary, Unary,
+                                                                         Where
+:mod:`.glu`               glu (static, even size along dim)              Slice, Unary,
+                                                                         Binary
 :mod:`.select`            select (one index)                             Slice, Reshape
 :mod:`.reshape`           view, reshape, squeeze, unsqueeze              Reshape
 :mod:`.cat`               cat                                            Cat
@@ -39,7 +43,9 @@ from rustconv.ops_lowering import (  # noqa: F401  (each module registers its lo
     cat,
     clamp,
     conv,
+    elu,
     full,
+    glu,
     norm,
     permute,
     pow,

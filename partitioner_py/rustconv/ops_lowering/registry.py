@@ -128,7 +128,50 @@ def reason_for(node: Node, ctx: GraphContext) -> str | None:
         return f"{op_name(node)} is not a RustConv op"
     from rustconv.ops_lowering.quantized import quantized_reason
 
-    return quantized_reason(node) or lowering.unsupported_reason(node, ctx)
+    return (
+        quantized_reason(node)
+        or lowering.unsupported_reason(node, ctx)
+        or unbounded_size_reason(node, ctx)
+    )
+
+
+def unbounded_size_reason(node: Node, ctx: GraphContext) -> str | None:
+    """Why a tensor ``node`` reads or writes has a size RustConv cannot plan for.
+
+    The runtime plans memory once, for each dynamic dimension's upper bound
+    (:mod:`rustconv.shapes`). A size with none, such as an unbacked one
+    (``u0``: computed from a tensor's value, e.g. a padding read with
+    ``.item()``), would only fail in ``preprocess``; refusing the node here
+    leaves it to the next partitioner and lets ``explain()`` say why.
+    """
+    from rustconv.errors import DynamicShapeError
+    from rustconv.shapes import upper_bound
+
+    ranges = dict(ctx.ep.range_constraints) if ctx.ep is not None else {}
+    memo = ctx.cache.setdefault("unbounded_size", {})
+    tensors: list[tuple[str, Any]] = [("output", node.meta.get("val"))]
+    tensors += [(f"input {arg.name}", arg.meta.get("val")) for arg in node.all_input_nodes]
+    for what, val in tensors:
+        for tensor in val if isinstance(val, (list, tuple)) else (val,):
+            if not isinstance(tensor, torch.Tensor):
+                continue
+            for axis, size in enumerate(tensor.shape):
+                if not isinstance(size, torch.SymInt) or size.node.maybe_as_int() is not None:
+                    continue
+                key = str(size.node.expr)
+                if key not in memo:
+                    try:
+                        upper_bound(size, ranges, f"dimension {axis} of its {what}")
+                        memo[key] = None
+                    except DynamicShapeError:
+                        memo[key] = (
+                            f"has dynamic size {key} with no finite upper bound (an unbacked "
+                            "size, computed from a tensor's value at run time, has none); "
+                            "RustConv plans memory for the largest shape"
+                        )
+                if memo[key] is not None:
+                    return f"dimension {axis} of its {what} {memo[key]}"
+    return None
 
 
 def op_name(node: Node) -> str:

@@ -55,8 +55,11 @@ def _min_size(size: int | torch.SymInt) -> int | None:
     shape_env = getattr(size.node, "shape_env", None)
     if shape_env is None:
         return None
-    lower = shape_env.bound_sympy(sympy.sympify(size.node.expr)).lower
-    return int(lower) if lower.is_number and lower.is_finite else None
+    from rustconv.shapes import finite_int
+
+    # An unbacked size (one export learns only at run time, e.g. from a
+    # tensor's value) has the lower bound -int_oo, or none known.
+    return finite_int(shape_env.bound_sympy(sympy.sympify(size.node.expr)).lower)
 
 
 def encode_bound(value: Any, size: int | torch.SymInt, what: str, *, is_end: bool) -> int:
