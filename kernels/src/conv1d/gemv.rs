@@ -40,7 +40,7 @@
 use rayon::prelude::*;
 
 use super::params::Conv1dGeometry;
-use crate::fused::{col_tmp, RowSink, RowsOut};
+use crate::fused::{block_tmp, col_tmp, RowSink, RowsIn, RowsOut, ROW_BLOCK};
 use crate::scratch::Scratch;
 #[cfg(target_arch = "aarch64")]
 use crate::simd::Neon;
@@ -110,11 +110,31 @@ impl Gemv {
 
     /// Scratch floats per thread: the columns of a call, a task's outputs
     /// and a column of them, and `y_temps` temporaries per row of a task
-    /// for a fused epilogue ([`RowSink::store_col`]).
-    pub(crate) fn scratch_per_thread(g: &Conv1dGeometry, y_temps: usize) -> usize {
-        MAX_OUTPUTS * g.in_per_group * g.params.kernel_size
-            + ROWS * (MAX_OUTPUTS + 1)
-            + col_tmp(y_temps, ROWS)
+    /// for a fused epilogue ([`RowSink::store_col`]); with `x_temps`, also
+    /// room to compute a prologue's input rows ([`Self::stage_len`]) and
+    /// its temporaries.
+    pub(crate) fn scratch_per_thread(
+        g: &Conv1dGeometry,
+        x_temps: Option<usize>,
+        y_temps: usize,
+    ) -> usize {
+        let out_tmp = ROWS + col_tmp(y_temps, ROWS);
+        let (stage, tmp) = match x_temps {
+            Some(x_temps) => (
+                g.in_per_group * Self::stage_len(g),
+                out_tmp.max(block_tmp(x_temps, Self::stage_len(g))),
+            ),
+            None => (0, out_tmp),
+        };
+        MAX_OUTPUTS * g.in_per_group * g.params.kernel_size + ROWS * MAX_OUTPUTS + stage + tmp
+    }
+
+    /// Longest input row a call taken here has: at most [`MAX_OUTPUTS`]
+    /// outputs means `in_len + pads − dilation·(K − 1) − 1 < MAX_OUTPUTS ·
+    /// stride`.
+    fn stage_len(g: &Conv1dGeometry) -> usize {
+        let p = &g.params;
+        MAX_OUTPUTS * p.stride + p.dilation * (p.kernel_size - 1)
     }
 
     /// `y = conv1d(x, w) + bias` for a call of `g.out_len <= MAX_OUTPUTS`
@@ -123,7 +143,7 @@ impl Gemv {
     pub(crate) fn run(
         &self,
         g: &Conv1dGeometry,
-        x: &[f32],
+        x: RowsIn<'_>,
         w: &[f32],
         bias: Option<&[f32]>,
         y: RowsOut<'_>,
@@ -142,12 +162,33 @@ impl Gemv {
         // r0 + rows` of the group.
         let task = |bg: usize, r0: usize, rows: usize, out: TaskOut<'_>| {
             let (b, group) = (bg / p.groups, bg % p.groups);
-            let xg = &x[(b * p.in_channels + group * cin) * p.in_len..][..cin * p.in_len];
+            let row0 = b * p.in_channels + group * cin;
             scratch.with_slot(|slot| {
                 let (cols, rest) = slot.split_at_mut(n * filter_len);
-                let (values, tmp) = rest.split_at_mut(ROWS * MAX_OUTPUTS);
+                let (values, rest) = rest.split_at_mut(ROWS * MAX_OUTPUTS);
                 let values = &mut values[..rows * n];
-                gather_columns(g, xg, n, cols);
+                let tmp = match x {
+                    RowsIn::Slice(x) => {
+                        gather_columns(g, &x[row0 * p.in_len..][..cin * p.in_len], n, cols);
+                        rest
+                    }
+                    RowsIn::Fused(source) => {
+                        // The group's rows computed whole (they are
+                        // short: at most stage_len), then gathered.
+                        assert!(p.in_len <= Self::stage_len(g), "input row of a short call");
+                        let (stage, tmp) = rest.split_at_mut(cin * Self::stage_len(g));
+                        let stage = &mut stage[..cin * p.in_len];
+                        if p.in_len > 0 {
+                            for (k, block) in stage.chunks_mut(ROW_BLOCK * p.in_len).enumerate() {
+                                let m = block.len() / p.in_len;
+                                let c0 = row0 + k * ROW_BLOCK;
+                                source.fill_rows(c0, m, 0, p.in_len, block, tmp);
+                            }
+                        }
+                        gather_columns(g, stage, n, cols);
+                        tmp
+                    }
+                };
                 for (r, values) in values.chunks_exact_mut(n).enumerate() {
                     let o = group * cout + r0 + r;
                     // The weights the next rows read, prefetched as this
@@ -412,14 +453,23 @@ mod tests {
             let bias = rng.vec(p.bias_elems(), -1.0, 1.0);
             for backend in Backend::all_available() {
                 let gemv = Gemv::new(backend).unwrap();
-                let scratch = Scratch::new(3, Gemv::scratch_per_thread(&g, 0));
+                let scratch = Scratch::new(3, Gemv::scratch_per_thread(&g, None, 0));
                 for bias in [None, Some(&bias[..])] {
                     let mut y = vec![f32::NAN; g.output_elems];
                     let pool = rayon::ThreadPoolBuilder::new()
                         .num_threads(3)
                         .build()
                         .unwrap();
-                    pool.install(|| gemv.run(&g, &x, &w, bias, RowsOut::Slice(&mut y), &scratch));
+                    pool.install(|| {
+                        gemv.run(
+                            &g,
+                            RowsIn::Slice(&x),
+                            &w,
+                            bias,
+                            RowsOut::Slice(&mut y),
+                            &scratch,
+                        )
+                    });
                     check(&p, &x, &w, bias, &y, &format!("{backend:?} {p:?}"));
                 }
             }
@@ -473,12 +523,13 @@ mod tests {
         }
     }
 
-    /// A fused epilogue takes each task's outputs a column at a time: rows
-    /// of several batch items and groups, tasks of [`ROWS`] rows and a
-    /// ragged last one, every call length, the same values as stored.
+    /// A fused epilogue takes each task's outputs a column at a time, and a
+    /// prologue's input is computed whole: rows of several batch items and
+    /// groups, tasks of [`ROWS`] rows and a ragged last one, every call
+    /// length up to the longest input row, the same values as stored.
     #[test]
     fn epilogue_columns_cover_batches_groups_and_ragged_tasks() {
-        use crate::fused::RowsIn;
+        use crate::fused::{RowSource, RowsIn};
         let mut rng = Rng::new(13);
         let max = params(2, (6, 2 * (ROWS + 7), 2), 9, 3, 2, (1, 1), 1);
         let w = rng.vec(max.weight_elems(), -1.0, 1.0);
@@ -509,6 +560,36 @@ mod tests {
             .unwrap();
             let relu: Vec<f32> = y.iter().map(|v| v.max(0.0)).collect();
             assert_eq!(sink.into_values(), relu, "{in_len}");
+            // The input from a prologue, computed whole into the slot:
+            // the same bits, stored or through the epilogue.
+            let source = Stored { x: &x, in_len };
+            let per_thread = conv.rows_scratch_per_thread(source.temporaries(), 0);
+            let scratch = Scratch::sized(3, per_thread, conv.shared_scratch());
+            let mut got = vec![f32::NAN; y.len()];
+            let (x_in, out) = (RowsIn::Fused(&source), RowsOut::Slice(&mut got));
+            conv.run_rows(&p, x_in, Some(&w), Some(&bias), out, 0, 0, &scratch)
+                .unwrap();
+            assert_eq!(got, y, "fused input, {in_len}");
+            let sink = ReluSink::new(y.len(), out_len);
+            let (x_in, out) = (RowsIn::Fused(&source), RowsOut::Fused(&sink));
+            conv.run_rows(&p, x_in, Some(&w), Some(&bias), out, 0, 0, &scratch)
+                .unwrap();
+            assert_eq!(sink.into_values(), relu, "fused input and output, {in_len}");
+        }
+    }
+
+    /// A stored input handed over as a prologue's.
+    struct Stored<'a> {
+        x: &'a [f32],
+        in_len: usize,
+    }
+
+    impl crate::fused::RowSource for Stored<'_> {
+        fn fill(&self, row: usize, t0: usize, out: &mut [f32], _tmp: &mut [f32]) {
+            out.copy_from_slice(&self.x[row * self.in_len + t0..][..out.len()]);
+        }
+        fn temporaries(&self) -> usize {
+            1
         }
     }
 
@@ -521,13 +602,22 @@ mod tests {
         let w = rng.vec(p.weight_elems(), -1.0, 1.0);
         let gemv = Gemv::new(Backend::detect()).unwrap();
         let run_on = |threads| {
-            let scratch = Scratch::new(threads, Gemv::scratch_per_thread(&g, 0));
+            let scratch = Scratch::new(threads, Gemv::scratch_per_thread(&g, None, 0));
             let mut y = vec![f32::NAN; g.output_elems];
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
                 .unwrap();
-            pool.install(|| gemv.run(&g, &x, &w, None, RowsOut::Slice(&mut y), &scratch));
+            pool.install(|| {
+                gemv.run(
+                    &g,
+                    RowsIn::Slice(&x),
+                    &w,
+                    None,
+                    RowsOut::Slice(&mut y),
+                    &scratch,
+                )
+            });
             y
         };
         let single = run_on(1);
