@@ -30,9 +30,9 @@
 //! [`PreparedConv1d`](super::PreparedConv1d) sends every call of at most
 //! [`MAX_OUTPUTS`] outputs per row of a dense or grouped conv here, whatever
 //! algorithm it prepared. Each output is its bias plus one sum in a fixed
-//! order (accumulators, their lanes, then the tail), so results do not
-//! depend on the number of threads; they differ from the other
-//! algorithms' by rounding.
+//! order (accumulators pairwise, their lanes as a tree, then the tail), so
+//! results do not depend on the number of threads; they differ from the
+//! other algorithms' by rounding.
 
 #![allow(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
@@ -40,7 +40,7 @@
 use rayon::prelude::*;
 
 use super::params::Conv1dGeometry;
-use crate::fused::{RowSink, RowsOut};
+use crate::fused::{block_tmp, col_tmp, RowSink, RowsIn, RowsOut, ROW_BLOCK};
 use crate::scratch::Scratch;
 #[cfg(target_arch = "aarch64")]
 use crate::simd::Neon;
@@ -60,9 +60,9 @@ const ROWS: usize = 32;
 /// unsafe for the CPU features it is compiled for.
 type DotsFn = unsafe fn(&[f32], &[f32], &mut [f32], &[f32]);
 
-/// Takes a task's outputs: (row within the task, row of the output, the
-/// row's values, a temporary for an epilogue).
-type TaskOut<'a> = &'a mut dyn FnMut(usize, usize, &[f32], &mut [f32]);
+/// Takes a task's outputs: its rows' values (`rows × n`, row after row)
+/// and the rest of the slot (the epilogue's temporaries).
+type TaskOut<'a> = &'a mut dyn FnMut(&[f32], &mut [f32]);
 
 /// The dot products for one backend, chosen at prepare.
 pub(crate) struct Gemv {
@@ -108,10 +108,33 @@ impl Gemv {
         Some(Gemv { dots })
     }
 
-    /// Scratch floats per thread: the columns of a call, and `y_temps`
-    /// line temporaries of a fused epilogue.
-    pub(crate) fn scratch_per_thread(g: &Conv1dGeometry, y_temps: usize) -> usize {
-        MAX_OUTPUTS * g.in_per_group * g.params.kernel_size + (1 + y_temps) * MAX_OUTPUTS
+    /// Scratch floats per thread: the columns of a call, a task's outputs
+    /// and a column of them, and `y_temps` temporaries per row of a task
+    /// for a fused epilogue ([`RowSink::store_col`]); with `x_temps`, also
+    /// room to compute a prologue's input rows ([`Self::stage_len`]) and
+    /// its temporaries.
+    pub(crate) fn scratch_per_thread(
+        g: &Conv1dGeometry,
+        x_temps: Option<usize>,
+        y_temps: usize,
+    ) -> usize {
+        let out_tmp = ROWS + col_tmp(y_temps, ROWS);
+        let (stage, tmp) = match x_temps {
+            Some(x_temps) => (
+                g.in_per_group * Self::stage_len(g),
+                out_tmp.max(block_tmp(x_temps, Self::stage_len(g))),
+            ),
+            None => (0, out_tmp),
+        };
+        MAX_OUTPUTS * g.in_per_group * g.params.kernel_size + ROWS * MAX_OUTPUTS + stage + tmp
+    }
+
+    /// Longest input row a call taken here has: at most [`MAX_OUTPUTS`]
+    /// outputs means `in_len + pads − dilation·(K − 1) − 1 < MAX_OUTPUTS ·
+    /// stride`.
+    fn stage_len(g: &Conv1dGeometry) -> usize {
+        let p = &g.params;
+        MAX_OUTPUTS * p.stride + p.dilation * (p.kernel_size - 1)
     }
 
     /// `y = conv1d(x, w) + bias` for a call of `g.out_len <= MAX_OUTPUTS`
@@ -120,7 +143,7 @@ impl Gemv {
     pub(crate) fn run(
         &self,
         g: &Conv1dGeometry,
-        x: &[f32],
+        x: RowsIn<'_>,
         w: &[f32],
         bias: Option<&[f32]>,
         y: RowsOut<'_>,
@@ -139,13 +162,34 @@ impl Gemv {
         // r0 + rows` of the group.
         let task = |bg: usize, r0: usize, rows: usize, out: TaskOut<'_>| {
             let (b, group) = (bg / p.groups, bg % p.groups);
-            let xg = &x[(b * p.in_channels + group * cin) * p.in_len..][..cin * p.in_len];
+            let row0 = b * p.in_channels + group * cin;
             scratch.with_slot(|slot| {
                 let (cols, rest) = slot.split_at_mut(n * filter_len);
-                let (values, tmp) = rest.split_at_mut(MAX_OUTPUTS);
-                let values = &mut values[..n];
-                gather_columns(g, xg, n, cols);
-                for r in 0..rows {
+                let (values, rest) = rest.split_at_mut(ROWS * MAX_OUTPUTS);
+                let values = &mut values[..rows * n];
+                let tmp = match x {
+                    RowsIn::Slice(x) => {
+                        gather_columns(g, &x[row0 * p.in_len..][..cin * p.in_len], n, cols);
+                        rest
+                    }
+                    RowsIn::Fused(source) => {
+                        // The group's rows computed whole (they are
+                        // short: at most stage_len), then gathered.
+                        assert!(p.in_len <= Self::stage_len(g), "input row of a short call");
+                        let (stage, tmp) = rest.split_at_mut(cin * Self::stage_len(g));
+                        let stage = &mut stage[..cin * p.in_len];
+                        if p.in_len > 0 {
+                            for (k, block) in stage.chunks_mut(ROW_BLOCK * p.in_len).enumerate() {
+                                let m = block.len() / p.in_len;
+                                let c0 = row0 + k * ROW_BLOCK;
+                                source.fill_rows(c0, m, 0, p.in_len, block, tmp);
+                            }
+                        }
+                        gather_columns(g, stage, n, cols);
+                        tmp
+                    }
+                };
+                for (r, values) in values.chunks_exact_mut(n).enumerate() {
                     let o = group * cout + r0 + r;
                     // The weights the next rows read, prefetched as this
                     // one is multiplied.
@@ -157,8 +201,8 @@ impl Gemv {
                     for v in values.iter_mut() {
                         *v += b0;
                     }
-                    out(r, b * p.out_channels + o, values, tmp);
                 }
+                out(values, tmp);
             });
         };
         match y {
@@ -168,21 +212,36 @@ impl Gemv {
                 y.par_chunks_mut(cout * n).enumerate().for_each(|(bg, y)| {
                     y.par_chunks_mut(ROWS * n).enumerate().for_each(|(blk, y)| {
                         let rows = y.len() / n;
-                        task(bg, blk * ROWS, rows, &mut |r, _, values, _| {
-                            y[r * n..][..n].copy_from_slice(values)
+                        task(bg, blk * ROWS, rows, &mut |values, _| {
+                            y.copy_from_slice(values)
                         })
                     })
                 });
             }
             RowsOut::Fused(sink) => {
+                // Each output position's column of the task's rows (one
+                // batch item's consecutive channels) to the epilogue at
+                // once: finishing row by row walked its program once per
+                // row for one to four values (SileroVAD's 128 -> 1 and
+                // 64 -> 128 convs of one step, ReLU after).
                 let sink: &dyn RowSink = sink;
                 let blocks = cout.div_ceil(ROWS);
                 (0..p.batch * p.groups * blocks)
                     .into_par_iter()
                     .for_each(|t| {
                         let (bg, r0) = (t / blocks, t % blocks * ROWS);
-                        task(bg, r0, ROWS.min(cout - r0), &mut |_, row, values, tmp| {
-                            sink.store(row, 0, values, tmp)
+                        let rows = ROWS.min(cout - r0);
+                        let (b, group) = (bg / p.groups, bg % p.groups);
+                        let row0 = b * p.out_channels + group * cout + r0;
+                        task(bg, r0, rows, &mut |values, tmp| {
+                            let (col, tmp) = tmp.split_at_mut(ROWS);
+                            let col = &mut col[..rows];
+                            for t in 0..n {
+                                for (c, row) in col.iter_mut().zip(values.chunks_exact(n)) {
+                                    *c = row[t];
+                                }
+                                sink.store_col(row0, t, col, tmp);
+                            }
                         })
                     });
             }
@@ -234,6 +293,7 @@ fn gather_columns(g: &Conv1dGeometry, xg: &[f32], n: usize, cols: &mut [f32]) {
 /// Independent accumulators per output: a dot product of one output
 /// would otherwise wait on each multiply-add's latency.
 const CHAINS: usize = 4;
+const _: () = assert!(CHAINS == 4, "the reduction below adds four chains");
 
 /// How far ahead of the multiply-adds the weights are prefetched, in floats.
 const AHEAD: usize = 2048;
@@ -241,7 +301,7 @@ const AHEAD: usize = 2048;
 /// `out[t] = Σ_j filter[j] · cols[t · len + j]`, `len = filter.len()`, for
 /// `t < T`: [`CHAINS`] vectors of the filter at a time into as many
 /// accumulators per output, each filter load shared by the `T` outputs;
-/// then the accumulators and their lanes summed in order, then the tail.
+/// then the accumulators added pairwise, their lanes as a tree, then the tail.
 ///
 /// # Safety
 /// `S`'s features are present. Bounds are checked (panics).
@@ -274,12 +334,25 @@ unsafe fn dots_generic<S: Simd, const T: usize>(
             }
             j += step;
         }
+        // The chains added as vectors, (0 + 1) + (2 + 3), then the lanes
+        // as a tree: a sequential sum of every chain's every lane was a
+        // chain of CHAINS · LANES dependent adds per output, which cost
+        // more than the multiply-adds of filters up to a few hundred
+        // taps (SileroVAD's 1 -> 258, K = 256 layer: 28 -> 6 µs).
+        let one = S::splat(1.0);
         let mut lanes = [0.0f32; 16];
         for (sum, acc) in sums.iter_mut().zip(&acc) {
-            for v in acc {
-                S::store(lanes.as_mut_ptr(), *v);
-                *sum += lanes[..S::LANES].iter().sum::<f32>();
+            let low = S::mul_add(acc[0], one, acc[1]);
+            let high = S::mul_add(acc[2], one, acc[3]);
+            S::store(lanes.as_mut_ptr(), S::mul_add(low, one, high));
+            let mut width = S::LANES;
+            while width > 1 {
+                width /= 2;
+                for i in 0..width {
+                    lanes[i] += lanes[i + width];
+                }
             }
+            *sum = lanes[0];
         }
     }
     for (t, (sum, out)) in sums.iter().zip(out).enumerate() {
@@ -380,14 +453,23 @@ mod tests {
             let bias = rng.vec(p.bias_elems(), -1.0, 1.0);
             for backend in Backend::all_available() {
                 let gemv = Gemv::new(backend).unwrap();
-                let scratch = Scratch::new(3, Gemv::scratch_per_thread(&g, 0));
+                let scratch = Scratch::new(3, Gemv::scratch_per_thread(&g, None, 0));
                 for bias in [None, Some(&bias[..])] {
                     let mut y = vec![f32::NAN; g.output_elems];
                     let pool = rayon::ThreadPoolBuilder::new()
                         .num_threads(3)
                         .build()
                         .unwrap();
-                    pool.install(|| gemv.run(&g, &x, &w, bias, RowsOut::Slice(&mut y), &scratch));
+                    pool.install(|| {
+                        gemv.run(
+                            &g,
+                            RowsIn::Slice(&x),
+                            &w,
+                            bias,
+                            RowsOut::Slice(&mut y),
+                            &scratch,
+                        )
+                    });
                     check(&p, &x, &w, bias, &y, &format!("{backend:?} {p:?}"));
                 }
             }
@@ -441,6 +523,76 @@ mod tests {
         }
     }
 
+    /// A fused epilogue takes each task's outputs a column at a time, and a
+    /// prologue's input is computed whole: rows of several batch items and
+    /// groups, tasks of [`ROWS`] rows and a ragged last one, every call
+    /// length up to the longest input row, the same values as stored.
+    #[test]
+    fn epilogue_columns_cover_batches_groups_and_ragged_tasks() {
+        use crate::fused::{RowSource, RowsIn};
+        let mut rng = Rng::new(13);
+        let max = params(2, (6, 2 * (ROWS + 7), 2), 9, 3, 2, (1, 1), 1);
+        let w = rng.vec(max.weight_elems(), -1.0, 1.0);
+        let bias = rng.vec(max.bias_elems(), -1.0, 1.0);
+        for in_len in [1, 2, 5, 8] {
+            let p = Conv1dParams { in_len, ..max };
+            let x = rng.vec(p.input_elems(), -1.0, 1.0);
+            let conv = PreparedConv1d::new(&max, &w, Choice::Force(Algorithm::Gemm)).unwrap();
+            let scratch =
+                Scratch::sized(3, conv.rows_scratch_per_thread(0, 0), conv.shared_scratch());
+            let mut y = vec![f32::NAN; p.output_elems().unwrap()];
+            conv.run(&p, &x, Some(&w), Some(&bias), &mut y, &scratch)
+                .unwrap();
+            let out_len = p.geometry().unwrap().out_len;
+            assert!(out_len <= MAX_OUTPUTS);
+            let sink = ReluSink::new(y.len(), out_len);
+            let fused = RowsOut::Fused(&sink);
+            conv.run_rows(
+                &p,
+                RowsIn::Slice(&x),
+                Some(&w),
+                Some(&bias),
+                fused,
+                0,
+                0,
+                &scratch,
+            )
+            .unwrap();
+            let relu: Vec<f32> = y.iter().map(|v| v.max(0.0)).collect();
+            assert_eq!(sink.into_values(), relu, "{in_len}");
+            // The input from a prologue, computed whole into the slot:
+            // the same bits, stored or through the epilogue.
+            let source = Stored { x: &x, in_len };
+            let per_thread = conv.rows_scratch_per_thread(source.temporaries(), 0);
+            let scratch = Scratch::sized(3, per_thread, conv.shared_scratch());
+            let mut got = vec![f32::NAN; y.len()];
+            let (x_in, out) = (RowsIn::Fused(&source), RowsOut::Slice(&mut got));
+            conv.run_rows(&p, x_in, Some(&w), Some(&bias), out, 0, 0, &scratch)
+                .unwrap();
+            assert_eq!(got, y, "fused input, {in_len}");
+            let sink = ReluSink::new(y.len(), out_len);
+            let (x_in, out) = (RowsIn::Fused(&source), RowsOut::Fused(&sink));
+            conv.run_rows(&p, x_in, Some(&w), Some(&bias), out, 0, 0, &scratch)
+                .unwrap();
+            assert_eq!(sink.into_values(), relu, "fused input and output, {in_len}");
+        }
+    }
+
+    /// A stored input handed over as a prologue's.
+    struct Stored<'a> {
+        x: &'a [f32],
+        in_len: usize,
+    }
+
+    impl crate::fused::RowSource for Stored<'_> {
+        fn fill(&self, row: usize, t0: usize, out: &mut [f32], _tmp: &mut [f32]) {
+            out.copy_from_slice(&self.x[row * self.in_len + t0..][..out.len()]);
+        }
+        fn temporaries(&self) -> usize {
+            1
+        }
+    }
+
     #[test]
     fn result_does_not_depend_on_pool_size() {
         let mut rng = Rng::new(7);
@@ -450,13 +602,22 @@ mod tests {
         let w = rng.vec(p.weight_elems(), -1.0, 1.0);
         let gemv = Gemv::new(Backend::detect()).unwrap();
         let run_on = |threads| {
-            let scratch = Scratch::new(threads, Gemv::scratch_per_thread(&g, 0));
+            let scratch = Scratch::new(threads, Gemv::scratch_per_thread(&g, None, 0));
             let mut y = vec![f32::NAN; g.output_elems];
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
                 .unwrap();
-            pool.install(|| gemv.run(&g, &x, &w, None, RowsOut::Slice(&mut y), &scratch));
+            pool.install(|| {
+                gemv.run(
+                    &g,
+                    RowsIn::Slice(&x),
+                    &w,
+                    None,
+                    RowsOut::Slice(&mut y),
+                    &scratch,
+                )
+            });
             y
         };
         let single = run_on(1);

@@ -316,14 +316,15 @@ impl PreparedConv1d {
             Imp::Gemm(k) => k.scratch_per_thread(),
             Imp::FftGemm(k) => k.scratch_per_thread(),
         };
-        imp.max(self.gemv_scratch(0))
+        imp.max(self.gemv_scratch(None, 0))
     }
 
-    /// Scratch per thread of the matrix-vector kernel, if there is one.
-    fn gemv_scratch(&self, y_temps: usize) -> usize {
+    /// Scratch per thread of the matrix-vector kernel, if there is one
+    /// (with room for a prologue's input where `x_temps` is given).
+    fn gemv_scratch(&self, x_temps: Option<usize>, y_temps: usize) -> usize {
         self.gemv
             .as_ref()
-            .map_or(0, |_| Gemv::scratch_per_thread(&self.max, y_temps))
+            .map_or(0, |_| Gemv::scratch_per_thread(&self.max, x_temps, y_temps))
     }
 
     /// The matrix-vector kernel, where it takes a call of `g`.
@@ -393,7 +394,8 @@ impl PreparedConv1d {
             Imp::Fft(k) => k.rows_scratch(x_temps.max(y_temps)),
             _ => self.scratch_per_thread(),
         };
-        imp.max(self.gemv_scratch(y_temps))
+        let gemv_input = self.fuses_input().then_some(x_temps);
+        imp.max(self.gemv_scratch(gemv_input, y_temps))
     }
 
     /// [`Self::run`] with the input computed by a prologue and / or the
@@ -433,8 +435,12 @@ impl PreparedConv1d {
                 }
                 self.check_scratch(scratch, self.rows_scratch_per_thread(x_temps, y_temps))?;
                 match (&self.imp, x, y) {
-                    (_, RowsIn::Slice(x), y @ RowsOut::Fused(_))
-                        if self.fuses_output() && self.gemv_for(&g).is_some() =>
+                    // Short calls (decode steps) as matrix-vector
+                    // products, a prologue's input computed whole first.
+                    (_, x, y)
+                        if self.gemv_for(&g).is_some()
+                            && (matches!(y, RowsOut::Slice(_)) || self.fuses_output())
+                            && (matches!(x, RowsIn::Slice(_)) || self.fuses_input()) =>
                     {
                         let gemv = self.gemv_for(&g).expect("just checked");
                         gemv.run(&g, x, w.unwrap_or_default(), bias, y, scratch)
@@ -530,7 +536,7 @@ impl PreparedConv1d {
             // was given.
             gemv.run(
                 &g,
-                x,
+                RowsIn::Slice(x),
                 w.unwrap_or_default(),
                 bias,
                 RowsOut::Slice(y),

@@ -369,6 +369,29 @@ impl ProgramRows<'_> {
     }
 }
 
+/// Longest lines [`RowSource::fill_rows`] reads across its rows even where
+/// the program reads rows better along them: a line's set-up (walking the
+/// program's nodes) then costs more than its elements. SileroVAD's
+/// prologues (an LSTM cell's gates into a conv of one step, an STFT's
+/// magnitude into one of four) interpreted 129 lines of 1 to 6 elements
+/// each per call.
+const SHORT_LINE: usize = 8;
+
+impl ProgramRows<'_> {
+    /// Whether `fill_rows` of `rows` rows from `row0`, `len` elements each,
+    /// is better read across the rows: short lines, more rows than
+    /// elements, all within one line across (one batch item's channels)
+    /// and at most [`ROW_BLOCK`] (the scratch [`block_tmp`] provides).
+    fn short_lines(&self, row0: usize, rows: usize, len: usize) -> bool {
+        let rank = self.shape.rank();
+        rank >= 2
+            && len < SHORT_LINE
+            && rows > len
+            && rows <= ROW_BLOCK
+            && row0 % self.shape[rank - 2] + rows <= self.shape[rank - 2]
+    }
+}
+
 impl RowSource for ProgramRows<'_> {
     fn fill(&self, row: usize, t0: usize, out: &mut [f32], tmp: &mut [f32]) {
         self.eval_line(&self.row_line(row, t0), out, tmp);
@@ -411,7 +434,7 @@ impl RowSource for ProgramRows<'_> {
         out: &mut [f32],
         tmp: &mut [f32],
     ) {
-        if !self.across || self.scalar_rows {
+        if !(self.across || self.short_lines(row0, rows, len)) || self.scalar_rows {
             for (r, out) in out.chunks_exact_mut(len).take(rows).enumerate() {
                 self.fill(r + row0, t0, out, tmp);
             }

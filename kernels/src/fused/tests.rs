@@ -1690,3 +1690,67 @@ fn gated_conv_recipes_match_the_interpreter_bit_for_bit() {
         assert_sink_is_the_interpreter(&p, &env, &y, c, n);
     }
 }
+
+/// `fill_rows` of short lines (a conv's prologue at a decode-sized call)
+/// reads across the rows, one line per step: every row block, offset and
+/// length below `SHORT_LINE` and a block crossing batch items (read row
+/// by row), the same bits as filling row by row.
+#[test]
+fn short_lines_fill_across_their_rows_bit_for_bit() {
+    let mut rng = Rng::new(21);
+    for (b, c, n) in [(2, 129, 4), (1, 128, 1), (3, 5, 7), (1, 300, 6), (2, 9, 9)] {
+        let mut env = TestEnv::new();
+        let x = env.stored(&[b, c, n], rng.vec(b * c * n, -2.0, 2.0));
+        let y = env.stored(&[b, c, n], rng.vec(b * c * n, -2.0, 2.0));
+        let t = env.virt(&[b, c, n]);
+        let mut p = Program::default();
+        let lx = p.push(Expr::Load, x);
+        let ly = p.push(Expr::Load, y);
+        let prod = p.push(
+            Expr::Binary {
+                op: BinaryOp::Mul,
+                a: lx,
+                b: lx,
+            },
+            t,
+        );
+        let sum = p.push(
+            Expr::Binary {
+                op: BinaryOp::Add,
+                a: prod,
+                b: ly,
+            },
+            t,
+        );
+        p.push(
+            Expr::Unary {
+                op: UnaryOp::Tanh,
+                x: sum,
+            },
+            t,
+        );
+        let rows = ProgramRows::new(&p, &env);
+        let mut tmp = vec![f32::NAN; block_tmp(p.temporaries(), n)];
+        for (row0, m) in [
+            (0, c.min(ROW_BLOCK)),
+            (1, c - 1),
+            (c / 2, c - c / 2),
+            (c - 1, 2),
+        ] {
+            let m = m.min(b * c - row0).min(ROW_BLOCK);
+            for (t0, len) in [(0, n), (n / 2, n - n / 2), (n - 1, 1)] {
+                let mut want = vec![0.0; m * len];
+                for (r, out) in want.chunks_exact_mut(len).enumerate() {
+                    rows.fill(row0 + r, t0, out, &mut tmp);
+                }
+                let mut got = vec![f32::NAN; m * len];
+                rows.fill_rows(row0, m, t0, len, &mut got, &mut tmp);
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "{b}x{c}x{n} rows {row0}+{m} t {t0}+{len}"
+                );
+            }
+        }
+    }
+}

@@ -583,11 +583,6 @@ impl Tiling {
 
         let want_blocks = target.div_ceil(outer * chunks);
         let blocks = want_blocks.min(g.out_per_group / ROWS_MIN).max(1);
-        let blocks = if std::env::var("GEMM_ONEBLOCK").is_ok() {
-            1
-        } else {
-            blocks
-        }; // XXX
         let mut rows = g.out_per_group.div_ceil(blocks);
         if blocks > 1 {
             rows = rows.next_multiple_of(block.mr).min(g.out_per_group);
