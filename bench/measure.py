@@ -230,12 +230,15 @@ def run_pte(
     timeout_s: float,
     etdump: Path | None = None,
     steps: list[Path] | None = None,
+    extra: list[str] | None = None,
+    keep_etdump: bool = False,
 ) -> RunnerResult:
     """Runs pte_runner once and parses its latency, peak memory, plan lines
     and output 0; with ``etdump``, the run is traced into that file (then
-    removed). With ``steps``, ``inputs_npz`` is not used: the calls run in
-    that order, state carried (``-steps_npz_paths``), the latency is the
-    calls' after the first (decode steps) and the output the last call's."""
+    removed, unless ``keep_etdump``); ``extra``: more pte_runner arguments.
+    With ``steps``, ``inputs_npz`` is not used: the calls run in that order,
+    state carried (``-steps_npz_paths``), the latency is the calls' after
+    the first (decode steps) and the output the last call's."""
     out_npz.unlink(missing_ok=True)
     feed = ["-steps_npz_paths", ",".join(map(str, steps))] if steps else [
         "-inputs_npz_path", str(inputs_npz)
@@ -251,6 +254,7 @@ def run_pte(
     ]  # fmt: skip
     if etdump is not None:
         cmd += ["-etdump_path", str(etdump)]
+    cmd += extra or []
     try:
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired as e:
@@ -273,7 +277,8 @@ def run_pte(
     if etdump is not None:
         if not etdump.is_file():
             raise RunnerError(f"pte_runner wrote no ETDump at {etdump}")
-        etdump.unlink()
+        if not keep_etdump:
+            etdump.unlink()
     # pte_runner reports percentiles, not samples: keep the median as the one
     # sample Timing needs.
     return RunnerResult(

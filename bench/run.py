@@ -15,11 +15,15 @@ pick workloads and alternatives, e.g.::
     bench/run.py decode                       # one-token calls with state carried
     bench/run.py zoo                          # whole upstream models (tests/zoo), full size
     bench/run.py zoo size=small model=ta_wav2letter_mfcc,et_silero_vad
+    bench/run.py interference --rounds 7     # XNNPACK's own time with and without us
 
 Blocks run only when named (``blocks`` or ``block=..``); C= and N= then
 replace every block's width and length. Decode steps (one token per call,
 state carried; run as blocks) likewise: ``decode`` or ``block=decode_..``.
 The zoo too: ``zoo`` or ``model=..``, at ``size=full`` (default) or ``small``.
+``interference`` is a measurement of its own (bench/interference.py): the
+LFM2 recipes' XNNPACK, RustConv and other event times per step, from the
+profile, as shipped and with RustConv at several RustConv thread counts.
 """
 
 from __future__ import annotations
@@ -195,6 +199,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="lower with ExecuTorch's default input planning (pte_runner then holds a copy "
         "of the inputs in planned memory); default: inputs are read in place",
     )
+    p.add_argument(
+        "--rounds", type=int, default=5, help="interference: interleaved rounds (default 5)"
+    )
+    p.add_argument(
+        "--rustconv-threads",
+        type=_thread_counts,
+        default=None,
+        help="interference: RustConv's own thread counts besides --threads' (default 1)",
+    )
     args = p.parse_args(argv)
     args.warmup = args.warmup if args.warmup is not None else (3 if args.full else 2)
     args.repeats = args.repeats if args.repeats is not None else (20 if args.full else 7)
@@ -257,12 +270,14 @@ def git_describe() -> str:
 def main(argv=None) -> int:
     started = time.perf_counter()
     args = parse_args(argv)
-    settings, alts = parse_filters(args.filters, args.full)
+    interference = "interference" in args.filters
+    settings, alts = parse_filters([] if interference else args.filters, args.full)
     runner = args.runner or Path(
         os.environ.get("PTE_RUNNER", ROOT / "target" / "release" / "pte_runner")
     )
     if not runner.is_file():
         raise SystemExit(f"pte_runner not found at {runner}: build with scripts/setup.sh")
+    args.runner_path = runner
     if "ours_baseline" in alts and not (args.baseline_runner and args.baseline_runner.is_file()):
         raise SystemExit("alt=ours_baseline needs --baseline-runner PATH (a pte_runner build)")
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -304,6 +319,15 @@ def main(argv=None) -> int:
         "baseline_runner": str(args.baseline_runner) if args.baseline_runner else None,
         "command": " ".join(["bench/run.py", *(sys.argv[1:] if argv is None else argv)]),
     }
+    if interference:
+        from bench import interference as interference_bench
+
+        try:
+            return interference_bench.main(args, meta, out, work_dir)
+        finally:
+            for leftover in work_dir.glob("*"):
+                leftover.unlink()
+            work_dir.rmdir()
     ctx = alternatives.Context(
         runner=runner,
         baseline_runner=args.baseline_runner,

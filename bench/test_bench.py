@@ -280,3 +280,33 @@ def test_zoo_filters():
         run.parse_filters(["model=nope"], False)
     with pytest.raises(SystemExit, match="size="):
         run.parse_filters(["zoo", "size=huge"], False)
+
+
+def test_interference_splits_steps_and_compares_rounds():
+    from bench import interference
+
+    x, r = interference.XNNPACK, interference.RUSTCONV
+    shipped = [(x, "a"), (x, "b1"), (x, "b2"), (x, "c"), (x, "b1"), (x, "b2")]
+    ours = [(x, "a"), (x, "b"), (r, "conv"), (x, "c"), (x, "b"), (r, "conv")]
+    common, common_ours = interference.common_calls(shipped, ours)
+    assert common == [True, False, False, True, False, False]
+    assert common_ours == [True, False, False, True, False, False]
+    # Two iterations of a prefill and two decode steps.
+    times = interference.StepTimes(
+        step=[10, 2, 3, 11, 2, 5],
+        xnnpack=[6, 1, 1, 7, 1, 3],
+        replaced=[1, 0, 0, 1, 0, 0],
+        rustconv=[1, 0.5, 0.5, 1, 0.5, 0.5],
+        other=[2, 0.5, 1.5, 2, 0.5, 1.5],
+    )
+    phases = interference.phase_medians(times, 3)
+    assert phases["prefill"]["step"] == 10.5 and phases["decode"]["xnnpack"] == 1
+    base = {"prefill": {p: 1.0 for p in interference.PARTS}, "decode": phases["decode"]}
+    slower = {ph: {p: 1.1 * v for p, v in d.items()} for ph, d in base.items()}
+    summary = interference.summarize(
+        [{"shipped": base, "rustconv": slower}, {"shipped": slower, "rustconv": slower}],
+        ["shipped", "rustconv"],
+    )
+    change = summary["prefill"]["rustconv"]["xnnpack_change"]
+    assert change["min"] == pytest.approx(0) and change["max"] == pytest.approx(0.1)
+    assert "xnnpack_change" not in summary["decode"]["shipped"]

@@ -39,7 +39,10 @@ ZOO_DIR = ROOT / "tests" / "zoo"
 #: zoo name -> the recipe (its yaml in examples/models/lfm2/config).
 RECIPES = {"et_lfm2_fp32": "lfm2_xnnpack_fp32", "et_lfm2_q8da4w": "lfm2_xnnpack_q8da4w"}
 DECODE = ":decode"
-PROMPT = {"full": 128, "small": 16}  # recipe prefill tokens
+#: Recipe prefill tokens. The recipe's export (LLMEdgeManager) bounds the
+#: token dimension by max_seq_length - 1 (zoo_recipes: 128), so a prompt of
+#: 128 is refused at set_input.
+PROMPT = {"full": 127, "small": 16}
 DECODE_STEPS = 8
 
 

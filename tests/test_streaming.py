@@ -153,6 +153,33 @@ def test_decode_steps_flag_times_decode_calls(tmp_path):
     assert "latency: p10" in result.stdout
 
 
+def test_steps_write_an_etdump_of_every_call(tmp_path):
+    """A streaming run's trace (bench/interference.py reads prefill and
+    decode steps from it): one Method::execute per call, warm-ups included,
+    and one RustConv delegate call in each. pte_runner wrote none before."""
+    from rustconv.profiling import read_profile
+
+    model = _model("lfm2_example_core")
+    pte = save(_program(model), tmp_path)
+    _, calls = _pieces(model, 1)
+    prefill, token = tmp_path / "prefill.npz", tmp_path / "token.npz"
+    np.savez(prefill, **{str(i): t.numpy() for i, t in enumerate(calls[0])})
+    np.savez(token, **{str(i): t.numpy() for i, t in enumerate(calls[1])})
+    etdump = tmp_path / "steps.etdump"
+    result = subprocess.run(
+        [str(pte_runner_path()), "-model_path", str(pte), "-steps_npz_paths",
+         f"{prefill},{token}", "-decode_steps", "3", "-warmup", "1", "-iter", "2",
+         "-etdump_path", str(etdump)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert etdump.is_file()
+    profile = read_profile(etdump)
+    assert len(profile.method_ms) == 3 * 4
+    assert [c.backend for c in profile.calls] == ["RustConvBackend"]
+    assert len(profile.calls[0].times_ms) == 3 * 4
+
+
 def test_transform_flow_with_xnnpack_owns_state_too(tmp_path):
     model = _model("lfm2_example")
     program = _program(model, flow="transform")

@@ -38,6 +38,7 @@ from zoo_recipes import (
 FULL = os.environ.get("RUSTCONV_ZOO_FULL") == "1"
 PARAMS = LFM2_350M_PARAMS if FULL else SMALL_PARAMS
 PROMPT, DECODE = (64, 4) if FULL else (16, 3)
+
 pytestmark = [
     pytest.mark.skipif(
         have_recipe_dependencies() is not None, reason=str(have_recipe_dependencies())
@@ -118,6 +119,9 @@ def test_fp32_recipe_with_rustconv_matches_eager(runner, tmp_path_factory, tmp_p
 
 
 def test_q8da4w_recipe_with_rustconv_matches_the_recipe_as_shipped(tmp_path_factory):
+    """Failed before rule one (merged from the rules branch): with
+    RustConvPartitioner in the list, XNNPACK's dynamically quantized
+    partitioner never saw the 8da4w linears and the logits were wrong."""
     shipped = program("lfm2_xnnpack_q8da4w", False, tmp_path_factory)
     ours = program("lfm2_xnnpack_q8da4w", True, tmp_path_factory)
     want = eager_logits(shipped.eager, calls())

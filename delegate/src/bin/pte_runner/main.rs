@@ -187,14 +187,7 @@ fn run(argv: impl IntoIterator<Item = String>) -> Result<(), String> {
     if let Some(path) = &args.output_npz_path {
         npz::write_outputs(path, &outputs)?;
     }
-    if let Some(path) = &args.etdump_path {
-        let path = path.to_str().ok_or("ETDump path is not valid UTF-8")?;
-        session
-            .pin_mut()
-            .write_etdump(path)
-            .map_err(|e| e.what().to_owned())?;
-    }
-    Ok(())
+    write_etdump(&mut session, &args)
 }
 
 /// Streaming: every iteration runs the calls of `-steps_npz_paths` in order,
@@ -264,6 +257,18 @@ fn run_sequence(
         for (k, out) in outputs.iter().enumerate() {
             npz::write_outputs(&step_path(path, k), out)?;
         }
+    }
+    write_etdump(session, args)
+}
+
+/// The ETDump of every execute so far (warm-ups included), if asked for.
+fn write_etdump(session: &mut cxx::UniquePtr<et::Session>, args: &Args) -> Result<(), String> {
+    if let Some(path) = &args.etdump_path {
+        let path = path.to_str().ok_or("ETDump path is not valid UTF-8")?;
+        session
+            .pin_mut()
+            .write_etdump(path)
+            .map_err(|e| e.what().to_owned())?;
     }
     Ok(())
 }
