@@ -214,6 +214,45 @@ def hf_parakeet_encoder(full: bool) -> Example:
     )  # fmt: skip
 
 
+def hf_parakeet_conv_module(full: bool) -> Example:
+    """One FastConformer convolution module of ParakeetEncoder on its own
+    ([B, T, C] in and out), the part of a conformer block that is RustConv's."""
+    from transformers import ParakeetEncoderConfig
+    from transformers.models.parakeet.modeling_parakeet import ParakeetEncoderConvolutionModule
+
+    width, frames = (1024, 1000) if full else (128, 256)
+    torch.manual_seed(0)
+    config = ParakeetEncoderConfig(hidden_size=width, conv_kernel_size=9)
+    model = ParakeetEncoderConvolutionModule(config).eval()
+    randomize_norm_statistics(model, 2)
+    x = torch.randn(1, frames, width, generator=_generator(1))
+    return Example(
+        model, (x,), 1,
+        "one: the transposes, pointwise conv, GLU, depthwise conv (K = 9) with its BatchNorm "
+        "folded, SiLU, pointwise conv",
+    )  # fmt: skip
+
+
+def ta_conformer_conv_module(full: bool) -> Example:
+    """torchaudio's conformer convolution module (torchaudio.models.Conformer's):
+    LayerNorm, pointwise conv, GLU, depthwise conv K = 31, BatchNorm, SiLU,
+    pointwise conv, on [B, T, C]."""
+    from torchaudio.models.conformer import _ConvolutionModule
+
+    width, frames = (512, 1000) if full else (64, 200)
+    torch.manual_seed(0)
+    model = _ConvolutionModule(
+        input_dim=width, num_channels=width, depthwise_kernel_size=31, bias=True
+    ).eval()
+    randomize_norm_statistics(model, 2)
+    x = torch.randn(1, frames, width, generator=_generator(1))
+    return Example(
+        model, (x,), 1,
+        "one: LayerNorm, pointwise conv, GLU, depthwise conv (K = 31) with its BatchNorm "
+        "folded, SiLU, pointwise conv, and the transposes",
+    )  # fmt: skip
+
+
 def _mimi_config(full: bool):
     from transformers import MimiConfig
 
@@ -637,6 +676,14 @@ MODELS: dict[str, ZooModel] = {
         ZooModel(
             "hf_qwen3_5_gated_deltanet", "transformers Qwen3_5GatedDeltaNet",
             hf_qwen3_5_gated_deltanet, outside(*LLM_OPS), slow=True,
+        ),
+        ZooModel(
+            "hf_parakeet_conv_module", "transformers ParakeetEncoderConvolutionModule",
+            hf_parakeet_conv_module, outside(),
+        ),
+        ZooModel(
+            "ta_conformer_conv_module", "torchaudio conformer _ConvolutionModule (K = 31)",
+            ta_conformer_conv_module, outside(),
         ),
         ZooModel(
             "ta_wav2letter_waveform", "torchaudio Wav2Letter(input_type='waveform')",
