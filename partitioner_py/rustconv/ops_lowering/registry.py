@@ -139,11 +139,15 @@ def unbounded_size_reason(node: Node, ctx: GraphContext) -> str | None:
     """Why a tensor ``node`` reads or writes has a size RustConv cannot plan for.
 
     The runtime plans memory once, for each dynamic dimension's upper bound
-    (:mod:`rustconv.shapes`). A size with none, such as an unbacked one
-    (``u0``: computed from a tensor's value, e.g. a padding read with
-    ``.item()``), would only fail in ``preprocess``; refusing the node here
-    leaves it to the next partitioner and lets ``explain()`` say why.
+    (:mod:`rustconv.shapes`). An unbacked size (``u0``: computed from a
+    tensor's value, e.g. a padding read with ``.item()``) may have none, and
+    nothing the user can set gives it one: refusing the node here leaves it to
+    the next partitioner and lets ``explain()`` say why. A ``Dim`` declared
+    without ``max`` is not refused here: ``preprocess`` raises
+    :class:`~rustconv.errors.DynamicShapeError` telling the user to set one.
     """
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
     from rustconv.errors import DynamicShapeError
     from rustconv.shapes import upper_bound
 
@@ -156,7 +160,7 @@ def unbounded_size_reason(node: Node, ctx: GraphContext) -> str | None:
             if not isinstance(tensor, torch.Tensor):
                 continue
             for axis, size in enumerate(tensor.shape):
-                if not isinstance(size, torch.SymInt) or size.node.maybe_as_int() is not None:
+                if not isinstance(size, torch.SymInt) or not free_unbacked_symbols(size):
                     continue
                 key = str(size.node.expr)
                 if key not in memo:
@@ -165,9 +169,8 @@ def unbounded_size_reason(node: Node, ctx: GraphContext) -> str | None:
                         memo[key] = None
                     except DynamicShapeError:
                         memo[key] = (
-                            f"has dynamic size {key} with no finite upper bound (an unbacked "
-                            "size, computed from a tensor's value at run time, has none); "
-                            "RustConv plans memory for the largest shape"
+                            f"has size {key}, computed from a tensor's value at run time, with "
+                            "no finite upper bound; RustConv plans memory for the largest shape"
                         )
                 if memo[key] is not None:
                     return f"dimension {axis} of its {what} {memo[key]}"
