@@ -324,18 +324,31 @@ fn inside_taps(g: &Conv1dGeometry, t: usize) -> (usize, usize) {
 }
 
 /// [`gather_columns`] for `K` contiguous taps (dilation 1): outputs whose
-/// taps all lie inside the rows copy `[f32; K]` per channel.
+/// taps all lie inside the rows copy `[f32; K]` per channel, the others
+/// (reaching into the padding) select each tap's value or zero.
 fn gather_taps<const K: usize>(g: &Conv1dGeometry, xg: &[f32], n: usize, cols: &mut [f32]) {
     let p = &g.params;
     debug_assert!(p.kernel_size == K && p.dilation == 1);
     let cin = g.in_per_group;
     for t in 0..n {
-        if inside_taps(g, t) != (0, K) {
-            gather_output(g, xg, t, cols);
+        let cols = &mut cols[t * cin * K..][..cin * K];
+        let (lo, hi) = inside_taps(g, t);
+        if (lo, hi) != (0, K) {
+            // An output whose taps reach into the padding, tap by tap (a
+            // copy of hi − lo floats would be a memmove call again).
+            for (c, col) in cols.chunks_exact_mut(K).enumerate() {
+                let row = &xg[c * p.in_len..][..p.in_len];
+                for (k, v) in col.iter_mut().enumerate() {
+                    *v = if (lo..hi).contains(&k) {
+                        row[t * p.stride + k - p.pad_left]
+                    } else {
+                        0.0
+                    };
+                }
+            }
             continue;
         }
         let start = t * p.stride - p.pad_left;
-        let cols = &mut cols[t * cin * K..][..cin * K];
         for (c, col) in cols.chunks_exact_mut(K).enumerate() {
             let src: &[f32; K] = xg[c * p.in_len + start..][..K].try_into().expect("K taps");
             let col: &mut [f32; K] = col.try_into().expect("K taps");
