@@ -108,11 +108,10 @@ impl Gemv {
         Some(Gemv { dots })
     }
 
-    /// Scratch floats per thread: the columns of a call, a task's outputs
-    /// and a column of them, and `y_temps` temporaries per row of a task
-    /// for a fused epilogue ([`RowSink::store_col`]); with `x_temps`, also
-    /// room to compute a prologue's input rows ([`Self::stage_len`]) and
-    /// its temporaries.
+    /// Scratch floats per thread: a task's outputs and a column of them,
+    /// and `y_temps` temporaries per row of a task for a fused epilogue
+    /// ([`RowSink::store_col`]); with `x_temps`, also room to compute a
+    /// prologue's input rows ([`Self::stage_len`]) and its temporaries.
     pub(crate) fn scratch_per_thread(
         g: &Conv1dGeometry,
         x_temps: Option<usize>,
@@ -126,7 +125,20 @@ impl Gemv {
             ),
             None => (0, out_tmp),
         };
-        MAX_OUTPUTS * g.in_per_group * g.params.kernel_size + ROWS * MAX_OUTPUTS + stage + tmp
+        ROWS * MAX_OUTPUTS + stage + tmp
+    }
+
+    /// Floats of the scratch's shared region a call needs: the columns of
+    /// every batch item and group (`MAX_OUTPUTS · cin · K` each), gathered
+    /// once per call and read by every task of its output channels.
+    pub(crate) fn shared_scratch(g: &Conv1dGeometry) -> usize {
+        let p = &g.params;
+        p.batch * p.groups * Self::cols_len(g, MAX_OUTPUTS)
+    }
+
+    /// Floats of one batch item and group's columns for `n` outputs.
+    fn cols_len(g: &Conv1dGeometry, n: usize) -> usize {
+        n * g.in_per_group * g.params.kernel_size
     }
 
     /// Longest input row a call taken here has: at most [`MAX_OUTPUTS`]
@@ -139,7 +151,16 @@ impl Gemv {
 
     /// `y = conv1d(x, w) + bias` for a call of `g.out_len <= MAX_OUTPUTS`
     /// outputs per row, stored or handed to a sink row by row. The caller
-    /// has checked every slice length and the scratch.
+    /// has checked every slice length and the scratch (per thread and
+    /// [`Self::shared_scratch`]).
+    ///
+    /// First the columns of every batch item and group are gathered (a
+    /// prologue's input rows computed whole) into the shared region, then
+    /// tasks of [`ROWS`] output channels multiply them with their filters.
+    /// Gathering in every task instead repeated it per block of channels:
+    /// SileroVAD's STFT magnitude into its 129 -> 128 channel conv of four
+    /// outputs computed and gathered its input four times per call, in
+    /// copies of three floats, most of the kernel's time.
     pub(crate) fn run(
         &self,
         g: &Conv1dGeometry,
@@ -157,133 +178,212 @@ impl Gemv {
             return;
         }
         let filter_len = cin * p.kernel_size;
+        let cols_len = Self::cols_len(g, n);
         let dots = self.dots[n - 1];
-        // One task: batch item and group `bg`, output channels `r0 ..
-        // r0 + rows` of the group.
-        let task = |bg: usize, r0: usize, rows: usize, out: TaskOut<'_>| {
-            let (b, group) = (bg / p.groups, bg % p.groups);
-            let row0 = b * p.in_channels + group * cin;
-            scratch.with_slot(|slot| {
-                let (cols, rest) = slot.split_at_mut(n * filter_len);
-                let (values, rest) = rest.split_at_mut(ROWS * MAX_OUTPUTS);
-                let values = &mut values[..rows * n];
-                let tmp = match x {
-                    RowsIn::Slice(x) => {
-                        gather_columns(g, &x[row0 * p.in_len..][..cin * p.in_len], n, cols);
-                        rest
-                    }
-                    RowsIn::Fused(source) => {
-                        // The group's rows computed whole (they are
-                        // short: at most stage_len), then gathered.
-                        assert!(p.in_len <= Self::stage_len(g), "input row of a short call");
-                        let (stage, tmp) = rest.split_at_mut(cin * Self::stage_len(g));
-                        let stage = &mut stage[..cin * p.in_len];
-                        if p.in_len > 0 {
-                            for (k, block) in stage.chunks_mut(ROW_BLOCK * p.in_len).enumerate() {
-                                let m = block.len() / p.in_len;
-                                let c0 = row0 + k * ROW_BLOCK;
-                                source.fill_rows(c0, m, 0, p.in_len, block, tmp);
-                            }
+        scratch.with_shared(|shared| {
+            let all_cols = &mut shared[..p.batch * p.groups * cols_len];
+            // The columns of batch item and group `bg`.
+            all_cols
+                .par_chunks_mut(cols_len)
+                .enumerate()
+                .for_each(|(bg, cols)| {
+                    let (b, group) = (bg / p.groups, bg % p.groups);
+                    let row0 = b * p.in_channels + group * cin;
+                    match x {
+                        RowsIn::Slice(x) => {
+                            gather_columns(g, &x[row0 * p.in_len..][..cin * p.in_len], n, cols)
                         }
-                        gather_columns(g, stage, n, cols);
-                        tmp
-                    }
-                };
-                for (r, values) in values.chunks_exact_mut(n).enumerate() {
-                    let o = group * cout + r0 + r;
-                    // The weights the next rows read, prefetched as this
-                    // one is multiplied.
-                    let ahead = w.get(o * filter_len + AHEAD..).unwrap_or(&[]);
-                    // SAFETY: `new` chose `dots` for a backend whose
-                    // features this CPU has; it checks its bounds.
-                    unsafe { dots(&w[o * filter_len..][..filter_len], cols, values, ahead) };
-                    let b0 = bias.map_or(0.0, |bias| bias[o]);
-                    for v in values.iter_mut() {
-                        *v += b0;
-                    }
-                }
-                out(values, tmp);
-            });
-        };
-        match y {
-            RowsOut::Slice(y) => {
-                // The rows of one batch item and group are contiguous in
-                // `y`, and so are a task's.
-                y.par_chunks_mut(cout * n).enumerate().for_each(|(bg, y)| {
-                    y.par_chunks_mut(ROWS * n).enumerate().for_each(|(blk, y)| {
-                        let rows = y.len() / n;
-                        task(bg, blk * ROWS, rows, &mut |values, _| {
-                            y.copy_from_slice(values)
-                        })
-                    })
-                });
-            }
-            RowsOut::Fused(sink) => {
-                // Each output position's column of the task's rows (one
-                // batch item's consecutive channels) to the epilogue at
-                // once: finishing row by row walked its program once per
-                // row for one to four values (SileroVAD's 128 -> 1 and
-                // 64 -> 128 convs of one step, ReLU after).
-                let sink: &dyn RowSink = sink;
-                let blocks = cout.div_ceil(ROWS);
-                (0..p.batch * p.groups * blocks)
-                    .into_par_iter()
-                    .for_each(|t| {
-                        let (bg, r0) = (t / blocks, t % blocks * ROWS);
-                        let rows = ROWS.min(cout - r0);
-                        let (b, group) = (bg / p.groups, bg % p.groups);
-                        let row0 = b * p.out_channels + group * cout + r0;
-                        task(bg, r0, rows, &mut |values, tmp| {
-                            let (col, tmp) = tmp.split_at_mut(ROWS);
-                            let col = &mut col[..rows];
-                            for t in 0..n {
-                                for (c, row) in col.iter_mut().zip(values.chunks_exact(n)) {
-                                    *c = row[t];
+                        RowsIn::Fused(source) => scratch.with_slot(|slot| {
+                            // The group's rows computed whole (they are
+                            // short: at most stage_len), then gathered.
+                            assert!(p.in_len <= Self::stage_len(g), "input row of a short call");
+                            let (stage, tmp) = slot.split_at_mut(cin * Self::stage_len(g));
+                            let stage = &mut stage[..cin * p.in_len];
+                            if p.in_len > 0 {
+                                for (k, block) in stage.chunks_mut(ROW_BLOCK * p.in_len).enumerate()
+                                {
+                                    let m = block.len() / p.in_len;
+                                    let c0 = row0 + k * ROW_BLOCK;
+                                    source.fill_rows(c0, m, 0, p.in_len, block, tmp);
                                 }
-                                sink.store_col(row0, t, col, tmp);
                             }
+                            gather_columns(g, stage, n, cols);
+                        }),
+                    }
+                });
+            let all_cols = &*all_cols;
+            // One task: batch item and group `bg`, output channels `r0 ..
+            // r0 + rows` of the group.
+            let task = |bg: usize, r0: usize, rows: usize, out: TaskOut<'_>| {
+                let group = bg % p.groups;
+                let cols = &all_cols[bg * cols_len..][..cols_len];
+                scratch.with_slot(|slot| {
+                    let (values, tmp) = slot.split_at_mut(ROWS * MAX_OUTPUTS);
+                    let values = &mut values[..rows * n];
+                    for (r, values) in values.chunks_exact_mut(n).enumerate() {
+                        let o = group * cout + r0 + r;
+                        // The weights the next rows read, prefetched as this
+                        // one is multiplied.
+                        let ahead = w.get(o * filter_len + AHEAD..).unwrap_or(&[]);
+                        // SAFETY: `new` chose `dots` for a backend whose
+                        // features this CPU has; it checks its bounds.
+                        unsafe { dots(&w[o * filter_len..][..filter_len], cols, values, ahead) };
+                        let b0 = bias.map_or(0.0, |bias| bias[o]);
+                        for v in values.iter_mut() {
+                            *v += b0;
+                        }
+                    }
+                    out(values, tmp);
+                });
+            };
+            match y {
+                RowsOut::Slice(y) => {
+                    // The rows of one batch item and group are contiguous in
+                    // `y`, and so are a task's.
+                    y.par_chunks_mut(cout * n).enumerate().for_each(|(bg, y)| {
+                        y.par_chunks_mut(ROWS * n).enumerate().for_each(|(blk, y)| {
+                            let rows = y.len() / n;
+                            task(bg, blk * ROWS, rows, &mut |values, _| {
+                                y.copy_from_slice(values)
+                            })
                         })
                     });
+                }
+                RowsOut::Fused(sink) => {
+                    // Each output position's column of the task's rows (one
+                    // batch item's consecutive channels) to the epilogue at
+                    // once: finishing row by row walked its program once per
+                    // row for one to four values (SileroVAD's 128 -> 1 and
+                    // 64 -> 128 convs of one step, ReLU after).
+                    let sink: &dyn RowSink = sink;
+                    let blocks = cout.div_ceil(ROWS);
+                    (0..p.batch * p.groups * blocks)
+                        .into_par_iter()
+                        .for_each(|t| {
+                            let (bg, r0) = (t / blocks, t % blocks * ROWS);
+                            let rows = ROWS.min(cout - r0);
+                            let (b, group) = (bg / p.groups, bg % p.groups);
+                            let row0 = b * p.out_channels + group * cout + r0;
+                            task(bg, r0, rows, &mut |values, tmp| {
+                                let (col, tmp) = tmp.split_at_mut(ROWS);
+                                let col = &mut col[..rows];
+                                for t in 0..n {
+                                    for (c, row) in col.iter_mut().zip(values.chunks_exact(n)) {
+                                        *c = row[t];
+                                    }
+                                    sink.store_col(row0, t, col, tmp);
+                                }
+                            })
+                        });
+                }
             }
-        }
+        });
     }
 }
 
 /// The columns of a call's `n` outputs, `cols[t][c][k]` = padded input
 /// `t · stride + k · dilation` of channel `c` (zero in the padding), from
-/// one group's input rows `xg` (`cin × in_len`).
+/// one group's input rows `xg` (`cin × in_len`). Filters of up to 8
+/// contiguous taps copy theirs as fixed-size arrays: a `copy_from_slice`
+/// of a run-time length is a `memmove` call, which cost more than the
+/// three floats it copied for each channel of SileroVAD's K = 3 convs.
 fn gather_columns(g: &Conv1dGeometry, xg: &[f32], n: usize, cols: &mut [f32]) {
     let p = &g.params;
-    let (cin, taps) = (g.in_per_group, p.kernel_size);
+    if p.dilation != 1 {
+        return gather_any(g, xg, n, cols);
+    }
+    match p.kernel_size {
+        1 => gather_taps::<1>(g, xg, n, cols),
+        2 => gather_taps::<2>(g, xg, n, cols),
+        3 => gather_taps::<3>(g, xg, n, cols),
+        4 => gather_taps::<4>(g, xg, n, cols),
+        5 => gather_taps::<5>(g, xg, n, cols),
+        6 => gather_taps::<6>(g, xg, n, cols),
+        7 => gather_taps::<7>(g, xg, n, cols),
+        8 => gather_taps::<8>(g, xg, n, cols),
+        _ => gather_any(g, xg, n, cols),
+    }
+}
+
+/// Taps of output `t` whose input lies inside the row: `k` in `lo .. hi`
+/// (dilated positions `t·stride + k·dilation − pad_left` in `0 .. in_len`).
+fn inside_taps(g: &Conv1dGeometry, t: usize) -> (usize, usize) {
+    let p = &g.params;
+    let taps = p.kernel_size;
+    let first = t * p.stride;
+    let lo = p
+        .pad_left
+        .saturating_sub(first)
+        .div_ceil(p.dilation)
+        .min(taps);
+    let hi = (p.pad_left + p.in_len)
+        .saturating_sub(first)
+        .div_ceil(p.dilation)
+        .clamp(lo, taps);
+    (lo, hi)
+}
+
+/// [`gather_columns`] for `K` contiguous taps (dilation 1): outputs whose
+/// taps all lie inside the rows copy `[f32; K]` per channel, the others
+/// (reaching into the padding) select each tap's value or zero.
+fn gather_taps<const K: usize>(g: &Conv1dGeometry, xg: &[f32], n: usize, cols: &mut [f32]) {
+    let p = &g.params;
+    debug_assert!(p.kernel_size == K && p.dilation == 1);
+    let cin = g.in_per_group;
     for t in 0..n {
-        // Taps whose input lies inside the row: k in lo .. hi (dilated
-        // positions t·stride + k·dilation − pad_left in 0 .. in_len).
-        let first = t * p.stride;
-        let lo = p
-            .pad_left
-            .saturating_sub(first)
-            .div_ceil(p.dilation)
-            .min(taps);
-        let hi = (p.pad_left + p.in_len)
-            .saturating_sub(first)
-            .div_ceil(p.dilation)
-            .clamp(lo, taps);
-        for c in 0..cin {
-            let row = &xg[c * p.in_len..][..p.in_len];
-            let col = &mut cols[(t * cin + c) * taps..][..taps];
-            col[..lo].fill(0.0);
-            col[hi..].fill(0.0);
-            if hi > lo {
-                let start = first + lo * p.dilation - p.pad_left;
-                if p.dilation == 1 {
-                    col[lo..hi].copy_from_slice(&row[start..start + hi - lo]);
-                } else {
-                    for (v, &x) in col[lo..hi]
-                        .iter_mut()
-                        .zip(row[start..].iter().step_by(p.dilation))
-                    {
-                        *v = x;
-                    }
+        let cols = &mut cols[t * cin * K..][..cin * K];
+        let (lo, hi) = inside_taps(g, t);
+        if (lo, hi) != (0, K) {
+            // An output whose taps reach into the padding, tap by tap (a
+            // copy of hi − lo floats would be a memmove call again).
+            for (c, col) in cols.chunks_exact_mut(K).enumerate() {
+                let row = &xg[c * p.in_len..][..p.in_len];
+                for (k, v) in col.iter_mut().enumerate() {
+                    *v = if (lo..hi).contains(&k) {
+                        row[t * p.stride + k - p.pad_left]
+                    } else {
+                        0.0
+                    };
+                }
+            }
+            continue;
+        }
+        let start = t * p.stride - p.pad_left;
+        for (c, col) in cols.chunks_exact_mut(K).enumerate() {
+            let src: &[f32; K] = xg[c * p.in_len + start..][..K].try_into().expect("K taps");
+            let col: &mut [f32; K] = col.try_into().expect("K taps");
+            *col = *src;
+        }
+    }
+}
+
+/// [`gather_columns`] for any filter.
+fn gather_any(g: &Conv1dGeometry, xg: &[f32], n: usize, cols: &mut [f32]) {
+    for t in 0..n {
+        gather_output(g, xg, t, cols);
+    }
+}
+
+/// The columns of output `t`, any filter and padding.
+fn gather_output(g: &Conv1dGeometry, xg: &[f32], t: usize, cols: &mut [f32]) {
+    let p = &g.params;
+    let (cin, taps) = (g.in_per_group, p.kernel_size);
+    let (lo, hi) = inside_taps(g, t);
+    for c in 0..cin {
+        let row = &xg[c * p.in_len..][..p.in_len];
+        let col = &mut cols[(t * cin + c) * taps..][..taps];
+        col[..lo].fill(0.0);
+        col[hi..].fill(0.0);
+        if hi > lo {
+            let start = t * p.stride + lo * p.dilation - p.pad_left;
+            if p.dilation == 1 {
+                col[lo..hi].copy_from_slice(&row[start..start + hi - lo]);
+            } else {
+                for (v, &x) in col[lo..hi]
+                    .iter_mut()
+                    .zip(row[start..].iter().step_by(p.dilation))
+                {
+                    *v = x;
                 }
             }
         }
@@ -453,7 +553,11 @@ mod tests {
             let bias = rng.vec(p.bias_elems(), -1.0, 1.0);
             for backend in Backend::all_available() {
                 let gemv = Gemv::new(backend).unwrap();
-                let scratch = Scratch::new(3, Gemv::scratch_per_thread(&g, None, 0));
+                let scratch = Scratch::sized(
+                    3,
+                    Gemv::scratch_per_thread(&g, None, 0),
+                    Gemv::shared_scratch(&g),
+                );
                 for bias in [None, Some(&bias[..])] {
                     let mut y = vec![f32::NAN; g.output_elems];
                     let pool = rayon::ThreadPoolBuilder::new()
@@ -593,6 +697,39 @@ mod tests {
         }
     }
 
+    /// The fixed-size copies of filters of up to 8 taps gather what the
+    /// general loop does: every tap count around them, strides, causal,
+    /// centred and one-sided padding, every call length of 1 to 4 outputs,
+    /// the edge outputs whose taps reach into the padding included.
+    #[test]
+    fn short_filters_gather_as_the_general_loop() {
+        let mut rng = Rng::new(17);
+        for k in 1..=9 {
+            for stride in 1..=3 {
+                for pad in [(0, 0), (k - 1, 0), (k / 2, k / 2), (0, k - 1), (1, 2)] {
+                    for outputs in 1..=MAX_OUTPUTS {
+                        let Some(in_len) = ((outputs - 1) * stride + k).checked_sub(pad.0 + pad.1)
+                        else {
+                            continue;
+                        };
+                        let p = params(1, (5, 2, 1), in_len, k, stride, pad, 1);
+                        let g = p.geometry().unwrap();
+                        if g.out_len == 0 || g.out_len > MAX_OUTPUTS {
+                            continue;
+                        }
+                        let x = rng.vec(p.input_elems(), -1.0, 1.0);
+                        let len = Gemv::cols_len(&g, g.out_len);
+                        let (mut fast, mut general) = (vec![f32::NAN; len], vec![f32::NAN; len]);
+                        gather_columns(&g, &x, g.out_len, &mut fast);
+                        gather_any(&g, &x, g.out_len, &mut general);
+                        assert_eq!(fast, general, "{p:?}");
+                        assert!(fast.iter().all(|v| !v.is_nan()), "{p:?}");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn result_does_not_depend_on_pool_size() {
         let mut rng = Rng::new(7);
@@ -602,7 +739,11 @@ mod tests {
         let w = rng.vec(p.weight_elems(), -1.0, 1.0);
         let gemv = Gemv::new(Backend::detect()).unwrap();
         let run_on = |threads| {
-            let scratch = Scratch::new(threads, Gemv::scratch_per_thread(&g, None, 0));
+            let scratch = Scratch::sized(
+                threads,
+                Gemv::scratch_per_thread(&g, None, 0),
+                Gemv::shared_scratch(&g),
+            );
             let mut y = vec![f32::NAN; g.output_elems];
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)

@@ -334,13 +334,19 @@ impl PreparedConv1d {
 
     /// `f32` elements of the scratch's shared region a call needs (see
     /// [`Scratch::with_shared`]): `fft_gemm`'s weights, packed per call;
-    /// `gemm`'s windows, where its chunks are split into blocks of rows.
+    /// `gemm`'s windows, where its chunks are split into blocks of rows;
+    /// the matrix-vector kernel's columns, for short calls.
     pub fn shared_scratch(&self) -> usize {
-        match &self.imp {
+        let imp = match &self.imp {
             Imp::FftGemm(k) => k.shared_scratch(self.max.params.groups),
             Imp::Gemm(k) => k.shared_scratch(),
             _ => 0,
-        }
+        };
+        let gemv = self
+            .gemv
+            .as_ref()
+            .map_or(0, |_| Gemv::shared_scratch(&self.max));
+        imp.max(gemv)
     }
 
     /// Bytes of weight-derived data this preparation holds (filter spectra,
