@@ -213,6 +213,7 @@ def test_overheads_tiny(tmp_path):
     assert "ETDump on: geometric mean" in summary and "over the baseline: geometric mean" in summary
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not RUNNER.is_file(), reason="pte_runner not built (scripts/setup.sh)")
 def test_end_to_end_decode_tiny(tmp_path):
     """One-token calls with state carried: every alternative runs and agrees

@@ -9,7 +9,6 @@ convs in float, leaving their ``dequantize_per_channel`` without a kernel.
 """
 
 import copy
-import os
 import tempfile
 from pathlib import Path
 
@@ -19,11 +18,6 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPar
 from rustconv import RustConvPartitioner
 from rustconv.testing import check_others_unchanged, transform_and_lower
 from torch.export import export
-
-slow = pytest.mark.skipif(
-    os.environ.get("RUSTCONV_SLOW_TESTS") != "1",
-    reason="minutes on the 2-core machine; RUSTCONV_SLOW_TESTS=1 runs it",
-)
 
 
 class _Call(torch.nn.Module):
@@ -224,7 +218,7 @@ def test_float_short_conv_between_pt2e_quantized_linears_is_ours():
     assert (report.outputs["first"][0] - want).abs().max().item() <= 4 * step
 
 
-@slow
+@pytest.mark.slow
 def test_pt2e_quantized_conv_stack_of_the_issue():
     """The issue's 12 dense convs (250 channels, K=11) quantized per channel:
     ``Missing out variants: {'quantized_decomposed::dequantize_per_channel'}``
@@ -232,7 +226,7 @@ def test_pt2e_quantized_conv_stack_of_the_issue():
     _check_pt2e_stack(channels=250, layers=12)
 
 
-@slow
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["q8da4w", "fp32"])
 def test_executorch_lfm2_recipe_with_rustconv_gives_the_recipes_logits(recipe):
     """ExecuTorch's LFM2 recipe (examples/models/llama, lfm2_xnnpack_<recipe>.yaml)

@@ -95,7 +95,10 @@ def run_pte_runner(pte, tmp_path) -> list[torch.Tensor]:
     return logits
 
 
-@pytest.mark.parametrize("recipe", ["lfm2_xnnpack_fp32", "lfm2_xnnpack_q8da4w"])
+# The fp32 recipe costs one more export; LFM2 in fp32 is the zoo's hf_lfm2 too.
+@pytest.mark.parametrize(
+    "recipe", [pytest.param("lfm2_xnnpack_fp32", marks=pytest.mark.slow), "lfm2_xnnpack_q8da4w"]
+)
 def test_rustconv_takes_every_short_conv(recipe, tmp_path_factory):
     ours = program(recipe, True, tmp_path_factory)
     assert ours.rustconv_calls == ours.conv_layers, (
@@ -105,6 +108,7 @@ def test_rustconv_takes_every_short_conv(recipe, tmp_path_factory):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("runner", ["runtime", "pte_runner"])
 def test_fp32_recipe_with_rustconv_matches_eager(runner, tmp_path_factory, tmp_path):
     ours = program("lfm2_xnnpack_fp32", True, tmp_path_factory)
