@@ -1,5 +1,5 @@
 //! Helpers shared by the unit tests: a seeded PRNG, element-wise tolerance
-//! checks and a ReLU epilogue sink. Test-only; compiled under `cfg(test)`.
+//! checks, a ReLU epilogue sink and a fused program's values by index. Test-only; compiled under `cfg(test)`.
 
 /// SplitMix64: tiny, seedable and reproducible on every platform, which is
 /// all test data needs, without a dependency.
@@ -144,5 +144,44 @@ impl crate::fused::RowSink for ReluSink {
     }
     fn temporaries(&self) -> usize {
         0
+    }
+}
+
+/// A fused program's values by index: shapes for all, data for the stored
+/// ones (`fused::Env` for the tests of programs, recipes and reductions).
+#[derive(Default)]
+pub(crate) struct TestEnv {
+    pub(crate) shapes: Vec<crate::fused::Shape>,
+    pub(crate) data: Vec<Vec<f32>>,
+}
+
+impl crate::fused::Env for TestEnv {
+    fn shape(&self, value: usize) -> crate::fused::Shape {
+        self.shapes[value]
+    }
+    fn data(&self, value: usize) -> &[f32] {
+        &self.data[value]
+    }
+}
+
+impl TestEnv {
+    /// A stored value.
+    pub(crate) fn stored(&mut self, dims: &[usize], data: Vec<f32>) -> usize {
+        let shape = crate::fused::Shape::new(dims);
+        assert_eq!(shape.numel(), data.len());
+        self.shapes.push(shape);
+        self.data.push(data);
+        self.shapes.len() - 1
+    }
+    /// A computed value with no data (what a program computes, never read
+    /// from the environment).
+    pub(crate) fn computed(&mut self, dims: &[usize]) -> usize {
+        self.shapes.push(crate::fused::Shape::new(dims));
+        self.data.push(Vec::new());
+        self.shapes.len() - 1
+    }
+    /// A computed (virtual) value, zero-filled.
+    pub(crate) fn virt(&mut self, dims: &[usize]) -> usize {
+        self.stored(dims, vec![0.0; crate::fused::Shape::new(dims).numel()])
     }
 }

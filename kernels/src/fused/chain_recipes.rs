@@ -275,31 +275,7 @@ fn chain_generic<const F: bool>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fused::Shape;
-    use crate::test_support::Rng;
-
-    #[derive(Default)]
-    struct TestEnv {
-        shapes: Vec<Shape>,
-        data: Vec<Vec<f32>>,
-    }
-
-    impl Env for TestEnv {
-        fn shape(&self, value: usize) -> Shape {
-            self.shapes[value]
-        }
-        fn data(&self, value: usize) -> &[f32] {
-            &self.data[value]
-        }
-    }
-
-    impl TestEnv {
-        fn value(&mut self, dims: &[usize], data: Vec<f32>) -> usize {
-            self.shapes.push(Shape::new(dims));
-            self.data.push(data);
-            self.shapes.len() - 1
-        }
-    }
+    use crate::test_support::{Rng, TestEnv};
 
     const T: [Option<u8>; 4] = [Some(0), Some(2), Some(1), None];
 
@@ -314,13 +290,13 @@ mod tests {
         c: usize,
         act: Option<UnaryOp>,
     ) -> Program {
-        let x = env.value(&[1, n, c], rng.vec(n * c, -2.0, 2.0));
-        let m = env.value(&[1, n, 1], rng.vec(n, -0.5, 0.5));
-        let r = env.value(&[1, n, 1], rng.vec(n, 0.5, 2.0));
-        let w = env.value(&[c], rng.vec(c, 0.5, 1.5));
-        let b = env.value(&[c], rng.vec(c, -0.5, 0.5));
-        let nc = env.value(&[1, n, c], Vec::new());
-        let cn = env.value(&[1, c, n], Vec::new());
+        let x = env.stored(&[1, n, c], rng.vec(n * c, -2.0, 2.0));
+        let m = env.stored(&[1, n, 1], rng.vec(n, -0.5, 0.5));
+        let r = env.stored(&[1, n, 1], rng.vec(n, 0.5, 2.0));
+        let w = env.stored(&[c], rng.vec(c, 0.5, 1.5));
+        let b = env.stored(&[c], rng.vec(c, -0.5, 0.5));
+        let nc = env.computed(&[1, n, c]);
+        let cn = env.computed(&[1, c, n]);
         let mut p = Program::default();
         let lx = p.push(Expr::Load, x);
         let lm = p.push(Expr::Load, m);
@@ -417,9 +393,9 @@ mod tests {
         let mut rng = Rng::new(8);
         let (c, n) = (5, 300);
         let mut env = TestEnv::default();
-        let y = env.value(&[1, c, n], Vec::new());
-        let s = env.value(&[c, 1], rng.vec(c, 0.5, 1.5));
-        let t = env.value(&[c, 1], rng.vec(c, -1.0, 1.0));
+        let y = env.computed(&[1, c, n]);
+        let s = env.stored(&[c, 1], rng.vec(c, 0.5, 1.5));
+        let t = env.stored(&[c, 1], rng.vec(c, -1.0, 1.0));
         let mut p = Program::default();
         let a = p.push(Expr::Anchor, y);
         let ls = p.push(Expr::Load, s);
@@ -464,11 +440,11 @@ mod tests {
         // RMSNorm over a [1, N, C] projection, read as [1, C, N].
         let mut env = TestEnv::default();
         let (n, c) = (9, 70);
-        let x = env.value(&[1, n, c], rng.vec(n * c, -2.0, 2.0));
-        let r = env.value(&[1, n, 1], rng.vec(n, 0.5, 2.0));
-        let w = env.value(&[c], rng.vec(c, 0.5, 1.5));
-        let nc = env.value(&[1, n, c], Vec::new());
-        let cn = env.value(&[1, c, n], Vec::new());
+        let x = env.stored(&[1, n, c], rng.vec(n * c, -2.0, 2.0));
+        let r = env.stored(&[1, n, 1], rng.vec(n, 0.5, 2.0));
+        let w = env.stored(&[c], rng.vec(c, 0.5, 1.5));
+        let nc = env.computed(&[1, n, c]);
+        let cn = env.computed(&[1, c, n]);
         let mut p = Program::default();
         let lx = p.push(Expr::Load, x);
         let lr = p.push(Expr::Load, r);

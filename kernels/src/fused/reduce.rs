@@ -469,31 +469,7 @@ fn add_dev(dev: &mut [f32], sq: &mut [f32], v: &[f32], mean: &[f32]) {
 mod tests {
     use super::*;
     use crate::fused::{BinaryOp, Expr};
-    use crate::test_support::Rng;
-
-    /// Values by index: shapes for all, data for the stored ones.
-    #[derive(Default)]
-    struct TestEnv {
-        shapes: Vec<Shape>,
-        data: Vec<Vec<f32>>,
-    }
-
-    impl Env for TestEnv {
-        fn shape(&self, value: usize) -> Shape {
-            self.shapes[value]
-        }
-        fn data(&self, value: usize) -> &[f32] {
-            &self.data[value]
-        }
-    }
-
-    impl TestEnv {
-        fn value(&mut self, dims: &[usize], data: Vec<f32>) -> usize {
-            self.shapes.push(Shape::new(dims));
-            self.data.push(data);
-            self.shapes.len() - 1
-        }
-    }
+    use crate::test_support::{Rng, TestEnv};
 
     fn mask(dims: &[usize]) -> [bool; MAX_RANK] {
         let mut m = [false; MAX_RANK];
@@ -590,7 +566,7 @@ mod tests {
         let l = p.push(Expr::Load, x);
         let stored = env.shape(x);
         let dims: Vec<usize> = perm.iter().map(|&q| stored[q]).collect();
-        let v = env.value(&dims, Vec::new());
+        let v = env.computed(&dims);
         let mut map = [None; MAX_RANK];
         for (d, &q) in perm.iter().enumerate() {
             map[d] = Some(q as u8);
@@ -618,7 +594,7 @@ mod tests {
         for &(stored, perm, dims) in cases {
             let mut env = TestEnv::default();
             let n: usize = stored.iter().product();
-            let x = env.value(stored, rng.vec(n, -2.0, 3.0));
+            let x = env.stored(stored, rng.vec(n, -2.0, 3.0));
             let p = permuted(&mut env, x, perm);
             let view: Vec<usize> = perm.iter().map(|&q| stored[q]).collect();
             let st = Shape::new(stored).strides();
@@ -635,7 +611,7 @@ mod tests {
     #[test]
     fn the_walk_follows_memory() {
         let mut env = TestEnv::default();
-        let x = env.value(&[1, 8, 16], vec![0.0; 128]);
+        let x = env.stored(&[1, 8, 16], vec![0.0; 128]);
         let direct = permuted(&mut env, x, &[0, 1, 2]);
         let transposed = permuted(&mut env, x, &[0, 2, 1]);
         let walk = |p: &Program, dims: &[usize]| {
@@ -668,10 +644,10 @@ mod tests {
             ([1, 96, 700], [0, 1, 2], [2]),
         ] {
             let mut env = TestEnv::default();
-            let x = env.value(&stored, rng.vec(96 * 700, -1.0, 1.0));
+            let x = env.stored(&stored, rng.vec(96 * 700, -1.0, 1.0));
             let mut p = permuted(&mut env, x, &perm);
             let root = env.shape(p.nodes()[p.root()].value);
-            let v = env.value(root.dims(), Vec::new());
+            let v = env.computed(root.dims());
             let two = p.push(Expr::Const(2.0), v);
             let one = p.push(Expr::Const(1.0), v);
             let m = p.push(
@@ -718,7 +694,7 @@ mod tests {
         let mut rng = Rng::new(11);
         for perm in [[0usize, 1, 2], [0, 2, 1]] {
             let mut env = TestEnv::default();
-            let x = env.value(
+            let x = env.stored(
                 &[1, 512, 300],
                 (0..512 * 300)
                     .map(|_| 1000.0 + rng.uniform(-0.01, 0.01))
@@ -745,7 +721,7 @@ mod tests {
     #[test]
     fn nothing_to_reduce_gives_pytorchs_nan_mean_and_zero_sum() {
         let mut env = TestEnv::default();
-        let x = env.value(&[1, 3, 0], Vec::new());
+        let x = env.stored(&[1, 3, 0], Vec::new());
         let p = permuted(&mut env, x, &[0, 1, 2]);
         let [s, m, v] = run(&p, &env, &[2], 1);
         assert_eq!(s, [0.0; 3]);
@@ -755,7 +731,7 @@ mod tests {
     #[test]
     fn bad_outputs_scratch_and_anchors_are_errors() {
         let mut env = TestEnv::default();
-        let x = env.value(&[2, 8], vec![1.0; 16]);
+        let x = env.stored(&[2, 8], vec![1.0; 16]);
         let p = permuted(&mut env, x, &[0, 1]);
         let scratch = Scratch::new(1, reduce_scratch(0));
         let mut out = vec![0.0; 3];

@@ -5,42 +5,7 @@ use super::*;
 use crate::conv1d::{Algorithm, Choice, Conv1dParams, PreparedConv1d};
 use crate::scan::{linear_scan_rows, linear_scan_rows_pair, scan_rows_scratch, ScanParams};
 use crate::scratch::Scratch;
-use crate::test_support::Rng;
-
-/// Values by index: shapes for all, data for the stored ones.
-struct TestEnv {
-    shapes: Vec<Shape>,
-    data: Vec<Vec<f32>>,
-}
-
-impl Env for TestEnv {
-    fn shape(&self, value: usize) -> Shape {
-        self.shapes[value]
-    }
-    fn data(&self, value: usize) -> &[f32] {
-        &self.data[value]
-    }
-}
-
-impl TestEnv {
-    fn new() -> Self {
-        TestEnv {
-            shapes: vec![],
-            data: vec![],
-        }
-    }
-    /// A stored value.
-    fn stored(&mut self, dims: &[usize], data: Vec<f32>) -> usize {
-        assert_eq!(Shape::new(dims).numel(), data.len());
-        self.shapes.push(Shape::new(dims));
-        self.data.push(data);
-        self.shapes.len() - 1
-    }
-    /// A computed (virtual) value.
-    fn virt(&mut self, dims: &[usize]) -> usize {
-        self.stored(dims, vec![0.0; Shape::new(dims).numel()])
-    }
-}
+use crate::test_support::{Rng, TestEnv};
 
 fn at(shape: &Shape, idx: &[usize]) -> usize {
     let st = shape.strides();
@@ -76,7 +41,7 @@ fn eval_all(p: &Program, env: &TestEnv) -> Vec<f32> {
 #[test]
 fn views_broadcasts_and_cat_read_the_right_elements() {
     let mut rng = Rng::new(1);
-    let mut env = TestEnv::new();
+    let mut env = TestEnv::default();
     // in [1, N, 3D] -> permute [1, 3D, N] -> chunk 3 along dim 1 (slices)
     let (n, d) = (10, 4);
     let input = env.stored(&[1, n, 3 * d], rng.vec(n * 3 * d, -1.0, 1.0));
@@ -185,7 +150,7 @@ fn views_broadcasts_and_cat_read_the_right_elements() {
 
 #[test]
 fn strided_slices_and_a_cat_along_lines_of_another_dimension() {
-    let mut env = TestEnv::new();
+    let mut env = TestEnv::default();
     let a = env.stored(&[2, 9], (0..18).map(|v| v as f32).collect());
     let b = env.stored(&[1, 9], (100..109).map(|v| v as f32).collect());
     let cat = env.virt(&[3, 9]);
@@ -263,7 +228,7 @@ fn fused_depthwise_matches_the_plain_kernel() {
             groups: ch,
         };
         let out_len = p.geometry().unwrap().out_len;
-        let mut env = TestEnv::new();
+        let mut env = TestEnv::default();
         let x1 = env.stored(&[batch, n, ch], rng.vec(batch * n * ch, -1.0, 1.0));
         let x2 = env.stored(&[batch, n, ch], rng.vec(batch * n * ch, -1.0, 1.0));
         let c_dims = if transposed_out {
@@ -418,7 +383,7 @@ fn check_fused_scan(b: usize, c: usize, n: usize) {
         channels: c,
         len: n,
     };
-    let mut env = TestEnv::new();
+    let mut env = TestEnv::default();
     let pp = env.stored(&[b, c, n], rng.vec(b * c * n, -3.0, 3.0));
     let xin = env.stored(&[b, c, n], rng.vec(b * c * n, -1.0, 1.0));
     let big_a = env.stored(&[c, 1], rng.vec(c, 0.1, 1.0));
@@ -679,7 +644,7 @@ fn a_store_outside_the_output_panics_instead_of_writing() {
 #[test]
 fn shared_subexpressions_are_computed_once_and_give_the_same_values() {
     let mut rng = Rng::new(7);
-    let mut env = TestEnv::new();
+    let mut env = TestEnv::default();
     let (c, n) = (3, 50);
     let p = env.stored(&[1, c, n], rng.vec(c * n, -30.0, 30.0));
     let x = env.stored(&[1, c, n], rng.vec(c * n, -1.0, 1.0));
@@ -857,7 +822,7 @@ fn shared_subexpressions_are_computed_once_and_give_the_same_values() {
 
 #[test]
 fn decomposed_softplus_and_silu_are_evaluated_as_one_op() {
-    let mut env = TestEnv::new();
+    let mut env = TestEnv::default();
     let xs: Vec<f32> = (0..60).map(|i| (i as f32 - 30.0) * 1.1).collect();
     let x = env.stored(&[2, 30], xs.clone());
     let v = env.virt(&[2, 30]);
@@ -1018,7 +983,7 @@ fn fft_conv_runs_prologues_and_epilogues_in_its_block_loops() {
         let w = rng.vec(ch * k, -0.1, 0.1);
         let prepared = PreparedConv1d::new(&p, &w, Choice::Force(Algorithm::Fft)).unwrap();
         let bias = rng.vec(ch, -0.5, 0.5);
-        let mut env = TestEnv::new();
+        let mut env = TestEnv::default();
         // The input is v * u (Hyena's gate before the conv).
         let v = env.stored(&[batch, ch, n], rng.vec(batch * ch * n, -1.0, 1.0));
         let u = env.stored(&[batch, ch, n], rng.vec(batch * ch * n, -1.0, 1.0));
@@ -1123,7 +1088,7 @@ fn columns_of_short_rows_read_and_materialise_every_element() {
     let mut rng = Rng::new(5);
     for s in 1..=6 {
         for c in [1, 2, 7, 1025, 2100] {
-            let mut env = TestEnv::new();
+            let mut env = TestEnv::default();
             let x = env.stored(&[1, c, s], rng.vec(c * s, -1.0, 1.0));
             let mut p = Program::default();
             p.push(Expr::Load, x);
@@ -1150,7 +1115,7 @@ fn columns_of_short_rows_read_and_materialise_every_element() {
 fn transposed_programs_materialise_across_their_rows() {
     let mut rng = Rng::new(9);
     for (b, c, n) in [(1, 300, 130), (2, 7, 65), (3, 256, 64), (1, 1, 40)] {
-        let mut env = TestEnv::new();
+        let mut env = TestEnv::default();
         let x = env.stored(&[b, n, c], rng.vec(b * n * c, -1.0, 1.0));
         let g = env.stored(&[c, 1], rng.vec(c, 0.5, 2.0));
         let t = env.virt(&[b, c, n]);
@@ -1207,7 +1172,7 @@ fn discretise_recipe_matches_the_interpreter_bit_for_bit() {
     use super::recipes::Discretise;
     let (c, n) = (3, 203);
     let mut rng = Rng::new(11);
-    let mut env = TestEnv::new();
+    let mut env = TestEnv::default();
     let mut p_data = rng.vec(c * n, -30.0, 30.0);
     p_data[5] = 0.0;
     p_data[6] = -0.0;
@@ -1403,7 +1368,7 @@ fn gate_recipe_matches_the_interpreter_bit_for_bit() {
     use super::recipes::Gate;
     let (c, n) = (2, 150);
     let mut rng = Rng::new(12);
-    let mut env = TestEnv::new();
+    let mut env = TestEnv::default();
     let mut z_data = rng.vec(c * n, -40.0, 40.0);
     z_data[3] = 0.0;
     z_data[4] = -0.0;
@@ -1479,7 +1444,7 @@ fn gate_recipe_matches_the_interpreter_bit_for_bit() {
 fn a_large_gated_result_is_streamed_with_the_same_values() {
     let (c, n) = (2, (8 << 20) / 4 + 37);
     let mut rng = Rng::new(13);
-    let mut env = TestEnv::new();
+    let mut env = TestEnv::default();
     let z = env.stored(&[1, c, n], rng.vec(c * n, -4.0, 4.0));
     let full = env.virt(&[1, c, n]);
     let y = rng.vec(c * n, -3.0, 3.0);
@@ -1541,7 +1506,7 @@ fn gated_conv_recipes_match_the_interpreter_bit_for_bit() {
     use super::conv_recipes::{Product, SkipGate};
     let (c, n) = (3, 150);
     let mut rng = Rng::new(14);
-    let mut env = TestEnv::new();
+    let mut env = TestEnv::default();
     let full = env.virt(&[1, c, n]);
     let v = env.stored(&[1, c, n], rng.vec(c * n, -3.0, 3.0));
     let x = env.stored(&[1, c, n], rng.vec(c * n, -3.0, 3.0));
@@ -1699,7 +1664,7 @@ fn gated_conv_recipes_match_the_interpreter_bit_for_bit() {
 fn short_lines_fill_across_their_rows_bit_for_bit() {
     let mut rng = Rng::new(21);
     for (b, c, n) in [(2, 129, 4), (1, 128, 1), (3, 5, 7), (1, 300, 6), (2, 9, 9)] {
-        let mut env = TestEnv::new();
+        let mut env = TestEnv::default();
         let x = env.stored(&[b, c, n], rng.vec(b * c * n, -2.0, 2.0));
         let y = env.stored(&[b, c, n], rng.vec(b * c * n, -2.0, 2.0));
         let t = env.virt(&[b, c, n]);
