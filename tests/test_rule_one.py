@@ -9,8 +9,6 @@ convs in float, leaving their ``dequantize_per_channel`` without a kernel.
 """
 
 import copy
-import tempfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -224,33 +222,3 @@ def test_pt2e_quantized_conv_stack_of_the_issue():
     ``Missing out variants: {'quantized_decomposed::dequantize_per_channel'}``
     at to_executorch with RustConv first, before."""
     _check_pt2e_stack(channels=250, layers=12)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("recipe", ["q8da4w", "fp32"])
-def test_executorch_lfm2_recipe_with_rustconv_gives_the_recipes_logits(recipe):
-    """ExecuTorch's LFM2 recipe (examples/models/llama, lfm2_xnnpack_<recipe>.yaml)
-    with RustConv added in front of its partitioners: the program XNNPACK sees
-    and its calls are unchanged, RustConv takes each short conv, and the logits
-    are the recipe's (same argmax). Before: every linear fell back to fp32 and
-    the logits were wrong."""
-    import executorch_lfm2_recipe as lfm2
-
-    with tempfile.TemporaryDirectory() as tmp:
-        workdir = Path(tmp)
-
-        def lower(partitioners):
-            builder = lfm2.exported(recipe, workdir)
-            return builder.to_edge_transform_and_lower(partitioners).edge_manager
-
-        tokens = torch.tensor([[1, 17, 42, 7, 99, 3, 250, 12]])
-        report = check_others_unchanged(
-            lower,
-            lfm2.recipe_partitioners,
-            inputs=lfm2.flat_inputs(None, tokens),
-            atol=1e-3,
-            min_rustconv_calls=lfm2.PARAMS["layer_types"].count("conv"),
-            orders=("first",),
-        )
-    shipped, ours = report.outputs["absent"][0], report.outputs["first"][0]
-    assert torch.equal(shipped.argmax(-1), ours.argmax(-1))

@@ -25,13 +25,17 @@ import numpy as np
 import pytest
 import torch
 from conftest import pte_runner_path
+from rustconv.testing import check_others_unchanged
 from zoo_models import tolerance
 from zoo_recipes import (
     LFM2_350M_PARAMS,
+    RECIPES,
     SMALL_PARAMS,
     eager_logits,
     export_recipe,
     have_recipe_dependencies,
+    recipe_for_lowering,
+    recipe_partitioners,
     token_calls,
 )
 
@@ -151,3 +155,29 @@ def test_q8da4w_recipe_as_shipped_runs_in_pte_runner(tmp_path_factory, tmp_path)
     ):
         assert torch.equal(a.argmax(-1), b.argmax(-1)), f"call {k}"
         assert (a - b).abs().max().item() <= 10 * tolerance(b), f"call {k}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_rule_one_on_the_recipe(recipe, tmp_path_factory):
+    """Rule one on the recipe: with RustConv in front of the recipe's
+    partitioners, the program XNNPACK sees and its calls are unchanged,
+    RustConv takes each short conv, and the logits are the recipe's (same
+    argmax). Before: every 8da4w linear fell back to fp32, wrong logits."""
+    work = tmp_path_factory.mktemp("rule-one")
+
+    def lower(partitioners):
+        builder = recipe_for_lowering(recipe, work)
+        return builder.to_edge_transform_and_lower(partitioners).edge_manager
+
+    tokens = torch.tensor([[1, 17, 42, 7, 99, 3, 250, 12]])
+    report = check_others_unchanged(
+        lower,
+        recipe_partitioners,
+        inputs=[tokens, torch.tensor([0], dtype=torch.long)],
+        atol=1e-3,
+        min_rustconv_calls=SMALL_PARAMS["layer_types"].count("conv"),
+        orders=("first",),
+    )
+    shipped, ours = report.outputs["absent"][0], report.outputs["first"][0]
+    assert torch.equal(shipped.argmax(-1), ours.argmax(-1))

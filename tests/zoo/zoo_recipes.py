@@ -191,6 +191,36 @@ def export_recipe(
     )
 
 
+def recipe_for_lowering(recipe: str, work: Path, full: bool = False):
+    """The recipe's ``LLMEdgeManager`` up to lowering: the steps ``_export_llama``
+    takes before ``to_edge_transform_and_lower`` (model from the random
+    checkpoint, source transforms such as 8da4w, export, the recipe's
+    quantizers), for lowering with any partitioner list
+    (``rustconv.testing.check_others_unchanged``). Same weights each call."""
+    from executorch.examples.models.llama import export_llama_lib
+
+    params = LFM2_350M_PARAMS if full else SMALL_PARAMS
+    work.mkdir(parents=True, exist_ok=True)
+    name = f"{recipe}-lowering-{'full' if full else 'small'}"
+    llm_config = recipe_config(recipe, params, work, name)
+    torch.manual_seed(0)
+    _, quantizers, _ = export_llama_lib.get_quantizer_and_quant_params(llm_config)
+    builder = export_llama_lib._prepare_for_llama_export(llm_config).export()
+    builder.run_canonical_optimizations()
+    return builder.pt2e_quantize(quantizers)
+
+
+def recipe_partitioners() -> list:
+    """The partitioners the recipe lowers with (``_to_edge_and_lower_llama_xnnpack``):
+    XNNPACK's dynamically quantized one, then XNNPACK's."""
+    from executorch.extension.llm.export.partitioner_lib import get_xnnpack_partitioner
+
+    return [
+        get_xnnpack_partitioner(dynamic_quant_only_partitioner=True),
+        get_xnnpack_partitioner(dynamic_quant_only_partitioner=False),
+    ]
+
+
 def token_calls(vocab: int, prompt: int, decode: int, seed: int = 1) -> list[tuple]:
     """A prefill of ``prompt`` tokens at position 0, then ``decode`` one-token
     calls: ``(tokens [1, n], input_pos [1])`` as the recipe's program takes them."""
@@ -231,6 +261,8 @@ __all__ = [
     "LFM2_350M_PARAMS",
     "SMALL_PARAMS",
     "export_recipe",
+    "recipe_for_lowering",
+    "recipe_partitioners",
     "token_calls",
     "eager_logits",
     "have_recipe_dependencies",
