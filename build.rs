@@ -76,6 +76,12 @@ fn main() {
 
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     println!("cargo:rustc-link-lib=dylib=executorch");
+    // The shared threadpool the delegate runs its kernels on
+    // (delegate/src/threads.rs); a build that links it into libexecutorch.so
+    // has no separate library.
+    if lib_dir.join("libexecutorch_threadpool.so").exists() {
+        println!("cargo:rustc-link-lib=dylib=executorch_threadpool");
+    }
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
     // An ExecuTorch build that links all of these into libexecutorch.so
     // (Android's AAR, docs/aarch64.md) names the ones it has, maybe none.

@@ -13,7 +13,10 @@ custom ops between them). Variants:
 * ``rustconv``: with RustConv, ``-num_threads T`` (RustConv has T too);
 * ``rustconv@k``: the same program, ``-rustconv_threads k`` (XNNPACK keeps T):
   with k = 1 RustConv has no worker thread at all, the control for "our
-  workers compete with XNNPACK's".
+  workers compete with XNNPACK's";
+* ``rustconv-own``: the same program with ``RUSTCONV_THREADPOOL=own``: our
+  kernels on a pool of our own instead of ExecuTorch's threadpool, which
+  they share with XNNPACK by default (delegate/src/threads.rs).
 
 The machine may be busy, so variants are interleaved: each round runs every
 variant once, in an order reversed every other round (A B C, C B A, ...) so
@@ -54,10 +57,13 @@ class Variant:
     name: str
     alt: str  # the bench alternative whose program runs: xnnpack (as shipped) or ours
     rustconv_threads: int | None = None  # pte_runner -rustconv_threads
+    env: tuple[tuple[str, str], ...] = ()  # environment of the run
 
 
 def variants(threads: int, rustconv_threads: list[int]) -> list[Variant]:
     out = [Variant("shipped", "xnnpack"), Variant("rustconv", "ours")]
+    if threads > 1:
+        out.append(Variant("rustconv-own", "ours", env=(("RUSTCONV_THREADPOOL", "own"),)))
     out += [Variant(f"rustconv@{k}", "ours", k) for k in rustconv_threads if k != threads]
     return out
 
@@ -164,6 +170,7 @@ def run_variant(
         args.runner_path, pte, steps[0], work / "interference-out.npz", args.warmup,
         args.repeats, threads, timeout_s=args.time_limit * len(steps) * (args.warmup +
         args.repeats) + 120, etdump=etdump, steps=steps, extra=extra, keep_etdump=True,
+        env=dict(v.env),
     )  # fmt: skip
     try:
         return step_times(etdump, args.warmup * len(steps), parts)

@@ -232,13 +232,15 @@ def run_pte(
     steps: list[Path] | None = None,
     extra: list[str] | None = None,
     keep_etdump: bool = False,
+    env: dict[str, str] | None = None,
 ) -> RunnerResult:
     """Runs pte_runner once and parses its latency, peak memory, plan lines
     and output 0; with ``etdump``, the run is traced into that file (then
     removed, unless ``keep_etdump``); ``extra``: more pte_runner arguments.
     With ``steps``, ``inputs_npz`` is not used: the calls run in that order,
     state carried (``-steps_npz_paths``), the latency is the calls' after
-    the first (decode steps) and the output the last call's."""
+    the first (decode steps) and the output the last call's. ``env``: more
+    environment variables for the run."""
     out_npz.unlink(missing_ok=True)
     feed = ["-steps_npz_paths", ",".join(map(str, steps))] if steps else [
         "-inputs_npz_path", str(inputs_npz)
@@ -256,7 +258,13 @@ def run_pte(
         cmd += ["-etdump_path", str(etdump)]
     cmd += extra or []
     try:
-        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        run = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env={**os.environ, **env} if env else None,
+        )
     except subprocess.TimeoutExpired as e:
         raise RunnerTimeout(timeout_s) from e
     if run.returncode != 0:

@@ -12,6 +12,22 @@
 
 #include "rustconv/delegate/src/ffi.rs.h"
 
+// libexecutorch_threadpool.so exports the process's shared pool, the one
+// XNNPACK and the optimized CPU kernels run on, but the wheel ships no header
+// for it; this declaration matches its exported symbol
+// (executorch/extension/threadpool/threadpool.h upstream).
+struct pthreadpool;
+namespace executorch::extension::threadpool {
+pthreadpool* get_pthreadpool();
+} // namespace executorch::extension::threadpool
+
+// For delegate/src/threads.rs, which runs the kernels' loops on that pool
+// through pthreadpool's C API. Null when there is none (or while a
+// NoThreadPoolGuard is active on this thread).
+extern "C" pthreadpool* rustconv_executorch_pthreadpool() {
+  return executorch::extension::threadpool::get_pthreadpool();
+}
+
 namespace rustconv {
 namespace ffi {
 

@@ -66,8 +66,8 @@ impl Delegate {
         };
         // Kernel preparation may time candidates (`conv1d_algorithm=measure`):
         // do it on the pool execute will use.
-        let pool = threads::pool(threads::resolve(self.options.num_threads)?)?;
-        let mut plan = pool.install(|| Plan::build(graph, segment, &self.options))?;
+        let workers = threads::Workers::choose(self.options.num_threads)?;
+        let mut plan = workers.run(|| Plan::build(graph, segment, &self.options))??;
         plan.drop_unread_converted();
         let release = !aligned || plan.has_unread_constants();
         let retained = release.then(|| plan.retain_constants(segment));

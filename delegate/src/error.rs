@@ -89,6 +89,8 @@ pub enum ConfigError {
     Algorithm(String),
     #[error("environment variable RUSTCONV_NUM_THREADS='{0}' is not a positive integer")]
     EnvThreads(String),
+    #[error("environment variable RUSTCONV_THREADPOOL='{0}' is not 'executorch' or 'own'")]
+    EnvThreadpool(String),
     #[error("cannot start a pool of {threads} threads: {source}")]
     ThreadPool {
         threads: usize,

@@ -2,13 +2,10 @@
 //! from the actual inputs, sizes the outputs and runs the kernels, without
 //! heap allocation (everything per-call lives in [`ExecState`], sized at init).
 
-use std::sync::Arc;
-
-use rayon::ThreadPool;
 use rustconv_kernels::fused::{
     drain, materialise, reduce, Env, EpilogueSink, ProgramRows, RowsIn, RowsOut, Statistic,
 };
-use rustconv_kernels::{self as kernels, KernelError, Scratch};
+use rustconv_kernels::{self as kernels, par, KernelError, Scratch};
 
 use crate::error::{ArgError, DelegateError};
 use crate::fusion::{Source, StatisticsKind};
@@ -56,7 +53,6 @@ pub struct ExecState {
     /// Per-thread kernel scratch (FFT buffers and the like), sized for the
     /// plan and the pool.
     scratch: Scratch,
-    pool: Option<(usize, std::thread::ThreadId, Arc<ThreadPool>)>,
     /// Each step's span when the call is profiled.
     pub(crate) events: KernelEvents,
 }
@@ -119,7 +115,6 @@ impl ExecState {
             states,
             state_epoch: crate::state::epoch(),
             scratch: Scratch::default(),
-            pool: None,
             events: KernelEvents::new(plan.steps.len()),
         };
         exec.reset_states(plan);
@@ -227,32 +222,22 @@ impl Executable<'_> {
             }
         }
 
-        let threads = threads::resolve(self.spec_threads)?;
-        // Pools belong to the calling thread (see threads.rs).
-        let caller = std::thread::current().id();
-        let pool = match &state.pool {
-            Some((n, owner, pool)) if *n == threads && *owner == caller => pool.clone(),
-            _ => {
-                // Only when the thread count or the calling thread changes
-                // (first call, a new runtime option): the one time execute
-                // may allocate.
-                let pool = threads::pool(threads)?;
-                state
-                    .scratch
-                    .reserve(threads, plan.scratch_per_thread, plan.shared_scratch);
-                state.pool = Some((threads, caller, pool.clone()));
-                pool
-            }
-        };
+        let workers = threads::Workers::choose(self.spec_threads)?;
+        // Allocates only when the thread count grows (a new runtime option).
+        state.scratch.reserve(
+            workers.threads(),
+            plan.scratch_per_thread,
+            plan.shared_scratch,
+        );
         // The spans leave the state for the call: the steps see the state
         // only through a shared reference. Moving a Vec allocates nothing.
         let mut spans = std::mem::take(&mut state.events.spans);
         let result = {
             let state = &*state;
-            pool.install(|| self.run_steps(state, clock, &mut spans))
+            workers.run(|| self.run_steps(state, clock, &mut spans))
         };
         state.events.spans = spans;
-        result
+        result?
     }
 
     /// Checks argument `position` of kind `which` against value `v` and
@@ -678,24 +663,22 @@ const CONVERT_CHUNK: usize = 1 << 14;
 /// `src` holds `n` f16s, `dst` room for `n` f32s, and they do not overlap.
 unsafe fn f16_to_f32(src: *const u8, dst: *mut u8, n: usize) {
     use half::slice::HalfFloatSliceExt;
-    use rayon::prelude::*;
     let src = std::slice::from_raw_parts(src.cast::<half::f16>(), n);
     let dst = std::slice::from_raw_parts_mut(dst.cast::<f32>(), n);
-    src.par_chunks(CONVERT_CHUNK)
-        .zip(dst.par_chunks_mut(CONVERT_CHUNK))
-        .for_each(|(s, d)| s.convert_to_f32_slice(d));
+    par::for_each_chunk_mut(dst, CONVERT_CHUNK, |i, d| {
+        src[i * CONVERT_CHUNK..][..d.len()].convert_to_f32_slice(d)
+    });
 }
 
 /// # Safety
 /// `src` holds `n` f32s, `dst` room for `n` f16s, and they do not overlap.
 unsafe fn f32_to_f16(src: *const u8, dst: *mut u8, n: usize) {
     use half::slice::HalfFloatSliceExt;
-    use rayon::prelude::*;
     let src = std::slice::from_raw_parts(src.cast::<f32>(), n);
     let dst = std::slice::from_raw_parts_mut(dst.cast::<half::f16>(), n);
-    dst.par_chunks_mut(CONVERT_CHUNK)
-        .zip(src.par_chunks(CONVERT_CHUNK))
-        .for_each(|(d, s)| d.convert_from_f32_slice(s));
+    par::for_each_chunk_mut(dst, CONVERT_CHUNK, |i, d| {
+        d.convert_from_f32_slice(&src[i * CONVERT_CHUNK..][..d.len()])
+    });
 }
 
 fn bound_shape(plan: &Plan, v: usize) -> Shape {

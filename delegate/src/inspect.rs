@@ -84,10 +84,9 @@ pub fn describe(blob: &[u8], specs: &[(String, Vec<u8>)]) -> Result<PlanDoc, Del
     let segment = crate::memory::AlignedBuf::from_bytes(&blob[layout.constants.clone()]);
     // SAFETY: `from_bytes` filled the buffer's `len()` bytes.
     let segment = unsafe { std::slice::from_raw_parts(segment.as_ptr(), segment.len()) };
-    let threads = threads::resolve(options.num_threads)?;
-    let pool = threads::pool(threads)?;
-    let plan = pool.install(|| Plan::build(graph, segment, &options))?;
-    Ok(document(&plan, threads))
+    let workers = threads::Workers::choose(options.num_threads)?;
+    let plan = workers.run(|| Plan::build(graph, segment, &options))??;
+    Ok(document(&plan, workers.threads()))
 }
 
 fn document(plan: &Plan, threads: usize) -> PlanDoc {

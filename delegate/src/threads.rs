@@ -1,33 +1,59 @@
-//! How many threads the kernels use, and the rayon pools that provide them.
+//! How many threads the kernels use, and which threads they are.
 //!
-//! Precedence, highest first: the runtime option (`set_option("num_threads")`,
-//! which `pte_runner -num_threads` uses), the `RUSTCONV_NUM_THREADS`
-//! environment variable, the `num_threads` compile spec, the machine's cores.
+//! Precedence of the count, highest first: the runtime option
+//! (`set_option("num_threads")`, which `pte_runner -num_threads` uses), the
+//! `RUSTCONV_NUM_THREADS` environment variable, the `num_threads` compile
+//! spec, the size of ExecuTorch's threadpool, the machine's cores.
 //!
-//! # The calling thread works too
+//! # ExecuTorch's threadpool, shared
 //!
-//! A rayon pool's `install`, called from outside the pool, hands the work to
-//! a sleeping worker and blocks until it is done: two thread wake-ups, about
-//! 13 µs on the 2-core EPYC this was measured on, which is most of a small
-//! call (C = 512, N = 64, K = 4 computes in 11 µs). So, as pthreadpool
-//! does for XNNPACK, the thread that calls into the delegate is itself one
-//! of the pool's threads (rayon's `use_current_thread`, index 0): `install`
-//! then runs on it at once and the other `threads - 1` workers steal from
-//! it. Pools therefore belong to a calling thread (one per thread count;
-//! a thread can be a member of only one pool, so a second thread count on
-//! the same thread gets an ordinary pool of `threads` workers). A host that
-//! runs methods from several threads at once gets a pool per thread, and
-//! with it `threads - 1` workers each: set the thread count accordingly.
+//! A process running ExecuTorch has one threadpool (a pthreadpool, from
+//! `libexecutorch_threadpool`) on which XNNPACK and the optimized CPU
+//! kernels run. When it has the thread count a call wants, the kernels run
+//! their loops on it ([`ExecutorchPool`], installed as the kernels' current
+//! pool): a program's delegates then take turns on the same threads.
+//! Two pools would not: after each of its calls, pthreadpool's workers spin
+//! for a while waiting for the next, on the cores our own workers need, and
+//! ours do the same to XNNPACK's next call. On a 2-core machine that made a
+//! prefill of our calls 13 times slower at 2 threads than at 1, inside
+//! ExecuTorch's LFM2 recipe (bench/interference.py measures it).
+//! `RUSTCONV_THREADPOOL=own` keeps the kernels on pools of their own, as
+//! they were before.
+//!
+//! # Our own pools, where ExecuTorch's does not fit
+//!
+//! For another thread count than ExecuTorch's pool has (or a host without
+//! one) the kernels run on a rayon pool of ours. A rayon pool's `install`,
+//! called from outside the pool, hands the work to a sleeping worker and
+//! blocks until it is done: two thread wake-ups, about 13 µs on the 2-core
+//! EPYC this was measured on, which is most of a small call (C = 512,
+//! N = 64, K = 4 computes in 11 µs). So, as pthreadpool does, the thread
+//! that calls into the delegate is itself one of the pool's threads
+//! (rayon's `use_current_thread`, index 0): `install` then runs on it at
+//! once and the other `threads - 1` workers steal from it. Pools therefore
+//! belong to a calling thread (one per thread count; a thread can be a
+//! member of only one pool, so a second thread count on the same thread
+//! gets an ordinary pool of `threads` workers). A host that runs methods
+//! from several threads at once gets a pool per thread, and with it
+//! `threads - 1` workers each: set the thread count accordingly.
+#![allow(unsafe_code)]
+
+use std::any::Any;
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::ffi::c_void;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use rayon::ThreadPool;
+use rustconv_kernels::par::{self, Pool as _};
 
 use crate::error::ConfigError;
 
 pub const ENV_VAR: &str = "RUSTCONV_NUM_THREADS";
+pub const POOL_ENV_VAR: &str = "RUSTCONV_THREADPOOL";
 
 /// 0 when unset.
 static RUNTIME_THREADS: AtomicUsize = AtomicUsize::new(0);
@@ -55,15 +81,88 @@ fn env_threads() -> Result<Option<usize>, ConfigError> {
     .map_err(ConfigError::EnvThreads)
 }
 
-pub fn resolve(compile_spec: Option<usize>) -> Result<usize, ConfigError> {
+/// The thread count set by the runtime option, the environment or the
+/// compile spec, in that order; `None` when none is set.
+fn requested(compile_spec: Option<usize>) -> Result<Option<usize>, ConfigError> {
     match RUNTIME_THREADS.load(Ordering::Relaxed) {
         0 => {}
-        n => return Ok(n),
+        n => return Ok(Some(n)),
     }
-    if let Some(n) = env_threads()? {
-        return Ok(n);
+    Ok(env_threads()?.or(compile_spec))
+}
+
+/// Whether `RUSTCONV_THREADPOOL=own` keeps the kernels off ExecuTorch's
+/// threadpool. Read once, as [`env_threads`].
+fn own_pools_only() -> Result<bool, ConfigError> {
+    static OWN: OnceLock<Result<bool, String>> = OnceLock::new();
+    OWN.get_or_init(|| match std::env::var(POOL_ENV_VAR) {
+        Err(_) => Ok(false),
+        Ok(s) => match s.trim() {
+            "executorch" => Ok(false),
+            "own" => Ok(true),
+            _ => Err(s),
+        },
+    })
+    .clone()
+    .map_err(ConfigError::EnvThreadpool)
+}
+
+/// Where a call's kernels run.
+pub enum Workers {
+    /// One thread: the caller's.
+    Caller,
+    /// ExecuTorch's threadpool, shared with XNNPACK and the CPU kernels.
+    Executorch(ExecutorchPool),
+    /// A rayon pool of ours, of this many threads.
+    Own(usize),
+}
+
+impl Workers {
+    /// The workers for a call now, given the delegate's compile spec.
+    /// Allocates nothing (the environment is read once).
+    pub fn choose(compile_spec: Option<usize>) -> Result<Workers, ConfigError> {
+        let executorch = if own_pools_only()? {
+            None
+        } else {
+            ExecutorchPool::get()
+        };
+        Ok(Workers::pick(requested(compile_spec)?, executorch))
     }
-    Ok(compile_spec.unwrap_or_else(machine_threads))
+
+    /// ExecuTorch's pool where it has the count asked for (its own when
+    /// none is), else the caller alone or a pool of ours.
+    fn pick(requested: Option<usize>, executorch: Option<ExecutorchPool>) -> Workers {
+        let threads = match requested {
+            Some(n) => n,
+            None => executorch
+                .as_ref()
+                .map_or_else(machine_threads, |pool| pool.threads),
+        };
+        match executorch {
+            _ if threads == 1 => Workers::Caller,
+            Some(pool) if pool.threads == threads => Workers::Executorch(pool),
+            _ => Workers::Own(threads),
+        }
+    }
+
+    pub fn threads(&self) -> usize {
+        match self {
+            Workers::Caller => 1,
+            Workers::Executorch(pool) => pool.threads(),
+            Workers::Own(threads) => *threads,
+        }
+    }
+
+    /// Runs `f` with these workers as the kernels' pool. The first call for
+    /// an [`Workers::Own`] count on a thread builds its pool (allocating);
+    /// later ones reuse it.
+    pub fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> Result<R, ConfigError> {
+        Ok(match self {
+            Workers::Caller => par::install(&par::Serial, f),
+            Workers::Executorch(pool) => par::install(pool, f),
+            Workers::Own(threads) => pool(*threads)?.install(f),
+        })
+    }
 }
 
 /// The machine's cores, read once: `available_parallelism` reads cgroup
@@ -76,17 +175,19 @@ fn machine_threads() -> usize {
 /// Names of the threads pools spawn (the calling thread keeps its own).
 const WORKER_PREFIX: &str = "rustconv-";
 
-/// Whether the current thread is one a pool spawned, rather than one that
-/// called into the delegate.
+/// Whether the current thread is a pool worker rather than the thread that
+/// called into the delegate: one our pools spawned, or one running a task
+/// of ExecuTorch's pool other than its caller (thread 0).
 pub fn is_worker() -> bool {
-    std::thread::current()
-        .name()
-        .is_some_and(|name| name.starts_with(WORKER_PREFIX))
+    par::task_thread().is_some_and(|t| t > 0)
+        || std::thread::current()
+            .name()
+            .is_some_and(|name| name.starts_with(WORKER_PREFIX))
 }
 
-/// The pool of `threads` threads for the calling thread (see the module
+/// Our pool of `threads` threads for the calling thread (see the module
 /// docs). Builds it on first use; later calls return the same pool.
-pub fn pool(threads: usize) -> Result<Arc<ThreadPool>, ConfigError> {
+pub(crate) fn pool(threads: usize) -> Result<Arc<ThreadPool>, ConfigError> {
     thread_local! {
         static POOLS: RefCell<HashMap<usize, Arc<ThreadPool>>> = RefCell::default();
     }
@@ -110,6 +211,101 @@ pub fn pool(threads: usize) -> Result<Arc<ThreadPool>, ConfigError> {
     POOLS.with_borrow_mut(|pools| pools.insert(threads, pool.clone()));
     Ok(pool)
 }
+
+/// pthreadpool's C API, exported by ExecuTorch's threadpool library.
+type Pthreadpool = *mut c_void;
+type Task1dWithThread = extern "C" fn(context: *mut c_void, thread: usize, i: usize);
+
+extern "C" {
+    /// ExecuTorch's pool (delegate/cpp/backend.cpp), or null.
+    fn rustconv_executorch_pthreadpool() -> Pthreadpool;
+    fn pthreadpool_get_threads_count(pool: Pthreadpool) -> usize;
+    fn pthreadpool_parallelize_1d_with_thread(
+        pool: Pthreadpool,
+        task: Task1dWithThread,
+        context: *mut c_void,
+        range: usize,
+        flags: u32,
+    );
+}
+
+/// ExecuTorch's threadpool as the kernels' [`par::Pool`]: its calling
+/// thread is thread 0 and takes part, like our own pools' (see the module
+/// docs).
+pub struct ExecutorchPool {
+    pool: NonNull<c_void>,
+    threads: usize,
+}
+
+impl ExecutorchPool {
+    /// The process's pool now (ExecuTorch may replace it between calls:
+    /// `_unsafe_reset_threadpool`), or `None` without one.
+    pub fn get() -> Option<Self> {
+        // SAFETY: a plain getter with no preconditions; it returns the
+        // process's pool or null (ExecuTorch creates the pool on first use).
+        let pool = NonNull::new(unsafe { rustconv_executorch_pthreadpool() })?;
+        // SAFETY: `pool` is a live pthreadpool: ExecuTorch's, which lives
+        // until the process exits or the host resets it, and hosts reset it
+        // between calls, not during one.
+        let threads = unsafe { pthreadpool_get_threads_count(pool.as_ptr()) }.max(1);
+        Some(ExecutorchPool { pool, threads })
+    }
+}
+
+/// What a task of [`ExecutorchPool::run`] reaches through pthreadpool's
+/// context pointer.
+struct Job<'a> {
+    task: &'a (dyn Fn(usize, usize) + Sync),
+    /// The first panic of a task: unwinding must not cross pthreadpool's C
+    /// frames, so it is caught there and resumed on the caller.
+    panic: Mutex<Option<Box<dyn Any + Send>>>,
+}
+
+extern "C" fn run_task(context: *mut c_void, thread: usize, i: usize) {
+    // SAFETY: `context` is the `&Job` that `ExecutorchPool::run` passed to
+    // pthreadpool, which calls this only until `parallelize` returns, while
+    // that borrow is alive. `Job` is `Sync`: tasks on other threads share it.
+    let job = unsafe { &*(context as *const Job) };
+    if let Err(payload) = catch_unwind(AssertUnwindSafe(|| (job.task)(thread, i))) {
+        let mut first = job.panic.lock().unwrap_or_else(|e| e.into_inner());
+        first.get_or_insert(payload);
+    }
+}
+
+impl par::Pool for ExecutorchPool {
+    fn threads(&self) -> usize {
+        self.threads
+    }
+
+    fn run(&self, tasks: usize, task: &(dyn Fn(usize, usize) + Sync)) {
+        let job = Job {
+            task,
+            panic: Mutex::new(None),
+        };
+        // SAFETY: the pool is live (see `get`); `run_task` matches the task
+        // type pthreadpool calls with the context given, `&job`, which
+        // outlives the call: `parallelize` returns only when every task has.
+        // Flags 0: workers spin briefly for the next call, as XNNPACK's do.
+        unsafe {
+            pthreadpool_parallelize_1d_with_thread(
+                self.pool.as_ptr(),
+                run_task,
+                &job as *const Job as *mut c_void,
+                tasks,
+                0,
+            )
+        };
+        if let Some(payload) = job.panic.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            resume_unwind(payload);
+        }
+    }
+}
+
+// SAFETY: a pthreadpool is made to be driven from any thread (its
+// `parallelize` calls are serialised by the pool itself); the pointer is
+// only passed to pthreadpool's functions.
+unsafe impl Sync for ExecutorchPool {}
+unsafe impl Send for ExecutorchPool {}
 
 #[cfg(test)]
 mod tests {
@@ -159,6 +355,59 @@ mod tests {
         };
         let (here, there) = (spawn(), spawn());
         assert_ne!(here.join().unwrap(), there.join().unwrap());
+    }
+
+    #[test]
+    fn executorchs_pool_is_used_where_it_has_the_count_asked_for() {
+        let pool = ExecutorchPool::get().expect("ExecuTorch's threadpool is linked");
+        let n = pool.threads;
+        let kind = |requested, executorch| match Workers::pick(requested, executorch) {
+            Workers::Caller => "caller".to_string(),
+            Workers::Executorch(p) => format!("executorch {}", p.threads),
+            Workers::Own(t) => format!("own {t}"),
+        };
+        let get = ExecutorchPool::get;
+        let default = if n == 1 {
+            "caller".into()
+        } else {
+            format!("executorch {n}")
+        };
+        assert_eq!(kind(None, get()), default);
+        assert_eq!(kind(Some(n), get()), default);
+        assert_eq!(kind(Some(n + 1), get()), format!("own {}", n + 1));
+        assert_eq!(kind(Some(1), get()), "caller");
+        // Without ExecuTorch's (RUSTCONV_THREADPOOL=own): ours, or the caller.
+        assert_eq!(kind(Some(3), None), "own 3");
+        assert_eq!(
+            kind(None, None),
+            match machine_threads() {
+                1 => "caller".to_string(),
+                m => format!("own {m}"),
+            }
+        );
+    }
+
+    #[test]
+    fn a_panicking_task_on_executorchs_pool_unwinds_on_the_caller() {
+        let pool = ExecutorchPool::get().unwrap();
+        let done = AtomicUsize::new(0);
+        let caught = catch_unwind(AssertUnwindSafe(|| {
+            par::install(&pool, || {
+                par::for_each(16, |i| {
+                    assert!(i != 5, "task 5 fails");
+                    done.fetch_add(1, Ordering::Relaxed);
+                })
+            })
+        }));
+        let payload = caught.unwrap_err();
+        assert_eq!(payload.downcast_ref::<&str>(), Some(&"task 5 fails"));
+        // The other tasks ran; the pool works on.
+        assert_eq!(done.load(Ordering::Relaxed), 15);
+        let again = AtomicUsize::new(0);
+        par::install(&pool, || {
+            par::for_each(8, |_| _ = again.fetch_add(1, Ordering::Relaxed))
+        });
+        assert_eq!(again.into_inner(), 8);
     }
 
     #[test]

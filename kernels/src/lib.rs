@@ -13,8 +13,9 @@
 //!   epilogues inside their own loops.
 //! * [`reference`](mod@reference): slow, obviously-correct versions for tests.
 //!
-//! Kernels run on the *current* rayon pool (pick one with
-//! `ThreadPool::install`), write only into the caller's output slice, and
+//! Kernels run their loops on the *current* pool ([`par`]: one the host
+//! installs, such as ExecuTorch's threadpool, or else the current rayon
+//! pool), write only into the caller's output slice, and
 //! perform no heap allocation of their own, so they can run inside an
 //! executor's memory plan.
 //!
@@ -48,6 +49,7 @@
 mod conv1d;
 mod error;
 pub mod fused;
+pub mod par;
 pub mod reference;
 mod scan;
 mod scratch;

@@ -132,15 +132,16 @@ impl Scratch {
         self.shared.lend(&"shared region", f)
     }
 
-    /// Runs `f` with the calling thread's slot: its index in the current
-    /// rayon pool, or the extra slot outside any pool.
+    /// Runs `f` with the calling thread's slot: its index in the pool
+    /// running the current task ([`crate::par::task_thread`]), or the extra
+    /// slot outside any task.
     ///
     /// # Panics
     /// If the pool has more threads than the scratch was sized for, or the
     /// slot is already lent (see the type's docs). Kernels call this only in
-    /// leaf tasks that do not call back into rayon.
+    /// leaf tasks, which start no loops of their own.
     pub fn with_slot<R>(&self, f: impl FnOnce(&mut [f32]) -> R) -> R {
-        let index = rayon::current_thread_index().unwrap_or(self.slots.len() - 1);
+        let index = crate::par::task_thread().unwrap_or(self.slots.len() - 1);
         let slot = self.slots.get(index).unwrap_or_else(|| {
             panic!(
                 "scratch sized for {} threads, used by thread {index}",
@@ -154,7 +155,6 @@ impl Scratch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rayon::prelude::*;
 
     #[test]
     fn each_pool_thread_gets_its_own_slot() {
@@ -164,7 +164,7 @@ mod tests {
             .unwrap();
         let scratch = Scratch::new(3, 16);
         pool.install(|| {
-            (0..64).into_par_iter().for_each(|i| {
+            crate::par::for_each(64, |i| {
                 scratch.with_slot(|s| {
                     s.fill(i as f32);
                     std::thread::yield_now();
@@ -175,7 +175,7 @@ mod tests {
                 })
             })
         });
-        // Outside any pool: the extra slot.
+        // Outside any task: the extra slot.
         assert_eq!(scratch.with_slot(|s| s.len()), 16);
     }
 
@@ -201,15 +201,22 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "sized for 1 threads")]
+    #[should_panic(expected = "sized for 1 threads, used by thread 3")]
     fn too_many_threads_panics() {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(4)
-            .build()
-            .unwrap();
+        /// A pool whose tasks all claim to run on its fourth thread.
+        struct Fourth;
+        impl crate::par::Pool for Fourth {
+            fn threads(&self) -> usize {
+                4
+            }
+            fn run(&self, tasks: usize, task: &(dyn Fn(usize, usize) + Sync)) {
+                (0..tasks).for_each(|i| task(3, i))
+            }
+        }
         let scratch = Scratch::new(1, 4);
-        // broadcast runs on every thread, including those past the slots.
-        pool.broadcast(|_| scratch.with_slot(|_| ()));
+        crate::par::install(&Fourth, || {
+            crate::par::for_each(2, |_| scratch.with_slot(|_| ()))
+        });
     }
 
     #[test]
@@ -253,15 +260,14 @@ mod tests {
         let scratch = Scratch::sized(3, 4, 64);
         let sum: f32 = pool.install(|| {
             scratch.with_shared(|shared| {
-                shared
-                    .par_chunks_mut(8)
-                    .enumerate()
-                    .for_each(|(i, c)| c.fill(i as f32));
+                crate::par::for_each_chunk_mut(shared, 8, |i, c| c.fill(i as f32));
                 let shared = &*shared;
-                (0..64)
-                    .into_par_iter()
-                    .map(|i| scratch.with_slot(|_| shared[i]))
-                    .sum()
+                let sum = std::sync::Mutex::new(0.0);
+                crate::par::for_each(64, |i| {
+                    let v = scratch.with_slot(|_| shared[i]);
+                    *sum.lock().unwrap() += v;
+                });
+                sum.into_inner().unwrap()
             })
         });
         assert_eq!(sum, 8.0 * (0..8).sum::<i32>() as f32);

@@ -1070,3 +1070,36 @@ fn plan_report_is_returned_not_logged_from_pool_threads() {
     });
     assert_eq!(outcomes, vec![(false, false), (true, true)]);
 }
+
+#[test]
+fn executorch_pool_workers_may_not_log_either() {
+    use rustconv_kernels::par;
+    let pool = crate::threads::ExecutorchPool::get().expect("ExecuTorch's threadpool");
+    let outcomes = std::sync::Mutex::new(std::collections::BTreeSet::new());
+    par::install(&pool, || {
+        par::for_each(32, |_| {
+            let refused =
+                std::panic::catch_unwind(|| crate::ffi::log(LogLevel::Info, "log test")).is_err();
+            let thread = par::task_thread().unwrap();
+            outcomes
+                .lock()
+                .unwrap()
+                .insert((thread > 0, crate::threads::is_worker(), refused));
+            // Long enough that every thread gets tasks of its own.
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        })
+    });
+    let expected = if par::Pool::threads(&pool) > 1 {
+        vec![(false, false, false), (true, true, true)]
+    } else {
+        vec![(false, false, false)]
+    };
+    assert_eq!(
+        outcomes
+            .into_inner()
+            .unwrap()
+            .into_iter()
+            .collect::<Vec<_>>(),
+        expected
+    );
+}

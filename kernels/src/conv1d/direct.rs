@@ -10,8 +10,6 @@
 //! The innermost loop walks the time axis of one input row and one output
 //! row, so both are streamed through cache linearly.
 
-use rayon::prelude::*;
-
 use super::params::Conv1dGeometry;
 use super::tap_span::TapSpan;
 
@@ -38,16 +36,14 @@ pub(super) fn conv1d(
     let filter_len = geom.in_per_group * p.kernel_size;
 
     // `out_len >= 1` is guaranteed by validation, as `par_chunks_mut` requires.
-    y.par_chunks_mut(geom.out_len)
-        .enumerate()
-        .for_each(|(row, y_row)| {
-            let (b, o) = (row / p.out_channels, row % p.out_channels);
-            let group = o / geom.out_per_group;
-            let x_group = &x[b * x_batch_stride + group * x_group_len..][..x_group_len];
-            let filter = &w[o * filter_len..][..filter_len];
-            let bias_o = bias.map_or(0.0, |bias| bias[o]);
-            conv_row(geom, x_group, filter, bias_o, y_row);
-        });
+    crate::par::for_each_chunk_mut(y, geom.out_len, |row, y_row| {
+        let (b, o) = (row / p.out_channels, row % p.out_channels);
+        let group = o / geom.out_per_group;
+        let x_group = &x[b * x_batch_stride + group * x_group_len..][..x_group_len];
+        let filter = &w[o * filter_len..][..filter_len];
+        let bias_o = bias.map_or(0.0, |bias| bias[o]);
+        conv_row(geom, x_group, filter, bias_o, y_row);
+    });
 }
 
 /// One output row: `y_row[l] = bias + sum_c sum_k filter[c, k] * x_group[c, l*stride + k*dilation - pad_left]`.

@@ -37,8 +37,6 @@
 #![allow(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
-use rayon::prelude::*;
-
 use super::params::Conv1dGeometry;
 use crate::fused::{block_tmp, col_tmp, RowSink, RowsIn, RowsOut, ROW_BLOCK};
 use crate::scratch::Scratch;
@@ -183,34 +181,30 @@ impl Gemv {
         scratch.with_shared(|shared| {
             let all_cols = &mut shared[..p.batch * p.groups * cols_len];
             // The columns of batch item and group `bg`.
-            all_cols
-                .par_chunks_mut(cols_len)
-                .enumerate()
-                .for_each(|(bg, cols)| {
-                    let (b, group) = (bg / p.groups, bg % p.groups);
-                    let row0 = b * p.in_channels + group * cin;
-                    match x {
-                        RowsIn::Slice(x) => {
-                            gather_columns(g, &x[row0 * p.in_len..][..cin * p.in_len], n, cols)
-                        }
-                        RowsIn::Fused(source) => scratch.with_slot(|slot| {
-                            // The group's rows computed whole (they are
-                            // short: at most stage_len), then gathered.
-                            assert!(p.in_len <= Self::stage_len(g), "input row of a short call");
-                            let (stage, tmp) = slot.split_at_mut(cin * Self::stage_len(g));
-                            let stage = &mut stage[..cin * p.in_len];
-                            if p.in_len > 0 {
-                                for (k, block) in stage.chunks_mut(ROW_BLOCK * p.in_len).enumerate()
-                                {
-                                    let m = block.len() / p.in_len;
-                                    let c0 = row0 + k * ROW_BLOCK;
-                                    source.fill_rows(c0, m, 0, p.in_len, block, tmp);
-                                }
-                            }
-                            gather_columns(g, stage, n, cols);
-                        }),
+            crate::par::for_each_chunk_mut(all_cols, cols_len, |bg, cols| {
+                let (b, group) = (bg / p.groups, bg % p.groups);
+                let row0 = b * p.in_channels + group * cin;
+                match x {
+                    RowsIn::Slice(x) => {
+                        gather_columns(g, &x[row0 * p.in_len..][..cin * p.in_len], n, cols)
                     }
-                });
+                    RowsIn::Fused(source) => scratch.with_slot(|slot| {
+                        // The group's rows computed whole (they are
+                        // short: at most stage_len), then gathered.
+                        assert!(p.in_len <= Self::stage_len(g), "input row of a short call");
+                        let (stage, tmp) = slot.split_at_mut(cin * Self::stage_len(g));
+                        let stage = &mut stage[..cin * p.in_len];
+                        if p.in_len > 0 {
+                            for (k, block) in stage.chunks_mut(ROW_BLOCK * p.in_len).enumerate() {
+                                let m = block.len() / p.in_len;
+                                let c0 = row0 + k * ROW_BLOCK;
+                                source.fill_rows(c0, m, 0, p.in_len, block, tmp);
+                            }
+                        }
+                        gather_columns(g, stage, n, cols);
+                    }),
+                }
+            });
             let all_cols = &*all_cols;
             // One task: batch item and group `bg`, output channels `r0 ..
             // r0 + rows` of the group.
@@ -240,12 +234,10 @@ impl Gemv {
                 RowsOut::Slice(y) => {
                     // The rows of one batch item and group are contiguous in
                     // `y`, and so are a task's.
-                    y.par_chunks_mut(cout * n).enumerate().for_each(|(bg, y)| {
-                        y.par_chunks_mut(ROWS * n).enumerate().for_each(|(blk, y)| {
-                            let rows = y.len() / n;
-                            task(bg, blk * ROWS, rows, &mut |values, _| {
-                                y.copy_from_slice(values)
-                            })
+                    crate::par::for_each_chunk_mut_2d(y, cout * n, ROWS * n, |bg, blk, y| {
+                        let rows = y.len() / n;
+                        task(bg, blk * ROWS, rows, &mut |values, _| {
+                            y.copy_from_slice(values)
                         })
                     });
                 }
@@ -257,24 +249,22 @@ impl Gemv {
                     // 64 -> 128 convs of one step, ReLU after).
                     let sink: &dyn RowSink = sink;
                     let blocks = cout.div_ceil(ROWS);
-                    (0..p.batch * p.groups * blocks)
-                        .into_par_iter()
-                        .for_each(|t| {
-                            let (bg, r0) = (t / blocks, t % blocks * ROWS);
-                            let rows = ROWS.min(cout - r0);
-                            let (b, group) = (bg / p.groups, bg % p.groups);
-                            let row0 = b * p.out_channels + group * cout + r0;
-                            task(bg, r0, rows, &mut |values, tmp| {
-                                let (col, tmp) = tmp.split_at_mut(ROWS);
-                                let col = &mut col[..rows];
-                                for t in 0..n {
-                                    for (c, row) in col.iter_mut().zip(values.chunks_exact(n)) {
-                                        *c = row[t];
-                                    }
-                                    sink.store_col(row0, t, col, tmp);
+                    crate::par::for_each(p.batch * p.groups * blocks, |t| {
+                        let (bg, r0) = (t / blocks, t % blocks * ROWS);
+                        let rows = ROWS.min(cout - r0);
+                        let (b, group) = (bg / p.groups, bg % p.groups);
+                        let row0 = b * p.out_channels + group * cout + r0;
+                        task(bg, r0, rows, &mut |values, tmp| {
+                            let (col, tmp) = tmp.split_at_mut(ROWS);
+                            let col = &mut col[..rows];
+                            for t in 0..n {
+                                for (c, row) in col.iter_mut().zip(values.chunks_exact(n)) {
+                                    *c = row[t];
                                 }
-                            })
-                        });
+                                sink.store_col(row0, t, col, tmp);
+                            }
+                        })
+                    });
                 }
             }
         });

@@ -255,7 +255,7 @@ impl PreparedConv1d {
     }
 
     fn measure(g: Conv1dGeometry, weights: Weights) -> Result<Self, KernelError> {
-        let threads = rayon::current_num_threads();
+        let threads = crate::par::threads();
         let x: Vec<f32> = (0..g.input_elems)
             .map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5)
             .collect();
@@ -749,7 +749,7 @@ mod tests {
             let x = vec![0.0; p.input_elems()];
             let mut y = vec![0.0; p.output_elems().unwrap()];
             let scratch = Scratch::sized(
-                rayon::current_num_threads(),
+                crate::par::threads(),
                 conv.scratch_per_thread(),
                 conv.shared_scratch(),
             );

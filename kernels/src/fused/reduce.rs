@@ -24,8 +24,6 @@
 //! not depend on the thread count: every output's sum runs in a fixed
 //! order.
 
-use rayon::prelude::*;
-
 use super::program::{Env, Leaf, LeafMap, Line, Program};
 use super::rows::{SharedOut, LINE_CHUNK};
 use super::shape::{Shape, MAX_RANK};
@@ -294,30 +292,27 @@ impl<'a> Run<'a> {
         };
         let kept = |d: usize| !self.dims[d];
         let per_task = MIN_TASK_ELEMS.div_ceil(self.count.max(1));
-        (0..self.out_shape.numel())
-            .into_par_iter()
-            .with_min_len(per_task)
-            .for_each(|e| {
-                scratch.with_slot(|slot| {
-                    let (buf, tmp) = slot.split_at_mut(LINE_CHUNK);
-                    let base = Self::unravel(&self.out_shape, kept, e);
-                    let mut sum = 0.0f64;
-                    each_line(&base, buf, tmp, &mut |v| sum += f64::from(sum_line(v)));
-                    let mean = (sum / self.count as f64) as f32;
-                    let (mut dev, mut sq) = (0.0f64, 0.0f64);
-                    if self.var {
-                        each_line(&base, buf, tmp, &mut |v| {
-                            let (d, s) = sum_dev(v, mean);
-                            dev += f64::from(d);
-                            sq += f64::from(s);
-                        });
-                    }
-                    let at = self.out_offset(&base);
-                    for (op, out) in outs.iter().flatten() {
-                        out.store_line(at, 1, &[self.finish(*op, sum, mean, dev, sq)]);
-                    }
-                })
-            });
+        crate::par::for_each_min(self.out_shape.numel(), per_task, |e| {
+            scratch.with_slot(|slot| {
+                let (buf, tmp) = slot.split_at_mut(LINE_CHUNK);
+                let base = Self::unravel(&self.out_shape, kept, e);
+                let mut sum = 0.0f64;
+                each_line(&base, buf, tmp, &mut |v| sum += f64::from(sum_line(v)));
+                let mean = (sum / self.count as f64) as f32;
+                let (mut dev, mut sq) = (0.0f64, 0.0f64);
+                if self.var {
+                    each_line(&base, buf, tmp, &mut |v| {
+                        let (d, s) = sum_dev(v, mean);
+                        dev += f64::from(d);
+                        sq += f64::from(s);
+                    });
+                }
+                let at = self.out_offset(&base);
+                for (op, out) in outs.iter().flatten() {
+                    out.store_line(at, 1, &[self.finish(*op, sum, mean, dev, sq)]);
+                }
+            })
+        });
     }
 
     /// Blocks of outputs along `dim`, a kept dimension: per block, a line
@@ -332,82 +327,79 @@ impl<'a> Run<'a> {
         let reduced = |d: usize| self.dims[d];
         let temps = self.program.temporaries();
         let tasks_per_block = (MIN_TASK_ELEMS / (count * block).max(1)).max(1);
-        (0..lines * blocks)
-            .into_par_iter()
-            .with_min_len(tasks_per_block)
-            .for_each(|task| {
-                let (line, j) = (task / blocks, task % blocks);
-                let t0 = j * block;
-                let n = block.min(len - t0);
-                let mut base = Self::unravel(&self.out_shape, lines_over, line);
-                base[dim] = t0;
-                scratch.with_slot(|slot| {
-                    let (buf, rest) = slot.split_at_mut(LINE_CHUNK);
-                    let (sum, rest) = rest.split_at_mut(LINE_CHUNK);
-                    let (part, rest) = rest.split_at_mut(2 * LINE_CHUNK);
-                    let (mean, rest) = rest.split_at_mut(LINE_CHUNK);
-                    let (dev, rest) = rest.split_at_mut(LINE_CHUNK);
-                    let (sq, tmp) = rest.split_at_mut(LINE_CHUNK);
-                    let (buf, sum, mean) = (&mut buf[..n], &mut sum[..n], &mut mean[..n]);
-                    let (dev, sq) = (&mut dev[..n], &mut sq[..n]);
-                    let tmp = &mut tmp[..temps * n];
-                    // Every reduced coordinate's line, in blocks of rows:
-                    // `f` adds a line into the block's partial sums, which
-                    // are added into `acc` after each block.
-                    let mut pass = |acc: &mut [&mut [f32]], f: AddLine| {
-                        for a in acc.iter_mut() {
-                            a.fill(0.0);
+        crate::par::for_each_min(lines * blocks, tasks_per_block, |task| {
+            let (line, j) = (task / blocks, task % blocks);
+            let t0 = j * block;
+            let n = block.min(len - t0);
+            let mut base = Self::unravel(&self.out_shape, lines_over, line);
+            base[dim] = t0;
+            scratch.with_slot(|slot| {
+                let (buf, rest) = slot.split_at_mut(LINE_CHUNK);
+                let (sum, rest) = rest.split_at_mut(LINE_CHUNK);
+                let (part, rest) = rest.split_at_mut(2 * LINE_CHUNK);
+                let (mean, rest) = rest.split_at_mut(LINE_CHUNK);
+                let (dev, rest) = rest.split_at_mut(LINE_CHUNK);
+                let (sq, tmp) = rest.split_at_mut(LINE_CHUNK);
+                let (buf, sum, mean) = (&mut buf[..n], &mut sum[..n], &mut mean[..n]);
+                let (dev, sq) = (&mut dev[..n], &mut sq[..n]);
+                let tmp = &mut tmp[..temps * n];
+                // Every reduced coordinate's line, in blocks of rows:
+                // `f` adds a line into the block's partial sums, which
+                // are added into `acc` after each block.
+                let mut pass = |acc: &mut [&mut [f32]], f: AddLine| {
+                    for a in acc.iter_mut() {
+                        a.fill(0.0);
+                    }
+                    for k0 in (0..count).step_by(ROW_BLOCK) {
+                        let (p0, p1) = part.split_at_mut(n);
+                        let mut parts = [p0, &mut p1[..n]];
+                        let parts = &mut parts[..acc.len()];
+                        for p in parts.iter_mut() {
+                            p.fill(0.0);
                         }
-                        for k0 in (0..count).step_by(ROW_BLOCK) {
-                            let (p0, p1) = part.split_at_mut(n);
-                            let mut parts = [p0, &mut p1[..n]];
-                            let parts = &mut parts[..acc.len()];
-                            for p in parts.iter_mut() {
-                                p.fill(0.0);
+                        for k in k0..(k0 + ROW_BLOCK).min(count) {
+                            let c = Self::unravel(&self.shape, reduced, k);
+                            let mut b = base;
+                            for d in (0..self.shape.rank()).filter(|&d| reduced(d)) {
+                                b[d] = c[d];
                             }
-                            for k in k0..(k0 + ROW_BLOCK).min(count) {
-                                let c = Self::unravel(&self.shape, reduced, k);
-                                let mut b = base;
-                                for d in (0..self.shape.rank()).filter(|&d| reduced(d)) {
-                                    b[d] = c[d];
-                                }
-                                f(parts, self.line(&Line::along(b, dim), buf, tmp));
-                            }
-                            for (a, p) in acc.iter_mut().zip(parts.iter()) {
-                                add(a, p);
-                            }
+                            f(parts, self.line(&Line::along(b, dim), buf, tmp));
                         }
+                        for (a, p) in acc.iter_mut().zip(parts.iter()) {
+                            add(a, p);
+                        }
+                    }
+                };
+                pass(&mut [&mut *sum], &|p, v| add(p[0], v));
+                let inv = 1.0 / count as f32;
+                for (m, &s) in mean.iter_mut().zip(sum.iter()) {
+                    *m = s * inv;
+                }
+                if self.var {
+                    let m = &*mean;
+                    pass(&mut [&mut *dev, &mut *sq], &|p, v| {
+                        let (d, s) = p.split_at_mut(1);
+                        add_dev(d[0], s[0], v, m)
+                    });
+                    // The corrected two-pass mean and variance.
+                    for i in 0..n {
+                        let d = dev[i] * inv;
+                        mean[i] += d;
+                        sq[i] = (sq[i] - dev[i] * d) * inv;
+                    }
+                }
+                let stride = self.out_shape.strides()[dim];
+                let at = self.out_offset(&base);
+                for (op, out) in outs.iter().flatten() {
+                    let values: &[f32] = match op {
+                        ReduceOp::Sum => sum,
+                        ReduceOp::Mean => mean,
+                        ReduceOp::Var => sq,
                     };
-                    pass(&mut [&mut *sum], &|p, v| add(p[0], v));
-                    let inv = 1.0 / count as f32;
-                    for (m, &s) in mean.iter_mut().zip(sum.iter()) {
-                        *m = s * inv;
-                    }
-                    if self.var {
-                        let m = &*mean;
-                        pass(&mut [&mut *dev, &mut *sq], &|p, v| {
-                            let (d, s) = p.split_at_mut(1);
-                            add_dev(d[0], s[0], v, m)
-                        });
-                        // The corrected two-pass mean and variance.
-                        for i in 0..n {
-                            let d = dev[i] * inv;
-                            mean[i] += d;
-                            sq[i] = (sq[i] - dev[i] * d) * inv;
-                        }
-                    }
-                    let stride = self.out_shape.strides()[dim];
-                    let at = self.out_offset(&base);
-                    for (op, out) in outs.iter().flatten() {
-                        let values: &[f32] = match op {
-                            ReduceOp::Sum => sum,
-                            ReduceOp::Mean => mean,
-                            ReduceOp::Var => sq,
-                        };
-                        out.store_line(at, stride, values);
-                    }
-                })
-            });
+                    out.store_line(at, stride, values);
+                }
+            })
+        });
     }
 }
 

@@ -493,7 +493,8 @@ pub struct SharedOut<'a> {
 // stored value, and kernels hand every output element to the sink once),
 // `materialise_across` (each task owns a block of rows over a tile of time
 // steps) and the reductions (`reduce.rs`: each task owns whole outputs or a
-// block of them, disjoint from every other task's).
+// block of them, disjoint from every other task's) and the chunked scan
+// (`scan/mod.rs`: each task owns one piece of one row).
 unsafe impl Sync for SharedOut<'_> {}
 unsafe impl Send for SharedOut<'_> {}
 
@@ -517,7 +518,12 @@ impl<'a> SharedOut<'a> {
     ///
     /// # Panics
     /// If the run leaves the tensor.
-    fn with_line<R>(&self, start: usize, len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    pub(crate) fn with_line<R>(
+        &self,
+        start: usize,
+        len: usize,
+        f: impl FnOnce(&mut [f32]) -> R,
+    ) -> R {
         assert!(
             start + len <= self.len,
             "store past the end ({} of {})",
@@ -825,7 +831,6 @@ pub fn materialise(
     row_len: usize,
     scratch: &crate::Scratch,
 ) {
-    use rayon::prelude::*;
     if out.is_empty() || row_len == 0 {
         return;
     }
@@ -858,7 +863,7 @@ pub fn materialise(
         if out.len() <= MIN_TASK_ELEMS {
             out.chunks_mut(run * row_len).enumerate().for_each(item);
         } else {
-            out.par_chunks_mut(run * row_len).enumerate().for_each(item);
+            crate::par::for_each_chunk_mut(out, run * row_len, |i, out| item((i, out)));
         }
         return;
     }
@@ -867,16 +872,14 @@ pub fn materialise(
         materialise_across(source, out, row_len, run, scratch);
         return;
     }
-    out.par_chunks_mut(row_len)
-        .enumerate()
-        .with_min_len(MIN_TASK_ELEMS.div_ceil(row_len))
-        .for_each(|(row, out)| {
-            scratch.with_slot(|tmp| {
-                for (i, chunk) in out.chunks_mut(LINE_CHUNK).enumerate() {
-                    source.fill(row, i * LINE_CHUNK, chunk, tmp);
-                }
-            })
-        });
+    let min_rows = MIN_TASK_ELEMS.div_ceil(row_len);
+    crate::par::for_each_chunk_mut_min(out, row_len, min_rows, |row, out| {
+        scratch.with_slot(|tmp| {
+            for (i, chunk) in out.chunks_mut(LINE_CHUNK).enumerate() {
+                source.fill(row, i * LINE_CHUNK, chunk, tmp);
+            }
+        })
+    });
 }
 
 /// Time steps of one task of [`materialise_across`]: a tile of
@@ -901,54 +904,48 @@ fn materialise_across(
     run: usize,
     scratch: &crate::Scratch,
 ) {
-    use rayon::prelude::*;
     let blocks = run.div_ceil(ROW_BLOCK);
     let tiles = row_len.div_ceil(ACROSS_TILE);
     let items = out.len() / row_len / run;
     let out = SharedOut::new(out);
-    (0..items * blocks * tiles)
-        .into_par_iter()
-        .with_min_len(MIN_TASK_ELEMS.div_ceil(ROW_BLOCK * ACROSS_TILE))
-        .for_each(|task| {
-            let (item, rest) = (task / (blocks * tiles), task % (blocks * tiles));
-            let (block, tile) = (rest / tiles, rest % tiles);
-            let row0 = item * run + block * ROW_BLOCK;
-            let rows = ROW_BLOCK.min(run - block * ROW_BLOCK);
-            let t0 = tile * ACROSS_TILE;
-            let steps = ACROSS_TILE.min(row_len - t0);
-            scratch.with_slot(|slot| {
-                let (buf, tmp) = slot.split_at_mut(ROW_BLOCK * ACROSS_TILE);
-                let buf = &mut buf[..rows * steps];
-                for (i, line) in buf.chunks_exact_mut(rows).enumerate() {
-                    source.fill_col(row0, t0 + i, line, tmp);
-                }
-                for r in 0..rows {
-                    out.with_line((row0 + r) * row_len + t0, steps, |dst| {
-                        for (i, d) in dst.iter_mut().enumerate() {
-                            *d = buf[i * rows + r];
-                        }
-                    });
-                }
-            })
-        });
+    let min_tasks = MIN_TASK_ELEMS.div_ceil(ROW_BLOCK * ACROSS_TILE);
+    crate::par::for_each_min(items * blocks * tiles, min_tasks, |task| {
+        let (item, rest) = (task / (blocks * tiles), task % (blocks * tiles));
+        let (block, tile) = (rest / tiles, rest % tiles);
+        let row0 = item * run + block * ROW_BLOCK;
+        let rows = ROW_BLOCK.min(run - block * ROW_BLOCK);
+        let t0 = tile * ACROSS_TILE;
+        let steps = ACROSS_TILE.min(row_len - t0);
+        scratch.with_slot(|slot| {
+            let (buf, tmp) = slot.split_at_mut(ROW_BLOCK * ACROSS_TILE);
+            let buf = &mut buf[..rows * steps];
+            for (i, line) in buf.chunks_exact_mut(rows).enumerate() {
+                source.fill_col(row0, t0 + i, line, tmp);
+            }
+            for r in 0..rows {
+                out.with_line((row0 + r) * row_len + t0, steps, |dst| {
+                    for (i, d) in dst.iter_mut().enumerate() {
+                        *d = buf[i * rows + r];
+                    }
+                });
+            }
+        })
+    });
 }
 
 /// Hands stored rows of a kernel's output (`row_len` elements each) to
 /// `sink`: the epilogue of a kernel that cannot run it in its own loops.
 pub fn drain(sink: &dyn RowSink, values: &[f32], row_len: usize, scratch: &crate::Scratch) {
-    use rayon::prelude::*;
     if values.is_empty() || row_len == 0 {
         return;
     }
-    values
-        .par_chunks(row_len)
-        .enumerate()
-        .with_min_len(MIN_TASK_ELEMS.div_ceil(row_len))
-        .for_each(|(row, values)| {
-            scratch.with_slot(|tmp| {
-                for (i, chunk) in values.chunks(LINE_CHUNK).enumerate() {
-                    sink.store(row, i * LINE_CHUNK, chunk, tmp);
-                }
-            })
-        });
+    let rows = values.len().div_ceil(row_len);
+    crate::par::for_each_min(rows, MIN_TASK_ELEMS.div_ceil(row_len), |row| {
+        let values = &values[row * row_len..values.len().min((row + 1) * row_len)];
+        scratch.with_slot(|tmp| {
+            for (i, chunk) in values.chunks(LINE_CHUNK).enumerate() {
+                sink.store(row, i * LINE_CHUNK, chunk, tmp);
+            }
+        })
+    });
 }

@@ -7,8 +7,6 @@
 //! so with fewer rows than threads some threads idle (the chunked strategy
 //! needs `a` twice, which a prologue would compute twice).
 
-use rayon::prelude::*;
-
 use super::{Backend, ScanParams};
 use crate::error::{check_len, KernelError};
 use crate::fused::{PairSource, RowsIn, RowsOut};
@@ -178,15 +176,10 @@ fn scan(
     };
     let min_rows = MIN_TASK_ELEMS.div_ceil(len);
     match stored {
-        Some(y) => y
-            .par_chunks_mut(len)
-            .enumerate()
-            .with_min_len(min_rows)
-            .for_each(|(r, y_row)| row(r, Some(y_row))),
-        None => (0..rows)
-            .into_par_iter()
-            .with_min_len(min_rows)
-            .for_each(|r| row(r, None)),
+        Some(y) => {
+            crate::par::for_each_chunk_mut_min(y, len, min_rows, |r, y_row| row(r, Some(y_row)))
+        }
+        None => crate::par::for_each_min(rows, min_rows, |r| row(r, None)),
     }
     Ok(())
 }
@@ -208,7 +201,7 @@ pub(super) const SERIAL_ELEMS: usize = 1 << 16;
 fn columns(p: &ScanParams, x0: RowsIn, au: Decay, y: RowsOut, scratch: &Scratch) {
     let (channels, len) = (p.channels, p.len);
     let blocks = channels.div_ceil(FUSED_CHUNK);
-    let serial = p.seq_elems() <= SERIAL_ELEMS || rayon::current_num_threads() <= 1;
+    let serial = p.seq_elems() <= SERIAL_ELEMS || crate::par::threads() <= 1;
     let sink = match &y {
         RowsOut::Fused(sink) => Some(*sink),
         RowsOut::Slice(_) => None,
@@ -268,11 +261,8 @@ fn columns(p: &ScanParams, x0: RowsIn, au: Decay, y: RowsOut, scratch: &Scratch)
                     }
                 }
             } else {
-                y.par_chunks_mut(item).enumerate().for_each(|(b, y_item)| {
-                    y_item
-                        .par_chunks_mut(FUSED_CHUNK * len)
-                        .enumerate()
-                        .for_each(|(i, y_blk)| block(b, i * FUSED_CHUNK, Some(y_blk)))
+                crate::par::for_each_chunk_mut_2d(y, item, FUSED_CHUNK * len, |b, i, y_blk| {
+                    block(b, i * FUSED_CHUNK, Some(y_blk))
                 });
             }
         }
@@ -282,7 +272,7 @@ fn columns(p: &ScanParams, x0: RowsIn, au: Decay, y: RowsOut, scratch: &Scratch)
             if serial {
                 (0..tasks).for_each(run);
             } else {
-                (0..tasks).into_par_iter().for_each(run);
+                crate::par::for_each(tasks, run);
             }
         }
     }

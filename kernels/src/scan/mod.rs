@@ -33,9 +33,8 @@ mod simd;
 #[cfg(test)]
 mod tests;
 
-use rayon::prelude::*;
-
 use crate::error::{check_len, checked_product, KernelError};
+use crate::fused::SharedOut;
 use kernel::{Affine, ROWS_JOINT};
 
 pub use fused::{linear_scan_rows, linear_scan_rows_pair, scan_rows_scratch};
@@ -92,8 +91,7 @@ impl ScanParams {
 /// `y[b,c,t] = a[b,c,t] * y[b,c,t-1] + u[b,c,t]`.
 ///
 /// Checks the slice lengths against `p` (an error, never a panic) before
-/// touching `y`. Runs on the *current* rayon pool (the caller picks it with
-/// `ThreadPool::install`): rows in parallel when there are at least as many
+/// touching `y`. Runs on the *current* pool ([`crate::par`]): rows in parallel when there are at least as many
 /// rows as threads, otherwise each long row is also cut into pieces along
 /// time that are scanned in parallel (see the module docs).
 ///
@@ -108,8 +106,8 @@ impl ScanParams {
 /// size as long as there are at least `4 * threads` rows (with AVX2: at
 /// least `threads` rows); with fewer rows than threads, long rows are cut
 /// into pieces by the pool size.
-/// Performs no heap allocation of its own; rayon's scheduling makes none
-/// either once the pool is warm (`tests/no_alloc.rs`).
+/// Performs no heap allocation of its own; nor does the pool's scheduling
+/// once it is warm (`tests/no_alloc.rs`).
 ///
 /// # Errors
 ///
@@ -128,7 +126,7 @@ pub fn linear_scan_f32(
         short_rows(p, x0, a, u, y);
         return Ok(());
     }
-    let threads = rayon::current_num_threads();
+    let threads = crate::par::threads();
     let strategy = Strategy::choose(p, threads);
     run(strategy, Backend::detect(), p, x0, a, u, y, threads);
     Ok(())
@@ -142,7 +140,6 @@ type ShortRows<'a> = (&'a [f32], ((&'a [f32], &'a [f32]), &'a mut [f32]));
 /// of the row kernels' set-up; on the calling thread below
 /// [`fused::SERIAL_ELEMS`] elements.
 fn short_rows(p: &ScanParams, x0: &[f32], a: &[f32], u: &[f32], y: &mut [f32]) {
-    use rayon::prelude::*;
     let len = p.len;
     if len == 0 {
         return;
@@ -167,17 +164,15 @@ fn short_rows(p: &ScanParams, x0: &[f32], a: &[f32], u: &[f32], y: &mut [f32]) {
             }
         }
     };
-    if p.seq_elems() <= fused::SERIAL_ELEMS || rayon::current_num_threads() <= 1 {
+    if p.seq_elems() <= fused::SERIAL_ELEMS || crate::par::threads() <= 1 {
         rows((x0, ((a, u), y)));
     } else {
         const BLOCK: usize = 4096;
-        x0.par_chunks(BLOCK)
-            .zip(
-                a.par_chunks(BLOCK * len)
-                    .zip(u.par_chunks(BLOCK * len))
-                    .zip(y.par_chunks_mut(BLOCK * len)),
-            )
-            .for_each(rows);
+        crate::par::for_each_chunk_mut(y, BLOCK * len, |i, y| {
+            let at = i * BLOCK * len;
+            let (a, u) = (&a[at..][..y.len()], &u[at..][..y.len()]);
+            rows((&x0[i * BLOCK..][..y.len() / len], ((a, u), y)))
+        });
     }
 }
 
@@ -194,7 +189,7 @@ pub(crate) fn linear_scan_with(
     y: &mut [f32],
 ) -> Result<(), KernelError> {
     check(p, x0, a, u, y)?;
-    let threads = rayon::current_num_threads();
+    let threads = crate::par::threads();
     run(strategy, backend, p, x0, a, u, y, threads);
     Ok(())
 }
@@ -379,11 +374,10 @@ fn scan_rows(
     let per_task = per_task.min(rows);
     let chunk = per_task * len;
     let stream = std::mem::size_of_val(y) >= STREAM_OUTPUT_BYTES;
-    y.par_chunks_mut(chunk)
-        .zip(a.par_chunks(chunk))
-        .zip(u.par_chunks(chunk))
-        .zip(x0.par_chunks(per_task))
-        .for_each(|(((y, a), u), x0)| backend.scan_rows(x0, a, u, y, stream));
+    crate::par::for_each_chunk_mut(y, chunk, |i, y| {
+        let (a, u) = (&a[i * chunk..][..y.len()], &u[i * chunk..][..y.len()]);
+        backend.scan_rows(&x0[i * per_task..][..y.len() / len], a, u, y, stream)
+    });
 }
 
 /// [`Strategy::Chunked`].
@@ -401,7 +395,7 @@ fn scan_chunked(
     // is at least 1 for `parts <= len - 1`.
     let parts = parts.min(MAX_PIECES / rows).min(len - 1);
     if parts == 0 {
-        return scan_rows(backend, x0, a, u, y, len, rayon::current_num_threads());
+        return scan_rows(backend, x0, a, u, y, len, crate::par::threads());
     }
     // Piece 0 is [0, first); piece j >= 1 is [first + (j-1) * size, first + j * size).
     let size = len * 3 / (3 * parts + 2);
@@ -411,29 +405,25 @@ fn scan_chunked(
     // map) and `maps[j]` piece j's map, for j in 1..parts.
     let mut maps = [Affine::IDENTITY; MAX_PIECES];
     let maps = &mut maps[..rows * parts];
-    y.par_chunks_mut(len)
-        .zip(a.par_chunks(len))
-        .zip(u.par_chunks(len))
-        .zip(x0.par_iter())
-        .zip(maps.par_chunks_mut(parts))
-        .for_each(|((((y, a), u), &init), maps)| {
-            let (head, rest) = maps.split_first_mut().expect("parts >= 1");
-            rayon::join(
-                || {
-                    let end = backend.scan_row(init, &a[..first], &u[..first], &mut y[..first]);
-                    *head = Affine {
-                        mul: 0.0,
-                        add: f64::from(end),
-                    };
-                },
-                || {
-                    rest.par_iter_mut().enumerate().for_each(|(j, map)| {
-                        let lo = first + j * size;
-                        *map = kernel::aggregate(&a[lo..lo + size], &u[lo..lo + size]);
-                    });
-                },
-            );
-        });
+    // Tasks are (row, piece): piece 0 scans the row's head into `y`,
+    // pieces 1.. aggregate their maps.
+    let ys = SharedOut::new(y);
+    crate::par::for_each_chunk_mut(maps, 1, |t, map| {
+        let (r, j) = (t / parts, t % parts);
+        let (a, u) = (&a[r * len..][..len], &u[r * len..][..len]);
+        map[0] = if j == 0 {
+            let end = ys.with_line(r * len, first, |y| {
+                backend.scan_row(x0[r], &a[..first], &u[..first], y)
+            });
+            Affine {
+                mul: 0.0,
+                add: f64::from(end),
+            }
+        } else {
+            let lo = first + (j - 1) * size;
+            kernel::aggregate(&a[lo..lo + size], &u[lo..lo + size])
+        };
+    });
 
     // Chain the maps into the start states of pieces 1..=parts, in f64.
     // A map that overflowed is stepped through instead (slow, but only for
@@ -464,20 +454,11 @@ fn scan_chunked(
         }
     }
 
-    // Pass 2.
+    // Pass 2: piece j of row r is y[r * len + first + j * size..][..size].
     let starts = &*starts;
-    y.par_chunks_mut(len)
-        .zip(a.par_chunks(len))
-        .zip(u.par_chunks(len))
-        .zip(starts.par_chunks(parts))
-        .for_each(|(((y, a), u), starts)| {
-            y[first..]
-                .par_chunks_mut(size)
-                .zip(a[first..].par_chunks(size))
-                .zip(u[first..].par_chunks(size))
-                .zip(starts.par_iter())
-                .for_each(|(((y, a), u), &s)| {
-                    backend.scan_row(s, a, u, y);
-                });
-        });
+    crate::par::for_each(rows * parts, |t| {
+        let lo = t / parts * len + first + t % parts * size;
+        let (a, u) = (&a[lo..lo + size], &u[lo..lo + size]);
+        ys.with_line(lo, size, |y| backend.scan_row(starts[t], a, u, y));
+    });
 }

@@ -609,6 +609,7 @@ fn non_finite_values_follow_the_plain_loop() {
 #[test]
 #[ignore = "timing, not a check; run in release mode"]
 fn scan_throughput() {
+    use rayon::prelude::*;
     use std::time::Instant;
 
     let threads = 2;

@@ -34,8 +34,6 @@
 //! channel and output the task then computes), so a fed weight is never
 //! read from anything prepared.
 
-use rayon::prelude::*;
-
 use super::tile::Tile;
 use super::{ColumnTaps, DepthwiseConv, SERIAL_MACS, SHORT_OUTPUTS};
 use crate::conv1d::params::Conv1dGeometry;
@@ -133,7 +131,7 @@ impl DepthwiseConv {
         let blocks = channels.div_ceil(block);
         let tiles = out_len.div_ceil(tile);
         let macs = p.batch * channels * out_len * p.kernel_size;
-        let threads = rayon::current_num_threads();
+        let threads = crate::par::threads();
         let serial = macs <= SERIAL_MACS || threads <= 1;
         // Tiles a task computes one after the other (sharing their windows'
         // overlap): enough tasks for about four per thread.
@@ -208,12 +206,7 @@ impl DepthwiseConv {
                         }
                     }
                 } else {
-                    y.par_chunks_mut(item).enumerate().for_each(|(b, y_item)| {
-                        y_item
-                            .par_chunks_mut(block * out_len)
-                            .enumerate()
-                            .for_each(|(blk, y_blk)| run(b, blk, y_blk))
-                    });
+                    crate::par::for_each_chunk_mut_2d(y, item, block * out_len, run);
                 }
             }
             RowsOut::Fused(sink) => {
@@ -250,7 +243,7 @@ impl DepthwiseConv {
                 if serial {
                     (0..tasks).for_each(run);
                 } else {
-                    (0..tasks).into_par_iter().for_each(run);
+                    crate::par::for_each(tasks, run);
                 }
             }
         }

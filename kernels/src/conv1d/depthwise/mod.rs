@@ -26,8 +26,6 @@ mod columns;
 mod simd;
 mod tile;
 
-use rayon::prelude::*;
-
 use super::cost::{compulsory_bytes, direct_macs};
 use super::params::Conv1dGeometry;
 use super::prepared::Weights;
@@ -264,27 +262,17 @@ impl DepthwiseConv {
         };
 
         let min_outputs = (MIN_TASK_MACS / k).max(1);
-        let chunk = time_chunk(
-            rows,
-            out_len,
-            rayon::current_num_threads(),
-            kernel.block_outputs(),
-        );
+        let chunk = time_chunk(rows, out_len, crate::par::threads(), kernel.block_outputs());
         if chunk >= out_len {
             // Whole rows, grouped so each task has enough work.
-            y.par_chunks_mut(out_len)
-                .enumerate()
-                .with_min_len(min_outputs.div_ceil(out_len))
-                .for_each(|(row, y_row)| row_part(row, 0, y_row));
+            let min_rows = min_outputs.div_ceil(out_len);
+            crate::par::for_each_chunk_mut_min(y, out_len, min_rows, |row, y_row| {
+                row_part(row, 0, y_row)
+            });
         } else {
-            y.par_chunks_mut(out_len)
-                .enumerate()
-                .for_each(|(row, y_row)| {
-                    y_row
-                        .par_chunks_mut(chunk)
-                        .enumerate()
-                        .for_each(|(i, y_part)| row_part(row, i * chunk, y_part));
-                });
+            crate::par::for_each_chunk_mut_2d(y, out_len, chunk, |row, i, y_part| {
+                row_part(row, i * chunk, y_part)
+            });
         }
     }
 }
@@ -404,23 +392,17 @@ impl DepthwiseConv {
                 }
             })
         };
-        let chunk = time_chunk(rows, out_len, rayon::current_num_threads(), FUSED_CHUNK);
+        let chunk = time_chunk(rows, out_len, crate::par::threads(), FUSED_CHUNK);
         let min_rows = (MIN_TASK_MACS / k).max(1).div_ceil(out_len);
         match stored {
-            Some(y) => y
-                .par_chunks_mut(out_len)
-                .enumerate()
-                .with_min_len(min_rows)
-                .for_each(|(row, y_row)| {
-                    if chunk >= out_len {
-                        task(row, 0, out_len, Some(y_row));
-                    } else {
-                        y_row
-                            .par_chunks_mut(chunk)
-                            .enumerate()
-                            .for_each(|(i, part)| task(row, i * chunk, part.len(), Some(part)));
-                    }
-                }),
+            Some(y) if chunk >= out_len => {
+                crate::par::for_each_chunk_mut_min(y, out_len, min_rows, |row, y_row| {
+                    task(row, 0, out_len, Some(y_row))
+                })
+            }
+            Some(y) => crate::par::for_each_chunk_mut_2d(y, out_len, chunk, |row, i, part| {
+                task(row, i * chunk, part.len(), Some(part))
+            }),
             None => {
                 let sink = sink.expect("a fused output has a sink");
                 self.run_blocks(g, x, w, bias, sink, scratch)
@@ -453,11 +435,11 @@ impl DepthwiseConv {
         // Chunks of time a task computes one after the other, so that the
         // windows' overlap (the filter's span) is read once per group.
         let chunks_per_task = chunks
-            .div_ceil((4 * rayon::current_num_threads()).div_ceil(p.batch * blocks_per_item))
+            .div_ceil((4 * crate::par::threads()).div_ceil(p.batch * blocks_per_item))
             .max(1);
         let groups = chunks.div_ceil(chunks_per_task);
         let tasks = p.batch * blocks_per_item * groups;
-        (0..tasks).into_par_iter().for_each(|task| {
+        crate::par::for_each(tasks, |task| {
             let (item_block, group) = (task / groups, task % groups);
             let (b, block) = (item_block / blocks_per_item, item_block % blocks_per_item);
             let c0 = block * ROW_BLOCK;
@@ -564,14 +546,11 @@ fn short_rows(g: &Conv1dGeometry, x: &[f32], w: &[f32], bias: Option<&[f32]>, y:
         }
     };
     let block_len = SHORT_BLOCK * out_len;
-    if y.len() * k <= SERIAL_MACS || rayon::current_num_threads() <= 1 {
+    if y.len() * k <= SERIAL_MACS || crate::par::threads() <= 1 {
         y.chunks_mut(block_len).enumerate().for_each(block);
     } else {
         let min_blocks = SERIAL_MACS.div_ceil(block_len * k);
-        y.par_chunks_mut(block_len)
-            .enumerate()
-            .with_min_len(min_blocks)
-            .for_each(block);
+        crate::par::for_each_chunk_mut_min(y, block_len, min_blocks, |i, y| block((i, y)));
     }
 }
 

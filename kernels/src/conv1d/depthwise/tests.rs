@@ -294,6 +294,7 @@ fn time_chunks() {
 #[test]
 #[ignore]
 fn calibrate() {
+    use rayon::prelude::*;
     use std::time::Instant;
     let time = |threads: usize, f: &mut (dyn FnMut() + Send)| {
         let pool = rayon::ThreadPoolBuilder::new()

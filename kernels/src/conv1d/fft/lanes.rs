@@ -312,7 +312,7 @@ impl LanesConv {
         // (about two tasks per thread). Runs start at multiples of the
         // block, so the result does not depend on the split.
         let blocks = g.out_len.div_ceil(self.block);
-        let threads = rayon::current_num_threads();
+        let threads = crate::par::threads();
         let splits = if tasks >= threads {
             1
         } else {
@@ -320,7 +320,7 @@ impl LanesConv {
         };
         let run_len = blocks.div_ceil(splits) * self.block;
         let splits = g.out_len.div_ceil(run_len);
-        (0..tasks * splits).into_par_iter().for_each(|task| {
+        crate::par::for_each(tasks * splits, |task| {
             let (group, run) = (task / splits, task % splits);
             let first = run * run_len;
             let end = (first + run_len).min(g.out_len);

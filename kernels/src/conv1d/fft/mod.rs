@@ -303,7 +303,7 @@ impl FftConv {
         // (about two tasks per thread). Runs start at multiples of the
         // block, so the blocks, and the result, do not depend on the split.
         let blocks = g.out_len.div_ceil(self.block);
-        let threads = rayon::current_num_threads();
+        let threads = crate::par::threads();
         let splits = if rows >= threads {
             1
         } else {
@@ -311,23 +311,15 @@ impl FftConv {
         };
         let run_len = blocks.div_ceil(splits) * self.block;
 
-        // `out_len >= 1` by validation, as `par_chunks_mut` requires.
-        y.par_chunks_mut(g.out_len)
-            .enumerate()
-            .for_each(|(row, y_row)| {
-                let channel = row % channels;
-                // Indexed rather than `chunks(in_len)`, which panics when `in_len == 0`.
-                let x_row = &x[row * p.in_len..][..p.in_len];
-                let bias = bias.map_or(0.0, |b| b[channel]);
-                y_row
-                    .par_chunks_mut(run_len)
-                    .enumerate()
-                    .for_each(|(run, y_run)| {
-                        scratch.with_slot(|s| {
-                            self.run_blocks(e, g, x_row, channel, bias, run * run_len, y_run, s);
-                        });
-                    });
+        crate::par::for_each_chunk_mut_2d(y, g.out_len, run_len, |row, run, y_run| {
+            let channel = row % channels;
+            // Indexed rather than `chunks(in_len)`, which panics when `in_len == 0`.
+            let x_row = &x[row * p.in_len..][..p.in_len];
+            let bias = bias.map_or(0.0, |b| b[channel]);
+            scratch.with_slot(|s| {
+                self.run_blocks(e, g, x_row, channel, bias, run * run_len, y_run, s);
             });
+        });
     }
 
     /// Outputs `first .. first + y.len()` of one row (`first` a multiple of

@@ -140,8 +140,6 @@
 
 mod kernel;
 
-use rayon::prelude::*;
-
 use super::params::Conv1dGeometry;
 use crate::fused::RowSink;
 use crate::scratch::Scratch;
@@ -414,7 +412,7 @@ impl FftGemmConv {
         let col_tiles = g.out_len.div_ceil(m).div_ceil(nj);
         let outer = p.batch * p.groups * col_tiles;
         // Split output channels only where the pool would idle otherwise.
-        let want = TILES_PER_THREAD * rayon::current_num_threads();
+        let want = TILES_PER_THREAD * crate::par::threads();
         let runs = want.div_ceil(outer).clamp(1, panels);
         let per_run = panels.div_ceil(runs);
         let runs = panels.div_ceil(per_run);
@@ -440,17 +438,14 @@ impl FftGemmConv {
             let packed = &mut packed[..self.shared_scratch(p.groups)];
             if shared {
                 packed[total..].fill(0.0);
-                packed[..total]
-                    .par_chunks_mut(panel_len)
-                    .enumerate()
-                    .for_each(|(gp, panel)| {
-                        let (group, pn) = (gp / panels, gp % panels);
-                        let w = &w[group * group_weights..][..group_weights];
-                        self.kernel.pack(w, cin, self.taps, pn * block.mr, panel);
-                    });
+                crate::par::for_each_chunk_mut(&mut packed[..total], panel_len, |gp, panel| {
+                    let (group, pn) = (gp / panels, gp % panels);
+                    let w = &w[group * group_weights..][..group_weights];
+                    self.kernel.pack(w, cin, self.taps, pn * block.mr, panel);
+                });
             }
             let packed = &*packed;
-            (0..outer * runs).into_par_iter().for_each(|t| {
+            crate::par::for_each(outer * runs, |t| {
                 let (rest, run) = (t / runs, t % runs);
                 let (bg, tile) = (rest / col_tiles, rest % col_tiles);
                 let (b, group) = (bg / p.groups, bg % p.groups);

@@ -93,8 +93,6 @@
 
 mod kernel;
 
-use rayon::prelude::*;
-
 use super::cost::direct_macs;
 use super::params::Conv1dGeometry;
 use std::ops::Range;
@@ -467,34 +465,29 @@ impl GemmConv {
             });
         };
         if !shared {
-            (0..tiles).into_par_iter().for_each(|t| tile(t, None));
+            crate::par::for_each(tiles, |t| tile(t, None));
             return;
         }
         // Each chunk's window once, in blocks of channels, then its tiles.
         scratch.with_shared(|region| {
             let windows = &mut region[..need];
             let cs = self.window.channel_stride();
-            windows
-                .par_chunks_mut(window_len)
-                .enumerate()
-                .for_each(|(i, window)| {
+            crate::par::for_each_chunk_mut_2d(
+                windows,
+                window_len,
+                FILL_CHANNELS * cs,
+                |i, k, out| {
                     let (item, chunk) = (i / tiling.chunks, i % tiling.chunks);
                     let (b, group) = (item / p.groups, item % p.groups);
                     let cols = tiling.cols(chunk, g.out_len);
-                    window
-                        .par_chunks_mut(FILL_CHANNELS * cs)
-                        .enumerate()
-                        .for_each(|(k, out)| {
-                            let args = args(b, group, 0..0, cols.clone());
-                            let c0 = k * FILL_CHANNELS;
-                            let channels = c0..(c0 + FILL_CHANNELS).min(cin);
-                            scratch.with_slot(|buf| self.kernel.fill(&args, channels, out, buf));
-                        });
-                });
+                    let args = args(b, group, 0..0, cols);
+                    let c0 = k * FILL_CHANNELS;
+                    let channels = c0..(c0 + FILL_CHANNELS).min(cin);
+                    scratch.with_slot(|buf| self.kernel.fill(&args, channels, out, buf));
+                },
+            );
             let windows = &*windows;
-            (0..tiles)
-                .into_par_iter()
-                .for_each(|t| tile(t, Some(windows)));
+            crate::par::for_each(tiles, |t| tile(t, Some(windows)));
         });
     }
 }
