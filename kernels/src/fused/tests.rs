@@ -181,10 +181,11 @@ fn strided_slices_and_a_cat_along_lines_of_another_dimension() {
     );
 }
 
-/// A prologue `x1 * x2` read from `[B, N, C]` (transposed) and an epilogue
-/// `silu(y) * c` stored transposed again (the channels-last walk) or as is
-/// (rows, transposed through scratch), around a depthwise conv: equal to
-/// the plain kernel on materialised tensors.
+/// A prologue `x1 * x2` read from `[B, N, C]` (transposed) or `[B, C, N]`,
+/// and an epilogue `silu(y) * c` stored transposed again (the
+/// channels-last walk) or as is (rows, transposed through scratch; or,
+/// with neither operand transposed, whole rows per walk), around a
+/// depthwise conv: equal to the plain kernel on materialised tensors.
 #[test]
 fn fused_depthwise_matches_the_plain_kernel() {
     let pool = rayon::ThreadPoolBuilder::new()
@@ -192,7 +193,7 @@ fn fused_depthwise_matches_the_plain_kernel() {
         .build()
         .unwrap();
     let mut rng = Rng::new(7);
-    for (case, transposed_out, silu) in [
+    for (case, transposed_in, transposed_out, silu) in [
         (1, 5, 2500, 4, (3, 0), 1),
         (2, 3, 40, 3, (2, 2), 2),
         (1, 4, 1, 3, (2, 0), 1),
@@ -210,10 +211,16 @@ fn fused_depthwise_matches_the_plain_kernel() {
         (1, 20, 200, 17, (16, 0), 1),
     ]
     .iter()
-    // Output transposed or not; `silu(y) * c` (interpreted) or `y * c`
-    // (the gate recipe, across channels in the channels-last walk).
-    .flat_map(|case| [(case, true, true), (case, false, true), (case, true, false)])
-    {
+    // Input and output transposed or not; `silu(y) * c` (interpreted) or
+    // `y * c` (the gate recipe, across channels in the channels-last walk).
+    .flat_map(|case| {
+        [
+            (case, true, true, true),
+            (case, true, false, true),
+            (case, true, true, false),
+            (case, false, false, true),
+        ]
+    }) {
         let &(batch, ch, n, k, (pl, pr), dil) = case;
         let p = Conv1dParams {
             batch,
@@ -229,15 +236,20 @@ fn fused_depthwise_matches_the_plain_kernel() {
         };
         let out_len = p.geometry().unwrap().out_len;
         let mut env = TestEnv::default();
-        let x1 = env.stored(&[batch, n, ch], rng.vec(batch * n * ch, -1.0, 1.0));
-        let x2 = env.stored(&[batch, n, ch], rng.vec(batch * n * ch, -1.0, 1.0));
+        let x_dims = if transposed_in {
+            [batch, n, ch]
+        } else {
+            [batch, ch, n]
+        };
+        let x1 = env.stored(&x_dims, rng.vec(batch * n * ch, -1.0, 1.0));
+        let x2 = env.stored(&x_dims, rng.vec(batch * n * ch, -1.0, 1.0));
         let c_dims = if transposed_out {
             [batch, out_len, ch]
         } else {
             [batch, ch, out_len]
         };
         let c = env.stored(&c_dims, rng.vec(batch * out_len * ch, -1.0, 1.0));
-        let xt = env.virt(&[batch, n, ch]);
+        let xt = env.virt(&x_dims);
         let x = env.virt(&[batch, ch, n]);
         let y = env.virt(&[batch, ch, out_len]);
         let ct = env.virt(&[batch, ch, out_len]);
@@ -257,13 +269,15 @@ fn fused_depthwise_matches_the_plain_kernel() {
             },
             xt,
         );
-        pro.push(
-            Expr::View {
-                x: m,
-                map: transpose,
-            },
-            x,
-        );
+        if transposed_in {
+            pro.push(
+                Expr::View {
+                    x: m,
+                    map: transpose,
+                },
+                x,
+            );
+        }
         let mut epi = Program::default();
         let an = epi.push(Expr::Anchor, y);
         let s = if silu {
@@ -337,7 +351,7 @@ fn fused_depthwise_matches_the_plain_kernel() {
             &mut got,
             Shape::new(&c_dims),
         );
-        assert!(source.prefers_columns());
+        assert_eq!(source.prefers_columns(), transposed_in);
         assert_eq!(sink.prefers_columns(), transposed_out);
         let (xt_, yt_) = (source.temporaries(), sink.temporaries());
         let scratch = Scratch::new(3, prepared.rows_scratch_per_thread(xt_, yt_));
@@ -357,7 +371,8 @@ fn fused_depthwise_matches_the_plain_kernel() {
         for (i, (g, w_)) in got.iter().zip(&want).enumerate() {
             assert!(
                 (g - w_).abs() <= 1e-5 * (1.0 + w_.abs()),
-                "case {case:?} transposed out {transposed_out} silu {silu}: element {i}: {g} vs {w_}"
+                "case {case:?} transposed in {transposed_in} out {transposed_out} silu {silu}: \
+                 element {i}: {g} vs {w_}"
             );
         }
     }

@@ -405,7 +405,20 @@ impl DepthwiseConv {
             }),
             None => {
                 let sink = sink.expect("a fused output has a sink");
-                self.run_blocks(g, x, w, bias, sink, scratch)
+                let source_across = matches!(x, RowsIn::Fused(source) if source.prefers_columns());
+                if sink.prefers_columns() || source_across {
+                    return self.run_blocks(g, x, w, bias, sink, scratch);
+                }
+                // Rows of both operands lie along time: whole rows (up to
+                // FUSED_CHUNK outputs) per program walk, not run_blocks'
+                // BLOCK_CHUNK, whose per-line set-up cost a transformers
+                // FastConformer module's GLU and SiLU (128 rows of 256)
+                // ten times their arithmetic.
+                let per_row = out_len.div_ceil(chunk);
+                crate::par::for_each_min(rows * per_row, min_rows, |t| {
+                    let (row, l0) = (t / per_row, t % per_row * chunk);
+                    task(row, l0, chunk.min(out_len - l0), None)
+                })
             }
         }
     }
