@@ -15,7 +15,7 @@ use std::marker::PhantomData;
 use super::chain_recipes::Chain;
 use super::conv_recipes::{Product, SkipGate};
 use super::ops::{copy, copy_streaming};
-use super::program::{Env, Line, Program};
+use super::program::{Env, Expr, LeafMap, Line, Program};
 use super::recipes::{Discretise, Gate};
 use super::shape::{Shape, MAX_RANK};
 use super::strided;
@@ -222,6 +222,11 @@ pub struct ProgramRows<'a> {
     /// tensor, then an activation (a normalisation applied;
     /// `chain_recipes.rs`).
     chain: Option<Chain<'a>>,
+    /// A program that only views a stored tensor (a permute of a `[B, N,
+    /// C]` projection into a conv's `[B, C, N]`): where it stores the
+    /// element at root coordinates `c`, `data[offset + sum(c[d] * coef[d])]`,
+    /// so that blocks of rows are copied, not interpreted line by line.
+    gather: Option<(&'a [f32], usize, [usize; MAX_RANK])>,
 }
 
 impl<'a> ProgramRows<'a> {
@@ -243,6 +248,10 @@ impl<'a> ProgramRows<'a> {
             discretise: Discretise::find(program, program.named_roots(), env),
             product: Product::find(program, env),
             chain: Chain::find(program, env).filter(|c| !c.reads_anchor()),
+            gather: match program.leaf_map(program.root(), env) {
+                Some(LeafMap::Stored { data, offset, coef }) => Some((data, offset, coef)),
+                _ => None,
+            },
         }
     }
 
@@ -440,10 +449,24 @@ impl RowSource for ProgramRows<'_> {
             }
             return;
         }
-        // One line across the rows per time step, scattered into the rows.
         let rank = self.shape.rank();
-        let (line_buf, tmp) = tmp.split_at_mut(rows);
         let mut base = unravel(row0, &self.shape, rank - 1);
+        if let Some((data, offset, coef)) = self.gather {
+            // A transposing copy: per time step, the rows' elements (close
+            // together in the stored tensor) into their rows.
+            base[rank - 1] = t0;
+            let start = offset + (0..rank).map(|d| base[d] * coef[d]).sum::<usize>();
+            let (across, along) = (coef[rank - 2], coef[rank - 1]);
+            for t in 0..len {
+                let first = start + t * along;
+                for (r, v) in out.chunks_exact_mut(len).take(rows).enumerate() {
+                    v[t] = data[first + r * across];
+                }
+            }
+            return;
+        }
+        // One line across the rows per time step, scattered into the rows.
+        let (line_buf, tmp) = tmp.split_at_mut(rows);
         for t in 0..len {
             base[rank - 1] = t0 + t;
             self.eval_line(&Line::along(base, rank - 2), line_buf, tmp);
@@ -594,6 +617,9 @@ pub struct EpilogueSink<'a> {
     /// The result is larger than the caches: store it with non-temporal
     /// stores.
     stream: bool,
+    /// The epilogue is the anchor's values as they are (only the store
+    /// views act: a conv's `[B, C, N]` result permuted into `[B, N, C]`).
+    identity: bool,
 }
 
 /// The epilogues the recipes compute in one pass: a scan's gate
@@ -660,6 +686,7 @@ impl<'a> EpilogueSink<'a> {
             across: false,
             recipe: EpilogueRecipe::find(program, env),
             stream: false,
+            identity: program.nodes()[program.root()].expr == Expr::Anchor,
         };
         sink.stream = std::mem::size_of::<f32>() * sink.out.len >= STREAM_OUTPUT_BYTES;
         let rank = anchor_shape.rank();
@@ -716,6 +743,16 @@ impl RowSink for EpilogueSink<'_> {
         let line = Line::along(base, rank - 1);
         let (start, stride) = self.store_at(&line);
         let len = values.len();
+        if self.identity {
+            // Nothing to finish: stored as they are.
+            if self.stream && stride == 1 {
+                self.out
+                    .with_line(start, len, |out| copy_streaming(out, values));
+            } else {
+                self.out.store_line(start, stride, values);
+            }
+            return;
+        }
         let mut recipe = self.recipe.as_ref();
         if let (Some(r), 1) = (recipe, stride) {
             let done = if self.stream {
@@ -795,8 +832,13 @@ impl RowSink for EpilogueSink<'_> {
             }
             base[rank - 1] = t0 + t;
             let line = Line::along(base, rank - 2);
-            self.finish_line(self.recipe.as_ref(), &line, anchor, buf, tmp);
             let (start, stride) = self.store_at(&line);
+            if self.identity {
+                // Nothing to finish: the column is stored as it is.
+                self.out.store_line(start, stride, anchor);
+                continue;
+            }
+            self.finish_line(self.recipe.as_ref(), &line, anchor, buf, tmp);
             self.out.store_line(start, stride, buf);
         }
     }
