@@ -14,9 +14,9 @@
 //! pool): a program's delegates then take turns on the same threads.
 //! Two pools would not: after each of its calls, pthreadpool's workers spin
 //! for a while waiting for the next, on the cores our own workers need, and
-//! ours do the same to XNNPACK's next call. On a 2-core machine that made a
-//! prefill of our calls 13 times slower at 2 threads than at 1, inside
-//! ExecuTorch's LFM2 recipe (bench/interference.py measures it).
+//! ours do the same to XNNPACK's next call. On a 2-core machine with one
+//! core busy elsewhere, that made our calls in ExecuTorch's LFM2 recipe 4.5
+//! times as slow as on the shared pool (`bench/interference.py`, README).
 //! `RUSTCONV_THREADPOOL=own` keeps the kernels on pools of their own, as
 //! they were before.
 //!
