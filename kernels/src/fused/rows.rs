@@ -154,6 +154,17 @@ pub trait RowSink: Sync {
     fn prefers_columns(&self) -> bool {
         false
     }
+
+    /// Whether [`Self::store_rows`] of `rows` rows from `row0`, `len`
+    /// elements each, stores across the rows (a line per time step): where
+    /// it [prefers columns](Self::prefers_columns), or where the lines
+    /// along the rows are too short to pay for their set-up. A kernel that
+    /// hands its rows over a few at a time hands over the whole block
+    /// instead when this holds.
+    fn stores_across(&self, row0: usize, rows: usize, len: usize) -> bool {
+        let _ = (row0, rows, len);
+        self.prefers_columns()
+    }
 }
 
 /// Rows [`RowSource::fill_rows`] and [`RowSink::store_rows`] take at most.
@@ -378,26 +389,39 @@ impl ProgramRows<'_> {
     }
 }
 
-/// Longest lines [`RowSource::fill_rows`] reads across its rows even where
-/// the program reads rows better along them: a line's set-up (walking the
-/// program's nodes) then costs more than its elements. SileroVAD's
-/// prologues (an LSTM cell's gates into a conv of one step, an STFT's
-/// magnitude into one of four) interpreted 129 lines of 1 to 6 elements
-/// each per call.
-const SHORT_LINE: usize = 8;
+/// A program's walk of its nodes for one line costs about as much as this
+/// many of the line's elements (the arithmetic of a few nodes on
+/// contiguous data)...
+const LINE_SETUP: usize = 256;
+/// ... and an element of a line across rows costs this many more than one
+/// along a row: a strided read, and a store into another row.
+const ACROSS_EXTRA: usize = 4;
+
+/// Whether `rows` rows of `len` elements cost less as `len` lines across
+/// the rows than as `rows` lines along them, by the set-up each line pays
+/// ([`LINE_SETUP`], [`ACROSS_EXTRA`]). SileroVAD's prologues (an LSTM
+/// cell's gates into a conv of one step, an STFT's magnitude into one of
+/// four) walked 129 lines of 1 to 6 elements each per call, and Voxtral's
+/// streaming stem (a conv state cat into 8 new frames, GELU after) 128
+/// of 10 and 128 of 8.
+pub(crate) fn short_rows(rows: usize, len: usize) -> bool {
+    LINE_SETUP * rows.saturating_sub(len) > ACROSS_EXTRA * rows * len
+}
+
+/// Whether rows `row0 .. row0 + rows` of a `shape` read as rows along its
+/// last dimension lie on one line across (one batch item's channels),
+/// within what [`block_tmp`] provides for ([`ROW_BLOCK`]).
+fn one_line_across(shape: &Shape, row0: usize, rows: usize) -> bool {
+    let rank = shape.rank();
+    rank >= 2 && rows <= ROW_BLOCK && row0 % shape[rank - 2] + rows <= shape[rank - 2]
+}
 
 impl ProgramRows<'_> {
     /// Whether `fill_rows` of `rows` rows from `row0`, `len` elements each,
-    /// is better read across the rows: short lines, more rows than
-    /// elements, all within one line across (one batch item's channels)
-    /// and at most [`ROW_BLOCK`] (the scratch [`block_tmp`] provides).
+    /// is better read across the rows: short lines ([`short_rows`]), all
+    /// on one line across.
     fn short_lines(&self, row0: usize, rows: usize, len: usize) -> bool {
-        let rank = self.shape.rank();
-        rank >= 2
-            && len < SHORT_LINE
-            && rows > len
-            && rows <= ROW_BLOCK
-            && row0 % self.shape[rank - 2] + rows <= self.shape[rank - 2]
+        short_rows(rows, len) && one_line_across(&self.shape, row0, rows)
     }
 }
 
@@ -457,6 +481,12 @@ impl RowSource for ProgramRows<'_> {
             base[rank - 1] = t0;
             let start = offset + (0..rank).map(|d| base[d] * coef[d]).sum::<usize>();
             let (across, along) = (coef[rank - 2], coef[rank - 1]);
+            if across == 1 && rows > 0 && len > 0 {
+                // The rows' elements of a time step are a contiguous run.
+                let span = (len - 1) * along + rows;
+                strided::transpose(&data[start..start + span], along, len, rows, out, len);
+                return;
+            }
             for t in 0..len {
                 let first = start + t * along;
                 for (r, v) in out.chunks_exact_mut(len).take(rows).enumerate() {
@@ -560,6 +590,41 @@ impl<'a> SharedOut<'a> {
         // `f`.
         let dst = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) };
         f(dst)
+    }
+
+    /// Writes `rows` lines of `len` elements transposed:
+    /// `values[r * len + t]` at offset `start + t * stride + r` (a block of
+    /// a `[C, N]` result stored as `[N, C]`).
+    ///
+    /// # Panics
+    /// If an element leaves the tensor or `values` is short (checked
+    /// before any write).
+    pub(super) fn store_transposed(
+        &self,
+        start: usize,
+        stride: usize,
+        rows: usize,
+        len: usize,
+        values: &[f32],
+    ) {
+        if rows == 0 || len == 0 {
+            return;
+        }
+        let last = start + (len - 1) * stride + rows - 1;
+        assert!(
+            last < self.len && values.len() >= rows * len,
+            "store past the end ({last} of {})",
+            self.len
+        );
+        // SAFETY: every element read is `values[r * len + t]`, `r < rows`,
+        // `t < len`, inside `values` (asserted); every element written is
+        // at most `last`, in bounds (asserted); no other task writes them
+        // (see the Sync impl), nothing reads them during the kernel call
+        // (which holds the `&mut` borrow), and `values` is a separate
+        // buffer.
+        unsafe {
+            strided::transpose_raw(values.as_ptr(), len, rows, len, self.ptr.add(start), stride)
+        }
     }
 
     /// Writes `values[t]` at offset `start + t * stride`.
@@ -788,6 +853,15 @@ impl RowSink for EpilogueSink<'_> {
         self.across
     }
 
+    fn stores_across(&self, row0: usize, rows: usize, len: usize) -> bool {
+        // An identity epilogue walks no program: its rows are stored as
+        // they are, whatever their length.
+        self.across
+            || (!self.identity
+                && short_rows(rows, len)
+                && one_line_across(&self.anchor_shape, row0, rows))
+    }
+
     fn store_col(&self, row0: usize, t: usize, values: &[f32], tmp: &mut [f32]) {
         let rank = self.anchor_shape.rank();
         if rank < 2 {
@@ -814,7 +888,7 @@ impl RowSink for EpilogueSink<'_> {
         values: &[f32],
         tmp: &mut [f32],
     ) {
-        if !self.across {
+        if !self.stores_across(row0, rows, len) {
             for (r, values) in values.chunks_exact(len).take(rows).enumerate() {
                 self.store(row0 + r, t0, values, tmp);
             }
@@ -823,21 +897,34 @@ impl RowSink for EpilogueSink<'_> {
         // Per time step: the rows' values gathered into one line across
         // them, finished, and stored (contiguously, in a transposed result).
         let rank = self.anchor_shape.rank();
+        let mut base = unravel(row0, &self.anchor_shape, rank - 1);
+        base[rank - 1] = t0;
+        // The views are affine: a step in time moves the stored column by
+        // a fixed offset.
+        let (start, stride) = self.store_at(&Line::along(base, rank - 2));
+        base[rank - 1] = t0 + 1;
+        let step = self.store_at(&Line::along(base, rank - 2)).0 - start;
+        if self.identity && stride == 1 {
+            // Nothing to finish, and each column is a contiguous run of
+            // the result (a `[C, N]` result stored as `[N, C]`): the block
+            // is stored transposed, a vector at a time.
+            self.out.store_transposed(start, step, rows, len, values);
+            return;
+        }
         let (anchor, tmp) = tmp.split_at_mut(rows);
         let (buf, tmp) = tmp.split_at_mut(rows);
-        let mut base = unravel(row0, &self.anchor_shape, rank - 1);
         for t in 0..len {
             for (r, a) in anchor.iter_mut().enumerate() {
                 *a = values[r * len + t];
             }
-            base[rank - 1] = t0 + t;
-            let line = Line::along(base, rank - 2);
-            let (start, stride) = self.store_at(&line);
+            let start = start + t * step;
             if self.identity {
                 // Nothing to finish: the column is stored as it is.
                 self.out.store_line(start, stride, anchor);
                 continue;
             }
+            base[rank - 1] = t0 + t;
+            let line = Line::along(base, rank - 2);
             self.finish_line(self.recipe.as_ref(), &line, anchor, buf, tmp);
             self.out.store_line(start, stride, buf);
         }
@@ -857,13 +944,6 @@ pub fn line_scratch(temporaries: usize) -> usize {
     ((temporaries + 1) * LINE_CHUNK).max(ROW_BLOCK * ACROSS_TILE + col_tmp(temporaries, ROW_BLOCK))
 }
 
-/// Rows at most this long [`materialise`] computes a column at a time (a
-/// decode step's state update: `K - 1` elements per channel).
-const SHORT_ROW: usize = 8;
-
-/// Fewest rows a column must span to beat a walk of the program per row.
-const MIN_COL_ROWS: usize = 32;
-
 /// Stores `source`'s rows (`row_len` elements each) into `out`, in
 /// parallel on the current pool: one pass over memory for a whole fused
 /// elementwise program.
@@ -877,7 +957,12 @@ pub fn materialise(
         return;
     }
     let run = source.col_rows();
-    if row_len <= SHORT_ROW && run >= MIN_COL_ROWS && (out.len() / row_len).is_multiple_of(run) {
+    // Short rows (a decode step's state update: `K - 1` elements per
+    // channel) are computed a column at a time.
+    if run > 1
+        && short_rows(run.min(LINE_CHUNK), row_len)
+        && (out.len() / row_len).is_multiple_of(run)
+    {
         // Lines across the rows (one program walk per LINE_CHUNK rows and
         // time step, not per row), scattered into the short rows.
         let item = |(i, out): (usize, &mut [f32])| {

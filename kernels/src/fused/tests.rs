@@ -1671,14 +1671,23 @@ fn gated_conv_recipes_match_the_interpreter_bit_for_bit() {
     }
 }
 
-/// `fill_rows` of short lines (a conv's prologue at a decode-sized call)
-/// reads across the rows, one line per step: every row block, offset and
-/// length below `SHORT_LINE` and a block crossing batch items (read row
-/// by row), the same bits as filling row by row.
+/// `fill_rows` of short lines (a conv's prologue at a decode-sized or
+/// streaming call) reads across the rows, one line per step: every row
+/// block, offset and length short enough (`short_rows`) and a block
+/// crossing batch items (read row by row), the same bits as filling row by
+/// row.
 #[test]
 fn short_lines_fill_across_their_rows_bit_for_bit() {
     let mut rng = Rng::new(21);
-    for (b, c, n) in [(2, 129, 4), (1, 128, 1), (3, 5, 7), (1, 300, 6), (2, 9, 9)] {
+    for (b, c, n) in [
+        (2, 129, 4),
+        (1, 128, 1),
+        (3, 5, 7),
+        (1, 300, 6),
+        (2, 9, 9),
+        (1, 64, 10),
+        (2, 200, 24),
+    ] {
         let mut env = TestEnv::default();
         let x = env.stored(&[b, c, n], rng.vec(b * c * n, -2.0, 2.0));
         let y = env.stored(&[b, c, n], rng.vec(b * c * n, -2.0, 2.0));
@@ -1731,6 +1740,61 @@ fn short_lines_fill_across_their_rows_bit_for_bit() {
                     "{b}x{c}x{n} rows {row0}+{m} t {t0}+{len}"
                 );
             }
+        }
+    }
+}
+
+/// `store_rows` of short rows through an epilogue that walks a program
+/// (a conv's GELU at a streaming call of 8 frames) finishes and stores
+/// across the rows, a line per step: the same bits as storing row by row,
+/// for blocks within one batch item and one crossing two (stored row by
+/// row), and nothing outside the block written.
+#[test]
+fn short_rows_store_across_their_rows_bit_for_bit() {
+    let mut rng = Rng::new(22);
+    for (b, c, n) in [(1, 128, 8), (2, 64, 10), (1, 300, 3), (2, 9, 9)] {
+        let mut env = TestEnv::default();
+        let skip = env.stored(&[b, c, n], rng.vec(b * c * n, -2.0, 2.0));
+        let y = env.virt(&[b, c, n]);
+        let mut p = Program::default();
+        let an = p.push(Expr::Anchor, y);
+        let ls = p.push(Expr::Load, skip);
+        let sum = p.push(
+            Expr::Binary {
+                op: BinaryOp::Add,
+                a: an,
+                b: ls,
+            },
+            y,
+        );
+        p.push(
+            Expr::Unary {
+                op: UnaryOp::Gelu,
+                x: sum,
+            },
+            y,
+        );
+        let values = rng.vec(b * c * n, -3.0, 3.0);
+        let shape = Shape::new(&[b, c, n]);
+        let mut tmp = vec![f32::NAN; block_tmp(p.temporaries() + 1, n)];
+        for (row0, m) in [(0, c.min(ROW_BLOCK)), (1, c - 1), (c - 1, 2)] {
+            let m = m.min(b * c - row0).min(ROW_BLOCK);
+            let block = &values[row0 * n..][..m * n];
+            let mut want = vec![-7.0; b * c * n];
+            let by_row = EpilogueSink::new(&p, &env, shape, &[], &mut want, shape);
+            for (r, v) in block.chunks_exact(n).enumerate() {
+                by_row.store(row0 + r, 0, v, &mut tmp);
+            }
+            let mut got = vec![-7.0; b * c * n];
+            let sink = EpilogueSink::new(&p, &env, shape, &[], &mut got, shape);
+            let crosses = row0 % c + m > c;
+            assert_eq!(
+                sink.stores_across(row0, m, n),
+                rows::short_rows(m, n) && !crosses,
+                "{b}x{c}x{n} rows {row0}+{m}"
+            );
+            sink.store_rows(row0, m, 0, n, block, &mut tmp);
+            assert_eq!(bits(&got), bits(&want), "{b}x{c}x{n} rows {row0}+{m}");
         }
     }
 }

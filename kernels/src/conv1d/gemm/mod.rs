@@ -308,7 +308,8 @@ impl GemmConv {
     ///   blocks of rows, so that no tile computes another's window again;
     /// * an epilogue gets each panel of a tile's rows as soon as it is
     ///   computed, or, where it stores across rows (a transposed result,
-    ///   [`RowSink::prefers_columns`]), each tile in blocks of up to
+    ///   or rows too short for a program walk each:
+    ///   [`RowSink::stores_across`]), each tile in blocks of up to
     ///   [`ROW_BLOCK`] rows.
     ///
     /// `scratch` has [`Self::rows_scratch`] floats per thread.
@@ -431,7 +432,7 @@ impl GemmConv {
                     Dest::Sink(sink) => {
                         let n = cols.len();
                         let row0 = b * p.out_channels + o0;
-                        let across = sink.prefers_columns();
+                        let across = sink.stores_across(row0, rows.len(), n);
                         let tile_rows = if across { rows.len() } else { block.mr };
                         let (tile, tmp) = rest.split_at_mut(tile_rows * n);
                         args.y = tile.as_mut_ptr();
