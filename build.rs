@@ -57,8 +57,11 @@ fn main() {
         }
     }
 
-    let mut build =
-        cxx_build::bridges(["delegate/src/ffi.rs", "delegate/src/bin/pte_runner/ffi.rs"]);
+    let mut build = cxx_build::bridges([
+        "delegate/src/host.rs",
+        "delegate/src/ffi.rs",
+        "delegate/src/bin/pte_runner/ffi.rs",
+    ]);
     build
         .file("delegate/cpp/backend.cpp")
         .file("delegate/cpp/runner.cpp")

@@ -76,3 +76,11 @@ def test_the_script_fails_on_a_circle_and_passes_without(tmp_path):
     assert run.returncode == 1
     assert "circle: crate::a -> crate::b -> crate::a" in run.stdout
     assert "1 import circles" in run.stdout
+
+
+def test_the_delegate_has_no_import_circle():
+    run = subprocess.run(
+        [sys.executable, SCRIPT, ROOT / "delegate/src"], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout
+    assert " 0 import circles" in run.stdout

@@ -11,7 +11,8 @@
 //! [`profiling`] times each fused kernel for ExecuTorch's event tracer.
 //! [`inspect`] describes a plan for `python -m rustconv.inspect`. `ffi` is
 //! the cxx bridge to the C++ `BackendInterface` in delegate/cpp/ and the
-//! C entry point of `inspect`.
+//! C entry point of `inspect`; `host`, below it, the host interface the
+//! other modules use (ExecuTorch's status codes and log).
 
 pub mod blob;
 mod constants;
@@ -21,6 +22,7 @@ pub mod executor;
 mod ffi;
 mod fusion;
 pub mod graph;
+mod host;
 pub mod inspect;
 pub mod memory;
 mod ops;
