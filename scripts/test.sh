@@ -46,7 +46,7 @@ else
             case $key in AARCH64_*) export "RUSTCONV_$key=$value" ;; esac
         done <<<"$built"
         RUSTCONV_EXECUTORCH_DIR=$RUSTCONV_AARCH64_EXECUTORCH_DIR CXX_aarch64_unknown_linux_gnu=aarch64-linux-gnu-g++ \
-            cargo clippy --release --quiet -p rustconv --lib --bin pte_runner --target "$AARCH64" -- -D warnings
+            cargo clippy --release --quiet -p rustconv-backend -p rustconv-pte-runner --target "$AARCH64" -- -D warnings
     fi
 fi
 

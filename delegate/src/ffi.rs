@@ -43,8 +43,8 @@ pub(crate) mod bridge {
     }
 
     unsafe extern "C++" {
-        include!("delegate/cpp/backend.h");
-        include!("rustconv/delegate/src/host.rs.h");
+        include!("rustconv-backend/cpp/backend.h");
+        include!("rustconv-backend/src/host.rs.h");
 
         /// The host's error codes, shared with host.rs's bridge.
         type Status = crate::host::Status;
@@ -71,6 +71,12 @@ pub(crate) mod bridge {
         fn current_ticks() -> u64;
 
         fn register_backend() -> bool;
+    }
+
+    unsafe extern "C++" {
+        include!("rustconv-backend/cpp/scan_kernel.h");
+
+        fn linear_scan_kernel_registered() -> bool;
     }
 }
 
@@ -193,6 +199,13 @@ impl CallArgs for CxxArgs<'_> {
 /// loads (see lib.rs) and by pte_runner, which links the rlib.
 pub fn register() -> bool {
     bridge::register_backend()
+}
+
+/// Whether ExecuTorch has a `rustconv::linear_scan.out` kernel
+/// (cpp/scan_kernel.cpp, registered with the backend), for scans no delegate
+/// took: pte_runner checks it at start.
+pub fn linear_scan_kernel_registered() -> bool {
+    bridge::linear_scan_kernel_registered()
 }
 
 /// `python -m rustconv.inspect`'s entry point (loaded with ctypes): plans

@@ -34,7 +34,7 @@ pub(crate) mod bridge {
     }
 
     unsafe extern "C++" {
-        include!("delegate/cpp/backend.h");
+        include!("rustconv-backend/cpp/backend.h");
 
         fn log(level: LogLevel, message: &str);
     }
