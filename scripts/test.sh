@@ -17,8 +17,8 @@ cargo fmt --all --check
 "$RUFF" format --check partitioner_py tests scripts bench setup.py
 "$RUFF" check partitioner_py tests scripts bench setup.py
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings
-# No two modules of the delegate import each other (issue 17).
-"$RUSTCONV_PYTHON" "$ROOT/scripts/import_cycles.py" delegate/src
+# No two modules of the delegate or of pte_runner import each other in a loop (issue 17).
+"$RUSTCONV_PYTHON" "$ROOT/scripts/import_cycles.py" delegate/src pte_runner/src
 
 build_all
 
