@@ -1,8 +1,9 @@
 """Builds the native half of the rustconv wheel with setuptools-rust.
 
-One ``cargo build --release --lib --bin pte_runner`` (the same command and
-environment as ``scripts/common.sh``'s build, so a warm ``target/`` is reused)
-makes both artifacts; they go into the package as::
+One ``cargo build --release -p rustconv-backend -p rustconv-pte-runner`` (the
+workspace's two products, in the same ``target/`` and environment as
+``scripts/common.sh``'s build, so a warm ``target/`` is reused) makes both
+artifacts; they go into the package as::
 
     rustconv/librustconv_backend.so   loaded by rustconv.runtime
     rustconv/bin/pte_runner           run by the ``pte_runner`` command
@@ -48,7 +49,7 @@ def pinned_executorch() -> str:
 
 
 def executorch_for_build() -> None:
-    """Points build.rs at an executorch package (see the module's docs)."""
+    """Points delegate/build.rs at an executorch package (see the module's docs)."""
     if os.environ.get("RUSTCONV_EXECUTORCH_DIR") or os.environ.get("RUSTCONV_PYTHON"):
         return
     if os.environ.get("CARGO_BUILD_TARGET"):
@@ -124,9 +125,11 @@ setup(
     rust_extensions=[
         RustExtension(
             {"pte_runner": RUNNER},
-            path="Cargo.toml",
+            # pte_runner's crate (setuptools-rust takes the binary from it);
+            # -p builds the backend library beside it in the same run.
+            path="pte_runner/Cargo.toml",
             binding=Binding.Exec,
-            args=["--lib", "--bin", "pte_runner"],
+            args=["-p", "rustconv-backend", "-p", "rustconv-pte-runner"],
         )
     ],
     cmdclass={"build_rust": build_rust_into_package, "bdist_wheel": bdist_wheel_any_python},

@@ -28,7 +28,7 @@ ET_AARCH64=$("$RUSTCONV_PYTHON" "$ROOT/scripts/executorch_wheel.py" --version "$
 log "building the delegate and pte_runner for $AARCH64 against $ET_AARCH64"
 export RUSTCONV_EXECUTORCH_DIR=$ET_AARCH64
 export CXX_aarch64_unknown_linux_gnu=aarch64-linux-gnu-g++
-cargo build --release --quiet --target "$AARCH64" --lib --bin pte_runner
+cargo build --release --quiet --target "$AARCH64" -p rustconv-backend -p rustconv-pte-runner
 
 log "building the $AARCH64 wheel into $wheel_dir"
 ensure_build_tools

@@ -1,6 +1,6 @@
 """Fetches the executorch wheel for a platform and unpacks what a native
 build needs: ``executorch/include``, ``executorch/lib`` and the dist-info
-(build.rs reads the version from it). Prints the unpacked package directory,
+(delegate/build.rs reads the version from it). Prints the unpacked package directory,
 for ``RUSTCONV_EXECUTORCH_DIR``.
 
 Used where the build's own Python has no executorch of the right platform:

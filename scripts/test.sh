@@ -17,6 +17,8 @@ cargo fmt --all --check
 "$RUFF" format --check partitioner_py tests scripts bench setup.py
 "$RUFF" check partitioner_py tests scripts bench setup.py
 cargo clippy --release --workspace --all-targets --quiet -- -D warnings
+# No two modules of the delegate or of pte_runner import each other in a loop (issue 17).
+"$RUSTCONV_PYTHON" "$ROOT/scripts/import_cycles.py" delegate/src pte_runner/src
 
 build_all
 
@@ -44,7 +46,7 @@ else
             case $key in AARCH64_*) export "RUSTCONV_$key=$value" ;; esac
         done <<<"$built"
         RUSTCONV_EXECUTORCH_DIR=$RUSTCONV_AARCH64_EXECUTORCH_DIR CXX_aarch64_unknown_linux_gnu=aarch64-linux-gnu-g++ \
-            cargo clippy --release --quiet -p rustconv --lib --bin pte_runner --target "$AARCH64" -- -D warnings
+            cargo clippy --release --quiet -p rustconv-backend -p rustconv-pte-runner --target "$AARCH64" -- -D warnings
     fi
 fi
 

@@ -1,5 +1,5 @@
-#include "delegate/cpp/backend.h"
-#include "delegate/cpp/scan_kernel.h"
+#include "rustconv-backend/cpp/backend.h"
+#include "rustconv-backend/cpp/scan_kernel.h"
 
 #include <new>
 #include <utility>
@@ -10,7 +10,7 @@
 #include <executorch/runtime/platform/platform.h>
 #include <executorch/runtime/platform/log.h>
 
-#include "rustconv/delegate/src/ffi.rs.h"
+#include "rustconv-backend/src/ffi.rs.h"
 
 // libexecutorch_threadpool.so exports the process's shared pool, the one
 // XNNPACK and the optimized CPU kernels run on, but the wheel ships no header

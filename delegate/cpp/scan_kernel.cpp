@@ -10,7 +10,7 @@
 // the state in float32 and round each output once, as the delegate does.
 // Every malformed call fails the kernel context with InvalidArgument after
 // one ET_LOG line; nothing aborts.
-#include "delegate/cpp/scan_kernel.h"
+#include "rustconv-backend/cpp/scan_kernel.h"
 
 #include <cinttypes>
 #include <cstddef>

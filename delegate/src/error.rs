@@ -1,9 +1,8 @@
-//! Typed errors of the delegate, each mapped to the ExecuTorch error code the
-//! FFI boundary returns (see [`DelegateError::status`]).
+//! Typed errors of the delegate. Each is mapped to the ExecuTorch error code
+//! the FFI boundary returns by [`DelegateError::status`], in host.rs: this
+//! module knows nothing of the host.
 
 use rustconv_kernels::KernelError;
-
-use crate::ffi::Status;
 
 /// The blob's framing: header, flatbuffer and constant segment.
 #[derive(Debug, thiserror::Error)]
@@ -202,27 +201,6 @@ pub enum DelegateError {
     },
     #[error("internal error (panic): {0}")]
     Panic(String),
-}
-
-impl DelegateError {
-    /// The ExecuTorch error code this error is reported as.
-    pub fn status(&self) -> Status {
-        match self {
-            DelegateError::Blob(BlobError::NewerVersion { .. }) => {
-                Status::DelegateInvalidCompatibility
-            }
-            DelegateError::Graph(GraphError::UnknownOp { .. }) => {
-                Status::DelegateInvalidCompatibility
-            }
-            DelegateError::Blob(_) | DelegateError::Graph(_) => Status::InvalidProgram,
-            DelegateError::Config(ConfigError::ThreadPool { .. }) => Status::Internal,
-            DelegateError::Config(_) | DelegateError::Arg(_) => Status::InvalidArgument,
-            DelegateError::Unsupported(_) => Status::NotSupported,
-            DelegateError::Prepare { .. } => Status::InvalidProgram,
-            DelegateError::NotInitialized | DelegateError::Busy => Status::InvalidState,
-            DelegateError::Panic(_) => Status::Internal,
-        }
-    }
 }
 
 /// The algorithm names a compile spec may give, from the kernels' one list.

@@ -3,7 +3,8 @@
 //!
 //! Every Rust function called from C++ catches panics and converts errors to
 //! a [`Status`] after logging them through ExecuTorch's log: nothing
-//! unwinds across the boundary and no exception is thrown.
+//! unwinds across the boundary and no exception is thrown. The status codes
+//! and the log are the host interface in host.rs, below this module.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
@@ -12,36 +13,16 @@ use crate::delegate::Delegate;
 use crate::error::DelegateError;
 use crate::executor::{ArgTensor, CallArgs};
 use crate::graph::DType;
+use crate::host::{log, LogLevel, Status};
 use crate::profiling::{Clock, EventSink};
 
 #[cxx::bridge(namespace = "rustconv::ffi")]
 pub(crate) mod bridge {
-    /// The ExecuTorch error a call ends with (mapped in backend.cpp).
-    #[derive(Debug)]
-    #[repr(u8)]
-    enum Status {
-        Ok,
-        Internal,
-        InvalidArgument,
-        InvalidProgram,
-        InvalidState,
-        NotSupported,
-        DelegateInvalidCompatibility,
-        MemoryAllocationFailed,
-    }
-
     #[repr(u8)]
     enum DType {
         Float32,
         Float16,
         Unsupported,
-    }
-
-    #[repr(u8)]
-    enum LogLevel {
-        Debug,
-        Info,
-        Error,
     }
 
     extern "Rust" {
@@ -62,7 +43,11 @@ pub(crate) mod bridge {
     }
 
     unsafe extern "C++" {
-        include!("delegate/cpp/backend.h");
+        include!("rustconv-backend/cpp/backend.h");
+        include!("rustconv-backend/src/host.rs.h");
+
+        /// The host's error codes, shared with host.rs's bridge.
+        type Status = crate::host::Status;
 
         type ExecuteArgs;
         fn len(self: &ExecuteArgs) -> usize;
@@ -85,27 +70,14 @@ pub(crate) mod bridge {
         );
         fn current_ticks() -> u64;
 
-        fn log(level: LogLevel, message: &str);
         fn register_backend() -> bool;
     }
-}
 
-pub(crate) use bridge::{LogLevel, Status};
+    unsafe extern "C++" {
+        include!("rustconv-backend/cpp/scan_kernel.h");
 
-/// Writes one line to ExecuTorch's log.
-///
-/// Only from the thread that called into the delegate: inside Python,
-/// ExecuTorch forwards log lines to Python's logging, which takes the GIL that
-/// the calling thread holds while it waits for the pool, so a log line from
-/// one of the pool's own workers deadlocks. That is a bug, reported as a
-/// panic (caught at the boundary) rather than a hang. (The calling thread
-/// may itself be a member of the pool: see threads.rs.)
-pub(crate) fn log(level: LogLevel, message: &str) {
-    assert!(
-        !crate::threads::is_worker(),
-        "log from a kernel thread (would deadlock under Python): {message}"
-    );
-    bridge::log(level, message);
+        fn linear_scan_kernel_registered() -> bool;
+    }
 }
 
 fn delegate_new() -> Box<Delegate> {
@@ -227,6 +199,13 @@ impl CallArgs for CxxArgs<'_> {
 /// loads (see lib.rs) and by pte_runner, which links the rlib.
 pub fn register() -> bool {
     bridge::register_backend()
+}
+
+/// Whether ExecuTorch has a `rustconv::linear_scan.out` kernel
+/// (cpp/scan_kernel.cpp, registered with the backend), for scans no delegate
+/// took: pte_runner checks it at start.
+pub fn linear_scan_kernel_registered() -> bool {
+    bridge::linear_scan_kernel_registered()
 }
 
 /// `python -m rustconv.inspect`'s entry point (loaded with ctypes): plans

@@ -10,8 +10,9 @@
 //! [`executor`] (per-call checks, shapes, and the one dispatch on a step).
 //! [`profiling`] times each fused kernel for ExecuTorch's event tracer.
 //! [`inspect`] describes a plan for `python -m rustconv.inspect`. `ffi` is
-//! the cxx bridge to the C++ `BackendInterface` in delegate/cpp/ and the
-//! C entry point of `inspect`.
+//! the cxx bridge to the C++ `BackendInterface` in cpp/ and the
+//! C entry point of `inspect`; `host`, below it, the host interface the
+//! other modules use (ExecuTorch's status codes and log).
 
 pub mod blob;
 mod constants;
@@ -21,6 +22,7 @@ pub mod executor;
 mod ffi;
 mod fusion;
 pub mod graph;
+mod host;
 pub mod inspect;
 pub mod memory;
 mod ops;
@@ -35,7 +37,7 @@ pub mod threads;
 mod tests;
 
 pub use delegate::Delegate;
-pub use ffi::register;
+pub use ffi::{linear_scan_kernel_registered, register};
 
 /// The ExecuTorch release this library was compiled and linked against, as
 /// `RUSTCONV_BUILT_FOR_EXECUTORCH=<version>` and a NUL. `rustconv.runtime`

@@ -4,7 +4,7 @@
 use rustconv_kernels::{Algorithm, Choice};
 
 use crate::error::ConfigError;
-use crate::ffi::{log, LogLevel};
+use crate::host::{log, LogLevel};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CompileOptions {

@@ -84,10 +84,7 @@ impl CallArgs for Args {
 /// Runs the block at its bound shapes, or with every dynamic dimension at 1
 /// (`one_token`: a decode step of a streaming block).
 fn run_block(name: &str, one_token: bool) {
-    let path = format!(
-        "{}/delegate/tests/fixtures/{name}.blob",
-        env!("CARGO_MANIFEST_DIR")
-    );
+    let path = format!("{}/tests/fixtures/{name}.blob", env!("CARGO_MANIFEST_DIR"));
     let blob = std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     let layout = BlobLayout::parse(&blob).unwrap();
     let graph = GraphDesc::decode(&blob, &layout).unwrap();

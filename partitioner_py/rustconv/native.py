@@ -2,7 +2,7 @@
 
 The Rust library records the executorch version it was compiled and linked
 against (``RUSTCONV_BUILT_FOR_EXECUTORCH=<version>`` in ``delegate/src/lib.rs``,
-from build.rs). It is read from the file, without loading it: a library
+from delegate/build.rs). It is read from the file, without loading it: a library
 loaded into another ExecuTorch could fail in the dynamic loader with an
 undefined symbol, or worse register itself against a runtime whose classes
 have another layout. :func:`check_executorch` turns a mismatch into an

@@ -44,7 +44,7 @@ def test_a_library_without_the_record_is_not_refused(tmp_path):
 
 def test_package_pins_match_the_environment_and_cargo():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    cargo = tomllib.loads((ROOT / "Cargo.toml").read_text())["package"]
+    cargo = tomllib.loads((ROOT / "delegate/Cargo.toml").read_text())["package"]
     assert project["version"] == cargo["version"]
     pins = dict(
         re.findall(r"^(torch|executorch)==(\S+)", (ROOT / "requirements.txt").read_text(), re.M)

@@ -11,8 +11,8 @@ use rustconv_schema as fb;
 use crate::blob::{BlobBytes, CONSTANT_ALIGNMENT, HEADER_LEN, LAYOUT_VERSION, MAGIC};
 use crate::error::DelegateError;
 use crate::executor::{ArgTensor, CallArgs};
-use crate::ffi::{LogLevel, Status};
 use crate::graph::DType;
+use crate::host::{LogLevel, Status};
 use crate::memory::AlignedBuf;
 use crate::plan::Location;
 use crate::Delegate;
@@ -1065,7 +1065,7 @@ fn plan_report_is_returned_not_logged_from_pool_threads() {
     let pool = crate::threads::pool(2).unwrap();
     let outcomes = pool.broadcast(|_| {
         let refused =
-            std::panic::catch_unwind(|| crate::ffi::log(LogLevel::Info, "log test")).is_err();
+            std::panic::catch_unwind(|| crate::host::log(LogLevel::Info, "log test")).is_err();
         (crate::threads::is_worker(), refused)
     });
     assert_eq!(outcomes, vec![(false, false), (true, true)]);
@@ -1079,7 +1079,7 @@ fn executorch_pool_workers_may_not_log_either() {
     par::install(&pool, || {
         par::for_each(32, |_| {
             let refused =
-                std::panic::catch_unwind(|| crate::ffi::log(LogLevel::Info, "log test")).is_err();
+                std::panic::catch_unwind(|| crate::host::log(LogLevel::Info, "log test")).is_err();
             let thread = par::task_thread().unwrap();
             outcomes
                 .lock()

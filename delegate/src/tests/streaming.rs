@@ -122,7 +122,7 @@ fn bad_state_links_are_invalid_programs() {
         let err = init(&blob).err().expect("refused");
         assert_eq!(
             err.status(),
-            crate::ffi::Status::InvalidProgram,
+            crate::host::Status::InvalidProgram,
             "{update}: {err}"
         );
     }

@@ -28,6 +28,7 @@ use super::math;
 use super::ops::Isa;
 use super::ops::BASELINE_FMA;
 use super::program::{Env, Expr, Leaf, LeafMap, Line, Program};
+use super::recipes::BLOCK;
 use super::{BinaryOp, UnaryOp};
 
 /// Most steps a chain has (a LayerNorm with weight and bias has four).
@@ -35,9 +36,6 @@ const MAX_STEPS: usize = 6;
 
 /// Most views a chain passes through.
 const MAX_VIEWS: usize = 8;
-
-/// Elements per block of the loops.
-const BLOCK: usize = 64;
 
 /// Where the chain starts.
 #[derive(Clone, Copy, Debug, PartialEq)]

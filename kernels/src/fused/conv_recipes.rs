@@ -23,12 +23,8 @@ use super::math;
 use super::ops::Isa;
 use super::ops::{prefetch, BASELINE_FMA};
 use super::program::{Env, Expr, Leaf, LeafMap, Line, Program};
-use super::recipes::{beside_anchor, binary};
+use super::recipes::{beside_anchor, binary, BLOCK};
 use super::{BinaryOp, UnaryOp};
-
-/// Elements per block of the loops (a block's prefetches spread over the
-/// line, as in `recipes.rs`).
-const BLOCK: usize = 64;
 
 /// The operands of `a * b` if node `i` is that product.
 fn product(program: &Program, i: usize) -> Option<(usize, usize)> {

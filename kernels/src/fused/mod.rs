@@ -23,7 +23,7 @@ mod rows;
 mod shape;
 mod strided;
 
-pub(crate) use ops::prefetch;
+pub(crate) use ops::{prefetch, STREAM_OUTPUT_BYTES};
 pub use ops::{BinaryOp, UnaryOp};
 pub use program::{resolve_start, Env, Expr, Line, Node, Program, MAX_SHARED};
 pub use reduce::{reduce, reduce_scratch, ReduceOp, Statistic};

@@ -280,6 +280,19 @@ pub(crate) fn copy(dst: &mut [f32], src: &[f32]) {
     dst.copy_from_slice(src);
 }
 
+/// Outputs of at least this many bytes are written with non-temporal
+/// stores, by the scan's rows strategy (where the backend has them) and by
+/// the epilogue recipes ([`copy_streaming`]): they would not stay cached
+/// anyway, and skipping the read of each line before it is overwritten
+/// saves a quarter of the traffic; below it a result may stay in L3 for the
+/// next op. One threshold for both, defined here beside the non-temporal
+/// copy. Measured on the scan through pte_runner on the 2-core EPYC, 2
+/// threads, p50 of alternating runs: C = 2048, N = 65536: 50 -> 37-40 ms;
+/// C = 512, N = 65536 and C = 2048, N = 16384: 12.3 -> 9.4 ms; C = 2048,
+/// N = 4096 (32 MiB): 2.9 -> 2.2-2.7 ms; C = 512, N = 4096 (8 MiB, mostly
+/// cache-resident): no difference.
+pub(crate) const STREAM_OUTPUT_BYTES: usize = 16 << 20;
+
 /// [`copy`] with non-temporal stores where `dst` is 16-byte aligned (the
 /// few elements before that, and the tail, are plain stores), then a
 /// store fence: the lines of `dst` are not read into the cache before

@@ -33,9 +33,8 @@
 use super::math;
 #[cfg(target_arch = "x86_64")]
 use super::ops::Isa;
-use super::ops::{prefetch, BASELINE_FMA};
+use super::ops::{prefetch, BinaryOp, UnaryOp, BASELINE_FMA};
 use super::program::{Env, Expr, Leaf, LeafMap, Line, Program};
-use super::{BinaryOp, UnaryOp};
 
 /// The operands of node `i` if it is the binary `op` (in the program's
 /// order: callers try both where the op commutes).
@@ -254,10 +253,11 @@ unsafe fn discretise_avx2(
     discretise_generic::<true>(px, ahead, k, softplus, a, u)
 }
 
-/// Elements per block of the loops: fixed-size blocks of several vectors
-/// compile to interleaved independent chains, and a block's prefetches
-/// (a few lines per stream) spread over the line.
-const BLOCK: usize = 64;
+/// Elements per block of the loops of every recipe (this file's,
+/// conv_recipes.rs's and chain_recipes.rs's, which import it): fixed-size
+/// blocks of several vectors compile to interleaved independent chains, and
+/// a block's prefetches (a few lines per stream) spread over the line.
+pub(super) const BLOCK: usize = 64;
 
 /// The loops, inlined into each instruction-set variant; `F`: the
 /// variant has fused multiply-add (as [`UnaryOp::apply`]'s, so the math

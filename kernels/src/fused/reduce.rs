@@ -25,7 +25,8 @@
 //! order.
 
 use super::program::{Env, Leaf, LeafMap, Line, Program};
-use super::rows::{SharedOut, LINE_CHUNK};
+// The fewest elements one task reduces: the fused loops' one task grain.
+use super::rows::{SharedOut, LINE_CHUNK, MIN_TASK_ELEMS};
 use super::shape::{Shape, MAX_RANK};
 use crate::error::KernelError;
 use crate::Scratch;
@@ -69,9 +70,6 @@ const ROW_BLOCK: usize = 64;
 /// Most elements of one column block's reduced rows together: a block's
 /// variance pass reads them again, from L2.
 const BLOCK_ELEMS: usize = 64 * 1024;
-
-/// Fewest elements one task reduces.
-const MIN_TASK_ELEMS: usize = 16 * 1024;
 
 /// f32 elements of per-thread scratch [`reduce`] needs for a program
 /// needing `temporaries` line-sized temporaries.

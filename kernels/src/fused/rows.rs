@@ -724,12 +724,10 @@ impl<'a> EpilogueRecipe<'a> {
     }
 }
 
-/// Results at least this large (bytes) an epilogue recipe stores with
-/// non-temporal stores: no cache holds them for a reader anyway, and not
-/// reading each line before overwriting it saves a fifth of the traffic
-/// of the SSM block. The threshold is the scan's (`scan::STREAM_OUTPUT_BYTES`,
-/// measured there); below it a result may stay in L3 for the next op.
-const STREAM_OUTPUT_BYTES: usize = 16 << 20;
+// Results at least this large (bytes) an epilogue recipe stores with
+// non-temporal stores (a fifth of the SSM block's traffic saved): the
+// threshold the scan measured, defined once beside the non-temporal copy.
+use super::ops::STREAM_OUTPUT_BYTES;
 
 impl<'a> EpilogueSink<'a> {
     #[allow(missing_docs)]
@@ -934,8 +932,10 @@ impl RowSink for EpilogueSink<'_> {
 /// Elements per line chunk of [`materialise`] and [`drain`].
 pub const LINE_CHUNK: usize = 1024;
 
-/// Fewest elements per task of [`materialise`] and [`drain`].
-const MIN_TASK_ELEMS: usize = 16 * 1024;
+/// Fewest elements per task of [`materialise`] and [`drain`], and of
+/// the statistics passes (reduce.rs), which split the same fused work:
+/// one task grain for every fused loop.
+pub(super) const MIN_TASK_ELEMS: usize = 16 * 1024;
 
 /// f32 elements of per-thread scratch [`materialise`] or [`drain`] needs
 /// for a source or sink needing `temporaries` line-sized temporaries (and

@@ -291,15 +291,9 @@ const MAX_PIECES: usize = 256;
 /// Fewest elements in a task of the rows strategy.
 const MIN_TASK_ELEMS: usize = 16 * 1024;
 
-/// Outputs of at least this many bytes are written with non-temporal
-/// stores by the rows strategy (where the backend has them): they would
-/// not stay cached anyway, and skipping the read of each line before it is
-/// overwritten saves a quarter of the traffic. Measured through pte_runner
-/// on the 2-core EPYC, 2 threads, p50 of alternating runs: C = 2048,
-/// N = 65536: 50 -> 37-40 ms; C = 512, N = 65536 and C = 2048, N = 16384:
-/// 12.3 -> 9.4 ms; C = 2048, N = 4096 (32 MiB): 2.9 -> 2.2-2.7 ms;
-/// C = 512, N = 4096 (8 MiB, mostly cache-resident): no difference.
-const STREAM_OUTPUT_BYTES: usize = 16 << 20;
+// The size from which the rows strategy writes its output with non-temporal
+// stores: the one threshold the fused epilogues use too (fused/ops.rs).
+use crate::fused::STREAM_OUTPUT_BYTES;
 
 /// Tasks per thread that the rows strategy aims at, for load balance.
 const TASKS_PER_THREAD: usize = 4;

@@ -1,18 +1,22 @@
-//! Compiles the C++ side of the delegate (the `BackendInterface` shim, the
-//! `rustconv::linear_scan.out` operator kernel and the pte_runner driver) with
-//! cxx against the headers of the pinned executorch wheel, and links the
-//! wheel's shared libraries with an rpath.
+//! Compiles the C++ side of the delegate (the `BackendInterface` shim and the
+//! `rustconv::linear_scan.out` operator kernel, cpp/) with cxx against the
+//! headers of the pinned executorch wheel, and links the wheel's shared
+//! libraries with an rpath.
 //!
 //! The executorch package (the directory holding `include/` and `lib/`) is
 //! `$RUSTCONV_EXECUTORCH_DIR` when set: how a cross build (scripts/build_aarch64.sh)
 //! names the target's libraries, unpacked from the target's wheel. Otherwise
-//! it is found through the project's Python: `$RUSTCONV_PYTHON`, else
-//! `.venv/bin/python` (the link `scripts/common.sh` makes to the cached env).
-//! The package's version is compiled into the library
+//! it is found through the project's Python: `$RUSTCONV_PYTHON`, else the
+//! checkout's `.venv/bin/python` (the link `scripts/common.sh` makes to the
+//! cached env). The package's version is compiled into the library
 //! (`RUSTCONV_BUILT_FOR_EXECUTORCH`), so a mismatched runtime is refused
-//! before it is loaded. That Python's shared libpython, if any, is compiled
-//! into pte_runner as the default for ExecuTorch's LLM custom ops
-//! (`RUSTCONV_BUILD_LIBPYTHON`, see pte_runner's kernel_libs.rs).
+//! before it is loaded.
+//!
+//! What pte_runner's build.rs needs to compile and link against the same
+//! package (its include directories and defines, its `lib/`, and that
+//! Python's shared libpython, if any) is handed on as this package's `links`
+//! metadata, which cargo gives the build scripts of its dependents as
+//! `DEP_EXECUTORCH_*`: the package is found once, here.
 //!
 //! The rpath written here is the package's absolute `lib/`, right for
 //! `target/`; the wheel build (setup.py) rewrites it relative to the
@@ -31,18 +35,11 @@ const EXECUTORCH_DEFINES: &[&str] = &[
     "ET_USE_THREADPOOL",
 ];
 
-/// Registration-only libraries pte_runner needs: their static initialisers
-/// register the CPU operators and the XNNPACK backend.
-const RUNNER_LIBS: &[&str] = &[
-    "executorch_kernels_optimized",
-    "executorch_backend_xnnpack",
-    "executorch_etdump",
-    "executorch_threadpool",
-];
-
 fn main() {
-    let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
-    let (package, version, libpython) = executorch_package(&root);
+    let crate_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    // The checkout (the workspace root), where scripts/common.sh links .venv.
+    let checkout = crate_dir.parent().unwrap();
+    let (package, version, libpython) = executorch_package(checkout);
     let include = package.join("include");
     let c10_include = include.join("executorch/runtime/core/portable_type/c10");
     let lib_dir = package.join("lib");
@@ -57,13 +54,12 @@ fn main() {
         }
     }
 
-    let mut build =
-        cxx_build::bridges(["delegate/src/ffi.rs", "delegate/src/bin/pte_runner/ffi.rs"]);
+    // cxx puts this crate's files under `rustconv-backend/` on the include
+    // path: cpp/backend.h is included as "rustconv-backend/cpp/backend.h".
+    let mut build = cxx_build::bridges(["src/host.rs", "src/ffi.rs"]);
     build
-        .file("delegate/cpp/backend.cpp")
-        .file("delegate/cpp/runner.cpp")
-        .file("delegate/cpp/scan_kernel.cpp")
-        .include(&root)
+        .file("cpp/backend.cpp")
+        .file("cpp/scan_kernel.cpp")
         .include(&include)
         .include(&c10_include)
         .std("c++17")
@@ -83,36 +79,27 @@ fn main() {
         println!("cargo:rustc-link-lib=dylib=executorch_threadpool");
     }
     println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
-    // An ExecuTorch build that links all of these into libexecutorch.so
-    // (Android's AAR, docs/aarch64.md) names the ones it has, maybe none.
-    println!("cargo:rerun-if-env-changed=RUSTCONV_EXECUTORCH_RUNNER_LIBS");
-    let runner_lib_list = env::var("RUSTCONV_EXECUTORCH_RUNNER_LIBS")
-        .map(|v| {
-            v.split(',')
-                .filter(|l| !l.is_empty())
-                .map(String::from)
-                .collect()
-        })
-        .unwrap_or_else(|_| {
-            RUNNER_LIBS
-                .iter()
-                .map(|l| l.to_string())
-                .collect::<Vec<_>>()
-        });
-    let mut runner_libs = String::from("-Wl,--push-state,--no-as-needed");
-    for lib in &runner_lib_list {
-        runner_libs.push_str(&format!(",-l{lib}"));
-    }
-    runner_libs.push_str(",--pop-state");
-    println!("cargo:rustc-link-arg-bin=pte_runner={runner_libs}");
+
+    // For pte_runner's build.rs (DEP_EXECUTORCH_*): the same headers, defines
+    // and libraries, and the default libpython for ExecuTorch's LLM custom
+    // ops: the build Python's, if it has one; empty otherwise (a cross build:
+    // the target's is given at run time).
+    let include_dirs = env::join_paths([&include, &c10_include]).unwrap();
+    println!("cargo:include_dirs={}", include_dirs.to_string_lossy());
+    println!("cargo:defines={}", EXECUTORCH_DEFINES.join(","));
+    println!("cargo:lib_dir={}", lib_dir.display());
+    println!(
+        "cargo:libpython={}",
+        libpython
+            .map(|p| p.display().to_string())
+            .unwrap_or_default()
+    );
 
     for path in [
-        "delegate/cpp/backend.cpp",
-        "delegate/cpp/backend.h",
-        "delegate/cpp/runner.cpp",
-        "delegate/cpp/runner.h",
-        "delegate/cpp/scan_kernel.cpp",
-        "delegate/cpp/scan_kernel.h",
+        "cpp/backend.cpp",
+        "cpp/backend.h",
+        "cpp/scan_kernel.cpp",
+        "cpp/scan_kernel.h",
     ] {
         println!("cargo:rerun-if-changed={path}");
     }
@@ -128,20 +115,11 @@ fn main() {
         lib_dir.display()
     );
     println!("cargo:rustc-env=RUSTCONV_EXECUTORCH_VERSION={version}");
-    // pte_runner's default libpython for ExecuTorch's LLM custom ops
-    // (kernel_libs.rs): the build Python's, if it has one; empty otherwise
-    // (a cross build: the target's is given at run time).
-    println!(
-        "cargo:rustc-env=RUSTCONV_BUILD_LIBPYTHON={}",
-        libpython
-            .map(|p| p.display().to_string())
-            .unwrap_or_default()
-    );
 }
 
 /// The executorch package directory, its version and, when found through
 /// a Python, that Python's shared libpython (if it was built with one).
-fn executorch_package(root: &Path) -> (PathBuf, String, Option<PathBuf>) {
+fn executorch_package(checkout: &Path) -> (PathBuf, String, Option<PathBuf>) {
     if let Some(dir) = env::var_os("RUSTCONV_EXECUTORCH_DIR") {
         let dir = PathBuf::from(dir);
         println!("cargo:rerun-if-env-changed=RUSTCONV_EXECUTORCH_VERSION");
@@ -166,7 +144,7 @@ fn executorch_package(root: &Path) -> (PathBuf, String, Option<PathBuf>) {
             env::var("TARGET").unwrap()
         );
     }
-    executorch_from_python(&find_python(root))
+    executorch_from_python(&find_python(checkout))
 }
 
 /// `Version:` of the `executorch-*.dist-info/METADATA` next to the package.
@@ -186,11 +164,11 @@ fn dist_info_version(package: &Path) -> Option<String> {
     None
 }
 
-fn find_python(root: &Path) -> PathBuf {
+fn find_python(checkout: &Path) -> PathBuf {
     if let Some(python) = env::var_os("RUSTCONV_PYTHON") {
         return PathBuf::from(python);
     }
-    let venv = root.join(".venv/bin/python");
+    let venv = checkout.join(".venv/bin/python");
     println!("cargo:rerun-if-changed={}", venv.display());
     if venv.exists() {
         return venv;

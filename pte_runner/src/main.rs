@@ -59,7 +59,7 @@ fn run(argv: impl IntoIterator<Item = String>) -> Result<(), String> {
             ));
         }
     }
-    if !et::linear_scan_kernel_registered() {
+    if !rustconv_backend::linear_scan_kernel_registered() {
         return Err(format!(
             "the rustconv::linear_scan.out kernel is not registered{failed_here}"
         ));

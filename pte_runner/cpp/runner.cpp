@@ -1,4 +1,4 @@
-#include "delegate/cpp/runner.h"
+#include "rustconv-pte-runner/cpp/runner.h"
 
 #include <dlfcn.h>
 
@@ -17,7 +17,7 @@
 #include <executorch/runtime/executor/program.h>
 #include <executorch/runtime/kernel/operator_registry.h>
 
-#include "rustconv/delegate/src/bin/pte_runner/ffi.rs.h"
+#include "rustconv-pte-runner/src/ffi.rs.h"
 
 // libexecutorch_threadpool.so exports the shared pool but the wheel ships no
 // header for it; these declarations match its exported symbols

@@ -1,4 +1,4 @@
-//! cxx bridge to delegate/cpp/runner.cpp, the part of pte_runner that drives
+//! cxx bridge to cpp/runner.cpp, the part of pte_runner that drives
 //! ExecuTorch's C++ Program/Method API.
 
 #[cxx::bridge(namespace = "rustconv::runner")]
@@ -10,7 +10,7 @@ pub mod bridge {
     }
 
     unsafe extern "C++" {
-        include!("delegate/cpp/runner.h");
+        include!("rustconv-pte-runner/cpp/runner.h");
 
         type Session;
         fn open_session(
@@ -52,14 +52,5 @@ pub mod bridge {
         /// custom ops are), or one such a library needs (libpython).
         unsafe fn load_library(path: &str) -> Result<()>;
         fn has_operator(name: &str) -> bool;
-    }
-
-    #[namespace = "rustconv::ffi"]
-    unsafe extern "C++" {
-        include!("delegate/cpp/scan_kernel.h");
-
-        /// Whether ExecuTorch has a `rustconv::linear_scan.out` kernel
-        /// (delegate/cpp/scan_kernel.cpp), for scans no delegate took.
-        fn linear_scan_kernel_registered() -> bool;
     }
 }
