@@ -14,6 +14,51 @@
 #![allow(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
+use std::sync::OnceLock;
+
+/// The vector features of this CPU that some kernel uses, asked of the CPU
+/// once. This is the one place the crate asks: every kernel, whatever its
+/// own dispatch ([`Backend`], the elementwise ops' loops, the scan, the
+/// FFT lanes, strided moves), takes its instruction set from here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub(crate) struct Features {
+    /// AVX (256-bit float shuffles).
+    pub(crate) avx: bool,
+    /// AVX2 with FMA.
+    pub(crate) avx2_fma: bool,
+    /// AVX-512 F.
+    pub(crate) avx512f: bool,
+    /// AVX-512 F with AVX2 and FMA (what the AVX-512 kernels are compiled
+    /// for).
+    pub(crate) avx512_fma: bool,
+    /// NEON (the aarch64 baseline).
+    pub(crate) neon: bool,
+}
+
+/// This CPU's [`Features`], detected on first use.
+pub(crate) fn features() -> Features {
+    static FEATURES: OnceLock<Features> = OnceLock::new();
+    *FEATURES.get_or_init(detect_features)
+}
+
+fn detect_features() -> Features {
+    #[allow(unused_mut)]
+    let mut f = Features::default();
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        f.avx = has!("avx");
+        f.avx2_fma = has!("avx2") && has!("fma");
+        f.avx512f = has!("avx512f");
+        f.avx512_fma = f.avx512f && f.avx2_fma;
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        f.neon = std::arch::is_aarch64_feature_detected!("neon");
+    }
+    f
+}
+
 /// An instruction set the vector kernels run on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Backend {
@@ -69,17 +114,11 @@ impl Backend {
         match self {
             Backend::Portable => true,
             #[cfg(target_arch = "x86_64")]
-            Backend::Avx2 => {
-                std::arch::is_x86_feature_detected!("avx2")
-                    && std::arch::is_x86_feature_detected!("fma")
-            }
+            Backend::Avx2 => features().avx2_fma,
             #[cfg(target_arch = "x86_64")]
-            Backend::Avx512 => {
-                std::arch::is_x86_feature_detected!("avx512f")
-                    && std::arch::is_x86_feature_detected!("fma")
-            }
+            Backend::Avx512 => features().avx512_fma,
             #[cfg(target_arch = "aarch64")]
-            Backend::Neon => std::arch::is_aarch64_feature_detected!("neon"),
+            Backend::Neon => features().neon,
         }
     }
 
@@ -348,3 +387,47 @@ mod neon {
 }
 #[cfg(target_arch = "aarch64")]
 pub(crate) use neon::Neon;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CPU is asked in this file alone: a kernel that detected its
+    /// features itself could disagree with the others (and paid the check
+    /// per call). Walks the workspace's Rust sources.
+    #[test]
+    fn features_are_detected_in_this_file_alone() {
+        fn walk(dir: &std::path::Path, found: &mut Vec<String>) {
+            for entry in std::fs::read_dir(dir).expect("a source directory") {
+                let path = entry.expect("an entry").path();
+                if path.is_dir() {
+                    walk(&path, found);
+                } else if path.extension().is_some_and(|e| e == "rs")
+                    && !path.ends_with("kernels/src/simd.rs")
+                {
+                    let text = std::fs::read_to_string(&path).expect("a source file");
+                    let asks = ["is_x86_feature_detected", "is_aarch64_feature_detected"];
+                    if asks.iter().any(|a| text.contains(a)) {
+                        found.push(path.display().to_string());
+                    }
+                }
+            }
+        }
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut found = Vec::new();
+        for crate_dir in ["kernels", "delegate", "pte_runner", "schema"] {
+            let src = root.join(crate_dir).join("src");
+            if src.is_dir() {
+                walk(&src, &mut found);
+            }
+        }
+        assert!(
+            found.is_empty(),
+            "CPU features detected outside simd.rs: {found:?}"
+        );
+        // And what it detected is coherent.
+        let f = features();
+        assert!(!f.avx512_fma || (f.avx512f && f.avx2_fma));
+        assert!(Backend::detect().is_available());
+    }
+}

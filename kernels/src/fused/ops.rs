@@ -22,13 +22,10 @@ pub(super) enum Isa {
 impl Isa {
     #[inline]
     pub(super) fn detect() -> Isa {
-        // std caches the CPUID results; these are a load and a test.
-        if is_x86_feature_detected!("avx512f")
-            && is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-        {
+        let cpu = crate::simd::features();
+        if cpu.avx512_fma {
             Isa::Avx512
-        } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        } else if cpu.avx2_fma {
             Isa::Avx2
         } else {
             Isa::Baseline

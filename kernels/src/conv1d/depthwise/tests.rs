@@ -41,12 +41,11 @@ fn backends_include_the_detected_one() {
     assert!(all.contains(&Backend::Portable));
     assert!(all.contains(&Backend::detect()));
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+    if crate::simd::features().avx2_fma {
         assert!(all.contains(&Backend::Avx2), "AVX2 path must be tested");
     }
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma")
-    {
+    if crate::simd::features().avx512_fma {
         assert!(
             all.contains(&Backend::Avx512),
             "AVX-512 path must be tested"

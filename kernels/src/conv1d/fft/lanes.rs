@@ -76,7 +76,7 @@ pub(crate) const MIN_LEN: usize = LANES;
 
 /// Whether this CPU runs the engine (AVX-512 F).
 pub(crate) fn available() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
+    crate::simd::features().avx512f
 }
 
 /// Whether the engine takes transforms of length `m`.
