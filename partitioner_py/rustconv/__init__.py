@@ -17,11 +17,11 @@ so exporting works on machines without the compiled library.
 """
 
 from rustconv import ops  # noqa: F401  (registers torch.ops.rustconv.linear_scan)
-from rustconv.backend import RustConvBackend
 from rustconv.compile_specs import algorithm, num_threads
 from rustconv.errors import DynamicShapeError, RustConvError, UnsupportedGraphError
+from rustconv.export.backend import RustConvBackend
+from rustconv.export.partitioner import RustConvPartitioner
 from rustconv.ops import linear_scan
-from rustconv.partitioner import RustConvPartitioner
 
 __all__ = [
     "RustConvPartitioner",
