@@ -34,7 +34,7 @@ def lfm2_pte(tmp_path_factory) -> bytes:
 def test_cli_lists_fused_kernels_and_their_ops(lfm2_pte, tmp_path):
     path = tmp_path / "lfm2.pte"
     path.write_bytes(lfm2_pte)
-    cmd = [sys.executable, "-m", "rustconv.devtools.inspect", str(path)]
+    cmd = [sys.executable, "-m", "rustconv.inspect", str(path)]
     text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     assert "RustConvBackend call 0: 1 fused kernel(s), arena 0 B" in text
     assert "depthwise_simd (prologue in its loops, epilogue in its loops)" in text
@@ -96,7 +96,7 @@ def test_fft_gemm_layers_share_one_layers_packed_weights(tmp_path):
     assert one_layer <= plan["shared_scratch_bytes"] < 2 * one_layer
     path = tmp_path / "stack.pte"
     path.write_bytes(pte)
-    cmd = [sys.executable, "-m", "rustconv.devtools.inspect", str(path)]
+    cmd = [sys.executable, "-m", "rustconv.inspect", str(path)]
     text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     assert " shared" in text.splitlines()[0], text
 
@@ -113,6 +113,6 @@ def test_program_without_rustconv_calls(tmp_path):
     path = tmp_path / "plain.pte"
     model = torch.nn.Linear(4, 4)
     path.write_bytes(to_edge(export(model, (torch.randn(2, 4),))).to_executorch().buffer)
-    cmd = [sys.executable, "-m", "rustconv.devtools.inspect", str(path)]
+    cmd = [sys.executable, "-m", "rustconv.inspect", str(path)]
     text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     assert "no RustConvBackend delegate calls" in text

@@ -179,7 +179,7 @@ def test_profile_command_reports_kernels_beside_other_work(tmp_path):
     out_json, out_png, etdump = tmp_path / "p.json", tmp_path / "p.png", tmp_path / "p.etdump"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "partitioner_py"),
            "PTE_RUNNER": str(pte_runner_path())}  # fmt: skip
-    cmd = [sys.executable, "-m", "rustconv.devtools.profile", str(pte), "--inputs", str(in_npz),
+    cmd = [sys.executable, "-m", "rustconv.profile", str(pte), "--inputs", str(in_npz),
            "--iter", "6", "--threads", "2", "--etrecord", str(etrecord), "--etdump", str(etdump),
            "--json", str(out_json), "--png", str(out_png)]  # fmt: skip
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)

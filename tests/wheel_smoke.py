@@ -83,13 +83,11 @@ with np.load(WORK / "out.npz") as out:
 check(err <= 1e-4, f"pte_runner max abs error {err}")
 
 # python -m rustconv.inspect.
-run = python("-m", "rustconv.devtools.inspect", str(pte))
+run = python("-m", "rustconv.inspect", str(pte))
 check(run.returncode == 0 and "linear_scan" in run.stdout, f"inspect: {run.stdout}{run.stderr}")
 
 # python -m rustconv.profile runs the installed pte_runner with an ETDump.
-run = python(
-    "-m", "rustconv.devtools.profile", str(pte), "--iter", "3", "--json", str(WORK / "prof.json")
-)
+run = python("-m", "rustconv.profile", str(pte), "--iter", "3", "--json", str(WORK / "prof.json"))
 check(run.returncode == 0, f"profile: {run.stdout}{run.stderr[-2000:]}")
 check("linear_scan" in (WORK / "prof.json").read_text(), "profile JSON names no linear_scan")
 

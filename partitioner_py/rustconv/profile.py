@@ -1,0 +1,16 @@
+"""``python -m rustconv.profile``:
+moved to :mod:`rustconv.devtools.profile`; this path keeps working.
+
+A thin re-export, kept for code written against the package before it was
+split by role (export, runtime, devtools, examples; see ``rustconv/__init__.py``).
+"""
+
+from rustconv.devtools.profile import *  # noqa: F403
+from rustconv.devtools.profile import __all__  # noqa: F401
+
+if __name__ == "__main__":
+    import sys
+
+    from rustconv.devtools.profile import main
+
+    sys.exit(main())
