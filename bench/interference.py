@@ -123,7 +123,7 @@ def step_times(etdump: Path, drop: int, parts_of_calls: list[str]) -> StepTimes:
     """Sums each execute's events into its parts, ``parts_of_calls`` naming
     the part of each delegate call (the n-th DELEGATE_CALL of the trace is
     the program's n-th delegate call); the ops between them are ``other``."""
-    from rustconv.profiling import read_profile
+    from rustconv.devtools.trace import read_profile
 
     profile = read_profile(etdump)
     profile.drop_first(drop)

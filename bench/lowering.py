@@ -6,7 +6,7 @@
 * xnnpack: ``to_edge_transform_and_lower(export(m), [XnnpackPartitioner()])``;
 * et_cpu: ``to_edge(export(m)).to_executorch()``, no delegate.
 
-Blocks (``rustconv.blocks``) have their linears, so there ours is
+Blocks (``rustconv.examples.blocks``) have their linears, so there ours is
 ``to_edge_transform_and_lower(export(m), [RustConvPartitioner(specs),
 XnnpackPartitioner()])`` (``ours_unfused``: specs ``[compile_specs.fusion(False)]``).
 Zoo models likewise (bench/zoo.py; ExecuTorch's LFM2 recipes through their

@@ -18,13 +18,13 @@ import gc
 import math
 import os
 import re
-import subprocess
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from rustconv.devtools import pte_runner
 
 
 @dataclass
@@ -151,51 +151,14 @@ class PeakMemory:
 
 
 # pte_runner -------------------------------------------------------------------
+# Flags, the run and its output's parsing are rustconv's one driver
+# (rustconv.devtools.pte_runner, which python -m rustconv.profile also uses);
+# this keeps the benchmark's view of a run: a Timing, the output array.
 
-_LATENCY = re.compile(
-    r"latency:\s*p10\s+([\d.]+)\s*ms,\s*p50\s+([\d.]+)\s*ms,\s*p90\s+([\d.]+)\s*ms,"
-    r"\s*min\s+([\d.]+)\s*ms"
-)
-_PEAK = re.compile(r"peak memory:\s*([\d.]+)\s*MiB above the inputs")
-_PLAN = re.compile(r"plan:\s*node\s+(\d+)\s+'([^']*)'\s+(\S+)\s*->\s*([\w-]+)\s*(?:\((.*)\))?")
-_NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|inf|nan)"
-
-
-@dataclass
-class PlanLine:
-    """One ``RustConvBackend: plan: ...`` line: the kernel chosen for a node
-    and the cost model's per-candidate estimates in ms."""
-
-    node: int
-    name: str
-    op: str
-    chosen: str
-    estimates_ms: dict[str, float] = field(default_factory=dict)
-    prepared_mib: float | None = None
-
-
-def parse_plan_lines(text: str) -> list[PlanLine]:
-    """Parses every plan line; tolerant of prefixes and missing parts."""
-    plans = []
-    for line in text.splitlines():
-        m = _PLAN.search(line)
-        if not m:
-            continue
-        plan = PlanLine(int(m.group(1)), m.group(2), m.group(3), m.group(4))
-        details = m.group(5) or ""
-        for part in details.split(";"):
-            part = part.strip()
-            est = re.match(r"estimated\s+ms\s*:\s*(.*)", part)
-            if est:
-                for item in est.group(1).split(","):
-                    kv = re.match(rf"\s*([\w-]+)\s*[:=]?\s*({_NUMBER})\s*$", item)
-                    if kv:
-                        plan.estimates_ms[kv.group(1)] = float(kv.group(2))
-            prep = re.match(rf"prepared\s+({_NUMBER})\s*MiB", part)
-            if prep:
-                plan.prepared_mib = float(prep.group(1))
-        plans.append(plan)
-    return plans
+PlanLine = pte_runner.PlanLine
+parse_plan_lines = pte_runner.parse_plan_lines
+RunnerError = pte_runner.RunnerError
+RunnerTimeout = pte_runner.RunnerTimeout
 
 
 @dataclass
@@ -207,16 +170,6 @@ class RunnerResult:
     plans: list[PlanLine]
     output: np.ndarray
     stderr: str
-
-
-class RunnerError(RuntimeError):
-    pass
-
-
-class RunnerTimeout(RunnerError):
-    def __init__(self, seconds: float):
-        super().__init__(f"timed out after {seconds:.0f} s")
-        self.seconds = seconds
 
 
 def run_pte(
@@ -242,40 +195,21 @@ def run_pte(
     the first (decode steps) and the output the last call's. ``env``: more
     environment variables for the run."""
     out_npz.unlink(missing_ok=True)
-    feed = ["-steps_npz_paths", ",".join(map(str, steps))] if steps else [
-        "-inputs_npz_path", str(inputs_npz)
-    ]  # fmt: skip
-    cmd = [
-        str(runner),
-        "-model_path", str(pte),
-        *feed,
-        "-output_npz_path", str(out_npz),
-        "-warmup", str(warmup),
-        "-iter", str(iters),
-        "-num_threads", str(threads),
-    ]  # fmt: skip
-    if etdump is not None:
-        cmd += ["-etdump_path", str(etdump)]
-    cmd += extra or []
-    try:
-        run = subprocess.run(
-            cmd,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            env={**os.environ, **env} if env else None,
-        )
-    except subprocess.TimeoutExpired as e:
-        raise RunnerTimeout(timeout_s) from e
-    if run.returncode != 0:
-        lines = [ln for ln in (run.stderr + run.stdout).splitlines() if "error" in ln.lower()]
-        last = (lines or (run.stderr + run.stdout).strip().splitlines() or ["no output"])[-1]
-        raise RunnerError(f"pte_runner exit {run.returncode}: {last.strip()}")
-    lat = _LATENCY.search(run.stdout)
-    if not lat:
+    args = pte_runner.runner_args(
+        pte,
+        iters=iters,
+        warmup=warmup,
+        threads=threads,
+        inputs=None if steps else inputs_npz,
+        steps=steps,
+        outputs=out_npz,
+        etdump=etdump,
+        extra=extra or (),
+    )
+    run = pte_runner.run(args, runner=[str(runner)], timeout_s=timeout_s, env=env)
+    lat = pte_runner.parse_latency(run.stdout)
+    if lat is None:
         raise RunnerError("no latency line in pte_runner output")
-    p10, p50, p90, _ = (float(g) for g in lat.groups())
-    peak = _PEAK.search(run.stdout)
     written = out_npz.with_name(f"{out_npz.stem}.{len(steps) - 1}.npz") if steps else out_npz
     with np.load(written) as outputs:
         output = outputs["0"]
@@ -290,10 +224,10 @@ def run_pte(
     # pte_runner reports percentiles, not samples: keep the median as the one
     # sample Timing needs.
     return RunnerResult(
-        timing=Timing([p50], warmup),
-        p10_ms=p10,
-        p90_ms=p90,
-        peak_mib=float(peak.group(1)) if peak else None,
+        timing=Timing([lat.p50_ms], warmup),
+        p10_ms=lat.p10_ms,
+        p90_ms=lat.p90_ms,
+        peak_mib=pte_runner.parse_peak_mib(run.stdout),
         plans=parse_plan_lines(run.stderr + run.stdout),
         output=output,
         stderr=run.stderr,

@@ -752,7 +752,7 @@ def _blocks_markdown(analysis: dict) -> list[str]:
     lines = [
         "## Blocks",
         "",
-        "The reference blocks of `rustconv.blocks` (C: width, N: length). *ours*: "
+        "The reference blocks of `rustconv.examples.blocks` (C: width, N: length). *ours*: "
         "`to_edge_transform_and_lower(ep, partitioner=[RustConvPartitioner(), "
         "XnnpackPartitioner()])` (the linears go to XNNPACK); *fusion off*: the same with "
         "`compile_specs.fusion(False)`. Speed-up = alternative's median / ours (> 1: ours "

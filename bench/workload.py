@@ -6,7 +6,7 @@ Two workloads (batch 1, C channels, length N):
 * ``conv``: causal depthwise conv1d, ``F.pad(x, (K-1, 0))`` then
   ``nn.Conv1d(C, C, K, groups=C, bias=False)``; x [1,C,N], weight [C,1,K].
 * ``scan``: ``torch.ops.rustconv.linear_scan(x0 [1,C], a [1,C,N], u [1,C,N])``.
-* ``blocks`` (only when asked): the reference blocks of ``rustconv.blocks``
+* ``blocks`` (only when asked): the reference blocks of ``rustconv.examples.blocks``
   (LFM2's short convolution, Hyena, a diagonal SSM, a conv stack) at the
   issue's sizes, ``C`` being the block's width and ``N`` its length.
 * ``decode`` (only when asked): one-token calls with state carried across
@@ -48,7 +48,7 @@ KINDS = ("conv", "scan", "blocks", "decode", "zoo")
 #: What runs when no workload is named: blocks run only when asked for.
 DEFAULT_KINDS = ("conv", "scan")
 
-#: The blocks workload: name -> (rustconv.blocks class, width C, length N) at
+#: The blocks workload: name -> (rustconv.examples.blocks class, width C, length N) at
 #: the issue's sizes. ``C=``/``N=`` filters replace both for every block.
 BLOCKS = {
     "lfm2_hf_core": ("Lfm2ShortConvHFCore", 1024, 2048),
@@ -60,7 +60,7 @@ BLOCKS = {
     "conv_stack": ("ConvStack", 250, 4096),
 }
 #: The decode workload: name -> (class, widths C), one token (N = 1) per
-#: call. Classes are ``rustconv.blocks``' or this module's (the steps).
+#: call. Classes are ``rustconv.examples.blocks``' or this module's (the steps).
 DECODE_BLOCKS = {
     "decode_conv": ("DepthwiseConvStep", (1024, 2048, 4096)),
     "decode_scan": ("ScanStep", (1024, 2048, 4096)),
@@ -400,13 +400,13 @@ def _conv_stack_step(c: int) -> torch.nn.Module:
     """The conv stack block's layers, causal and streaming (each layer's last
     ``K - 1`` inputs in a state buffer): a speech model's trunk decoding one
     frame at a time."""
-    from rustconv import blocks
+    from rustconv.examples import blocks
 
     return blocks.CausalConvStackStreaming(c, CONV_STACK_K, CONV_STACK_LAYERS)
 
 
 def _ssm_step(c: int) -> torch.nn.Module:
-    from rustconv import blocks
+    from rustconv.examples import blocks
 
     class SsmStep(blocks.DiagonalSSMStreaming):
         """The streaming SSM with ``p`` shifted by +4 (``dt`` about 4, decays
@@ -420,7 +420,7 @@ def _ssm_step(c: int) -> torch.nn.Module:
 
 
 def make_block(setting: Setting, seed: int) -> torch.nn.Module:
-    from rustconv import blocks
+    from rustconv.examples import blocks
 
     if setting.block in DECODE_BLOCKS:
         cls_name = DECODE_BLOCKS[setting.block][0]

@@ -3,7 +3,7 @@ the linears) and with XNNPACK alone, run every .pte in pte_runner at the same
 thread count, check each against PyTorch eager, and show what the backend
 fused.
 
-The blocks (``rustconv.blocks``):
+The blocks (``rustconv.examples.blocks``):
 
 * transformers' ``Lfm2ShortConv``, the gated short convolution of LFM2 with its
   two projections: everything between the projections is one RustConv call;
@@ -23,8 +23,8 @@ import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge_transform_and_lower
 from rustconv import RustConvPartitioner
-from rustconv.blocks import DiagonalSSM, Lfm2ShortConvHF
-from rustconv.inspect import delegate_calls, plan_blob
+from rustconv.devtools.inspect import delegate_calls, plan_blob
+from rustconv.examples.blocks import DiagonalSSM, Lfm2ShortConvHF
 from torch.export import export
 
 TOLERANCE = 1e-3  # the project's accuracy bar against eager (fp32)

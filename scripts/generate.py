@@ -1,6 +1,6 @@
 """Token-by-token generation with an LFM2-like model through ExecuTorch.
 
-Exports :class:`rustconv.blocks.Lfm2LikeLM` (random weights: short-conv
+Exports :class:`rustconv.examples.blocks.Lfm2LikeLM` (random weights: short-conv
 layers to RustConv, whose conv states the delegate owns, attention and
 linears to XNNPACK) with one method for any length, then runs a greedy loop
 (a prompt, then one token per call) in ``executorch.runtime``, checks the

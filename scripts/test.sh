@@ -66,4 +66,4 @@ ls -l "$wheel_tmp"/dist/rustconv-*.whl | awk '{print "wheel: " $NF ", " $5 " byt
 log "Python tests"
 # Two workers: most of the end-to-end tests' time is single-threaded export;
 # a group (one zoo model, the LFM2 recipes) stays in one worker, which lowers it once.
-"$RUSTCONV_PYTHON" -m pytest -q -n 2 --dist loadgroup --durations=15 partitioner_py/tests tests bench "$@"
+"$RUSTCONV_PYTHON" -m pytest -q -n 2 --dist loadgroup --durations=15 tests bench "$@"

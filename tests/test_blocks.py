@@ -1,4 +1,4 @@
-"""The reference blocks (rustconv.blocks) end to end through the Rust runtime:
+"""The reference blocks (rustconv.examples.blocks) end to end through the Rust runtime:
 each block, in both lowering flows, is one RustConvBackend call and matches
 eager; the LFM2 example's convolution state is updated across calls; a
 dynamic sequence length runs at any length up to its bound; and a program
@@ -125,7 +125,7 @@ def test_wide_conv_stack_runs_fft_gemm_with_relu_in_its_loops(flow, tmp_path):
     channels, K = 11): every conv runs it with its ReLU fused into the output
     rows, still one call, matching eager."""
     import rustconv.runtime  # noqa: F401  (the plan comes from the Rust library)
-    from rustconv.inspect import delegate_calls, plan_blob
+    from rustconv.devtools.inspect import delegate_calls, plan_blob
 
     torch.manual_seed(0)
     model = blocks.ConvStack(64, 11).eval()

@@ -91,8 +91,8 @@ def test_elu_between_convs_is_one_call(act, flow, tmp_path):
 
 
 def test_elu_scale_known_only_at_run_time_is_refused():
-    from rustconv.ops_lowering.common import NotSupported
-    from rustconv.ops_lowering.elu import elu_params
+    from rustconv.export.ops_lowering.common import NotSupported
+    from rustconv.export.ops_lowering.elu import elu_params
 
     ep = export(ConvActConv(torch.nn.ELU()).eval(), (torch.randn(1, 8, 10),))
     (node,) = [n for n in ep.graph.nodes if n.target is torch.ops.aten.elu.default]

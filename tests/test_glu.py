@@ -139,8 +139,8 @@ def test_glu_of_odd_size_is_refused_with_a_reason():
     # torch itself raises on an odd size when it runs; the partitioner refuses
     # it whatever the graph's metadata says (a traced odd size only shows in
     # explain() of a graph that could never run, so check the lowering directly).
-    from rustconv.ops_lowering.common import NotSupported
-    from rustconv.ops_lowering.glu import glu_params
+    from rustconv.export.ops_lowering.common import NotSupported
+    from rustconv.export.ops_lowering.glu import glu_params
 
     ep = export(OddGlu().eval(), (torch.randn(1, 4, 10),))
     (node,) = [n for n in ep.graph.nodes if n.target is torch.ops.aten.glu.default]

@@ -15,16 +15,17 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPar
 from executorch.exir import to_edge_transform_and_lower
 from rustconv import RustConvPartitioner
 from rustconv.compile_specs import algorithm
+from rustconv.devtools.inspect import delegate_calls, plan_blob
 from rustconv.guided import (
     DELEGATE,
     REST,
     ROUNDS,
+    GuidedPartitioner,
     candidate_keys,
     decide,
     export_variants,
     lower_guided,
 )
-from rustconv.inspect import delegate_calls, plan_blob
 from torch import nn
 from torch.export import export
 
@@ -92,7 +93,7 @@ def test_slow_candidate_is_left_out_measured_then_from_the_saved_profile(tmp_pat
     from_file = to_edge_transform_and_lower(
         export(model, (x,)),
         partitioner=[
-            RustConvPartitioner(specs, profile=decision_path),
+            GuidedPartitioner(specs, profile=decision_path),
             XnnpackPartitioner(),
         ],
     ).to_executorch()
@@ -115,7 +116,7 @@ def test_a_profile_file_decides_alone(tmp_path):
     path.write_text(json.dumps(profile))
     program = to_edge_transform_and_lower(
         export(model, (x,)),
-        partitioner=[RustConvPartitioner(profile=str(path)), XnnpackPartitioner()],
+        partitioner=[GuidedPartitioner(profile=str(path)), XnnpackPartitioner()],
     ).to_executorch()
     (ops,) = _rustconv_ops(program)
     assert "conv1d" in ops and "linear_scan" not in ops, ops
@@ -132,7 +133,7 @@ def test_variants_run_by_their_script_decide_the_export(tmp_path):
     specs = [algorithm("direct")]
     variants = export_variants(export(model, (x,)), tmp_path / "v", specs, [XnnpackPartitioner()])
     with pytest.raises(FileNotFoundError, match="run_on_target.sh"):
-        RustConvPartitioner(profile=variants).partition(
+        GuidedPartitioner(profile=variants).partition(
             to_edge_transform_and_lower(export(model, (x,))).exported_program()
         )
     run = subprocess.run(
@@ -147,7 +148,7 @@ def test_variants_run_by_their_script_decide_the_export(tmp_path):
         for name in ["all", "without_0", "without_0_1", "without_1"]
         for r in range(1, ROUNDS + 1)
     ]
-    ours = RustConvPartitioner(specs, profile=variants)
+    ours = GuidedPartitioner(specs, profile=variants)
     program = to_edge_transform_and_lower(
         export(model, (x,)), partitioner=[ours, XnnpackPartitioner()]
     ).to_executorch()
@@ -156,3 +157,18 @@ def test_variants_run_by_their_script_decide_the_export(tmp_path):
     assert "linear_scan" in ops and "conv1d" not in ops, ops
     (got,) = run_runtime(save(program, tmp_path, "m.pte"), [x])
     assert_close(got, model(x), "decided on the target")
+
+
+def test_the_partitioner_refuses_the_guided_arguments_naming_their_new_place():
+    """Profile-guided partitioning moved out of RustConvPartitioner's
+    constructor: its old arguments raise, naming GuidedPartitioner."""
+    with pytest.raises(TypeError, match=r"profile=.*rustconv\.guided\.GuidedPartitioner"):
+        RustConvPartitioner(profile="decision.json")
+    with pytest.raises(TypeError, match="candidates=, program="):
+        RustConvPartitioner([], candidates=set(), program=None)
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        RustConvPartitioner(profiles="decision.json")
+    ours = GuidedPartitioner([algorithm("direct")], candidates={"a"}, stateful=False)
+    assert isinstance(ours, RustConvPartitioner) and not ours.stateful
+    assert ours.delegation_spec.backend_id == "RustConvBackend"
+    assert RustConvPartitioner()._may_leave_out() is False and ours._may_leave_out()

@@ -1,85 +1,149 @@
-"""scripts/import_cycles.py: it finds circles between Rust modules, through
-``use`` trees, ``super::`` and paths written in code, and ignores comments
-and strings; and delegate/src and pte_runner/src have none (issue 17)."""
+"""The rustconv package has no import cycles, function-level imports included.
 
-from __future__ import annotations
+The module import graph is built from the source (``ast``, nothing is
+imported): an edge for every ``import`` / ``from ... import`` anywhere in a
+module (module level, functions, methods), to the most specific module of
+the package it names (``from rustconv.export import blob`` names
+``rustconv.export.blob``). Two kinds of import are not edges: those under
+``if TYPE_CHECKING:`` (never executed; annotations only), and the implicit
+import of a module's parent packages (every ``rustconv.x.y`` runs
+``rustconv/__init__.py``; counting it would make every module a cycle with
+the package's public surface). Any strongly connected component of more
+than one module, or a module importing itself, fails the test.
+"""
 
-import importlib.util
-import subprocess
-import sys
+import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "scripts/import_cycles.py"
+PACKAGE = Path(__file__).resolve().parents[1] / "partitioner_py" / "rustconv"
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("import_cycles", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def modules(package: Path) -> dict[str, tuple[Path, bool]]:
+    """Dotted name -> (file, is a package's __init__)."""
+    found = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        if is_package:
+            parts.pop()
+        found[".".join(parts)] = (path, is_package)
+    return found
 
 
-def _crate(tmp_path: Path, files: dict[str, str]) -> Path:
-    for name, text in files.items():
-        path = tmp_path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return tmp_path
-
-
-def _circles(src: Path) -> list[list[str]]:
-    ic = _module()
-    crate = ic.Crate(src)
-    return [[crate.name(m) for m in c] for c in ic.elementary_cycles(crate.edges)]
-
-
-def test_a_circle_through_use_trees_super_and_code_paths_is_found(tmp_path):
-    src = _crate(
-        tmp_path,
-        {
-            "lib.rs": "mod a;\nmod b;\nmod c;\n",
-            "a.rs": "use crate::{b::{self, B}, c};\n",
-            # Through an inline child module's super::super::, re-exported.
-            "b.rs": "mod inner {\n    pub fn f() { super::super::c::g(); }\n}\npub use inner::f;\n",
-            "c.rs": "pub fn g() -> u8 { let x: crate::a::A = 0; x }\n",
-        },
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
     )
-    assert sorted(_circles(src)) == [
-        ["crate::a", "crate::b", "crate::b::inner", "crate::c"],
-        ["crate::a", "crate::c"],
-    ]
 
 
-def test_comments_strings_and_external_paths_are_not_references(tmp_path):
-    src = _crate(
-        tmp_path,
-        {
-            "lib.rs": "mod a;\nmod b;\n",
-            "a.rs": "use crate::b::f;\nfn g() { f() }\n",
-            "b.rs": (
-                "/// See [`crate::a::g`].\n// crate::a::g\n/* crate::a /* nested */ */\n"
-                'pub fn f() { let _ = "crate::a::g"; let _ = r#"crate::a"#; '
-                "let _: &'static str = std::any::type_name::<u8>(); let _ = 'a'; }\n"
-            ),
-        },
+def imports(name: str, path: Path, is_package: bool, known: set[str]) -> set[str]:
+    """The package's modules that ``name`` imports anywhere in its body."""
+
+    def owner(dotted: str) -> str | None:
+        while dotted and dotted not in known:
+            dotted = dotted.rpartition(".")[0]
+        return dotted or None
+
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for other in child.orelse:
+                    visit(other)
+                continue
+            if isinstance(child, ast.Import):
+                found.update(filter(None, (owner(alias.name) for alias in child.names)))
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    here = name.split(".") if is_package else name.split(".")[:-1]
+                    here = here[: len(here) - (child.level - 1)]
+                    base = ".".join([*here, base] if base else here)
+                for alias in child.names:
+                    target = f"{base}.{alias.name}"
+                    found.update(filter(None, [owner(target if target in known else base)]))
+            visit(child)
+
+    visit(ast.parse(path.read_text(), str(path)))
+    return found
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    found = modules(package)
+    return {
+        name: imports(name, path, is_package, set(found))
+        for name, (path, is_package) in found.items()
+    }
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module, and self-loops
+    (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            step = next(edges, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(sorted(graph[step]))))
+                elif step in on_stack:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1 or node in graph[node]:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_checker_finds_cycles():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}, "f": set()}
+    assert sorted(cycles(graph)) == [["a", "b", "c"], ["e"]]
+
+
+def test_the_graph_sees_function_level_imports(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "a.py").write_text("def f():\n    from pkg.sub import b\n")
+    (package / "sub" / "b.py").write_text(
+        "from typing import TYPE_CHECKING\nfrom .. import a\nif TYPE_CHECKING:\n    import pkg.c\n"
     )
-    assert _circles(src) == []
+    (package / "c.py").write_text("from pkg.sub.b import x\n")
+    graph = import_graph(package)
+    assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.sub.b"] == {"pkg.a"}
+    assert graph["pkg.c"] == {"pkg.sub.b"}
+    assert cycles(graph) == [["pkg.a", "pkg.sub.b"]]
 
 
-def test_the_script_fails_on_a_circle_and_passes_without(tmp_path):
-    bad = _crate(
-        tmp_path / "bad",
-        {"lib.rs": "mod a;\nmod b;\n", "a.rs": "use super::b::X;\n", "b.rs": "use crate::a::Y;\n"},
-    )
-    run = subprocess.run([sys.executable, SCRIPT, bad], capture_output=True, text=True)
-    assert run.returncode == 1
-    assert "circle: crate::a -> crate::b -> crate::a" in run.stdout
-    assert "1 import circles" in run.stdout
-
-
-def test_the_delegate_and_pte_runner_have_no_import_circle():
-    crates = [ROOT / "delegate/src", ROOT / "pte_runner/src"]
-    run = subprocess.run([sys.executable, SCRIPT, *crates], capture_output=True, text=True)
-    assert run.returncode == 0, run.stdout
-    assert run.stdout.count(" 0 import circles") == 2, run.stdout
+def test_rustconv_has_no_import_cycles():
+    graph = import_graph()
+    assert "rustconv.export.partitioner" in graph and "rustconv.guided" in graph
+    assert "rustconv.export.partitioner" in graph["rustconv.guided"]
+    assert cycles(graph) == []

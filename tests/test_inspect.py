@@ -12,9 +12,9 @@ import rustconv.runtime  # noqa: F401  (the plan comes from the Rust library)
 import torch
 from executorch.exir import to_edge
 from rustconv import RustConvPartitioner
-from rustconv.blocks import ConvStack, DiagonalSSM, Lfm2ShortConvHFCore
 from rustconv.compile_specs import algorithm, fusion
-from rustconv.inspect import delegate_calls, plan_blob
+from rustconv.devtools.inspect import delegate_calls, plan_blob
+from rustconv.examples.blocks import ConvStack, DiagonalSSM, Lfm2ShortConvHFCore
 from torch.export import export
 
 ARENA_ALIGNMENT = 64

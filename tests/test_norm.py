@@ -19,7 +19,7 @@ from conftest import assert_close, delegate_backends, run_pte_runner, run_runtim
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge, to_edge_transform_and_lower
 from rustconv import RustConvPartitioner
-from rustconv.inspect import delegate_calls, plan_blob
+from rustconv.devtools.inspect import delegate_calls, plan_blob
 from torch import nn
 from torch.export import Dim, export
 

@@ -14,9 +14,9 @@ from conftest import delegate_backends, pte_runner_path
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from rustconv import RustConvPartitioner, blocks
 from rustconv.compile_specs import fusion
-from rustconv.inspect import delegate_calls, plan_blob
-from rustconv.profile import name_ops_from_plan
-from rustconv.profiling import (
+from rustconv.devtools.inspect import delegate_calls, plan_blob
+from rustconv.devtools.profile import name_ops_from_plan
+from rustconv.devtools.trace import (
     lower_with_etrecord,
     parse_delegate_metadata,
     read_profile,
@@ -215,7 +215,7 @@ def test_profile_command_reports_kernels_beside_other_work(tmp_path):
 
 
 def test_report_puts_other_delegates_beside_the_kernels(tmp_path):
-    from rustconv.profile import report
+    from rustconv.devtools.profile import report
 
     torch.manual_seed(0)
     model = blocks.Lfm2ShortConvHF(32).eval()

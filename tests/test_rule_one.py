@@ -1,5 +1,5 @@
 """Rule one of issue 16: RustConvPartitioner in a partitioner list never changes
-what the other partitioners see or produce (rustconv.testing.check_others_unchanged),
+what the other partitioners see or produce (rustconv.devtools.testing.check_others_unchanged),
 and quantized graphs still export and run with RustConv first (section 5).
 
 Before the fix, RustConv's decomposition pass (ExecuTorch 1.5.1 runs one per
@@ -14,7 +14,7 @@ import pytest
 import torch
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from rustconv import RustConvPartitioner
-from rustconv.testing import check_others_unchanged, transform_and_lower
+from rustconv.devtools.testing import check_others_unchanged, transform_and_lower
 from torch.export import export
 
 

@@ -20,7 +20,7 @@ from executorch.exir import to_edge, to_edge_transform_and_lower
 from executorch.runtime import Runtime
 from rustconv import RustConvPartitioner, blocks
 from rustconv import runtime as rc_runtime
-from rustconv.inspect import delegate_calls, plan_blob
+from rustconv.devtools.inspect import delegate_calls, plan_blob
 from torch.export import export
 
 ATOL = 1e-4
@@ -157,7 +157,7 @@ def test_steps_write_an_etdump_of_every_call(tmp_path):
     """A streaming run's trace (bench/interference.py reads prefill and
     decode steps from it): one Method::execute per call, warm-ups included,
     and one RustConv delegate call in each. pte_runner wrote none before."""
-    from rustconv.profiling import read_profile
+    from rustconv.devtools.trace import read_profile
 
     model = _model("lfm2_example_core")
     pte = save(_program(model), tmp_path)

@@ -1,6 +1,6 @@
 """Profile-guided partitioning: delegate a candidate only where it is faster.
 
-Every group of ops :mod:`rustconv.partition_proposal` proposes (one delegate
+Every group of ops :mod:`rustconv.export.partition_proposal` proposes (one delegate
 call each, in execution order) is a *candidate*. Whether it should run in
 RustConv or be left to the rest of the pipeline (the partitioners after ours,
 e.g. XNNPACK, else ExecuTorch's CPU kernels) is decided from measurements
@@ -28,14 +28,17 @@ programming, each step costing its time under its choice plus the
 transition from the previous choice (``rest_rest_ms`` between two candidates
 both left out, zero otherwise). The decision and the measurements are
 printed, saved (``decision_path``) and can be given back as a profile file
-(``RustConvPartitioner(profile="decision.json")``).
+(``GuidedPartitioner(profile="decision.json")``).
 
 On the target: :func:`export_variants` writes the variants, their manifest
 and a script that runs them in ``pte_runner`` there; the directory, with the
 ETDumps the script leaves, is the profile
-(``RustConvPartitioner(profile=<dir>)``), so measurements taken on the phone
+(``GuidedPartitioner(profile=<dir>)``), so measurements taken on the phone
 decide the export on the workstation. ``profile="measure"`` runs the same
 loop on this machine.
+
+:class:`GuidedPartitioner` is :class:`rustconv.RustConvPartitioner` with this
+choice on top: it overrides which candidates are taken, nothing else.
 """
 
 from __future__ import annotations
@@ -46,10 +49,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+from executorch.exir.backend.partitioner import Partitioner
 from torch.export import ExportedProgram
+
+from rustconv.backend_id import BACKEND_ID
+from rustconv.devtools.pte_runner import WARMUP, run_pte, runner_args
+from rustconv.devtools.trace import read_profile
+from rustconv.export.partition_proposal import candidate_keys
+from rustconv.export.partitioner import RustConvPartitioner
 
 __all__ = [
     "Decision",
+    "GuidedPartitioner",
     "candidate_keys",
     "decide",
     "decide_from_variants",
@@ -61,15 +73,6 @@ __all__ = [
 ]
 
 DELEGATE, REST = "rustconv", "rest"
-
-
-def candidate_keys(ep: ExportedProgram) -> list[str]:
-    """The candidates of ``ep`` in execution order, each named by its nodes."""
-    from rustconv.partition_proposal import partition_key, propose
-
-    position = {node: i for i, node in enumerate(ep.graph.nodes)}
-    partitions = sorted(propose(ep).partitions, key=lambda p: min(position[n] for n in p.nodes))
-    return [partition_key(p.nodes) for p in partitions]
 
 
 @dataclass
@@ -184,9 +187,7 @@ def from_profile(doc: dict[str, Any], keys: list[str]) -> Decision:
 def _lower(ep: ExportedProgram, keep: set[str] | None, compile_specs, rest: list, etrecord):
     from executorch.exir import to_edge_transform_and_lower
 
-    from rustconv.partitioner import RustConvPartitioner
-
-    ours = RustConvPartitioner(compile_specs, candidates=keep)
+    ours = GuidedPartitioner(compile_specs, candidates=keep)
     edge = to_edge_transform_and_lower(
         ep, partitioner=[ours, *rest], generate_etrecord=etrecord is not None
     )
@@ -226,13 +227,11 @@ def export_variants(
     iterations) in each of ``rounds`` rounds, writing an ETDump per run
     (:func:`etdump_name`) beside it. Copy the directory to the target, run the script there
     (``PTE_RUNNER=/path/to/pte_runner sh run_on_target.sh``), copy it back
-    and pass it as ``RustConvPartitioner(profile=out_dir)``. Returns
+    and pass it as ``GuidedPartitioner(profile=out_dir)``. Returns
     ``out_dir``.
 
     ``ep`` is the exported (ATen) program; each variant is lowered from it
     (``to_edge_transform_and_lower`` with RustConv first, then ``rest``)."""
-    from rustconv.profile import WARMUP, runner_args
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     rest = rest or []
@@ -262,7 +261,7 @@ def export_variants(
         "# Runs every variant in pte_runner once per round, each writing",
         "# NAME.ROUND.etdump here. Run it on the target",
         "# (PTE_RUNNER=/path/to/pte_runner sh run_on_target.sh), copy the directory",
-        "# back and pass it as RustConvPartitioner(profile=<dir>).",
+        "# back and pass it as GuidedPartitioner(profile=<dir>).",
         "set -e",
         'cd "$(dirname "$0")"',
         'RUNNER="${PTE_RUNNER:-pte_runner}"',
@@ -270,7 +269,11 @@ def export_variants(
     ]
     for v in variants:
         args = runner_args(
-            f"{v['name']}.pte", etdump_name(v["name"], "$round"), iters, WARMUP, threads
+            f"{v['name']}.pte",
+            iters=iters,
+            warmup=WARMUP,
+            threads=threads,
+            etdump=etdump_name(v["name"], "$round"),
         )
         lines.append('    "$RUNNER" ' + " ".join(args) + " > /dev/null")
     lines.append("done")
@@ -292,8 +295,6 @@ def _manifest(directory: Path) -> dict[str, Any]:
 def run_variants(directory: str | Path) -> None:
     """Runs the variants of ``directory`` on this machine, as
     :data:`RUN_SCRIPT` does on the target."""
-    from rustconv.profile import run_pte
-
     directory = Path(directory)
     manifest = _manifest(directory)
     for round_ in range(1, manifest["rounds"] + 1):
@@ -310,8 +311,6 @@ def run_variants(directory: str | Path) -> None:
 def decide_from_variants(directory: str | Path) -> Decision:
     """The decision from the ETDumps the variants of ``directory`` wrote
     (on the target, or here with :func:`run_variants`)."""
-    from rustconv.profiling import BACKEND_ID, read_profile
-
     directory = Path(directory)
     manifest = _manifest(directory)
     keys = manifest["keys"]
@@ -378,7 +377,7 @@ def measure(
 
 def load_profile(profile: str | Path | dict, keys: list[str]) -> Decision:
     """A decision for the candidates ``keys`` from what
-    ``RustConvPartitioner(profile=...)`` accepts besides ``"measure"``: a
+    ``GuidedPartitioner(profile=...)`` accepts besides ``"measure"``: a
     directory of variants run on the target, a saved decision file, or its
     dict."""
     if isinstance(profile, dict):
@@ -414,9 +413,7 @@ def lower_guided(
     Returns the ExecuTorch program (written to ``pte_path`` if given)."""
     from executorch.exir import to_edge_transform_and_lower
 
-    from rustconv.partitioner import RustConvPartitioner
-
-    ours = RustConvPartitioner(
+    ours = GuidedPartitioner(
         compile_specs,
         profile=profile,
         rest=rest,
@@ -431,3 +428,78 @@ def lower_guided(
     if pte_path is not None:
         Path(pte_path).write_bytes(program.buffer)
     return program
+
+
+class GuidedPartitioner(RustConvPartitioner):
+    """:class:`rustconv.RustConvPartitioner` taking only the candidates that
+    are faster in RustConv (module docs). Used in place of it::
+
+        to_edge_transform_and_lower(
+            ep, partitioner=[GuidedPartitioner(profile="decision.json"), XnnpackPartitioner()]
+        )
+
+    Args:
+        compile_specs, stateful: as :class:`rustconv.RustConvPartitioner`'s.
+        profile: a directory of variants run on the target
+            (:func:`export_variants`), a decision saved by an earlier run or
+            its dict, or ``"measure"`` to time every candidate here,
+            delegated and left to ``rest`` (lowered from ``program``, the
+            exported ATen program). The decision is printed.
+        rest: the partitioners that follow this one (what a candidate is
+            left to when measuring; none: ExecuTorch's CPU kernels).
+        decision_path: where to save the decision and its measurements (JSON,
+            readable back as ``profile``).
+        measure_iters, measure_threads: pte_runner iterations and threads
+            for ``profile="measure"``.
+        candidates: take only these candidates (keys from
+            :func:`candidate_keys`); used by the measurements.
+    """
+
+    def __init__(
+        self,
+        compile_specs: list[CompileSpec] | None = None,
+        *,
+        profile: str | Path | dict | None = None,
+        rest: list[Partitioner] | None = None,
+        decision_path: str | Path | None = None,
+        measure_iters: int = 10,
+        measure_threads: int | None = None,
+        candidates: set[str] | None = None,
+        program: ExportedProgram | None = None,
+        stateful: bool = True,
+    ) -> None:
+        super().__init__(compile_specs, stateful=stateful)
+        self.profile = profile
+        self.rest = list(rest or [])
+        self.decision_path = decision_path
+        self.measure = {"iters": measure_iters, "threads": measure_threads}
+        self.candidates = candidates
+        self.program = program
+        if profile == "measure" and program is None:
+            raise ValueError(
+                'profile="measure" lowers variants of the exported program: pass it as '
+                "program=, or use rustconv.guided.lower_guided"
+            )
+        #: The last decision (:class:`Decision`).
+        self.decision: Decision | None = None
+
+    def _may_leave_out(self) -> bool:
+        return self.profile is not None or self.candidates is not None
+
+    def _chosen(self, exported_program: ExportedProgram) -> set[str] | None:
+        if self.candidates is not None:
+            return self.candidates
+        if self.profile is None:
+            return None
+        if self.profile == "measure":
+            decision = measure(self.program, self.compile_specs, self.rest, **self.measure)
+            self.profile = decision.to_json()  # measured once, even if called again
+            if decision.keys != candidate_keys(exported_program):
+                raise ValueError("the measured candidates differ from this program's")
+        else:
+            decision = load_profile(self.profile, candidate_keys(exported_program))
+        print(decision.format())
+        if self.decision_path is not None:
+            save(decision, self.decision_path)
+        self.decision = decision
+        return decision.delegated()

@@ -39,7 +39,7 @@ import torch
 __all__ = ["linear_scan", "linear_scan_out", "EAGER_DTYPES", "OUT_SCHEMA"]
 
 #: Floating dtypes the eager kernel and the fake kernel accept. The RustConv
-#: backend delegates a subset (``rustconv.support.SUPPORTED_DTYPES``).
+#: backend delegates a subset (``rustconv.export.support.SUPPORTED_DTYPES``).
 EAGER_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 

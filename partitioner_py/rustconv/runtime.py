@@ -51,6 +51,7 @@ from pathlib import Path
 import executorch.runtime  # noqa: F401  (must precede loading the backend)
 
 from rustconv import native
+from rustconv.backend_id import BACKEND_ID
 
 __all__ = [
     "BACKEND_NAME",
@@ -64,7 +65,8 @@ __all__ = [
     "keep_programs_alive",
 ]
 
-BACKEND_NAME = "RustConvBackend"
+#: The backend id (one definition: :mod:`rustconv.backend_id`).
+BACKEND_NAME = BACKEND_ID
 #: The operator kernel for scans outside any delegate (``rustconv.ops``).
 SCAN_KERNEL_NAME = "rustconv::linear_scan.out"
 ENV_VAR = "RUSTCONV_BACKEND_LIB"

@@ -12,7 +12,7 @@ For a program (see :mod:`difftest.spec`):
    * ``xnn``: ``to_edge_transform_and_lower(ep, partitioner=[RustConvPartitioner(),
      XnnpackPartitioner()])``;
    each checked for its number of RustConvBackend calls against
-   :func:`rustconv.partition_proposal.propose` on the program the
+   :func:`rustconv.export.partition_proposal.propose` on the program the
    partitioner was given, and the nodes of RustConv's kinds it refused
    recorded with ``explain()``'s reasons;
 3. each ``.pte`` run in ``executorch.runtime`` (a child process,
@@ -422,7 +422,7 @@ class Checker:
         """(.pte bytes, proposed RustConv calls, RustConv calls, refusal reasons, anchors)."""
         from executorch.exir import to_edge, to_edge_transform_and_lower
         from rustconv import RustConvPartitioner
-        from rustconv.partition_proposal import propose
+        from rustconv.export.partition_proposal import propose
 
         ep = self._export(program)
         refused: Counter = Counter()
@@ -431,7 +431,7 @@ class Checker:
 
         def record(proposal) -> None:
             recorded.append(len(proposal.partitions))
-            from rustconv.ops_lowering import lowering_for
+            from rustconv.export.ops_lowering import lowering_for
 
             taken = proposal.taken()
             for node, reason in proposal.rejected.items():

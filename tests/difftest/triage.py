@@ -13,7 +13,7 @@ the whole program):
    same kind of message)";
 4. the shrunk program checked again through every flow and runner, and for
    the ``edge`` flow also through the blob reference interpreter
-   (:mod:`rustconv.reference`), which says whether the blob is right (a
+   (:mod:`rustconv.devtools.reference`), which says whether the blob is right (a
    runtime bug) or not (a lowering bug);
 5. written as JSON (spec, failure, numbers) under ``<out>/failures``; a
    reproducer whose op shape was not seen before also goes to
@@ -269,7 +269,7 @@ def format_regression(entry: dict) -> str:
 
 def _diagnose(program: dict) -> str | None:
     """Whether the blob is right: the lowered program run with RustConv's delegates
-    interpreted by ``rustconv.reference`` (stateless programs only)."""
+    interpreted by ``rustconv.devtools.reference`` (stateless programs only)."""
     if program["mode"] == "stateful":
         return None
     try:
@@ -292,7 +292,7 @@ def _diagnose(program: dict) -> str | None:
             edge = to_edge(ep).to_backend(RustConvPartitioner())
         import sys
 
-        helpers = Path(__file__).resolve().parents[2] / "partitioner_py" / "tests"
+        helpers = Path(__file__).resolve().parents[1]  # tests/: rustconv_test_helpers
         if str(helpers) not in sys.path:
             sys.path.insert(0, str(helpers))
         from rustconv_test_helpers import run_lowered

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import pte_runner_path
-from rustconv.testing import check_others_unchanged
+from rustconv.devtools.testing import check_others_unchanged
 from zoo_models import tolerance
 from zoo_recipes import (
     LFM2_350M_PARAMS,

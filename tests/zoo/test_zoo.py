@@ -22,7 +22,7 @@ import os
 import pytest
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import EdgeCompileConfig
-from rustconv.testing import check_others_unchanged, transform_and_lower
+from rustconv.devtools.testing import check_others_unchanged, transform_and_lower
 from torch.export import export
 from zoo_harness import Lowered, lower, run_in_pte_runner, run_in_runtime
 from zoo_models import MODELS, ZooModel
@@ -122,7 +122,7 @@ def test_matches_eager_in_pte_runner(name, request, tmp_path_factory, tmp_path):
 def test_rule_one_invariance(name, request):
     """Lowered with XNNPACK alone, with RustConv first and (full runs) last:
     what XNNPACK sees and everything outside RustConv's calls is the same
-    (:func:`rustconv.testing.check_others_unchanged`)."""
+    (:func:`rustconv.devtools.testing.check_others_unchanged`)."""
     model = MODELS[name]
     expect(request, model, "rule_one")
     example = model.build(FULL)

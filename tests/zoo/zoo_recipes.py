@@ -196,7 +196,7 @@ def recipe_for_lowering(recipe: str, work: Path, full: bool = False):
     takes before ``to_edge_transform_and_lower`` (model from the random
     checkpoint, source transforms such as 8da4w, export, the recipe's
     quantizers), for lowering with any partitioner list
-    (``rustconv.testing.check_others_unchanged``). Same weights each call."""
+    (``rustconv.devtools.testing.check_others_unchanged``). Same weights each call."""
     from executorch.examples.models.llama import export_llama_lib
 
     params = LFM2_350M_PARAMS if full else SMALL_PARAMS

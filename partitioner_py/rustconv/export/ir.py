@@ -1,0 +1,183 @@
+"""The blob graph before it is written: values and nodes with editable links.
+
+``preprocess`` first lowers a partition to this form (:mod:`rustconv.export.lowering`),
+then groups it into fused kernels (:mod:`rustconv.export.fusion`), which may reorder
+nodes and duplicate some of them, and only then writes the flatbuffer
+(:mod:`rustconv.export.graph_writer`), numbering values and nodes. Keeping the
+numbering out of the first two steps is what lets fusion copy a node with its
+own private output.
+
+An :class:`IRNode` holds the generated flatbuffer object (``Conv1dT``,
+``BinaryT``, ...) of its op; the fields naming values (:data:`VALUE_FIELDS`)
+hold :class:`IRValue` ids until the writer replaces them with indices.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import sympy
+import torch
+
+from rustconv.fb.Binary import BinaryT
+from rustconv.fb.Cat import CatT
+from rustconv.fb.Clamp import ClampT
+from rustconv.fb.Conv1d import Conv1dT
+from rustconv.fb.Full import FullT
+from rustconv.fb.LinearScan import LinearScanT
+from rustconv.fb.Op import Op
+from rustconv.fb.Permute import PermuteT
+from rustconv.fb.Reduce import ReduceT
+from rustconv.fb.Reshape import ReshapeT
+from rustconv.fb.Slice import SliceT
+from rustconv.fb.Unary import UnaryT
+from rustconv.fb.Where import WhereT
+
+__all__ = [
+    "VALUE_FIELDS",
+    "OP_TABLES",
+    "ANCHOR_OPS",
+    "ELEMENTWISE_OPS",
+    "EPILOGUE_VIEW_OPS",
+    "IRValue",
+    "IRNode",
+    "IRGraph",
+]
+
+#: The fields of each op that name values. An ``int`` field may be -1 (absent:
+#: no bias, or the scalar beside it); ``Cat.inputs`` is a list.
+VALUE_FIELDS: dict[int, tuple[str, ...]] = {
+    Op.Conv1d: ("input", "weight", "bias"),
+    Op.LinearScan: ("x0", "a", "u"),
+    Op.Unary: ("input",),
+    Op.Binary: ("a", "b"),
+    Op.Where: ("cond", "a", "b"),
+    Op.Clamp: ("input",),
+    Op.Full: ("like",),
+    Op.Permute: ("input",),
+    Op.Slice: ("input",),
+    Op.Reshape: ("input",),
+    Op.Cat: ("inputs",),
+    Op.Reduce: ("input",),
+}
+
+#: The generated object class of each op.
+OP_TABLES: dict[int, type] = {
+    Op.Conv1d: Conv1dT,
+    Op.LinearScan: LinearScanT,
+    Op.Unary: UnaryT,
+    Op.Binary: BinaryT,
+    Op.Where: WhereT,
+    Op.Clamp: ClampT,
+    Op.Full: FullT,
+    Op.Permute: PermuteT,
+    Op.Slice: SliceT,
+    Op.Reshape: ReshapeT,
+    Op.Cat: CatT,
+    Op.Reduce: ReduceT,
+}
+
+ANCHOR_OPS = frozenset({Op.Conv1d, Op.LinearScan})
+ELEMENTWISE_OPS = frozenset({Op.Unary, Op.Binary, Op.Where, Op.Clamp})
+EPILOGUE_VIEW_OPS = frozenset({Op.Permute, Op.Reshape})
+
+
+@dataclass
+class IRValue:
+    """A tensor of the blob graph.
+
+    ``shape`` keeps each size as a sympy expression (fusion compares them);
+    ``dims`` are the schema's ``Dim`` structs (static size or upper bound).
+    ``is_mask`` marks a comparison result: a bool tensor in torch, 1.0/0.0 in
+    the blob, which must never leave the kernel that computes it.
+    """
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[sympy.Expr, ...]
+    dims: list[Any]
+    kind: int
+    io_index: int = 0
+    data: bytes | None = None
+    is_mask: bool = False
+    #: For a ``State`` value: the value id whose contents become the state
+    #: after each call (the buffer's ``copy_``); -1 otherwise.
+    state_update: int = -1
+
+
+@dataclass
+class IRNode:
+    """One blob node: an op object whose value fields hold :class:`IRValue` ids."""
+
+    op_type: int
+    op: Any
+    name: str
+    debug_handles: list[int] = field(default_factory=list)
+    kernel: int = -1
+
+    @property
+    def output(self) -> int:
+        return int(self.op.output)
+
+    @property
+    def is_anchor(self) -> bool:
+        return self.op_type in ANCHOR_OPS
+
+    def operand_fields(self) -> Iterator[tuple[str, int]]:
+        """(field, value id) for every value this node reads, in field order."""
+        for name in VALUE_FIELDS[self.op_type]:
+            ref = getattr(self.op, name)
+            if isinstance(ref, list):
+                for item in ref:
+                    yield name, int(item)
+            elif ref is not None and ref >= 0:
+                yield name, int(ref)
+
+    def operands(self) -> list[int]:
+        return [ref for _, ref in self.operand_fields()]
+
+    def remapped(self, mapping: dict[int, int], output: int | None = None) -> IRNode:
+        """A copy reading ``mapping[v]`` instead of ``v`` (others unchanged)."""
+        op = copy.copy(self.op)
+        for name in VALUE_FIELDS[self.op_type]:
+            ref = getattr(op, name)
+            if isinstance(ref, list):
+                setattr(op, name, [mapping.get(int(r), int(r)) for r in ref])
+            elif ref is not None and ref >= 0:
+                setattr(op, name, mapping.get(int(ref), int(ref)))
+        if output is not None:
+            op.output = output
+        return IRNode(self.op_type, op, self.name, list(self.debug_handles), self.kernel)
+
+
+@dataclass
+class IRGraph:
+    """Values, nodes in a topological order, and the call's inputs and outputs."""
+
+    values: list[IRValue]
+    nodes: list[IRNode]
+    inputs: list[int]
+    outputs: list[int]
+
+    def add_value(self, value: IRValue) -> int:
+        self.values.append(value)
+        return len(self.values) - 1
+
+    def state_updates(self) -> list[int]:
+        """The values written back into delegate-owned state after a call:
+        stored at the end of the call like outputs."""
+        return [v.state_update for v in self.values if v.state_update >= 0]
+
+    def producers(self) -> dict[int, IRNode]:
+        return {node.output: node for node in self.nodes}
+
+    def readers(self) -> dict[int, list[IRNode]]:
+        """Value id -> the nodes reading it (a node once per distinct operand)."""
+        result: dict[int, list[IRNode]] = {}
+        for node in self.nodes:
+            for ref in dict.fromkeys(node.operands()):
+                result.setdefault(ref, []).append(node)
+        return result

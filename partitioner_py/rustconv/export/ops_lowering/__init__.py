@@ -1,0 +1,85 @@
+"""Every op kind RustConv lowers, one module per family, found through a registry.
+
+========================  =============================================  ============
+module                    ATen ops                                       blob op
+========================  =============================================  ============
+:mod:`.conv`              convolution, conv1d; zero constant_pad_nd      Conv1d
+:mod:`.scan`              rustconv.linear_scan                           LinearScan
+:mod:`.unary`             neg, abs, relu, sigmoid, tanh, silu, gelu,     Unary
+                          exp, log, log1p, softplus, sqrt, rsqrt,
+                          reciprocal; clone/alias/_to_copy (Identity)
+:mod:`.binary`            add, sub, rsub, mul, div, maximum, minimum,    Binary
+                          gt, ge, lt, le, eq, ne
+:mod:`.where`             where                                          Where
+:mod:`.clamp`             clamp, clamp_min/max, hardtanh, relu6          Clamp
+:mod:`.full`              full_like, zeros_like, ones_like;              Full
+                          scalar_tensor (folded)
+:mod:`.permute`           permute, transpose                             Permute
+:mod:`.slices`            slice (or folded into a conv)                  Slice
+:mod:`.split`             split, split_with_sizes, chunk + getitem       Slice
+:mod:`.elu`               elu (alpha, scale, input_scale numbers)        Binary, Unary,
+                                                                         Where
+:mod:`.glu`               glu (static, even size along dim)              Slice, Unary,
+                                                                         Binary
+:mod:`.select`            select (one index)                             Slice, Reshape
+:mod:`.reshape`           view, reshape, squeeze, unsqueeze              Reshape
+:mod:`.cat`               cat                                            Cat
+:mod:`.pow`               pow with exponent 2, 0.5, -0.5 or -1           Binary, Unary
+:mod:`.norm`              native_layer_norm, native_group_norm,          Reduce and
+                          rms_norm (and their composite forms);          elementwise
+                          mean.dim, sum.dim_IntList, var                 nodes
+:mod:`.symint`            sym_size and SymInt arithmetic                 (none)
+:mod:`.batch_norm`        _native_batch_norm_legit_no_training (eval)    folded into the
+                                                                         conv, or Binary
+:mod:`.folding`           any pure op on constants only                  Constant (evaluated)
+========================  =============================================  ============
+
+Importing this package registers them all.
+"""
+
+from rustconv.export.ops_lowering import (  # noqa: F401  (each module registers its lowerings)
+    batch_norm,
+    binary,
+    cat,
+    clamp,
+    conv,
+    elu,
+    full,
+    glu,
+    norm,
+    permute,
+    pow,
+    reshape,
+    scan,
+    select,
+    slices,
+    split,
+    symint,
+    unary,
+    where,
+)
+from rustconv.export.ops_lowering.common import (
+    SUPPORTED_DTYPES,
+    GraphContext,
+    NotSupported,
+    aten_op,
+)
+from rustconv.export.ops_lowering.registry import (
+    OpLowering,
+    lowering_for,
+    reason_for,
+    register,
+    registered,
+)
+
+__all__ = [
+    "SUPPORTED_DTYPES",
+    "GraphContext",
+    "NotSupported",
+    "OpLowering",
+    "aten_op",
+    "lowering_for",
+    "reason_for",
+    "register",
+    "registered",
+]

@@ -1,0 +1,161 @@
+"""Two-operand elementwise ops and comparisons -> ``Binary``.
+
+Either operand may be a scalar (a number or a 0-d constant, folded into
+``a_scalar``/``b_scalar`` with index -1), but not both. ``alpha`` of
+``add``/``sub``/``rsub`` is folded: into the scalar when the scaled operand is
+one, else as a ``Mul`` node before the ``Add``/``Sub``. ``rsub`` swaps its
+operands. Comparisons write 1.0/0.0 in the dtype of their inputs (see
+:mod:`.operands` for where such a mask may go).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.fx import Node
+
+from rustconv.export.ops_lowering.common import (
+    GraphContext,
+    NotSupported,
+    aten_op,
+    bound_args,
+    tensor_val,
+)
+from rustconv.export.ops_lowering.operands import (
+    check_broadcast,
+    check_elementwise_dtypes,
+    check_mask_users,
+    elementwise_operand,
+)
+from rustconv.export.ops_lowering.registry import OpLowering, register
+from rustconv.export.ops_lowering.scalars import is_number
+from rustconv.fb.Binary import BinaryT
+from rustconv.fb.BinaryOp import BinaryOp
+from rustconv.fb.Op import Op
+
+if TYPE_CHECKING:
+    from rustconv.export.lowering import LoweringBuilder
+
+__all__ = ["ARITHMETIC_OPS", "COMPARISON_OPS", "BinaryLowering", "comparison_dtype"]
+
+_aten = torch.ops.aten
+
+ARITHMETIC_OPS: dict[torch._ops.OpOverload, int] = {
+    _aten.add.Tensor: BinaryOp.Add,
+    _aten.add.Scalar: BinaryOp.Add,
+    _aten.sub.Tensor: BinaryOp.Sub,
+    _aten.sub.Scalar: BinaryOp.Sub,
+    _aten.rsub.Tensor: BinaryOp.Sub,
+    _aten.rsub.Scalar: BinaryOp.Sub,
+    _aten.mul.Tensor: BinaryOp.Mul,
+    _aten.mul.Scalar: BinaryOp.Mul,
+    _aten.div.Tensor: BinaryOp.Div,
+    _aten.div.Scalar: BinaryOp.Div,
+    _aten.div.Tensor_mode: BinaryOp.Div,
+    _aten.div.Scalar_mode: BinaryOp.Div,
+    _aten.maximum.default: BinaryOp.Maximum,
+    _aten.minimum.default: BinaryOp.Minimum,
+}
+
+COMPARISON_OPS: dict[torch._ops.OpOverload, int] = {
+    overload: code
+    for name, code in (
+        ("gt", BinaryOp.Gt),
+        ("ge", BinaryOp.Ge),
+        ("lt", BinaryOp.Lt),
+        ("le", BinaryOp.Le),
+        ("eq", BinaryOp.Eq),
+        ("ne", BinaryOp.Ne),
+    )
+    for overload in (getattr(_aten, name).Tensor, getattr(_aten, name).Scalar)
+}
+
+_SWAPPED = frozenset({_aten.rsub.Tensor, _aten.rsub.Scalar})
+
+
+def _operands(node: Node) -> tuple[Any, Any, float]:
+    """(a, b, alpha) with ``output = a op (alpha * b)`` (rsub already swapped)."""
+    op = aten_op(node)
+    args = bound_args(node)
+    alpha = args.get("alpha", 1)
+    if not is_number(alpha):
+        raise NotSupported(f"alpha is {alpha!r}, not a number")
+    if args.get("rounding_mode") is not None:
+        raise NotSupported(f"div with rounding_mode={args['rounding_mode']!r}")
+    a, b = args["self"], args["other"]
+    if op in _SWAPPED:
+        a, b = b, a
+    return a, b, float(alpha)
+
+
+def _check(node: Node, ctx: GraphContext) -> torch.dtype:
+    a, b, _ = _operands(node)
+    vals = [
+        (role, val)
+        for role, val in (("self", elementwise_operand(a, ctx, "self")),
+                          ("other", elementwise_operand(b, ctx, "other")))
+        if val is not None
+    ]  # fmt: skip
+    if not vals:
+        raise NotSupported("both operands are scalars")
+    out = tensor_val(node, "output")
+    dtype = check_elementwise_dtypes([*vals, ("output", out)])
+    check_broadcast(out, vals)
+    return dtype
+
+
+def comparison_dtype(node: Node, ctx: GraphContext) -> torch.dtype | None:
+    """The float dtype a supported comparison compares (its mask's blob dtype)."""
+    if aten_op(node) not in COMPARISON_OPS:
+        return None
+    try:
+        return _check(node, ctx)
+    except NotSupported:
+        return None
+
+
+@register
+class BinaryLowering(OpLowering):
+    kind = "binary"
+    targets = (*ARITHMETIC_OPS, *COMPARISON_OPS)
+
+    def check(self, node: Node, ctx: GraphContext) -> None:
+        dtype = _check(node, ctx)
+        if aten_op(node) in COMPARISON_OPS:
+            check_mask_users(node, dtype)
+
+    def inline_only(self, node: Node, ctx: GraphContext) -> bool:
+        # A mask exists only inside the delegate, next to its readers.
+        return aten_op(node) in COMPARISON_OPS
+
+    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+        op_overload = aten_op(node)
+        a, b, alpha = _operands(node)
+        binary = BinaryT()
+        binary.a, binary.aScalar = builder.operand(a, node, "self")
+        binary.b, binary.bScalar = builder.operand(b, node, "other")
+        if alpha != 1.0:
+            if binary.b < 0:
+                binary.bScalar *= alpha
+            else:
+                binary.b = self._scaled(node, builder, binary.b, alpha)
+        if op_overload in COMPARISON_OPS:
+            binary.op = COMPARISON_OPS[op_overload]
+            dtype = comparison_dtype(node, builder.ctx)
+            binary.output = builder.new_output(node, dtype=dtype, is_mask=True)
+        else:
+            binary.op = ARITHMETIC_OPS[op_overload]
+            binary.output = builder.new_output(node)
+        builder.add(node, Op.Binary, binary)
+
+    @staticmethod
+    def _scaled(node: Node, builder: LoweringBuilder, source: int, alpha: float) -> int:
+        """Emits ``alpha * source`` (add/sub's alpha on a tensor operand)."""
+        mul = BinaryT()
+        mul.op = BinaryOp.Mul
+        mul.a = source
+        mul.b, mul.bScalar = -1, alpha
+        mul.output = builder.derived_value(source, f"{node.name}_alpha")
+        builder.add(node, Op.Binary, mul)
+        return mul.output

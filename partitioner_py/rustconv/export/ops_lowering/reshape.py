@@ -1,0 +1,109 @@
+"""``view`` / ``reshape`` / ``squeeze`` / ``unsqueeze`` -> ``Reshape``.
+
+Only reshapes that remove or insert dimensions of size 1: the other dimensions
+of input and output must pair up in order (compared as sympy expressions, so
+a dynamic length pairs with itself). Then the element order is unchanged and
+the runtime reads through the reshape with strides. A reshape that merges or
+splits real dimensions (``[2, 3] -> [6]``) is left to other backends.
+
+A reshape right at the boundary with an op RustConv does not run (the views
+``to_edge`` wraps around a linear's ``mm``: ``[1, N, D] -> [N, D] -> mm -> [1,
+N, D]``) is left to that op's backend too: XNNPACK folds those views into its
+fully-connected node and fails at run time when one of them is missing from
+its partition. Inside RustConv's kernels such a reshape would be free anyway.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch.fx import Node
+
+from rustconv.export.ops_lowering.common import (
+    GraphContext,
+    NotSupported,
+    bound_args,
+    check_rank,
+    same_expr,
+    shape_exprs,
+    tensor_val,
+)
+from rustconv.export.ops_lowering.operands import check_elementwise_dtypes, tensor_operand
+from rustconv.export.ops_lowering.registry import OpLowering, register
+from rustconv.fb.Op import Op
+from rustconv.fb.Reshape import ReshapeT
+
+if TYPE_CHECKING:
+    from rustconv.export.lowering import LoweringBuilder
+
+__all__ = ["RESHAPE_OPS", "ReshapeLowering"]
+
+_aten = torch.ops.aten
+RESHAPE_OPS = frozenset(
+    {
+        _aten.view.default,
+        _aten.view_copy.default,
+        _aten._unsafe_view.default,
+        _aten.reshape.default,
+        _aten.squeeze.default,
+        _aten.squeeze.dim,
+        _aten.squeeze.dims,
+        _aten.squeeze_copy.default,
+        _aten.squeeze_copy.dim,
+        _aten.squeeze_copy.dims,
+        _aten.unsqueeze.default,
+        _aten.unsqueeze_copy.default,
+    }
+)
+
+
+def _non_unit(shape) -> list:
+    return [d for d in shape if d != 1]
+
+
+def _foreign(node: object) -> bool:
+    """A computing node no RustConv op kind claims (``mm``, ``addmm``...)."""
+    from rustconv.export.ops_lowering.registry import lowering_for
+
+    return isinstance(node, Node) and node.op == "call_function" and lowering_for(node) is None
+
+
+def _check_not_at_foreign_boundary(node: Node) -> None:
+    source = bound_args(node)["self"]
+    if _foreign(source):
+        raise NotSupported(
+            f"reshapes the result of {source.name}, which RustConv does not run; "
+            "left with it for its backend"
+        )
+    users = list(node.users)
+    if users and all(_foreign(u) for u in users):
+        raise NotSupported(
+            f"only feeds {', '.join(u.name for u in users)}, which RustConv does not run; "
+            "left with it for its backend"
+        )
+
+
+@register
+class ReshapeLowering(OpLowering):
+    kind = "reshape"
+    targets = tuple(RESHAPE_OPS)
+
+    def check(self, node: Node, ctx: GraphContext) -> None:
+        x = tensor_operand(bound_args(node)["self"], ctx, "input")
+        out = tensor_val(node, "output")
+        check_elementwise_dtypes([("input", x), ("output", out)])
+        check_rank([("input", x), ("output", out)])
+        _check_not_at_foreign_boundary(node)
+        before, after = _non_unit(shape_exprs(x)), _non_unit(shape_exprs(out))
+        if len(before) != len(after) or not all(map(same_expr, before, after)):
+            raise NotSupported(
+                f"reshapes {tuple(shape_exprs(x))} to {tuple(shape_exprs(out))}, which is "
+                "more than removing or inserting size-1 dimensions"
+            )
+
+    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+        reshape = ReshapeT()
+        reshape.input = builder.value(bound_args(node)["self"], node, "input")
+        reshape.output = builder.new_output(node)
+        builder.add(node, Op.Reshape, reshape)

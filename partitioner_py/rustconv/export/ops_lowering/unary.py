@@ -1,0 +1,174 @@
+"""One-input elementwise ops -> ``Unary``, and copies -> ``Unary Identity``.
+
+Copies (``clone``, ``alias``, ``contiguous``, a same-dtype ``_to_copy`` and
+their edge ``dim_order_ops`` forms) change nothing the blob can express: every
+RustConv value is contiguous. A copy of a value computed in the delegate is
+therefore an alias (no node); only a copy of a delegate input or constant
+emits ``Identity``, which the runtime materialises as a copy where needed.
+Two special cases fold away entirely: a copy of a scalar constant (it is read
+as a number, see :mod:`.scalars`) and the cast of a comparison's mask to its
+float dtype (the blob's masks already are 1.0/0.0 in that dtype).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch.fx import Node
+
+from rustconv.export.ops_lowering.common import (
+    GraphContext,
+    NotSupported,
+    aten_op,
+    bound_args,
+    check_rank,
+    tensor_val,
+)
+from rustconv.export.ops_lowering.operands import (
+    check_broadcast,
+    check_elementwise_dtypes,
+    tensor_operand,
+)
+from rustconv.export.ops_lowering.registry import OpLowering, register
+from rustconv.export.ops_lowering.scalars import COPY_OPS, is_number, is_scalar_like
+from rustconv.fb.Op import Op
+from rustconv.fb.Unary import UnaryT
+from rustconv.fb.UnaryOp import UnaryOp
+
+if TYPE_CHECKING:
+    from rustconv.export.lowering import LoweringBuilder
+
+__all__ = ["UNARY_OPS", "UnaryLowering", "IdentityLowering"]
+
+_aten = torch.ops.aten
+
+#: ATen overload -> UnaryOp (gelu is resolved from its ``approximate`` argument).
+UNARY_OPS: dict[torch._ops.OpOverload, int] = {
+    _aten.neg.default: UnaryOp.Neg,
+    _aten.abs.default: UnaryOp.Abs,
+    _aten.relu.default: UnaryOp.Relu,
+    _aten.sigmoid.default: UnaryOp.Sigmoid,
+    _aten.tanh.default: UnaryOp.Tanh,
+    _aten.silu.default: UnaryOp.Silu,
+    _aten.gelu.default: UnaryOp.Gelu,
+    _aten.exp.default: UnaryOp.Exp,
+    _aten.log.default: UnaryOp.Log,
+    _aten.log1p.default: UnaryOp.Log1p,
+    _aten.softplus.default: UnaryOp.Softplus,
+    _aten.sqrt.default: UnaryOp.Sqrt,
+    _aten.rsqrt.default: UnaryOp.Rsqrt,
+    _aten.reciprocal.default: UnaryOp.Reciprocal,
+}
+
+_GELU = {"none": UnaryOp.Gelu, "tanh": UnaryOp.GeluTanh}
+
+
+def _unary_op(node: Node) -> int:
+    op = aten_op(node)
+    code = UNARY_OPS[op]
+    args = bound_args(node)
+    if op is _aten.gelu.default:
+        approximate = args["approximate"]
+        if approximate not in _GELU:
+            raise NotSupported(f"gelu approximate={approximate!r} is not supported")
+        return _GELU[approximate]
+    if op is _aten.softplus.default:
+        beta, threshold = args["beta"], args["threshold"]
+        if not (is_number(beta) and is_number(threshold)) or (beta, threshold) != (1, 20):
+            raise NotSupported(
+                f"softplus with beta={beta!r}, threshold={threshold!r}; RustConv "
+                "implements beta=1, threshold=20 (the defaults)"
+            )
+    return code
+
+
+@register
+class UnaryLowering(OpLowering):
+    kind = "unary"
+    targets = tuple(UNARY_OPS)
+
+    def check(self, node: Node, ctx: GraphContext) -> None:
+        _unary_op(node)
+        x = tensor_operand(bound_args(node)["self"], ctx, "input")
+        out = tensor_val(node, "output")
+        check_elementwise_dtypes([("input", x), ("output", out)])
+        check_broadcast(out, [("input", x)])
+
+    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+        op = UnaryT()
+        op.op = _unary_op(node)
+        op.input = builder.value(bound_args(node)["self"], node, "input")
+        op.output = builder.new_output(node)
+        builder.add(node, Op.Unary, op)
+
+
+def _mask_cast_source(node: Node, ctx: GraphContext) -> Node | None:
+    """The comparison a bool -> float cast reads, if ``node`` is such a cast."""
+    from rustconv.export.ops_lowering.binary import comparison_dtype
+
+    source = node.args[0] if node.args else None
+    out = node.meta.get("val")
+    if not isinstance(source, Node) or not isinstance(out, torch.Tensor):
+        return None
+    if tensor_val(source, "input").dtype != torch.bool:
+        return None
+    if comparison_dtype(source, ctx) != out.dtype:
+        raise NotSupported(
+            f"casts the mask {source.name} to {out.dtype}; RustConv's masks are "
+            "1.0/0.0 in the dtype of the compared tensors and can only be cast to it"
+        )
+    return source
+
+
+@register
+class IdentityLowering(OpLowering):
+    """Copies: alias, ``Identity``, or folded (scalars, mask casts)."""
+
+    kind = "copy"
+    targets = tuple(COPY_OPS)
+
+    def check(self, node: Node, ctx: GraphContext) -> None:
+        out = tensor_val(node, "output")
+        args = bound_args(node)
+        if out.dim() == 0 and is_scalar_like(args["self"], ctx):
+            return
+        if _mask_cast_source(node, ctx) is not None:
+            return
+        x = tensor_operand(args["self"], ctx, "input")
+        if x.dtype != out.dtype:
+            raise NotSupported(f"converts {x.dtype} to {out.dtype}; only same-dtype copies")
+        check_elementwise_dtypes([("input", x), ("output", out)])
+        check_rank([("input", x)])
+        memory_format = args.get("memory_format")
+        if memory_format not in (None, torch.preserve_format, torch.contiguous_format):
+            raise NotSupported(f"memory_format {memory_format}; RustConv tensors are contiguous")
+        dim_order = args.get("dim_order")
+        if dim_order is not None and list(dim_order) != list(range(out.dim())):
+            raise NotSupported(f"dim_order {list(dim_order)}; RustConv tensors are contiguous")
+
+    def inline_only(self, node: Node, ctx: GraphContext) -> bool:
+        out = node.meta.get("val")
+        return (
+            isinstance(out, torch.Tensor)
+            and out.dim() == 0
+            and bool(node.args)
+            and is_scalar_like(node.args[0], ctx)
+        )
+
+    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+        if self.inline_only(node, builder.ctx):
+            builder.mark_inline(node, "a scalar constant folded into its users")
+            return
+        source = builder.value(bound_args(node)["self"], node, "input")
+        if builder.producer(source) is None:
+            # A copy of an input or constant is a real copy.
+            builder.identity(node, source)
+            return
+        if _mask_cast_source(node, builder.ctx) is not None:
+            # From here on the mask is also read as a number.
+            builder.graph.values[source].is_mask = False
+        builder.alias(node, source)
+        producer = builder.producer(source)
+        assert producer is not None
+        builder.join_handles(producer, node)
