@@ -17,7 +17,7 @@ use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
-use rustconv_kernels::fused::{Expr, Program, ReduceOp, StoreView};
+use rustconv_kernels::fused::{CompiledProgram, Expr, Program, ReduceOp, StoreView};
 use rustconv_kernels::MAX_RANK;
 
 use crate::error::GraphError;
@@ -27,7 +27,7 @@ use crate::graph::{GraphDesc, NodeDesc, OpDesc, Operand, Role};
 #[derive(Debug)]
 pub enum Source {
     Stored(usize),
-    Computed(Program),
+    Computed(CompiledProgram),
     /// A scan's `u` computed by `a`'s program, as its second root: the two
     /// share subexpressions (`softplus(p)` in `exp(-softplus(p) * A)` and
     /// `softplus(p) * x`), which one evaluation computes once per chunk.
@@ -38,7 +38,7 @@ pub enum Source {
 #[derive(Debug)]
 pub struct Epilogue {
     /// Over the anchor output's coordinates, reading it as `Expr::Anchor`.
-    pub program: Program,
+    pub program: CompiledProgram,
     /// Views from the program's result to the stored result, in order.
     pub views: Vec<StoreView>,
 }
@@ -49,7 +49,7 @@ pub struct Epilogue {
 pub struct Statistics {
     /// Over the kernel's nodes (never its anchor), reading earlier
     /// statistics as stored.
-    pub program: Program,
+    pub program: CompiledProgram,
     pub kind: StatisticsKind,
 }
 
@@ -102,7 +102,9 @@ pub enum KernelBody {
         epilogue: Option<Epilogue>,
     },
     /// Each materialised result computed by its program, in one pass.
-    Pass { results: Vec<(usize, Program)> },
+    Pass {
+        results: Vec<(usize, CompiledProgram)>,
+    },
 }
 
 /// One fused kernel, as recorded in the blob and checked.
@@ -384,7 +386,7 @@ impl Context<'_> {
         b.value(input)?;
         let mut stats = self.statistics.borrow_mut();
         stats.list.push(Statistics {
-            program: b.program,
+            program: b.program.compile(),
             kind: StatisticsKind::Reduce {
                 dims,
                 outputs: vec![(op, output)],
@@ -439,7 +441,7 @@ impl Context<'_> {
         b.value(value)?;
         let mut stats = self.statistics.borrow_mut();
         stats.list.push(Statistics {
-            program: b.program,
+            program: b.program.compile(),
             kind: StatisticsKind::Derived {
                 value,
                 op: self.graph.nodes[n].op.kind(),
@@ -483,7 +485,7 @@ impl Context<'_> {
                 Source::Computed(self.program(nodes, None, u)?),
             ));
         }
-        Ok((Source::Computed(program), Source::Paired))
+        Ok((Source::Computed(program.compile()), Source::Paired))
     }
 
     /// The anchor's epilogue up to `result`, or None when the anchor's
@@ -551,10 +553,10 @@ impl Context<'_> {
         nodes: &Range<usize>,
         anchor_out: Option<usize>,
         root: usize,
-    ) -> Result<Program, String> {
+    ) -> Result<CompiledProgram, String> {
         let mut b = self.builder(nodes, anchor_out);
         b.value(root)?;
-        Ok(b.program)
+        Ok(b.program.compile())
     }
 
     fn builder<'a>(

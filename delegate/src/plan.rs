@@ -3,7 +3,7 @@
 //! materialised value lives, and how big the arena is. `execute` only
 //! follows it.
 
-use rustconv_kernels::fused::{line_scratch, reduce_scratch, Program};
+use rustconv_kernels::fused::{line_scratch, reduce_scratch, CompiledProgram};
 use rustconv_kernels::{self as kernels, scan_rows_scratch, Choice, PreparedConv1d, Weights};
 
 use crate::error::{DelegateError, GraphError};
@@ -80,7 +80,9 @@ pub enum Exec {
         epilogue: Option<Epilogue>,
     },
     /// Every result computed by its program in one pass over memory.
-    Pass { results: Vec<(usize, Program)> },
+    Pass {
+        results: Vec<(usize, CompiledProgram)>,
+    },
 }
 
 /// An original op of the model that a step implements.

@@ -8,7 +8,9 @@
 //! `RustConvBackend.preprocess`) run through the delegate under a counting
 //! global allocator.
 //!
-//! Profiled calls (an event sink attached) allocate nothing either.
+//! Profiled calls (an event sink attached) allocate nothing either, and no
+//! call matches recipes against its programs: `init` compiles every program
+//! once (`rustconv_kernels::fused::programs_compiled`).
 //!
 //! Its own test binary without the libtest harness (`harness = false`), so
 //! that only this thread and the delegate's pool are alive (see the kernels'
@@ -26,6 +28,7 @@ use rustconv_backend::executor::{ArgTensor, CallArgs};
 use rustconv_backend::graph::{DType, GraphDesc};
 use rustconv_backend::profiling::{Clock, EventSink};
 use rustconv_backend::Delegate;
+use rustconv_kernels::fused::programs_compiled;
 
 /// Counts the events and their bytes, as a host's event tracer would keep
 /// them (in memory it owns).
@@ -114,9 +117,11 @@ fn run_block(name: &str, one_token: bool) {
     let mut delegate = Delegate::default();
     // SAFETY: `blob` outlives `delegate` (dropped at the end of this
     // function, before `blob`) and is not modified.
+    let compiled = programs_compiled();
     delegate
         .init(unsafe { BlobBytes::new(blob.as_ptr(), blob.len()) })
         .unwrap();
+    let compiled_at_init = programs_compiled() - compiled;
 
     // Warm-up: the pool's threads start and every thread-local is set.
     let mut sink = CountingSink::default();
@@ -145,6 +150,11 @@ fn run_block(name: &str, one_token: bool) {
         sink.events >= 28 && sink.events.is_multiple_of(28) && sink.metadata_bytes > 0,
         "{name}: {} events",
         sink.events
+    );
+    assert_eq!(
+        programs_compiled() - compiled,
+        compiled_at_init,
+        "{name} (one token: {one_token}): execute compiled programs"
     );
     let outputs = &args.data[graph.inputs.len()..];
     assert!(
@@ -176,5 +186,12 @@ fn main() {
     for name in ["stream_lfm2_example_core", "stream_ssm"] {
         run_block(name, true);
     }
-    println!("no_alloc: the delegate's execute made no heap allocation (fused blocks included)");
+    assert!(
+        programs_compiled() > 0,
+        "no block's init compiled a program"
+    );
+    println!(
+        "no_alloc: the delegate's execute made no heap allocation and compiled no program \
+         (fused blocks included)"
+    );
 }

@@ -69,16 +69,31 @@ fn activation(op: UnaryOp) -> bool {
     )
 }
 
-impl<'a> Chain<'a> {
-    /// The recipe for a program whose root is such a chain (views anywhere
-    /// along it, commuted sums and products), its leaves resolved for
-    /// `env`'s current shapes; None for any other program, and for a chain
-    /// of no step (a view or an activation alone gains nothing).
-    pub(super) fn find(program: &Program, env: &'a dyn Env) -> Option<Self> {
+/// The form of a [`Chain`] in a program: its steps' ops and leaves' nodes
+/// with the views above each, matched on structure once, when the program
+/// is built.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct ChainForm {
+    /// The stored tensor it starts at; `None`: the anchor's chunk.
+    x: Option<usize>,
+    /// The view nodes from the root down to `x`, outermost first: every
+    /// leaf is read through those above it.
+    views: [usize; MAX_VIEWS],
+    n_views: usize,
+    /// From the root down: each step's op, operand and how many of
+    /// `views` are above it.
+    found: [(BinaryOp, usize, usize); MAX_STEPS],
+    len: usize,
+    act: Option<UnaryOp>,
+}
+
+impl ChainForm {
+    /// The form of a program whose root is such a chain (views anywhere
+    /// along it, commuted sums and products); None for any other program,
+    /// and for a chain of no step (a view or an activation alone gains
+    /// nothing).
+    pub(super) fn find(program: &Program) -> Option<Self> {
         let nodes = program.nodes();
-        // The view nodes passed so far, outermost first: every leaf is
-        // read through them, from the root's coordinates. Fixed arrays:
-        // kernels find their recipes in `execute`, which allocates nothing.
         let mut views = [0usize; MAX_VIEWS];
         let mut n_views = 0;
         let through_views = |views: &mut [usize; MAX_VIEWS], n: &mut usize, mut i: usize| {
@@ -98,7 +113,6 @@ impl<'a> Chain<'a> {
             _ => None,
         };
         i = through_views(&mut views, &mut n_views, i)?;
-        // Found from the root down, each step with the views above it.
         let mut found = [(BinaryOp::Add, 0usize, 0usize); MAX_STEPS];
         let mut len = 0;
         let x = loop {
@@ -122,29 +136,63 @@ impl<'a> Chain<'a> {
                 _ => return None,
             }
         };
-        if len == 0 {
+        // The anchor's chunk is in the root's coordinates.
+        if len == 0 || (x.is_none() && n_views > 0) {
             return None;
         }
-        let x = match x {
-            Some(leaf) => Start::Stored(program.leaf_map_through(&views[..n_views], leaf, env)?),
-            // The anchor's chunk is in the root's coordinates.
-            None if n_views == 0 => Start::Anchor,
-            None => return None,
+        Some(ChainForm {
+            x,
+            views,
+            n_views,
+            found,
+            len,
+            act,
+        })
+    }
+
+    /// Whether the chain starts at the anchor's chunk (an epilogue's).
+    pub(super) fn reads_anchor(&self) -> bool {
+        self.x.is_none()
+    }
+
+    /// The recipe, its leaves resolved for `env`'s current shapes.
+    pub(super) fn bind<'a>(&self, program: &Program, env: &'a dyn Env) -> Option<Chain<'a>> {
+        let x = match self.x {
+            Some(leaf) => {
+                Start::Stored(program.leaf_map_through(&self.views[..self.n_views], leaf, env)?)
+            }
+            None => Start::Anchor,
         };
         let mut chain = Chain {
             x,
             steps: [(BinaryOp::Add, LeafMap::Const(0.0)); MAX_STEPS],
-            len,
-            act,
+            len: self.len,
+            act: self.act,
         };
         // Applied from the start up.
-        for (slot, &(op, leaf, above)) in chain.steps.iter_mut().zip(found[..len].iter().rev()) {
-            *slot = (op, program.leaf_map_through(&views[..above], leaf, env)?);
+        for (slot, &(op, leaf, above)) in chain
+            .steps
+            .iter_mut()
+            .zip(self.found[..self.len].iter().rev())
+        {
+            *slot = (
+                op,
+                program.leaf_map_through(&self.views[..above], leaf, env)?,
+            );
         }
         Some(chain)
     }
+}
+
+impl<'a> Chain<'a> {
+    /// Matched and bound at once, as the tests ask.
+    #[cfg(test)]
+    pub(super) fn find(program: &Program, env: &'a dyn Env) -> Option<Self> {
+        ChainForm::find(program)?.bind(program, env)
+    }
 
     /// Whether the chain starts at the anchor's chunk (an epilogue's).
+    #[cfg(test)]
     pub(super) fn reads_anchor(&self) -> bool {
         self.x == Start::Anchor
     }

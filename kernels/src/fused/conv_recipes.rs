@@ -38,17 +38,35 @@ pub(super) struct Product<'a> {
     b: LeafMap<'a>,
 }
 
-impl<'a> Product<'a> {
-    /// The recipe for a program whose root is a product of two leaves.
-    pub(super) fn find(program: &Program, env: &'a dyn Env) -> Option<Self> {
+/// The form of [`Product`] in a program: its leaves' nodes, matched on
+/// structure once, when the program is built.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct ProductForm {
+    a: usize,
+    b: usize,
+}
+
+impl ProductForm {
+    /// The form of a program whose root is a product of two leaves.
+    pub(super) fn find(program: &Program) -> Option<Self> {
         let (a, b) = product(program, program.root())?;
-        if !program.is_leaf(a) || !program.is_leaf(b) {
-            return None;
-        }
+        (program.is_leaf(a) && program.is_leaf(b)).then_some(ProductForm { a, b })
+    }
+
+    /// The recipe, its leaves resolved for `env`'s current shapes.
+    pub(super) fn bind<'a>(&self, program: &Program, env: &'a dyn Env) -> Option<Product<'a>> {
         Some(Product {
-            a: program.leaf_map(a, env)?,
-            b: program.leaf_map(b, env)?,
+            a: program.leaf_map(self.a, env)?,
+            b: program.leaf_map(self.b, env)?,
         })
+    }
+}
+
+impl<'a> Product<'a> {
+    /// Matched and bound at once, as the tests ask.
+    #[cfg(test)]
+    pub(super) fn find(program: &Program, env: &'a dyn Env) -> Option<Self> {
+        ProductForm::find(program)?.bind(program, env)
     }
 
     /// Writes the product along `line` into `out` and returns true, or
@@ -97,10 +115,49 @@ pub(super) struct SkipGate<'a> {
     gelu: bool,
 }
 
-impl<'a> SkipGate<'a> {
-    /// The recipe for an epilogue of this form, its leaves resolved for
-    /// `env`'s current shapes.
-    pub(super) fn find(program: &Program, env: &'a dyn Env) -> Option<Self> {
+/// The skip's `u` in a [`SkipGateForm`]: a leaf, or the product of two.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum SkipForm {
+    Stored(usize),
+    Product(usize, usize),
+}
+
+impl SkipForm {
+    fn find(program: &Program, u: usize) -> Option<Self> {
+        if program.is_leaf(u) {
+            return Some(SkipForm::Stored(u));
+        }
+        let (v, x) = product(program, u)?;
+        (program.is_leaf(v) && program.is_leaf(x)).then_some(SkipForm::Product(v, x))
+    }
+
+    fn bind<'a>(&self, program: &Program, env: &'a dyn Env) -> Option<Skip<'a>> {
+        Some(match *self {
+            SkipForm::Stored(u) => Skip::Stored(program.leaf_map(u, env)?),
+            SkipForm::Product(v, x) => {
+                Skip::Product(program.leaf_map(v, env)?, program.leaf_map(x, env)?)
+            }
+        })
+    }
+}
+
+/// The form of [`SkipGate`] in a program (see [`ProductForm`]). Which
+/// factor of the skip is `d` depends on shapes (the one that is one value
+/// along time), so the form keeps both readings and [`Self::bind`] picks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct SkipGateForm {
+    /// The skip's factors `[p, q]` that are leaves (`d` is one).
+    factors: [Option<usize>; 2],
+    /// Per factor taken as `d`, the other as `u` (`None`: not of `u`'s
+    /// form).
+    skips: [Option<SkipForm>; 2],
+    g: usize,
+    gelu: bool,
+}
+
+impl SkipGateForm {
+    /// The form of an epilogue `act((y + d * u) * g)`.
+    pub(super) fn find(program: &Program) -> Option<Self> {
         let nodes = program.nodes();
         let (body, gelu) = match nodes.get(program.root())?.expr {
             Expr::Unary {
@@ -114,38 +171,48 @@ impl<'a> SkipGate<'a> {
         let (a, b) = binary(program, sum, BinaryOp::Add)?;
         let skip = beside_anchor(program, a, b)?;
         let (p, q) = product(program, skip)?;
-        // `d` is the factor one value along time (a `[C, 1]` parameter).
-        let time = env
-            .shape(nodes[program.root()].value)
-            .rank()
-            .checked_sub(1)?;
-        let per_row = |i: usize| {
-            program.is_leaf(i)
-                && match program.leaf_map(i, env) {
-                    Some(LeafMap::Const(_)) => true,
-                    Some(LeafMap::Stored { coef, .. }) => coef[time] == 0,
-                    None => false,
-                }
-        };
-        let (d, u) = if per_row(p) { (p, q) } else { (q, p) };
-        if !program.is_leaf(g) || !per_row(d) {
-            return None;
-        }
-        let u = if program.is_leaf(u) {
-            Skip::Stored(program.leaf_map(u, env)?)
-        } else {
-            let (v, x) = product(program, u)?;
-            if !program.is_leaf(v) || !program.is_leaf(x) {
-                return None;
-            }
-            Skip::Product(program.leaf_map(v, env)?, program.leaf_map(x, env)?)
-        };
-        Some(SkipGate {
-            d: program.leaf_map(d, env)?,
-            u,
-            g: program.leaf_map(g, env)?,
+        program.is_leaf(g).then(|| SkipGateForm {
+            factors: [p, q].map(|i| program.is_leaf(i).then_some(i)),
+            skips: [SkipForm::find(program, q), SkipForm::find(program, p)],
+            g,
             gelu,
         })
+    }
+
+    /// The recipe, its leaves resolved for `env`'s current shapes; `None`
+    /// where no factor of the skip is one value along time with the other
+    /// of `u`'s form.
+    pub(super) fn bind<'a>(&self, program: &Program, env: &'a dyn Env) -> Option<SkipGate<'a>> {
+        // `d` is the factor one value along time (a `[C, 1]` parameter).
+        let time = env
+            .shape(program.nodes()[program.root()].value)
+            .rank()
+            .checked_sub(1)?;
+        let per_row = |i: Option<usize>| {
+            let map = program.leaf_map(i?, env)?;
+            match map {
+                LeafMap::Const(_) => Some(map),
+                LeafMap::Stored { coef, .. } => (coef[time] == 0).then_some(map),
+            }
+        };
+        let (which, d) = match per_row(self.factors[0]) {
+            Some(d) => (0, d),
+            None => (1, per_row(self.factors[1])?),
+        };
+        Some(SkipGate {
+            d,
+            u: self.skips[which]?.bind(program, env)?,
+            g: program.leaf_map(self.g, env)?,
+            gelu: self.gelu,
+        })
+    }
+}
+
+impl<'a> SkipGate<'a> {
+    /// Matched and bound at once, as the tests ask.
+    #[cfg(test)]
+    pub(super) fn find(program: &Program, env: &'a dyn Env) -> Option<Self> {
+        SkipGateForm::find(program)?.bind(program, env)
     }
 
     /// Writes the finished `y` (the anchor's values along `line`) into

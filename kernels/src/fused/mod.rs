@@ -13,6 +13,7 @@
 //!   kernel's loops read them.
 
 mod chain_recipes;
+mod compiled;
 mod conv_recipes;
 mod math;
 mod ops;
@@ -23,6 +24,7 @@ mod rows;
 mod shape;
 mod strided;
 
+pub use compiled::{programs_compiled, CompiledProgram};
 pub(crate) use ops::{prefetch, STREAM_OUTPUT_BYTES};
 pub use ops::{BinaryOp, UnaryOp};
 pub use program::{resolve_start, Env, Expr, Line, Node, Program, MAX_SHARED};

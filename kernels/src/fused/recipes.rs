@@ -21,10 +21,12 @@
 //! the same functions (`math.rs`, same instruction-set variant): its
 //! results are the interpreter's, bit for bit (NaN aside, whose sign may
 //! differ; the tests check this), so taking it is never a numerical
-//! decision. It is matched once per program, on structure alone; per
-//! line it runs only when its stored operands are read contiguously and
-//! its per-row factor is one value along the line (a `[C, 1]` parameter
-//! along time). Any other line, or any other program, is interpreted.
+//! decision. Its form is matched once per program, on structure alone,
+//! when the plan compiles it (`compiled.rs`); a kernel call binds the
+//! form's leaves to its tensors; per line it runs only when its stored
+//! operands are read contiguously and its per-row factor is one value
+//! along the line (a `[C, 1]` parameter along time). Any other line, or
+//! any other program, is interpreted.
 
 // The instruction-set variants are `unsafe fn`s with target features,
 // called only after detecting those features.
@@ -73,12 +75,22 @@ pub(super) struct Discretise<'a> {
     x: LeafMap<'a>,
 }
 
-impl<'a> Discretise<'a> {
-    /// The recipe for a program whose two roots are `[a, u]` of this form
-    /// (factors in either order, negations anywhere in `a`'s product),
-    /// its leaves resolved for `env`'s current shapes (once per call: a
-    /// line then costs a few multiply-adds to locate).
-    pub(super) fn find(program: &Program, roots: &[usize], env: &'a dyn Env) -> Option<Self> {
+/// The form of [`Discretise`] in a program: its leaves' nodes, matched on
+/// structure alone, once, when the program is built.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct DiscretiseForm {
+    p: usize,
+    softplus: bool,
+    k: usize,
+    negate: bool,
+    x: usize,
+}
+
+impl DiscretiseForm {
+    /// The form of a program whose two roots are `[a, u]` as [`Discretise`]
+    /// computes them (factors in either order, negations anywhere in `a`'s
+    /// product).
+    pub(super) fn find(program: &Program, roots: &[usize]) -> Option<Self> {
         let nodes = program.nodes();
         let &[ra, ru] = roots else { return None };
         let Expr::Unary {
@@ -122,13 +134,33 @@ impl<'a> Discretise<'a> {
             _ if program.is_leaf(dt) => (dt, false),
             _ => return None,
         };
-        Some(Discretise {
-            p: program.leaf_map(p, env)?,
+        Some(DiscretiseForm {
+            p,
             softplus,
-            k: program.leaf_map(k, env)?,
+            k,
             negate,
-            x: program.leaf_map(x, env)?,
+            x,
         })
+    }
+
+    /// The recipe, its leaves resolved for `env`'s current shapes (once
+    /// per call: a line then costs a few multiply-adds to locate).
+    pub(super) fn bind<'a>(&self, program: &Program, env: &'a dyn Env) -> Option<Discretise<'a>> {
+        Some(Discretise {
+            p: program.leaf_map(self.p, env)?,
+            softplus: self.softplus,
+            k: program.leaf_map(self.k, env)?,
+            negate: self.negate,
+            x: program.leaf_map(self.x, env)?,
+        })
+    }
+}
+
+impl<'a> Discretise<'a> {
+    /// Matched and bound at once, as the tests ask.
+    #[cfg(test)]
+    pub(super) fn find(program: &Program, roots: &[usize], env: &'a dyn Env) -> Option<Self> {
+        DiscretiseForm::find(program, roots)?.bind(program, env)
     }
 
     /// Writes both operands along `line` into `a` and `u` (equally long)
@@ -167,10 +199,17 @@ pub(super) struct Gate<'a> {
     silu: bool,
 }
 
-impl<'a> Gate<'a> {
-    /// The recipe for an epilogue whose root has this form (factors in
-    /// either order), its leaf resolved for `env`'s current shapes.
-    pub(super) fn find(program: &Program, env: &'a dyn Env) -> Option<Self> {
+/// The form of [`Gate`] in a program (see [`DiscretiseForm`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct GateForm {
+    z: usize,
+    silu: bool,
+}
+
+impl GateForm {
+    /// The form of an epilogue whose root is the gate (factors in either
+    /// order).
+    pub(super) fn find(program: &Program) -> Option<Self> {
         let nodes = program.nodes();
         let (a, b) = binary(program, program.root(), BinaryOp::Mul)?;
         let g = beside_anchor(program, a, b)?;
@@ -182,10 +221,23 @@ impl<'a> Gate<'a> {
             _ if program.is_leaf(g) => (g, false),
             _ => return None,
         };
+        Some(GateForm { z, silu })
+    }
+
+    /// The recipe, its leaf resolved for `env`'s current shapes.
+    pub(super) fn bind<'a>(&self, program: &Program, env: &'a dyn Env) -> Option<Gate<'a>> {
         Some(Gate {
-            z: program.leaf_map(z, env)?,
-            silu,
+            z: program.leaf_map(self.z, env)?,
+            silu: self.silu,
         })
+    }
+}
+
+impl<'a> Gate<'a> {
+    /// Matched and bound at once, as the tests ask.
+    #[cfg(test)]
+    pub(super) fn find(program: &Program, env: &'a dyn Env) -> Option<Self> {
+        GateForm::find(program)?.bind(program, env)
     }
 
     /// Writes the gated `y` (the anchor's values along `line`) into `out`

@@ -12,11 +12,9 @@
 
 use std::marker::PhantomData;
 
-use super::chain_recipes::Chain;
-use super::conv_recipes::{Product, SkipGate};
+use super::compiled::{CompiledProgram, EpilogueRecipe, Gather, Prologue};
 use super::ops::{copy, copy_streaming};
-use super::program::{Env, Expr, LeafMap, Line, Program};
-use super::recipes::{Discretise, Gate};
+use super::program::{Env, Line, Program};
 use super::shape::{Shape, MAX_RANK};
 use super::strided;
 
@@ -224,25 +222,15 @@ pub struct ProgramRows<'a> {
     scalar_rows: bool,
     /// Blocks of rows are read across them (see [`prefers_across`]).
     across: bool,
-    /// The one-pass loop for a pair of this form (`recipes.rs`).
-    discretise: Option<Discretise<'a>>,
-    /// The one-pass loop for a product of two stored operands
-    /// (`conv_recipes.rs`).
-    product: Option<Product<'a>>,
-    /// The one-pass loop for a chain of adds and products of a stored
-    /// tensor, then an activation (a normalisation applied;
-    /// `chain_recipes.rs`).
-    chain: Option<Chain<'a>>,
-    /// A program that only views a stored tensor (a permute of a `[B, N,
-    /// C]` projection into a conv's `[B, C, N]`): where it stores the
-    /// element at root coordinates `c`, `data[offset + sum(c[d] * coef[d])]`,
-    /// so that blocks of rows are copied, not interpreted line by line.
-    gather: Option<(&'a [f32], usize, [usize; MAX_RANK])>,
+    /// The program's prologue recipes, bound for this call.
+    recipes: Prologue<'a>,
 }
 
 impl<'a> ProgramRows<'a> {
     /// Rows along the root's last dimension.
-    pub fn new(program: &'a Program, env: &'a dyn Env) -> Self {
+    pub fn new(program: &'a CompiledProgram, env: &'a dyn Env) -> Self {
+        let recipes = program.recipes().prologue(program, env);
+        let program = program.program();
         let shape = env.shape(program.nodes()[program.root()].value);
         let rank = shape.rank();
         let across = rank >= 2 && {
@@ -256,18 +244,12 @@ impl<'a> ProgramRows<'a> {
             shape,
             scalar_rows: false,
             across,
-            discretise: Discretise::find(program, program.named_roots(), env),
-            product: Product::find(program, env),
-            chain: Chain::find(program, env).filter(|c| !c.reads_anchor()),
-            gather: match program.leaf_map(program.root(), env) {
-                Some(LeafMap::Stored { data, offset, coef }) => Some((data, offset, coef)),
-                _ => None,
-            },
+            recipes,
         }
     }
 
     /// One element per row: every dimension of the root enumerates rows.
-    pub fn scalar_rows(program: &'a Program, env: &'a dyn Env) -> Self {
+    pub fn scalar_rows(program: &'a CompiledProgram, env: &'a dyn Env) -> Self {
         ProgramRows {
             scalar_rows: true,
             across: false,
@@ -331,7 +313,7 @@ impl PairSource for ProgramRows<'_> {
         tmp: &mut [f32],
     ) {
         let line = self.row_line(row, t0);
-        if let Some(recipe) = &self.discretise {
+        if let Some(recipe) = &self.recipes.discretise {
             if recipe.run(&line, first, second) {
                 return;
             }
@@ -375,12 +357,12 @@ impl ProgramRows<'_> {
     /// The program along `line` into `out`: by its recipe where one fits
     /// the line, else interpreted.
     fn eval_line(&self, line: &Line, out: &mut [f32], tmp: &mut [f32]) {
-        if let Some(recipe) = &self.product {
+        if let Some(recipe) = &self.recipes.product {
             if recipe.run(line, out) {
                 return;
             }
         }
-        if let Some(recipe) = &self.chain {
+        if let Some(recipe) = &self.recipes.chain {
             if recipe.run(line, &[], out) {
                 return;
             }
@@ -475,7 +457,7 @@ impl RowSource for ProgramRows<'_> {
         }
         let rank = self.shape.rank();
         let mut base = unravel(row0, &self.shape, rank - 1);
-        if let Some((data, offset, coef)) = self.gather {
+        if let Some(Gather { data, offset, coef }) = self.recipes.gather {
             // A transposing copy: per time step, the rows' elements (close
             // together in the stored tensor) into their rows.
             base[rank - 1] = t0;
@@ -687,43 +669,6 @@ pub struct EpilogueSink<'a> {
     identity: bool,
 }
 
-/// The epilogues the recipes compute in one pass: a scan's gate
-/// (`recipes.rs`), a gated convolution's (`conv_recipes.rs`) and a chain
-/// of adds and products then an activation (`chain_recipes.rs`).
-// The chain is twice the others' size, but a sink is built on the stack
-// once per kernel call: boxing it would allocate in `execute`.
-#[allow(clippy::large_enum_variant)]
-enum EpilogueRecipe<'a> {
-    Gate(Gate<'a>),
-    SkipGate(SkipGate<'a>),
-    Chain(Chain<'a>),
-}
-
-impl<'a> EpilogueRecipe<'a> {
-    /// The recipe whose form `program` has, if one does.
-    fn find(program: &Program, env: &'a dyn Env) -> Option<Self> {
-        Gate::find(program, env)
-            .map(Self::Gate)
-            .or_else(|| SkipGate::find(program, env).map(Self::SkipGate))
-            .or_else(|| {
-                Chain::find(program, env)
-                    .filter(Chain::reads_anchor)
-                    .map(Self::Chain)
-            })
-    }
-
-    /// Writes the finished anchor values along `line` into `out` and
-    /// returns true, or returns false, writing nothing, where the line's
-    /// reads do not fit the recipe.
-    fn run(&self, line: &Line, values: &[f32], out: &mut [f32]) -> bool {
-        match self {
-            Self::Gate(r) => r.run(line, values, out),
-            Self::SkipGate(r) => r.run(line, values, out),
-            Self::Chain(r) => r.run(line, values, out),
-        }
-    }
-}
-
 // Results at least this large (bytes) an epilogue recipe stores with
 // non-temporal stores (a fifth of the SSM block's traffic saved): the
 // threshold the scan measured, defined once beside the non-temporal copy.
@@ -732,24 +677,25 @@ use super::ops::STREAM_OUTPUT_BYTES;
 impl<'a> EpilogueSink<'a> {
     #[allow(missing_docs)]
     pub fn new(
-        program: &'a Program,
+        program: &'a CompiledProgram,
         env: &'a dyn Env,
         anchor_shape: Shape,
         views: &'a [StoreView],
         out: &'a mut [f32],
         out_shape: Shape,
     ) -> Self {
+        let recipes = program.recipes();
         let mut sink = EpilogueSink {
-            program,
+            program: program.program(),
             env,
             anchor_shape,
             views,
             out: SharedOut::new(out),
             out_shape,
             across: false,
-            recipe: EpilogueRecipe::find(program, env),
+            recipe: recipes.epilogue(program, env),
             stream: false,
-            identity: program.nodes()[program.root()].expr == Expr::Anchor,
+            identity: recipes.identity(),
         };
         sink.stream = std::mem::size_of::<f32>() * sink.out.len >= STREAM_OUTPUT_BYTES;
         let rank = anchor_shape.rank();

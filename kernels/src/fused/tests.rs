@@ -342,6 +342,7 @@ fn fused_depthwise_matches_the_plain_kernel() {
             rank: 3,
         }];
         let views: &[StoreView] = if transposed_out { &views } else { &[] };
+        let (pro, epi) = (pro.compile(), epi.compile());
         let source = ProgramRows::new(&pro, &env);
         let sink = EpilogueSink::new(
             &epi,
@@ -488,6 +489,7 @@ fn check_fused_scan(b: usize, c: usize, n: usize) {
         .collect();
 
     let mut got = vec![0.0; want.len()];
+    let [pa, pu, px0, epi] = [pa, pu, px0, epi].map(Program::compile);
     let (sa, su, sx0) = (
         ProgramRows::new(&pa, &env),
         ProgramRows::new(&pu, &env),
@@ -578,6 +580,7 @@ fn check_fused_scan(b: usize, c: usize, n: usize) {
         &mut paired,
         Shape::new(&[b, c, n]),
     );
+    let pj = pj.compile();
     let joint = ProgramRows::new(&pj, &env);
     let temps = pj.temporaries().max(sink.temporaries());
     let scratch = Scratch::new(2, scan_rows_scratch(temps));
@@ -1051,6 +1054,7 @@ fn fft_conv_runs_prologues_and_epilogues_in_its_block_loops() {
             *w_ = v[0];
         }
         let shape = Shape::new(&[batch, ch, n]);
+        let (pro, epi) = (pro.compile(), epi.compile());
         let source = ProgramRows::new(&pro, &env);
         let xt = source.temporaries();
         // Epilogue only, prologue only, both.
@@ -1116,6 +1120,7 @@ fn columns_of_short_rows_read_and_materialise_every_element() {
             }
             let mut out = vec![f32::NAN; c * s];
             let scratch = Scratch::new(1, line_scratch(p.temporaries()));
+            let p = p.compile();
             materialise(&ProgramRows::new(&p, &env), &mut out, s, &scratch);
             assert_eq!(out, env.data[x], "materialise s={s} c={c}");
         }
@@ -1153,6 +1158,7 @@ fn transposed_programs_materialise_across_their_rows() {
             },
             t,
         );
+        let p = p.compile();
         let rows = ProgramRows::new(&p, &env);
         assert_eq!(rows.prefers_columns(), c > 1, "b={b} c={c} n={n}");
         let want = eval_all(&p, &env);
@@ -1349,7 +1355,8 @@ fn discretise_recipe_matches_the_interpreter_bit_for_bit() {
 fn assert_sink_is_the_interpreter(program: &Program, env: &TestEnv, y: &[f32], c: usize, n: usize) {
     let mut out = vec![0.0; c * n];
     let shape = Shape::new(&[1, c, n]);
-    let sink = EpilogueSink::new(program, env, shape, &[], &mut out, shape);
+    let program = program.clone().compile();
+    let sink = EpilogueSink::new(&program, env, shape, &[], &mut out, shape);
     let mut tmp = vec![0.0; 64 * sink.temporaries()];
     for r in 0..c {
         for t0 in (0..n).step_by(64) {
@@ -1482,6 +1489,7 @@ fn a_large_gated_result_is_streamed_with_the_same_values() {
         full,
     );
     let mut out = vec![0.0; c * n];
+    let g = g.compile();
     let sink = EpilogueSink::new(
         &g,
         &env,
@@ -1565,6 +1573,7 @@ fn gated_conv_recipes_match_the_interpreter_bit_for_bit() {
         let lx = load_x(&mut p, transposed);
         mul(&mut p, lx, lv);
         let recipe = Product::find(&p, &env).expect("a product of two leaves");
+        let compiled = p.clone().compile();
         let mut tmp = vec![0.0; n * p.temporaries()];
         for r in 0..c {
             for (t0, len) in lines {
@@ -1574,7 +1583,7 @@ fn gated_conv_recipes_match_the_interpreter_bit_for_bit() {
                 let mut got = vec![7.0; len];
                 assert_eq!(recipe.run(&line, &mut got), !transposed);
                 let mut filled = vec![7.0; len];
-                ProgramRows::new(&p, &env).fill(r, t0, &mut filled, &mut tmp);
+                ProgramRows::new(&compiled, &env).fill(r, t0, &mut filled, &mut tmp);
                 assert_eq!(bits(&want), bits(&filled));
                 if !transposed {
                     assert_eq!(bits(&want), bits(&got));
@@ -1718,6 +1727,7 @@ fn short_lines_fill_across_their_rows_bit_for_bit() {
             },
             t,
         );
+        let p = p.compile();
         let rows = ProgramRows::new(&p, &env);
         let mut tmp = vec![f32::NAN; block_tmp(p.temporaries(), n)];
         for (row0, m) in [
@@ -1777,6 +1787,7 @@ fn short_rows_store_across_their_rows_bit_for_bit() {
         let values = rng.vec(b * c * n, -3.0, 3.0);
         let shape = Shape::new(&[b, c, n]);
         let mut tmp = vec![f32::NAN; block_tmp(p.temporaries() + 1, n)];
+        let p = p.compile();
         for (row0, m) in [(0, c.min(ROW_BLOCK)), (1, c - 1), (c - 1, 2)] {
             let m = m.min(b * c - row0).min(ROW_BLOCK);
             let block = &values[row0 * n..][..m * n];

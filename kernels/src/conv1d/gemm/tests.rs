@@ -850,7 +850,7 @@ fn strided_shapes_match_reference_on_every_backend() {
 /// the identity program through a transposing view, which stores across
 /// rows ([`crate::fused::RowSink::prefers_columns`]).
 fn transposed_sink<'a>(
-    program: &'a crate::fused::Program,
+    program: &'a crate::fused::CompiledProgram,
     env: &'a dyn crate::fused::Env,
     views: &'a [crate::fused::StoreView],
     p: &Conv1dParams,
@@ -889,6 +889,7 @@ fn fused_epilogues_get_the_stored_result() {
     let mut rng = Rng::new(17);
     let mut identity = Program::default();
     identity.push(Expr::Anchor, 0);
+    let identity = identity.compile();
     let views = [StoreView {
         map: [Some(0), Some(2), Some(1), None],
         rank: 3,
@@ -1099,6 +1100,7 @@ fn fused_prologues_get_the_materialised_input() {
         let bias = rng.vec(p.bias_elems(), -1.0, 1.0);
         let conv = prepare(&p, &w);
         assert!(conv.fuses_input());
+        let (transposed, product) = (transposed.compile(), product.compile());
         for program in [&transposed, &product] {
             let source = ProgramRows::new(program, &env);
             let across = std::ptr::eq(program, &transposed) && c > 1;

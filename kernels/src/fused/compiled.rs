@@ -1,0 +1,208 @@
+//! A [`Program`] compiled once, when the plan is built: the program and
+//! the recipes (`recipes.rs`, `conv_recipes.rs`, `chain_recipes.rs`) whose
+//! form it has, found by the one registry below.
+//!
+//! A recipe is matched on the program's structure alone, so the match is
+//! made here, once; what depends on the call (its tensors, its lengths) is
+//! bound when a kernel call reads the program as rows or stores through it
+//! as an epilogue ([`Recipes::prologue`], [`Recipes::epilogue`]): a leaf's
+//! data and the coefficients of its offsets, a few multiply-adds a leaf.
+//! `execute` matches nothing ([`programs_compiled`] counts the matches, and
+//! the delegate's `no_alloc` test checks that calls make none).
+
+use std::ops::Deref;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::chain_recipes::{Chain, ChainForm};
+use super::conv_recipes::{Product, ProductForm, SkipGate, SkipGateForm};
+use super::program::{Env, Expr, LeafMap, Line, Program};
+use super::recipes::{Discretise, DiscretiseForm, Gate, GateForm};
+
+/// How many programs were compiled (their recipes matched) in this process.
+static COMPILED: AtomicUsize = AtomicUsize::new(0);
+
+/// How many programs this process has compiled, each matched against every
+/// recipe once: a call that compiles none matched nothing.
+pub fn programs_compiled() -> usize {
+    COMPILED.load(Ordering::Relaxed)
+}
+
+/// A program with the recipes it takes, matched once.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompiledProgram {
+    program: Program,
+    /// Boxed: the forms hold fixed arrays (a chain's steps and views), and
+    /// a plan's steps hold several programs.
+    recipes: Box<Recipes>,
+}
+
+impl Program {
+    /// Matches the recipes against this program, once: done building it.
+    pub fn compile(self) -> CompiledProgram {
+        COMPILED.fetch_add(1, Ordering::Relaxed);
+        CompiledProgram {
+            recipes: Box::new(Recipes::find(&self)),
+            program: self,
+        }
+    }
+}
+
+impl CompiledProgram {
+    /// The program as built.
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+
+    pub(super) fn recipes(&self) -> &Recipes {
+        &self.recipes
+    }
+}
+
+/// Reading a compiled program is reading its program.
+impl Deref for CompiledProgram {
+    type Target = Program;
+
+    fn deref(&self) -> &Program {
+        &self.program
+    }
+}
+
+/// The registry: every recipe's form in a program, in the order they are
+/// tried. A new recipe is one field here, its form's `find` in
+/// [`Recipes::find`] and its `bind` in [`Recipes::prologue`] or
+/// [`Recipes::epilogue`].
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) struct Recipes {
+    /// A scan's discretisation: two roots `[a, u]` (`recipes.rs`).
+    discretise: Option<DiscretiseForm>,
+    /// A product of two stored operands (`conv_recipes.rs`).
+    product: Option<ProductForm>,
+    /// A scan's gate, an epilogue (`recipes.rs`).
+    gate: Option<GateForm>,
+    /// A gated convolution's epilogue (`conv_recipes.rs`).
+    skip_gate: Option<SkipGateForm>,
+    /// A chain of adds and products then an activation, from a stored
+    /// tensor (a prologue) or from the anchor (an epilogue)
+    /// (`chain_recipes.rs`).
+    chain: Option<ChainForm>,
+    /// The root only views a stored tensor or a constant (see [`Gather`]).
+    gather: bool,
+    /// The root is the anchor's values as they are (only the store views
+    /// of an epilogue act).
+    identity: bool,
+}
+
+impl Recipes {
+    fn find(program: &Program) -> Self {
+        if program.nodes().is_empty() {
+            return Recipes::default();
+        }
+        let root = program.root();
+        Recipes {
+            discretise: DiscretiseForm::find(program, program.named_roots()),
+            product: ProductForm::find(program),
+            gate: GateForm::find(program),
+            skip_gate: SkipGateForm::find(program),
+            chain: ChainForm::find(program),
+            gather: program.is_leaf(root),
+            identity: program.nodes()[root].expr == Expr::Anchor,
+        }
+    }
+
+    /// The prologue recipes bound for `env`'s tensors and shapes.
+    pub(super) fn prologue<'a>(&self, program: &Program, env: &'a dyn Env) -> Prologue<'a> {
+        Prologue {
+            discretise: self.discretise.and_then(|f| f.bind(program, env)),
+            product: self.product.and_then(|f| f.bind(program, env)),
+            chain: self
+                .chain
+                .filter(|f| !f.reads_anchor())
+                .and_then(|f| f.bind(program, env)),
+            gather: match self.gather.then(|| program.leaf_map(program.root(), env)) {
+                Some(Some(LeafMap::Stored { data, offset, coef })) => {
+                    Some(Gather { data, offset, coef })
+                }
+                _ => None,
+            },
+        }
+    }
+
+    /// The epilogue recipe bound for `env`'s tensors and shapes: the first
+    /// whose form the program has and whose reads this call's shapes fit.
+    pub(super) fn epilogue<'a>(
+        &self,
+        program: &Program,
+        env: &'a dyn Env,
+    ) -> Option<EpilogueRecipe<'a>> {
+        self.gate
+            .and_then(|f| f.bind(program, env))
+            .map(EpilogueRecipe::Gate)
+            .or_else(|| {
+                self.skip_gate
+                    .and_then(|f| f.bind(program, env))
+                    .map(EpilogueRecipe::SkipGate)
+            })
+            .or_else(|| {
+                self.chain
+                    .filter(ChainForm::reads_anchor)
+                    .and_then(|f| f.bind(program, env))
+                    .map(EpilogueRecipe::Chain)
+            })
+    }
+
+    /// Whether the root is the anchor's values as they are.
+    pub(super) fn identity(&self) -> bool {
+        self.identity
+    }
+}
+
+/// The prologue recipes of one call ([`Recipes::prologue`]).
+pub(super) struct Prologue<'a> {
+    /// The one-pass loop for a pair of this form (`recipes.rs`).
+    pub(super) discretise: Option<Discretise<'a>>,
+    /// The one-pass loop for a product of two stored operands
+    /// (`conv_recipes.rs`).
+    pub(super) product: Option<Product<'a>>,
+    /// The one-pass loop for a chain of adds and products of a stored
+    /// tensor, then an activation (a normalisation applied;
+    /// `chain_recipes.rs`).
+    pub(super) chain: Option<Chain<'a>>,
+    /// The root only views a stored tensor.
+    pub(super) gather: Option<Gather<'a>>,
+}
+
+/// A program that only views a stored tensor (a permute of a `[B, N, C]`
+/// projection into a conv's `[B, C, N]`): where it stores the element at
+/// root coordinates `c`, `data[offset + sum(c[d] * coef[d])]`, so that
+/// blocks of rows are copied, not interpreted line by line.
+#[derive(Clone, Copy)]
+pub(super) struct Gather<'a> {
+    pub(super) data: &'a [f32],
+    pub(super) offset: usize,
+    pub(super) coef: [usize; super::MAX_RANK],
+}
+
+/// The epilogues the recipes compute in one pass: a scan's gate
+/// (`recipes.rs`), a gated convolution's (`conv_recipes.rs`) and a chain
+/// of adds and products then an activation (`chain_recipes.rs`).
+// The chain is twice the others' size, but a sink is built on the stack
+// once per kernel call: boxing it would allocate in `execute`.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum EpilogueRecipe<'a> {
+    Gate(Gate<'a>),
+    SkipGate(SkipGate<'a>),
+    Chain(Chain<'a>),
+}
+
+impl EpilogueRecipe<'_> {
+    /// Writes the finished anchor values along `line` into `out` and
+    /// returns true, or returns false, writing nothing, where the line's
+    /// reads do not fit the recipe.
+    pub(super) fn run(&self, line: &Line, values: &[f32], out: &mut [f32]) -> bool {
+        match self {
+            Self::Gate(r) => r.run(line, values, out),
+            Self::SkipGate(r) => r.run(line, values, out),
+            Self::Chain(r) => r.run(line, values, out),
+        }
+    }
+}
