@@ -27,9 +27,10 @@ use super::math;
 #[cfg(target_arch = "x86_64")]
 use super::ops::Isa;
 use super::ops::BASELINE_FMA;
-use super::program::{Env, Expr, Leaf, LeafMap, Line, Program};
+use super::ops::{BinaryOp, UnaryOp};
+use super::program::views::{Leaf, LeafMap};
+use super::program::{Env, Expr, Line, Program};
 use super::recipes::BLOCK;
-use super::{BinaryOp, UnaryOp};
 
 /// Most steps a chain has (a LayerNorm with weight and bias has four).
 const MAX_STEPS: usize = 6;

@@ -15,7 +15,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::chain_recipes::{Chain, ChainForm};
 use super::conv_recipes::{Product, ProductForm, SkipGate, SkipGateForm};
-use super::program::{Env, Expr, LeafMap, Line, Program};
+use super::program::views::LeafMap;
+use super::program::{Env, Expr, Line, Program};
 use super::recipes::{Discretise, DiscretiseForm, Gate, GateForm};
 
 /// How many programs were compiled (their recipes matched) in this process.
@@ -179,7 +180,7 @@ pub(super) struct Prologue<'a> {
 pub(super) struct Gather<'a> {
     pub(super) data: &'a [f32],
     pub(super) offset: usize,
-    pub(super) coef: [usize; super::MAX_RANK],
+    pub(super) coef: [usize; super::shape::MAX_RANK],
 }
 
 /// The epilogues the recipes compute in one pass: a scan's gate

@@ -22,9 +22,10 @@ use super::math;
 #[cfg(target_arch = "x86_64")]
 use super::ops::Isa;
 use super::ops::{prefetch, BASELINE_FMA};
-use super::program::{Env, Expr, Leaf, LeafMap, Line, Program};
+use super::ops::{BinaryOp, UnaryOp};
+use super::program::views::{Leaf, LeafMap};
+use super::program::{Env, Expr, Line, Program};
 use super::recipes::{beside_anchor, binary, BLOCK};
-use super::{BinaryOp, UnaryOp};
 
 /// The operands of `a * b` if node `i` is that product.
 fn product(program: &Program, i: usize) -> Option<(usize, usize)> {

@@ -36,7 +36,8 @@ use super::math;
 #[cfg(target_arch = "x86_64")]
 use super::ops::Isa;
 use super::ops::{prefetch, BinaryOp, UnaryOp, BASELINE_FMA};
-use super::program::{Env, Expr, Leaf, LeafMap, Line, Program};
+use super::program::views::{Leaf, LeafMap};
+use super::program::{Env, Expr, Line, Program};
 
 /// The operands of node `i` if it is the binary `op` (in the program's
 /// order: callers try both where the op commutes).

@@ -24,7 +24,8 @@
 //! not depend on the thread count: every output's sum runs in a fixed
 //! order.
 
-use super::program::{Env, Leaf, LeafMap, Line, Program};
+use super::program::views::{Leaf, LeafMap};
+use super::program::{Env, Line, Program};
 // The fewest elements one task reduces: the fused loops' one task grain.
 use super::rows::{SharedOut, LINE_CHUNK, MIN_TASK_ELEMS};
 use super::shape::{Shape, MAX_RANK};

@@ -1,0 +1,289 @@
+//! The view algebra of a [`Program`]: lines mapped through views without
+//! reading data (how a leaf reads the root's lines, the strides a line
+//! reads).
+
+use super::{resolve_start, Env, Expr, Line, Program};
+use crate::fused::shape::MAX_RANK;
+
+impl Program {
+    /// The line a view node (broadcast, permute / squeeze, slice) reads of
+    /// its operand when asked for `line`; any other node's `line` itself.
+    pub(crate) fn view_line(&self, i: usize, env: &dyn Env, line: &Line) -> Line {
+        let node = &self.nodes[i];
+        match node.expr {
+            Expr::Broadcast { x } => {
+                let (to, from) = (env.shape(node.value), env.shape(self.nodes[x].value));
+                let lead = to.rank() - from.rank();
+                let mut child = Line::default();
+                for d in 0..from.rank() {
+                    if from[d] != 1 {
+                        child.base[d] = line.base[d + lead];
+                        child.step[d] = line.step[d + lead];
+                    }
+                }
+                child
+            }
+            Expr::Slice {
+                x,
+                dim,
+                start,
+                step,
+            } => {
+                let size = env.shape(self.nodes[x].value)[dim];
+                let mut child = *line;
+                child.base[dim] = resolve_start(start, size) + step * line.base[dim];
+                child.step[dim] = step * line.step[dim];
+                child
+            }
+            Expr::View { map, .. } => {
+                let mut child = Line::default();
+                for (d, m) in map.iter().enumerate().take(env.shape(node.value).rank()) {
+                    if let Some(m) = *m {
+                        child.base[m as usize] = line.base[d];
+                        child.step[m as usize] = line.step[d];
+                    }
+                }
+                child
+            }
+            _ => *line,
+        }
+    }
+
+    /// Whether node `i` is a *leaf*: a stored tensor or a constant, read
+    /// through views only (what [`Self::leaf_map`] resolves).
+    pub(crate) fn is_leaf(&self, mut i: usize) -> bool {
+        loop {
+            match self.nodes[i].expr {
+                Expr::Load | Expr::Const(_) => return true,
+                Expr::Broadcast { x } | Expr::View { x, .. } | Expr::Slice { x, .. } => i = x,
+                _ => return false,
+            }
+        }
+    }
+
+    /// How leaf `i` (see [`Self::is_leaf`]) reads any line of the root,
+    /// resolved once for the env's current shapes: the views between a
+    /// stored tensor and the root are affine maps of coordinates, so an
+    /// element's offset is `offset + sum(coord[d] * coef[d])` over the
+    /// root's dimensions. `None` for other nodes.
+    pub(crate) fn leaf_map<'e>(&self, i: usize, env: &'e dyn Env) -> Option<LeafMap<'e>> {
+        // Offset and stride of the line `line` of node `i`, down to a load.
+        let resolve = |line: Line| -> Option<(usize, usize, usize)> {
+            let (mut i, mut line) = (i, line);
+            loop {
+                let node = &self.nodes[i];
+                match node.expr {
+                    Expr::Load => {
+                        let shape = env.shape(node.value);
+                        let strides = shape.strides();
+                        let rank = shape.rank();
+                        let start = (0..rank).map(|d| line.base[d] * strides[d]).sum();
+                        let stride = (0..rank).map(|d| line.step[d] * strides[d]).sum();
+                        return Some((node.value, start, stride));
+                    }
+                    Expr::Broadcast { x } | Expr::View { x, .. } | Expr::Slice { x, .. } => {
+                        line = self.view_line(i, env, &line);
+                        i = x;
+                    }
+                    _ => return None,
+                }
+            }
+        };
+        if let Some(c) = self.leaf_const(i) {
+            return Some(LeafMap::Const(c));
+        }
+        let (value, offset, _) = resolve(Line::default())?;
+        let mut coef = [0; MAX_RANK];
+        for (d, c) in coef.iter_mut().enumerate() {
+            let mut unit = Line::default();
+            unit.step[d] = 1;
+            *c = resolve(unit)?.2;
+        }
+        Some(LeafMap::Stored {
+            data: env.data(value),
+            offset,
+            coef,
+        })
+    }
+
+    /// [`Self::leaf_map`] of leaf `i` for lines of another node's
+    /// coordinates, `views` the view nodes between that node and `i`'s
+    /// (outermost first): how `i` reads the lines of a node above views.
+    pub(crate) fn leaf_map_through<'e>(
+        &self,
+        views: &[usize],
+        i: usize,
+        env: &'e dyn Env,
+    ) -> Option<LeafMap<'e>> {
+        let map = self.leaf_map(i, env)?;
+        let LeafMap::Stored { data, offset, coef } = map else {
+            return Some(map);
+        };
+        let down = |line: Line| {
+            views
+                .iter()
+                .fold(line, |line, &v| self.view_line(v, env, &line))
+        };
+        let at = |line: &Line, of: fn(&Line) -> &[usize; MAX_RANK]| -> usize {
+            of(line).iter().zip(&coef).map(|(&c, &k)| c * k).sum()
+        };
+        let base = down(Line::default());
+        let mut through = [0; MAX_RANK];
+        for (d, t) in through.iter_mut().enumerate() {
+            let mut unit = Line::default();
+            unit.step[d] = 1;
+            *t = at(&down(unit), |l| &l.step);
+        }
+        Some(LeafMap::Stored {
+            data,
+            offset: offset + at(&base, |l| &l.base),
+            coef: through,
+        })
+    }
+
+    /// The constant leaf `i` is, if it is one (through views).
+    fn leaf_const(&self, mut i: usize) -> Option<f32> {
+        loop {
+            match self.nodes[i].expr {
+                Expr::Const(c) => return Some(c),
+                Expr::Broadcast { x } | Expr::View { x, .. } | Expr::Slice { x, .. } => i = x,
+                _ => return None,
+            }
+        }
+    }
+}
+
+/// How a leaf reads the root's lines ([`Program::leaf_map`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum LeafMap<'a> {
+    /// A constant.
+    Const(f32),
+    /// A stored tensor: the element at root coordinates `c` is
+    /// `data[offset + sum(c[d] * coef[d])]`.
+    Stored {
+        data: &'a [f32],
+        offset: usize,
+        coef: [usize; MAX_RANK],
+    },
+}
+
+impl<'a> LeafMap<'a> {
+    /// The `len` elements along `line` when they need no copy: one value
+    /// repeated (a constant, or a stored tensor read with stride 0, such
+    /// as a per-channel parameter along time) or a contiguous run of a
+    /// stored tensor. `None` for strided reads, which [`Program::eval`]
+    /// gathers.
+    ///
+    /// # Panics
+    /// If the line leaves its tensor (a bug of the caller's plan, as in
+    /// [`Program::eval`]).
+    #[inline]
+    pub(crate) fn read(&self, line: &Line, len: usize) -> Option<Leaf<'a>> {
+        match *self {
+            LeafMap::Const(c) => Some(Leaf::Scalar(c)),
+            LeafMap::Stored { data, offset, coef } => {
+                let mut start = offset;
+                let mut stride = 0;
+                for ((&b, &s), &c) in line.base.iter().zip(&line.step).zip(&coef) {
+                    start += b * c;
+                    stride += s * c;
+                }
+                match stride {
+                    0 => Some(Leaf::Scalar(data[start])),
+                    1 => {
+                        let end = start + len;
+                        let ahead = &data[end.min(data.len())..(end + len).min(data.len())];
+                        Some(Leaf::Contiguous(&data[start..end], ahead))
+                    }
+                    _ => None,
+                }
+            }
+        }
+    }
+}
+
+/// A leaf's elements along a line, read in place ([`LeafMap::read`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Leaf<'a> {
+    /// Every element is this value.
+    Scalar(f32),
+    /// The elements, in order, and as many after them as there are (the
+    /// next line of a row walk, for the reader to prefetch while it
+    /// computes this one: asked for all at once, at the line's start,
+    /// the prefetches of three streams stalled on the memory system).
+    Contiguous(&'a [f32], &'a [f32]),
+}
+
+impl Program {
+    /// The largest element stride of the stored tensors the root's `line`
+    /// reads (0 where it reads none): 1 is contiguous, larger means a
+    /// strided gather. Walks the tree as [`Self::eval`] does, reading no
+    /// data.
+    pub fn max_load_stride(&self, env: &dyn Env, line: &Line) -> usize {
+        self.stride_of(self.root(), env, line)
+    }
+
+    fn stride_of(&self, i: usize, env: &dyn Env, line: &Line) -> usize {
+        let node = &self.nodes[i];
+        let child_line = |x: usize| -> Line {
+            let mut child = Line::default();
+            match node.expr {
+                Expr::Broadcast { .. } => {
+                    let (to, from) = (env.shape(node.value), env.shape(self.nodes[x].value));
+                    let lead = to.rank() - from.rank();
+                    for d in 0..from.rank() {
+                        if from[d] != 1 {
+                            child.base[d] = line.base[d + lead];
+                            child.step[d] = line.step[d + lead];
+                        }
+                    }
+                }
+                Expr::View { map, .. } => {
+                    for (d, m) in map.iter().enumerate().take(env.shape(node.value).rank()) {
+                        if let Some(m) = *m {
+                            child.base[m as usize] = line.base[d];
+                            child.step[m as usize] = line.step[d];
+                        }
+                    }
+                }
+                Expr::Slice { dim, step, .. } => {
+                    child = *line;
+                    child.base[dim] = 0;
+                    child.step[dim] = step * line.step[dim];
+                }
+                _ => child = *line,
+            }
+            child
+        };
+        match node.expr {
+            Expr::Load => {
+                let strides = env.shape(node.value).strides();
+                (0..env.shape(node.value).rank())
+                    .map(|d| line.step[d] * strides[d])
+                    .sum()
+            }
+            Expr::Anchor | Expr::Const(_) => 0,
+            Expr::Unary { x, .. }
+            | Expr::Clamp { x, .. }
+            | Expr::Broadcast { x }
+            | Expr::View { x, .. }
+            | Expr::Slice { x, .. } => self.stride_of(x, env, &child_line(x)),
+            Expr::Binary { a, b, .. } => self
+                .stride_of(a, env, line)
+                .max(self.stride_of(b, env, line)),
+            Expr::Where { cond, a, b } => self
+                .stride_of(cond, env, line)
+                .max(self.stride_of(a, env, line))
+                .max(self.stride_of(b, env, line)),
+            Expr::Cat { ref parts, dim } => parts
+                .iter()
+                .map(|&p| {
+                    let mut child = *line;
+                    child.base[dim] = 0;
+                    self.stride_of(p, env, &child)
+                })
+                .max()
+                .unwrap_or(0),
+        }
+    }
+}
