@@ -138,6 +138,53 @@ impl Backend {
     }
 }
 
+/// Whether the baseline build (no run-time detected features) has fused
+/// multiply-add: aarch64's NEON does; x86-64's baseline (SSE2) does not.
+pub(crate) const BASELINE_FMA: bool = cfg!(target_arch = "aarch64");
+
+/// Defines `fn $name($args) -> $ret` running `$generic::<FMA>($args)` with
+/// the widest vectors this CPU has, for the loops written to auto-vectorise
+/// (the fused elementwise ops and recipes, `math.rs`) rather than over
+/// [`Simd`]: one `#[target_feature]` variant per x86-64 [`Backend`] is
+/// generated here, not copied per kernel, and [`Backend::detect`] picks one.
+/// Elsewhere the generic compiled for the target runs (NEON on aarch64).
+/// `FMA` says whether the variant has fused multiply-add, so that `math.rs`
+/// rounds alike in every loop that one variant compiles; `$generic` is
+/// `#[inline(always)]`, so each variant compiles its own loops.
+macro_rules! isa_dispatch {
+    (
+        $(#[$attr:meta])*
+        $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? => $generic:ident
+    ) => {
+        $(#[$attr])*
+        #[allow(unsafe_code)]
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
+                    $generic::<true>($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    $generic::<true>($($arg),*)
+                }
+                match $crate::simd::Backend::detect() {
+                    // SAFETY: `detect` names a backend only where the CPU
+                    // has its features (`is_available`), which are the
+                    // variant's.
+                    $crate::simd::Backend::Avx512 => return unsafe { avx512($($arg),*) },
+                    // SAFETY: as above.
+                    $crate::simd::Backend::Avx2 => return unsafe { avx2($($arg),*) },
+                    $crate::simd::Backend::Portable => {}
+                }
+            }
+            $generic::<{ $crate::simd::BASELINE_FMA }>($($arg),*)
+        }
+    };
+}
+pub(crate) use isa_dispatch;
+
 /// One vector of `LANES` `f32`s and the operations the kernels use.
 ///
 /// # Safety

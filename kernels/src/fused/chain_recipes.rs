@@ -21,16 +21,12 @@
 //! epilogue) and every operand contiguously or as one value. Any other line
 //! or program is interpreted.
 
-#![allow(unsafe_code)]
-
 use super::math;
-#[cfg(target_arch = "x86_64")]
-use super::ops::Isa;
-use super::ops::BASELINE_FMA;
 use super::ops::{BinaryOp, UnaryOp};
 use super::program::views::{Leaf, LeafMap};
 use super::program::{Env, Expr, Line, Program};
 use super::recipes::BLOCK;
+use crate::simd::isa_dispatch;
 
 /// Most steps a chain has (a LayerNorm with weight and bias has four).
 const MAX_STEPS: usize = 6;
@@ -231,40 +227,13 @@ enum Operand<'a> {
     Slice(&'a [f32]),
 }
 
-fn chain(steps: &[(BinaryOp, Operand)], act: Option<UnaryOp>, x: &[f32], out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        match Isa::detect() {
-            // SAFETY: the CPU has AVX-512F, AVX2 and FMA (just detected).
-            Isa::Avx512 => return unsafe { chain_avx512(steps, act, x, out) },
-            // SAFETY: the CPU has AVX2 and FMA (just detected).
-            Isa::Avx2 => return unsafe { chain_avx2(steps, act, x, out) },
-            Isa::Baseline => {}
-        }
-    }
-    chain_generic::<BASELINE_FMA>(steps, act, x, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn chain_avx512(
-    steps: &[(BinaryOp, Operand)],
-    act: Option<UnaryOp>,
-    x: &[f32],
-    out: &mut [f32],
-) {
-    chain_generic::<true>(steps, act, x, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn chain_avx2(
-    steps: &[(BinaryOp, Operand)],
-    act: Option<UnaryOp>,
-    x: &[f32],
-    out: &mut [f32],
-) {
-    chain_generic::<true>(steps, act, x, out)
+isa_dispatch! {
+    fn chain(
+        steps: &[(BinaryOp, Operand)],
+        act: Option<UnaryOp>,
+        x: &[f32],
+        out: &mut [f32],
+    ) => chain_generic
 }
 
 /// The loops, inlined into each instruction-set variant; `F` as in

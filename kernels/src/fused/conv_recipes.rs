@@ -16,16 +16,13 @@
 //! the skip's factor is one value along the line (a `[C, 1]` parameter
 //! along time). Any other line or program is interpreted.
 
-#![allow(unsafe_code)]
-
 use super::math;
-#[cfg(target_arch = "x86_64")]
-use super::ops::Isa;
-use super::ops::{prefetch, BASELINE_FMA};
+use super::ops::prefetch;
 use super::ops::{BinaryOp, UnaryOp};
 use super::program::views::{Leaf, LeafMap};
 use super::program::{Env, Expr, Line, Program};
 use super::recipes::{beside_anchor, binary, BLOCK};
+use crate::simd::isa_dispatch;
 
 /// The operands of `a * b` if node `i` is that product.
 fn product(program: &Program, i: usize) -> Option<(usize, usize)> {
@@ -266,30 +263,8 @@ struct SkipGateArgs<'a> {
     gelu: bool,
 }
 
-fn skip_gate(args: &SkipGateArgs, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        match Isa::detect() {
-            // SAFETY: the CPU has AVX-512F, AVX2 and FMA (just detected).
-            Isa::Avx512 => return unsafe { skip_gate_avx512(args, out) },
-            // SAFETY: the CPU has AVX2 and FMA (just detected).
-            Isa::Avx2 => return unsafe { skip_gate_avx2(args, out) },
-            Isa::Baseline => {}
-        }
-    }
-    skip_gate_generic::<BASELINE_FMA>(args, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn skip_gate_avx512(args: &SkipGateArgs, out: &mut [f32]) {
-    skip_gate_generic::<true>(args, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn skip_gate_avx2(args: &SkipGateArgs, out: &mut [f32]) {
-    skip_gate_generic::<true>(args, out)
+isa_dispatch! {
+    fn skip_gate(args: &SkipGateArgs, out: &mut [f32]) => skip_gate_generic
 }
 
 /// The loops, inlined into each instruction-set variant; `F` as in

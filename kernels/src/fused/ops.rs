@@ -7,35 +7,7 @@
 #![allow(unsafe_code)]
 
 use super::math;
-
-/// The widest vectors the elementwise loops are compiled for (on other
-/// architectures they compile for the target's baseline: NEON on aarch64).
-#[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Isa {
-    Baseline,
-    Avx2,
-    Avx512,
-}
-
-#[cfg(target_arch = "x86_64")]
-impl Isa {
-    #[inline]
-    pub(super) fn detect() -> Isa {
-        let cpu = crate::simd::features();
-        if cpu.avx512_fma {
-            Isa::Avx512
-        } else if cpu.avx2_fma {
-            Isa::Avx2
-        } else {
-            Isa::Baseline
-        }
-    }
-}
-
-/// Whether the baseline build (no run-time detected features) has fused
-/// multiply-add: aarch64's NEON does; x86-64's baseline does not.
-pub(super) const BASELINE_FMA: bool = cfg!(target_arch = "aarch64");
+use crate::simd::isa_dispatch;
 
 /// One-operand elementwise functions (the schema's `UnaryOp`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -81,6 +53,26 @@ pub enum BinaryOp {
     Ne,
 }
 
+isa_dispatch! {
+    /// [`UnaryOp::apply`], per instruction set.
+    fn unary(op: UnaryOp, x: &mut [f32]) => unary_generic
+}
+
+#[inline(always)]
+fn unary_generic<const F: bool>(op: UnaryOp, x: &mut [f32]) {
+    op.apply_generic::<F>(x)
+}
+
+isa_dispatch! {
+    /// [`BinaryOp::apply`], per instruction set.
+    fn binary(op: BinaryOp, a: &mut [f32], b: &[f32]) => binary_generic
+}
+
+#[inline(always)]
+fn binary_generic<const F: bool>(op: BinaryOp, a: &mut [f32], b: &[f32]) {
+    op.apply_generic::<F>(a, b)
+}
+
 impl UnaryOp {
     /// The op's name in plans and logs (PyTorch's spelling).
     pub fn name(self) -> &'static str {
@@ -108,34 +100,10 @@ impl UnaryOp {
     /// widest vectors this CPU has (the loops are written to auto-vectorise;
     /// see `math.rs`).
     pub fn apply(self, x: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if Isa::detect() == Isa::Avx512 {
-                // SAFETY: the CPU has AVX-512F (just detected).
-                return unsafe { self.apply_avx512(x) };
-            }
-            if Isa::detect() == Isa::Avx2 {
-                // SAFETY: the CPU has AVX2 and FMA (just detected).
-                return unsafe { self.apply_avx2(x) };
-            }
-        }
-        self.apply_generic::<BASELINE_FMA>(x)
+        unary(self, x)
     }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    unsafe fn apply_avx512(self, x: &mut [f32]) {
-        self.apply_generic::<true>(x)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn apply_avx2(self, x: &mut [f32]) {
-        self.apply_generic::<true>(x)
-    }
-
-    /// The loops, inlined into each instruction-set variant above; `F`:
-    /// the variant's CPU has fused multiply-add.
+    /// The loops, inlined into each instruction-set variant of [`unary`];
+    /// `F`: the variant's CPU has fused multiply-add.
     #[inline(always)]
     fn apply_generic<const F: bool>(self, x: &mut [f32]) {
         // One loop per op so each compiles to its own vector loop.
@@ -188,22 +156,13 @@ impl BinaryOp {
 
     /// `a[i] = a[i] op b[i]` for every element (`a` and `b` equally long).
     pub fn apply(self, a: &mut [f32], b: &[f32]) {
-        #[cfg(target_arch = "x86_64")]
-        if Isa::detect() != Isa::Baseline {
-            // SAFETY: the CPU has AVX2 and FMA (detected).
-            return unsafe { self.apply_avx2(a, b) };
-        }
-        self.apply_generic(a, b)
+        binary(self, a, b)
     }
 
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn apply_avx2(self, a: &mut [f32], b: &[f32]) {
-        self.apply_generic(a, b)
-    }
-
+    /// The loops, inlined into each instruction-set variant of [`binary`]
+    /// (exact ops: `F` changes nothing).
     #[inline(always)]
-    fn apply_generic(self, a: &mut [f32], b: &[f32]) {
+    fn apply_generic<const F: bool>(self, a: &mut [f32], b: &[f32]) {
         #[inline(always)]
         fn each(a: &mut [f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
             for (x, &y) in a.iter_mut().zip(b) {
@@ -417,7 +376,7 @@ mod tests {
             let mut fast = x.clone();
             op.apply(&mut fast, &b);
             let mut slow = x.clone();
-            op.apply_generic(&mut slow, &b);
+            op.apply_generic::<false>(&mut slow, &b);
             assert_eq!(fast, slow, "{op:?}");
         }
     }

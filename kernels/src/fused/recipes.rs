@@ -28,16 +28,12 @@
 //! along the line (a `[C, 1]` parameter along time). Any other line, or
 //! any other program, is interpreted.
 
-// The instruction-set variants are `unsafe fn`s with target features,
-// called only after detecting those features.
-#![allow(unsafe_code)]
 
 use super::math;
-#[cfg(target_arch = "x86_64")]
-use super::ops::Isa;
-use super::ops::{prefetch, BinaryOp, UnaryOp, BASELINE_FMA};
+use super::ops::{prefetch, BinaryOp, UnaryOp};
 use super::program::views::{Leaf, LeafMap};
 use super::program::{Env, Expr, Line, Program};
+use crate::simd::isa_dispatch;
 
 /// The operands of node `i` if it is the binary `op` (in the program's
 /// order: callers try both where the op commutes).
@@ -255,55 +251,19 @@ impl<'a> Gate<'a> {
     }
 }
 
-/// `a[i] = exp(dt * k)`, `u[i] = dt * x[i]` with `dt = softplus(p[i])`
-/// (`softplus`) or `p[i]`, `[p, x] = px`, in one pass with the widest
-/// vectors this CPU has, prefetching `ahead` (what follows `p` and `x`)
-/// as it goes. `px`, `a` and `u` equally long.
-pub(super) fn discretise(
-    px: [&[f32]; 2],
-    ahead: [&[f32]; 2],
-    k: f32,
-    softplus: bool,
-    a: &mut [f32],
-    u: &mut [f32],
-) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        match Isa::detect() {
-            // SAFETY: the CPU has AVX-512F, AVX2 and FMA (just detected).
-            Isa::Avx512 => return unsafe { discretise_avx512(px, ahead, k, softplus, a, u) },
-            // SAFETY: the CPU has AVX2 and FMA (just detected).
-            Isa::Avx2 => return unsafe { discretise_avx2(px, ahead, k, softplus, a, u) },
-            Isa::Baseline => {}
-        }
-    }
-    discretise_generic::<BASELINE_FMA>(px, ahead, k, softplus, a, u)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn discretise_avx512(
-    px: [&[f32]; 2],
-    ahead: [&[f32]; 2],
-    k: f32,
-    softplus: bool,
-    a: &mut [f32],
-    u: &mut [f32],
-) {
-    discretise_generic::<true>(px, ahead, k, softplus, a, u)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn discretise_avx2(
-    px: [&[f32]; 2],
-    ahead: [&[f32]; 2],
-    k: f32,
-    softplus: bool,
-    a: &mut [f32],
-    u: &mut [f32],
-) {
-    discretise_generic::<true>(px, ahead, k, softplus, a, u)
+isa_dispatch! {
+    /// `a[i] = exp(dt * k)`, `u[i] = dt * x[i]` with `dt = softplus(p[i])`
+    /// (`softplus`) or `p[i]`, `[p, x] = px`, in one pass with the widest
+    /// vectors this CPU has, prefetching `ahead` (what follows `p` and `x`)
+    /// as it goes. `px`, `a` and `u` equally long.
+    pub(super) fn discretise(
+        px: [&[f32]; 2],
+        ahead: [&[f32]; 2],
+        k: f32,
+        softplus: bool,
+        a: &mut [f32],
+        u: &mut [f32],
+    ) => discretise_generic
 }
 
 /// Elements per block of the loops of every recipe (this file's,
@@ -400,33 +360,17 @@ fn line(
     }
 }
 
-/// `out[i] = y[i] * silu(z[i])` (`silu`) or `y[i] * z[i]`, in one pass,
-/// prefetching `ahead` (what follows `z`) as it goes. `y`, `z` and `out`
-/// equally long.
-pub(super) fn gate(y: &[f32], z: &[f32], ahead: &[f32], silu: bool, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        match Isa::detect() {
-            // SAFETY: the CPU has AVX-512F, AVX2 and FMA (just detected).
-            Isa::Avx512 => return unsafe { gate_avx512(y, z, ahead, silu, out) },
-            // SAFETY: the CPU has AVX2 and FMA (just detected).
-            Isa::Avx2 => return unsafe { gate_avx2(y, z, ahead, silu, out) },
-            Isa::Baseline => {}
-        }
-    }
-    gate_generic::<BASELINE_FMA>(y, z, ahead, silu, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn gate_avx512(y: &[f32], z: &[f32], ahead: &[f32], silu: bool, out: &mut [f32]) {
-    gate_generic::<true>(y, z, ahead, silu, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn gate_avx2(y: &[f32], z: &[f32], ahead: &[f32], silu: bool, out: &mut [f32]) {
-    gate_generic::<true>(y, z, ahead, silu, out)
+isa_dispatch! {
+    /// `out[i] = y[i] * silu(z[i])` (`silu`) or `y[i] * z[i]`, in one pass,
+    /// prefetching `ahead` (what follows `z`) as it goes. `y`, `z` and `out`
+    /// equally long.
+    pub(super) fn gate(
+        y: &[f32],
+        z: &[f32],
+        ahead: &[f32],
+        silu: bool,
+        out: &mut [f32],
+    ) => gate_generic
 }
 
 #[inline(always)]
