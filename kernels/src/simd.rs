@@ -1,7 +1,8 @@
-//! The SIMD dispatch layer shared by the vector kernels (depthwise rows,
-//! GEMM micro-kernels): which instruction set this CPU runs ([`Backend`],
-//! detected at run time on x86_64) and one vector of `f32` lanes per
-//! backend behind the [`Simd`] trait.
+//! The SIMD layer every kernel shares: which instruction set this CPU runs
+//! ([`Backend`], detected once at run time on x86_64), one vector of `f32`
+//! lanes per backend behind the [`Simd`] trait (depthwise rows, GEMM and
+//! gemv micro-kernels), and [`isa_dispatch`], the per-backend variants of
+//! loops written to auto-vectorise (the fused elementwise ops).
 //!
 //! Kernels are written once, generic over [`Simd`], and each backend
 //! instantiates them inside a function compiled with its target features
@@ -17,26 +18,26 @@
 use std::sync::OnceLock;
 
 /// The vector features of this CPU that some kernel uses, asked of the CPU
-/// once. This is the one place the crate asks: every kernel, whatever its
-/// own dispatch ([`Backend`], the elementwise ops' loops, the scan, the
-/// FFT lanes, strided moves), takes its instruction set from here.
+/// once. This is the one place the crate asks, and [`Backend::detect`] the
+/// one reading of it: every kernel (the [`Simd`] kernels, the loops of
+/// [`isa_dispatch`], the scan, the FFT lanes, strided moves) takes its
+/// instruction set from that one choice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub(crate) struct Features {
-    /// AVX (256-bit float shuffles).
-    pub(crate) avx: bool,
+struct Features {
     /// AVX2 with FMA.
-    pub(crate) avx2_fma: bool,
+    avx2_fma: bool,
     /// AVX-512 F.
-    pub(crate) avx512f: bool,
+    avx512f: bool,
     /// AVX-512 F with AVX2 and FMA (what the AVX-512 kernels are compiled
     /// for).
-    pub(crate) avx512_fma: bool,
+    avx512_fma: bool,
     /// NEON (the aarch64 baseline).
-    pub(crate) neon: bool,
+    neon: bool,
 }
 
-/// This CPU's [`Features`], detected on first use.
-pub(crate) fn features() -> Features {
+/// This CPU's [`Features`], detected on first use; kernels ask
+/// [`Backend::detect`], which reads them.
+fn features() -> Features {
     static FEATURES: OnceLock<Features> = OnceLock::new();
     *FEATURES.get_or_init(detect_features)
 }
@@ -47,7 +48,6 @@ fn detect_features() -> Features {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
-        f.avx = has!("avx");
         f.avx2_fma = has!("avx2") && has!("fma");
         f.avx512f = has!("avx512f");
         f.avx512_fma = f.avx512f && f.avx2_fma;
@@ -59,8 +59,9 @@ fn detect_features() -> Features {
     f
 }
 
-/// An instruction set the vector kernels run on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// An instruction set the vector kernels run on; later ones (on one
+/// architecture) have every feature of earlier ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Backend {
     /// Plain Rust on `[f32; 8]` chunks that LLVM auto-vectorises for the
     /// compile target's baseline (SSE2 on x86_64). Always available.

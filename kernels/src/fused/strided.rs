@@ -12,6 +12,9 @@
 #![allow(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
+#[cfg(target_arch = "x86_64")]
+use crate::simd::Backend;
+
 /// `out[i] = line[i * S]`; `line` holds at least `S * (out.len() - 1) + 1`
 /// elements.
 ///
@@ -130,7 +133,7 @@ type TileFn = unsafe fn(*const f32, usize, *mut f32, usize);
 /// The block transpose for this CPU.
 fn tile_fn() -> TileFn {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::features().avx {
+    if Backend::detect() >= Backend::Avx2 {
         return x86::transpose_tile;
     }
     #[cfg(target_arch = "aarch64")]
@@ -159,7 +162,7 @@ unsafe fn portable_tile(src: *const f32, src_stride: usize, dst: *mut f32, dst_s
 #[inline]
 fn simd_gather<const S: usize>(line: &[f32], out: &mut [f32]) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::features().avx512f {
+    if Backend::detect() == Backend::Avx512 {
         // SAFETY: AVX-512 F is present; `gather` checked the line's length.
         return unsafe { x86::gather::<S>(line, out) };
     }
@@ -180,7 +183,7 @@ fn simd_gather<const S: usize>(line: &[f32], out: &mut [f32]) -> usize {
 #[inline]
 fn simd_scatter<const S: usize>(rows: &mut [f32], t: usize, col: &[f32]) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::features().avx512f {
+    if Backend::detect() == Backend::Avx512 {
         // SAFETY: AVX-512 F is present; `scatter` checked the lengths.
         return unsafe { x86::scatter::<S>(rows, t, col) };
     }

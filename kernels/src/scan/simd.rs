@@ -102,7 +102,8 @@ pub(crate) struct Avx2(());
 impl Avx2 {
     /// `Some` if this CPU has AVX2 and FMA.
     pub(super) fn detect() -> Option<Avx2> {
-        crate::simd::features().avx2_fma.then_some(Avx2(()))
+        use crate::simd::Backend;
+        (Backend::detect() >= Backend::Avx2).then_some(Avx2(()))
     }
 
     /// One row from state `s` (see the module docs); returns the final

@@ -41,11 +41,11 @@ fn backends_include_the_detected_one() {
     assert!(all.contains(&Backend::Portable));
     assert!(all.contains(&Backend::detect()));
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::features().avx2_fma {
+    if Backend::Avx2.is_available() {
         assert!(all.contains(&Backend::Avx2), "AVX2 path must be tested");
     }
     #[cfg(target_arch = "x86_64")]
-    if crate::simd::features().avx512_fma {
+    if Backend::Avx512.is_available() {
         assert!(
             all.contains(&Backend::Avx512),
             "AVX-512 path must be tested"

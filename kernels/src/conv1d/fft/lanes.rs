@@ -76,7 +76,7 @@ pub(crate) const MIN_LEN: usize = LANES;
 
 /// Whether this CPU runs the engine (AVX-512 F).
 pub(crate) fn available() -> bool {
-    crate::simd::features().avx512f
+    crate::simd::Backend::detect() == crate::simd::Backend::Avx512
 }
 
 /// Whether the engine takes transforms of length `m`.
