@@ -2,19 +2,18 @@
 //! from the actual inputs, sizes the outputs and runs the kernels, without
 //! heap allocation (everything per-call lives in [`ExecState`], sized at init).
 
-use rustconv_kernels::fused::{
-    drain, materialise, reduce, Env, EpilogueSink, ProgramRows, RowsIn, RowsOut, Statistic,
-};
+use rustconv_kernels::fused::{materialise, reduce, ProgramRows, Statistic};
 use rustconv_kernels::{self as kernels, par, KernelError, Scratch};
 
 use crate::error::{ArgError, DelegateError};
-use crate::fusion::{Source, StatisticsKind};
-use crate::graph::{DType, OpDesc, Role, ValueDesc, MAX_RANK};
+use crate::fusion::StatisticsKind;
+use crate::graph::{DType, Role, ValueDesc, MAX_RANK};
 use crate::memory::AlignedBuf;
 use crate::ops;
-use crate::plan::{Exec, Location, Plan, Step};
+use crate::plan::{Location, Plan, Step};
 use crate::profiling::{Clock, EventSink, KernelEvents};
 use crate::shape::Shape;
+use crate::step::Call;
 use crate::threads;
 
 /// One argument of the delegate call, as the host runtime describes it.
@@ -414,37 +413,28 @@ impl Executable<'_> {
         Ok(())
     }
 
-    /// Runs one step: the only place that dispatches on how a step runs.
+    /// Runs one step: its statistics, then its kind.
     fn run_step(&self, step: &Step, state: &ExecState) -> Result<(), KernelError> {
-        let env = CallEnv { state };
-        let view = |v: usize| env.data(v);
-        let shape = |v: usize| state.shapes[v];
-        let row_len = |v: usize| shape(v).dims().last().copied().unwrap_or(1);
-        // SAFETY: `data[v]` points to `shapes[v].numel()` f32s of a stored
-        // value this step writes (checked against nbytes and alignment for
-        // arguments, planned within the arena for intermediates). Nothing
-        // else reads or writes it while the slice lives: programs never load
-        // a value their own kernel produces (fusion.rs) except the
-        // statistics, which the step writes first, each group's slices
-        // dropped before a later group's or the main loop's programs read
-        // them; and the planner keeps values live at the same step apart
-        // (arguments: check_outputs_disjoint).
-        let out = |v: usize| -> &mut [f32] {
-            let n = shape(v).numel();
-            assert!(
-                !state.data[v].is_null() || n == 0,
-                "value {v} is not stored"
-            );
-            unsafe { std::slice::from_raw_parts_mut(state.data[v].cast::<f32>(), n) }
-        };
-        let scratch = &state.scratch;
+        // SAFETY: `data[v]` points to `shapes[v].numel()` f32s for every
+        // value a step names (checked against nbytes and alignment for
+        // arguments in `bind_arg`, against the segment for constants,
+        // planned within the arena for intermediates), null for the
+        // released constants no step reads; the plan keeps what a step
+        // writes apart from what it reads (fusion.rs, plan.rs,
+        // `check_outputs_disjoint`).
+        let call = unsafe { Call::new(&state.shapes, &state.data, &state.scratch) };
+        // Each group's slices are dropped before a later group's or the main
+        // loop's programs read them.
         for s in &step.statistics {
             match &s.kind {
                 StatisticsKind::Reduce { dims, outputs, .. } => {
                     // At most one statistic per op (fusion.rs groups them so).
                     let mut stats = [None, None, None];
                     for (slot, &(op, v)) in stats.iter_mut().zip(outputs) {
-                        *slot = Some(Statistic { op, out: out(v) });
+                        *slot = Some(Statistic {
+                            op,
+                            out: call.out(v),
+                        });
                     }
                     let mut stats = stats.map(|s| {
                         s.unwrap_or(Statistic {
@@ -452,207 +442,23 @@ impl Executable<'_> {
                             out: &mut [],
                         })
                     });
-                    reduce(&s.program, &env, dims, &mut stats[..outputs.len()], scratch)?;
+                    reduce(
+                        &s.program,
+                        &call,
+                        dims,
+                        &mut stats[..outputs.len()],
+                        call.scratch,
+                    )?;
                 }
                 StatisticsKind::Derived { value, .. } => materialise(
-                    &ProgramRows::new(&s.program, &env),
-                    out(*value),
-                    row_len(*value),
-                    scratch,
+                    &ProgramRows::new(&s.program, &call),
+                    call.out(*value),
+                    call.row_len(*value),
+                    call.scratch,
                 ),
             }
         }
-        match &step.exec {
-            Exec::Pass { results } => {
-                for (v, program) in results {
-                    materialise(
-                        &ProgramRows::new(program, &env),
-                        out(*v),
-                        row_len(*v),
-                        scratch,
-                    );
-                }
-            }
-            Exec::Conv1d {
-                prepared,
-                result,
-                op,
-                input,
-                epilogue,
-                stage_input,
-                stage_output,
-            } => {
-                let OpDesc::Conv1d {
-                    input: x,
-                    weight,
-                    bias,
-                    output,
-                    ..
-                } = *op
-                else {
-                    unreachable!("a conv step holds a conv")
-                };
-                let params = ops::conv1d_params(op, shape(x), shape(weight));
-                let released = self.plan.locations[weight] == Location::Released;
-                let w = (!released).then(|| view(weight));
-                let b = bias.map(view);
-                let source;
-                let (x_in, x_temps) = match input {
-                    Source::Paired => unreachable!("only a scan's u is paired"),
-                    Source::Stored(v) => (RowsIn::Slice(view(*v)), 0),
-                    Source::Computed(p) if *stage_input => {
-                        materialise(&ProgramRows::new(p, &env), out(x), row_len(x), scratch);
-                        (RowsIn::Slice(view(x)), 0)
-                    }
-                    Source::Computed(p) => {
-                        source = ProgramRows::new(p, &env);
-                        (RowsIn::Fused(&source), p.temporaries())
-                    }
-                };
-                let sink;
-                let (y_out, y_temps) = match epilogue {
-                    None => (RowsOut::Slice(out(*result)), 0),
-                    Some(_) if *stage_output => (RowsOut::Slice(out(output)), 0),
-                    Some(e) => {
-                        sink = EpilogueSink::new(
-                            &e.program,
-                            &env,
-                            shape(output),
-                            &e.views,
-                            out(*result),
-                            shape(*result),
-                        );
-                        (RowsOut::Fused(&sink), 1 + e.program.temporaries())
-                    }
-                };
-                prepared.run_rows(&params, x_in, w, b, y_out, x_temps, y_temps, scratch)?;
-                if let (Some(e), true) = (epilogue, *stage_output) {
-                    let sink = EpilogueSink::new(
-                        &e.program,
-                        &env,
-                        shape(output),
-                        &e.views,
-                        out(*result),
-                        shape(*result),
-                    );
-                    drain(&sink, view(output), row_len(output), scratch);
-                }
-            }
-            Exec::LinearScan {
-                op,
-                result,
-                x0,
-                a,
-                u,
-                epilogue,
-            } => {
-                let OpDesc::LinearScan {
-                    a: a_value, output, ..
-                } = *op
-                else {
-                    unreachable!("a scan step holds a scan")
-                };
-                let params = ops::scan_params(shape(a_value));
-                match (x0, a, u, epilogue) {
-                    (Source::Stored(x0), Source::Stored(a), Source::Stored(u), None) => {
-                        kernels::linear_scan_f32(
-                            &params,
-                            view(*x0),
-                            view(*a),
-                            view(*u),
-                            out(*result),
-                        )?
-                    }
-                    _ => {
-                        let (r0, ra, ru) = (
-                            program_rows(x0, &env, true),
-                            program_rows(a, &env, false),
-                            program_rows(u, &env, false),
-                        );
-                        let sink;
-                        let y_out = match epilogue {
-                            None => RowsOut::Slice(out(*result)),
-                            Some(e) => {
-                                sink = EpilogueSink::new(
-                                    &e.program,
-                                    &env,
-                                    shape(output),
-                                    &e.views,
-                                    out(*result),
-                                    shape(*result),
-                                );
-                                RowsOut::Fused(&sink)
-                            }
-                        };
-                        match (&ra, u) {
-                            (Some(au), Source::Paired) => kernels::linear_scan_rows_pair(
-                                &params,
-                                rows_in(x0, &r0, &env),
-                                au,
-                                y_out,
-                                scratch,
-                            )?,
-                            _ => kernels::linear_scan_rows(
-                                &params,
-                                rows_in(x0, &r0, &env),
-                                rows_in(a, &ra, &env),
-                                rows_in(u, &ru, &env),
-                                y_out,
-                                scratch,
-                            )?,
-                        }
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The rows of a computed scan operand (`scalar`: one per row, `x0`).
-fn program_rows<'a>(source: &'a Source, env: &'a dyn Env, scalar: bool) -> Option<ProgramRows<'a>> {
-    match source {
-        Source::Stored(_) | Source::Paired => None,
-        Source::Computed(p) if scalar => Some(ProgramRows::scalar_rows(p, env)),
-        Source::Computed(p) => Some(ProgramRows::new(p, env)),
-    }
-}
-
-/// A scan operand as the kernel takes it.
-fn rows_in<'a>(
-    source: &Source,
-    rows: &'a Option<ProgramRows<'a>>,
-    env: &'a CallEnv<'a>,
-) -> RowsIn<'a> {
-    match (source, rows) {
-        (Source::Stored(v), _) => RowsIn::Slice(env.data(*v)),
-        (Source::Computed(_), Some(r)) => RowsIn::Fused(r),
-        (Source::Computed(_), None) => unreachable!("computed sources have rows"),
-        (Source::Paired, _) => unreachable!("a paired u is computed with a"),
-    }
-}
-
-/// The values of one call, as fused programs read them.
-struct CallEnv<'a> {
-    state: &'a ExecState,
-}
-
-impl Env for CallEnv<'_> {
-    fn shape(&self, value: usize) -> Shape {
-        self.state.shapes[value]
-    }
-
-    fn data(&self, value: usize) -> &[f32] {
-        let n = self.state.shapes[value].numel();
-        let ptr = self.state.data[value];
-        // Programs load only stored values (fusion.rs); this turns a broken
-        // plan into a panic rather than a read through null.
-        assert!(!ptr.is_null() || n == 0, "value {value} is not stored");
-        // SAFETY: `ptr` points to `n` f32s (checked against nbytes and
-        // alignment for arguments, against the segment for constants,
-        // planned within the arena for intermediates), and no step writes a
-        // value while a program of the same step reads it.
-        unsafe { std::slice::from_raw_parts(ptr as *const f32, n) }
+        step.exec.run(&call)
     }
 }
 

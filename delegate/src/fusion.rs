@@ -21,27 +21,8 @@ use rustconv_kernels::fused::{CompiledProgram, Expr, Program, ReduceOp, StoreVie
 use rustconv_kernels::MAX_RANK;
 
 use crate::error::GraphError;
-use crate::graph::{GraphDesc, NodeDesc, OpDesc, Operand, Role};
-
-/// An anchor operand: a stored value, or a program computing it.
-#[derive(Debug)]
-pub enum Source {
-    Stored(usize),
-    Computed(CompiledProgram),
-    /// A scan's `u` computed by `a`'s program, as its second root: the two
-    /// share subexpressions (`softplus(p)` in `exp(-softplus(p) * A)` and
-    /// `softplus(p) * x`), which one evaluation computes once per chunk.
-    Paired,
-}
-
-/// What an anchor's output goes through before it is stored.
-#[derive(Debug)]
-pub struct Epilogue {
-    /// Over the anchor output's coordinates, reading it as `Expr::Anchor`.
-    pub program: CompiledProgram,
-    /// Views from the program's result to the stored result, in order.
-    pub views: Vec<StoreView>,
-}
+use crate::graph::{Conv1dOp, GraphDesc, NodeDesc, OpDesc, Operand, Role, ScanOp};
+use crate::step::{ConvStep, Epilogue, PassStep, ScanStep, Source, StepKind};
 
 /// What a kernel computes before its main loop, into stored values its
 /// programs then load.
@@ -86,27 +67,6 @@ impl Statistics {
     }
 }
 
-#[derive(Debug)]
-pub enum KernelBody {
-    Conv1d {
-        /// The conv node (its parameters and operands).
-        node: usize,
-        input: Source,
-        epilogue: Option<Epilogue>,
-    },
-    LinearScan {
-        node: usize,
-        x0: Source,
-        a: Source,
-        u: Source,
-        epilogue: Option<Epilogue>,
-    },
-    /// Each materialised result computed by its program, in one pass.
-    Pass {
-        results: Vec<(usize, CompiledProgram)>,
-    },
-}
-
 /// One fused kernel, as recorded in the blob and checked.
 #[derive(Debug)]
 pub struct Kernel {
@@ -121,7 +81,8 @@ pub struct Kernel {
     /// Gathered before the main loop, in order (a group may read an
     /// earlier one's values).
     pub statistics: Vec<Statistics>,
-    pub body: KernelBody,
+    /// How it runs, from here to execution.
+    pub body: Box<dyn StepKind>,
 }
 
 /// Splits the graph's nodes into kernels and builds each.
@@ -273,7 +234,7 @@ impl Context<'_> {
                     let program = self.program(&nodes, None, v).map_err(&bad)?;
                     results.push((v, program));
                 }
-                KernelBody::Pass { results }
+                Box::new(PassStep::new(results)) as Box<dyn StepKind>
             }
             [anchor] => {
                 let [result] = writes[..] else {
@@ -288,12 +249,14 @@ impl Context<'_> {
                 let epilogue = self.epilogue(&nodes, anchor_out, result).map_err(&bad)?;
                 let source = |v: usize| self.source(&nodes, v).map_err(&bad);
                 match node.op {
-                    OpDesc::Conv1d {
-                        input,
-                        weight,
-                        bias,
-                        ..
-                    } => {
+                    OpDesc::Conv1d(
+                        op @ Conv1dOp {
+                            input,
+                            weight,
+                            bias,
+                            ..
+                        },
+                    ) => {
                         for v in [Some(weight), bias].into_iter().flatten() {
                             if !self.materialised[v] || self.produced_in(&nodes, v) {
                                 return Err(bad(format!(
@@ -303,26 +266,17 @@ impl Context<'_> {
                                 )));
                             }
                         }
-                        KernelBody::Conv1d {
-                            node: anchor,
-                            input: source(input)?,
-                            epilogue,
-                        }
+                        Box::new(ConvStep::new(anchor, op, source(input)?, epilogue, result))
+                            as Box<dyn StepKind>
                     }
-                    OpDesc::LinearScan { x0, a, u, .. } => {
+                    OpDesc::LinearScan(op @ ScanOp { x0, a, u, .. }) => {
                         let (a, u) = match (source(a)?, source(u)?) {
                             (Source::Computed(_), Source::Computed(_)) => {
                                 self.paired(&nodes, a, u).map_err(&bad)?
                             }
                             other => other,
                         };
-                        KernelBody::LinearScan {
-                            node: anchor,
-                            x0: source(x0)?,
-                            a,
-                            u,
-                            epilogue,
-                        }
+                        Box::new(ScanStep::new(op, [source(x0)?, a, u], epilogue, result))
                     }
                     _ => unreachable!("anchors are convs and scans"),
                 }
@@ -666,7 +620,7 @@ impl ProgramBuilder<'_> {
             return self.push(Expr::Load, out);
         }
         let expr = match node.op {
-            OpDesc::Conv1d { .. } | OpDesc::LinearScan { .. } => {
+            OpDesc::Conv1d(Conv1dOp { .. }) | OpDesc::LinearScan(ScanOp { .. }) => {
                 if let Some(r) = self.reduction {
                     return Err(format!(
                         "the reduction '{}' reads the output of '{}' ({}), the kernel's own \

@@ -72,6 +72,11 @@ pub struct ValueDesc {
 }
 
 impl ValueDesc {
+    /// The shape at the upper bounds.
+    pub fn bound_shape(&self) -> crate::shape::Shape {
+        crate::shape::Shape::new(&self.dims.iter().map(|d| d.size).collect::<Vec<_>>())
+    }
+
     /// Element count at the upper bounds.
     pub fn max_numel(&self) -> usize {
         self.dims.iter().map(|d| d.size).product()
@@ -94,27 +99,35 @@ impl Operand {
     }
 }
 
+/// A conv1d node: its operand values and parameters.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Conv1dOp {
+    pub input: usize,
+    pub weight: usize,
+    pub bias: Option<usize>,
+    pub output: usize,
+    pub stride: usize,
+    pub pad_left: usize,
+    pub pad_right: usize,
+    pub dilation: usize,
+    pub groups: usize,
+}
+
+/// A linear scan node: `y[t] = a[t] * y[t - 1] + u[t]` from `x0`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScanOp {
+    pub x0: usize,
+    pub a: usize,
+    pub u: usize,
+    pub output: usize,
+}
+
 /// One node's operation, with its operands as value indices (see
 /// schema/rustconv.fbs for each op's semantics).
 #[derive(Clone, Debug, PartialEq)]
 pub enum OpDesc {
-    Conv1d {
-        input: usize,
-        weight: usize,
-        bias: Option<usize>,
-        output: usize,
-        stride: usize,
-        pad_left: usize,
-        pad_right: usize,
-        dilation: usize,
-        groups: usize,
-    },
-    LinearScan {
-        x0: usize,
-        a: usize,
-        u: usize,
-        output: usize,
-    },
+    Conv1d(Conv1dOp),
+    LinearScan(ScanOp),
     Unary {
         op: UnaryOp,
         input: usize,
@@ -184,16 +197,16 @@ impl OpDesc {
     /// The values the op reads (`Full`'s `like` only for its shape).
     pub fn inputs(&self) -> Vec<usize> {
         match *self {
-            OpDesc::Conv1d {
+            OpDesc::Conv1d(Conv1dOp {
                 input,
                 weight,
                 bias,
                 ..
-            } => [Some(input), Some(weight), bias]
+            }) => [Some(input), Some(weight), bias]
                 .into_iter()
                 .flatten()
                 .collect(),
-            OpDesc::LinearScan { x0, a, u, .. } => vec![x0, a, u],
+            OpDesc::LinearScan(ScanOp { x0, a, u, .. }) => vec![x0, a, u],
             OpDesc::Unary { input, .. }
             | OpDesc::Clamp { input, .. }
             | OpDesc::Permute { input, .. }
@@ -212,8 +225,8 @@ impl OpDesc {
 
     pub fn output(&self) -> usize {
         match *self {
-            OpDesc::Conv1d { output, .. }
-            | OpDesc::LinearScan { output, .. }
+            OpDesc::Conv1d(Conv1dOp { output, .. })
+            | OpDesc::LinearScan(ScanOp { output, .. })
             | OpDesc::Unary { output, .. }
             | OpDesc::Binary { output, .. }
             | OpDesc::Where { output, .. }
@@ -229,14 +242,14 @@ impl OpDesc {
 
     /// A conv or scan: the op a fused kernel is built around.
     pub fn is_anchor(&self) -> bool {
-        matches!(self, OpDesc::Conv1d { .. } | OpDesc::LinearScan { .. })
+        matches!(self, OpDesc::Conv1d(_) | OpDesc::LinearScan(_))
     }
 
     /// The op's name in plans and logs (PyTorch's spelling where it has one).
     pub fn kind(&self) -> &'static str {
         match self {
-            OpDesc::Conv1d { .. } => "conv1d",
-            OpDesc::LinearScan { .. } => "linear_scan",
+            OpDesc::Conv1d(_) => "conv1d",
+            OpDesc::LinearScan(_) => "linear_scan",
             OpDesc::Unary { op, .. } => op.name(),
             OpDesc::Binary { op, .. } => op.name(),
             OpDesc::Where { .. } => "where",
@@ -440,7 +453,7 @@ fn decode_op(
     Ok(match node.op_type() {
         fb::Op::Conv1d => {
             let c = node.op_as_conv_1d().ok_or_else(|| missing("Conv1d"))?;
-            OpDesc::Conv1d {
+            OpDesc::Conv1d(Conv1dOp {
                 input: index(&at("input"), c.input().into())?,
                 weight: index(&at("weight"), c.weight().into())?,
                 bias: match c.bias() {
@@ -453,18 +466,18 @@ fn decode_op(
                 pad_right: c.pad_right() as usize,
                 dilation: c.dilation() as usize,
                 groups: c.groups() as usize,
-            }
+            })
         }
         fb::Op::LinearScan => {
             let s = node
                 .op_as_linear_scan()
                 .ok_or_else(|| missing("LinearScan"))?;
-            OpDesc::LinearScan {
+            OpDesc::LinearScan(ScanOp {
                 x0: index(&at("x0"), s.x0().into())?,
                 a: index(&at("a"), s.a().into())?,
                 u: index(&at("u"), s.u().into())?,
                 output: index(&at("output"), s.output().into())?,
-            }
+            })
         }
         fb::Op::Unary => {
             let u = node.op_as_unary().ok_or_else(|| missing("Unary"))?;

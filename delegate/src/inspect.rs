@@ -96,7 +96,7 @@ fn document(plan: &Plan, threads: usize) -> PlanDoc {
         .iter()
         .map(|s| KernelDoc {
             kernel: s.kernel,
-            algorithm: s.algorithm,
+            algorithm: s.algorithm(),
             fusion: s.fusion_summary().trim_start_matches(", ").to_owned(),
             absorbed: s
                 .absorbed

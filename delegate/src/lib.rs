@@ -4,10 +4,12 @@
 //! A delegate blob (schema/README.md) goes through
 //! [`blob`] (framing) → [`graph`] (flatbuffer, structural checks) →
 //! `fusion` (the fused kernels recorded at export, checked and built:
-//! stored values, prologue and epilogue programs) →
-//! [`plan`] (self-describing steps, kernel choice, arena placement, the
-//! constants kept once the blob is freed) →
-//! [`executor`] (per-call checks, shapes, and the one dispatch on a step).
+//! stored values, prologue and epilogue programs, each kernel's [`step`]) →
+//! [`plan`] (steps prepared: kernel choice, what they stage; arena
+//! placement, the constants kept once the blob is freed) →
+//! [`executor`] (per-call checks, shapes, then each step's own run).
+//! [`step`] holds one type per kind of step (conv, scan, elementwise pass)
+//! behind one trait, the same value from fusion to execution.
 //! [`profiling`] times each fused kernel for ExecuTorch's event tracer.
 //! [`inspect`] describes a plan for `python -m rustconv.inspect`. `ffi` is
 //! the cxx bridge to the C++ `BackendInterface` in cpp/ and the
@@ -31,6 +33,7 @@ pub mod plan;
 pub mod profiling;
 mod shape;
 pub mod state;
+pub mod step;
 pub mod threads;
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 use rustconv_kernels::fused::resolve_start;
 use rustconv_kernels::{Conv1dParams, ScanParams, MAX_RANK};
 
-use crate::graph::{DType, OpDesc, Operand, ValueDesc};
+use crate::graph::{Conv1dOp, DType, OpDesc, Operand, ScanOp, ValueDesc};
 use crate::shape::Shape;
 
 /// Checks what does not depend on runtime shapes: ranks, dtypes, which
@@ -44,14 +44,14 @@ pub fn check_static(op: &OpDesc, values: &[ValueDesc]) -> Result<(), String> {
     };
     let same_rank = |v: usize, what: &str| rank(v, rank_of(out), what);
     match *op {
-        OpDesc::Conv1d {
+        OpDesc::Conv1d(Conv1dOp {
             input,
             weight,
             bias,
             output,
             groups,
             ..
-        } => {
+        }) => {
             rank(input, 3, "input")?;
             rank(weight, 3, "weight")?;
             rank(output, 3, "output")?;
@@ -102,7 +102,7 @@ pub fn check_static(op: &OpDesc, values: &[ValueDesc]) -> Result<(), String> {
                 }
             }
         }
-        OpDesc::LinearScan { x0, a, u, output } => {
+        OpDesc::LinearScan(ScanOp { x0, a, u, output }) => {
             rank(x0, 2, "x0")?;
             rank(a, 3, "a")?;
             rank(u, 3, "u")?;
@@ -191,18 +191,15 @@ fn describe(v: &ValueDesc) -> Vec<usize> {
 }
 
 /// Kernel parameters of a conv1d for the given input and weight shapes.
-pub fn conv1d_params(op: &OpDesc, input: Shape, weight: Shape) -> Conv1dParams {
-    let OpDesc::Conv1d {
+pub fn conv1d_params(op: &Conv1dOp, input: Shape, weight: Shape) -> Conv1dParams {
+    let Conv1dOp {
         stride,
         pad_left,
         pad_right,
         dilation,
         groups,
         ..
-    } = *op
-    else {
-        unreachable!("conv1d_params called on {op:?}")
-    };
+    } = *op;
     Conv1dParams {
         batch: input[0],
         in_channels: input[1],
@@ -258,13 +255,15 @@ pub fn infer_shape(
     shape_of: impl Fn(usize) -> Shape,
 ) -> Result<Shape, String> {
     match *op {
-        OpDesc::Conv1d {
-            input,
-            weight,
-            bias,
-            groups,
-            ..
-        } => {
+        OpDesc::Conv1d(
+            conv @ Conv1dOp {
+                input,
+                weight,
+                bias,
+                groups,
+                ..
+            },
+        ) => {
             let (x, w) = (shape_of(input), shape_of(weight));
             if x[1] != w[1] * groups {
                 return Err(format!(
@@ -281,11 +280,11 @@ pub fn infer_shape(
                     ));
                 }
             }
-            let params = conv1d_params(op, x, w);
+            let params = conv1d_params(&conv, x, w);
             let len = params.out_len().map_err(|e| e.to_string())?;
             Ok(Shape::new(&[x[0], w[0], len]))
         }
-        OpDesc::LinearScan { x0, a, u, .. } => {
+        OpDesc::LinearScan(ScanOp { x0, a, u, .. }) => {
             let (x0, a, u) = (shape_of(x0), shape_of(a), shape_of(u));
             if a != u {
                 return Err(format!(

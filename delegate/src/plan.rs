@@ -3,16 +3,17 @@
 //! materialised value lives, and how big the arena is. `execute` only
 //! follows it.
 
-use rustconv_kernels::fused::{line_scratch, reduce_scratch, CompiledProgram};
-use rustconv_kernels::{self as kernels, scan_rows_scratch, Choice, PreparedConv1d, Weights};
+use rustconv_kernels as kernels;
+use rustconv_kernels::fused::{line_scratch, reduce_scratch};
 
 use crate::error::{DelegateError, GraphError};
-use crate::fusion::{self, Epilogue, KernelBody, Source, Statistics, StatisticsKind};
-use crate::graph::{DType, GraphDesc, NodeDesc, OpDesc, Role, ValueDesc};
+use crate::fusion::{self, Statistics, StatisticsKind};
+use crate::graph::{DType, GraphDesc, NodeDesc, Role, ValueDesc};
 use crate::memory::{self, Lifetime};
 use crate::ops;
 use crate::options::CompileOptions;
 use crate::shape::Shape;
+use crate::step::{Prepare, StepKind};
 
 /// Where kernels read and write a value, as f32, during `execute`.
 ///
@@ -51,40 +52,6 @@ pub struct StateSlot {
     pub len: usize,
 }
 
-/// How a step runs: the anchor kernel (or a pass) and what is fused into it.
-pub enum Exec {
-    Conv1d {
-        /// Prepared for the node's largest shape: algorithm chosen, weights
-        /// transformed where the algorithm wants it.
-        prepared: Box<PreparedConv1d>,
-        /// The value the step stores: the conv's output, or the epilogue's.
-        result: usize,
-        /// The conv node's op (parameters and operand values).
-        op: OpDesc,
-        input: Source,
-        epilogue: Option<Epilogue>,
-        /// The algorithm cannot compute the input in its own loops: it is
-        /// materialised first, into its value's arena slot.
-        stage_input: bool,
-        /// The algorithm cannot hand its output to the epilogue in its own
-        /// loops: it is stored into the anchor's arena slot, then drained
-        /// through the epilogue.
-        stage_output: bool,
-    },
-    LinearScan {
-        op: OpDesc,
-        result: usize,
-        x0: Source,
-        a: Source,
-        u: Source,
-        epilogue: Option<Epilogue>,
-    },
-    /// Every result computed by its program in one pass over memory.
-    Pass {
-        results: Vec<(usize, CompiledProgram)>,
-    },
-}
-
 /// An original op of the model that a step implements.
 #[derive(Clone, Debug)]
 pub struct Absorbed {
@@ -100,8 +67,6 @@ pub struct Step {
     /// The kernel index recorded at export (stable from export to
     /// profiling).
     pub kernel: u32,
-    /// The algorithm it runs, for logs and plans.
-    pub algorithm: &'static str,
     pub absorbed: Vec<Absorbed>,
     /// Materialised values read during `execute`.
     pub reads: Vec<usize>,
@@ -110,14 +75,15 @@ pub struct Step {
     /// Reductions computed before `exec` runs, in order, into stored
     /// values its programs read.
     pub statistics: Vec<Statistics>,
-    pub exec: Exec,
+    /// How it runs: the step's own kind, from fusion to execution.
+    pub exec: Box<dyn StepKind>,
 }
 
 impl std::fmt::Debug for Step {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Step")
             .field("kernel", &self.kernel)
-            .field("algorithm", &self.algorithm)
+            .field("algorithm", &self.algorithm())
             .field("absorbed", &self.absorbed)
             .field("reads", &self.reads)
             .field("writes", &self.writes)
@@ -220,6 +186,22 @@ impl Plan {
             "plan: vector instructions {}",
             kernels::vector_instructions()
         )];
+        // A conv prepares from its weights where they are constants.
+        let constant = |v: usize| {
+            let n = graph.values[v].max_numel();
+            match locations[v] {
+                Location::Constant(offset) => Some(as_f32(&constants[offset..offset + 4 * n])),
+                Location::Converted(offset) => Some(&converted[offset..offset + n]),
+                _ => None,
+            }
+        };
+        let mut prepare = Prepare {
+            nodes: &graph.nodes,
+            values: &graph.values,
+            constant: &constant,
+            options,
+            report: &mut report,
+        };
         let mut steps = Vec::with_capacity(kernels.len());
         for kernel in kernels {
             let absorbed = graph.nodes[kernel.nodes.clone()]
@@ -231,72 +213,17 @@ impl Plan {
                     debug_handles: n.debug_handles.clone(),
                 })
                 .collect();
-            let (exec, algorithm) = match kernel.body {
-                KernelBody::Conv1d {
-                    node,
-                    input,
-                    epilogue,
-                } => {
-                    let result = kernel.writes[0];
-                    let node = &graph.nodes[node];
-                    let prepared = prepare_conv(
-                        node,
-                        &graph.values,
-                        &locations,
-                        constants,
-                        &converted,
-                        options,
-                        &mut report,
-                    )?;
-                    let stage_input =
-                        matches!(input, Source::Computed(_)) && !prepared.fuses_input();
-                    let stage_output = epilogue.is_some() && !prepared.fuses_output();
-                    if let (true, OpDesc::Conv1d { input, .. }) = (stage_input, &node.op) {
-                        materialised[*input] = true;
-                    }
-                    if stage_output {
-                        materialised[node.op.output()] = true;
-                    }
-                    let algorithm = prepared.algorithm().name();
-                    let exec = Exec::Conv1d {
-                        prepared: Box::new(prepared),
-                        result,
-                        op: node.op.clone(),
-                        input,
-                        epilogue,
-                        stage_input,
-                        stage_output,
-                    };
-                    (exec, algorithm)
-                }
-                KernelBody::LinearScan {
-                    node,
-                    x0,
-                    a,
-                    u,
-                    epilogue,
-                } => (
-                    Exec::LinearScan {
-                        op: graph.nodes[node].op.clone(),
-                        result: kernel.writes[0],
-                        x0,
-                        a,
-                        u,
-                        epilogue,
-                    },
-                    "parallel_scan",
-                ),
-                KernelBody::Pass { results } => (Exec::Pass { results }, "elementwise"),
-            };
-            let mut writes: Vec<usize> = kernel
-                .statistics
-                .iter()
-                .flat_map(Statistics::values)
-                .collect();
+            let mut exec = kernel.body;
+            exec.prepare(&mut prepare)?;
+            let staged = exec.staged();
+            for &v in &staged {
+                materialised[v] = true;
+            }
+            let mut writes = staged;
+            writes.extend(kernel.statistics.iter().flat_map(Statistics::values));
             writes.extend(kernel.writes);
             let mut step = Step {
                 kernel: kernel.index,
-                algorithm,
                 absorbed,
                 reads: Vec::new(),
                 writes,
@@ -304,22 +231,7 @@ impl Plan {
                 exec,
             };
             step.reads = step.values_read(&materialised);
-            // A staged conv also writes its input and output buffers.
-            if let Exec::Conv1d {
-                op: OpDesc::Conv1d { input, output, .. },
-                stage_input,
-                stage_output,
-                ..
-            } = &step.exec
-            {
-                if *stage_input {
-                    step.writes.insert(0, *input);
-                }
-                if *stage_output {
-                    step.writes.insert(0, *output);
-                }
-            }
-            report.push(step.describe(&graph.values));
+            prepare.report.push(step.describe(&graph.values));
             steps.push(step);
         }
 
@@ -395,57 +307,10 @@ impl Plan {
     }
 }
 
-fn source_loads(source: &Source) -> Vec<usize> {
-    match source {
-        Source::Stored(v) => vec![*v],
-        Source::Computed(p) => p.loads().collect(),
-        Source::Paired => Vec::new(),
-    }
-}
-
-fn program_temps(source: &Source) -> usize {
-    match source {
-        Source::Stored(_) | Source::Paired => 0,
-        Source::Computed(p) => p.temporaries(),
-    }
-}
-
-/// Line-sized temporaries an epilogue's sink needs (its result buffer too).
-fn epilogue_temps(epilogue: &Option<Epilogue>) -> usize {
-    epilogue.as_ref().map_or(0, |e| 1 + e.program.temporaries())
-}
-
 impl Step {
     /// The materialised values the step reads during `execute`.
     fn values_read(&self, materialised: &[bool]) -> Vec<usize> {
-        let mut reads: Vec<usize> = match &self.exec {
-            Exec::Conv1d {
-                prepared,
-                op,
-                input,
-                epilogue,
-                ..
-            } => {
-                let OpDesc::Conv1d { weight, bias, .. } = *op else {
-                    unreachable!("conv step holds a conv")
-                };
-                let mut r = source_loads(input);
-                if prepared.reads_weights() {
-                    r.push(weight);
-                }
-                r.extend(bias);
-                r.extend(epilogue.iter().flat_map(|e| e.program.loads()));
-                r
-            }
-            Exec::LinearScan {
-                x0, a, u, epilogue, ..
-            } => {
-                let mut r: Vec<usize> = [x0, a, u].into_iter().flat_map(source_loads).collect();
-                r.extend(epilogue.iter().flat_map(|e| e.program.loads()));
-                r
-            }
-            Exec::Pass { results } => results.iter().flat_map(|(_, p)| p.loads()).collect(),
-        };
+        let mut reads = self.exec.loads();
         reads.extend(self.statistics.iter().flat_map(|s| s.program.loads()));
         reads.retain(|&v| materialised[v]);
         reads.sort_unstable();
@@ -453,11 +318,13 @@ impl Step {
         reads
     }
 
+    /// The algorithm it runs, for logs, plans and the profiler.
+    pub fn algorithm(&self) -> &'static str {
+        self.exec.algorithm()
+    }
+
     fn shared_scratch(&self) -> usize {
-        match &self.exec {
-            Exec::Conv1d { prepared, .. } => prepared.shared_scratch(),
-            Exec::LinearScan { .. } | Exec::Pass { .. } => 0,
-        }
+        self.exec.shared_scratch()
     }
 
     fn scratch_per_thread(&self) -> usize {
@@ -470,45 +337,7 @@ impl Step {
             })
             .max()
             .unwrap_or(0);
-        statistics.max(self.exec_scratch_per_thread())
-    }
-
-    fn exec_scratch_per_thread(&self) -> usize {
-        match &self.exec {
-            Exec::Conv1d {
-                prepared,
-                input,
-                epilogue,
-                stage_input,
-                stage_output,
-                ..
-            } => {
-                let (x, y) = (program_temps(input), epilogue_temps(epilogue));
-                let staged = line_scratch(if *stage_input { x } else { 0 }.max(if *stage_output {
-                    y
-                } else {
-                    0
-                }));
-                let fused = prepared.rows_scratch_per_thread(
-                    if *stage_input { 0 } else { x },
-                    if *stage_output { 0 } else { y },
-                );
-                staged.max(fused)
-            }
-            Exec::LinearScan {
-                x0, a, u, epilogue, ..
-            } => {
-                let temps = [x0, a, u].into_iter().map(program_temps).max().unwrap_or(0);
-                scan_rows_scratch(temps.max(epilogue_temps(epilogue)))
-            }
-            Exec::Pass { results } => line_scratch(
-                results
-                    .iter()
-                    .map(|(_, p)| p.temporaries())
-                    .max()
-                    .unwrap_or(0),
-            ),
-        }
+        statistics.max(self.exec.scratch_per_thread())
     }
 
     /// The plan's log line for this step.
@@ -526,7 +355,7 @@ impl Step {
         format!(
             "plan: kernel {} -> {}{}; writes {}; absorbs {} op(s): {}",
             self.kernel,
-            self.algorithm,
+            self.algorithm(),
             self.fusion_summary(),
             writes.join(", "),
             self.absorbed.len(),
@@ -562,140 +391,8 @@ impl Step {
         if !derived.is_empty() {
             statistics += &format!(" (then {} once per statistic)", derived.join(", "));
         }
-        statistics + &self.exec_summary()
+        statistics + &self.exec.summary()
     }
-
-    fn exec_summary(&self) -> String {
-        match &self.exec {
-            Exec::Conv1d {
-                input,
-                epilogue,
-                stage_input,
-                stage_output,
-                ..
-            } => {
-                let part = |what: &str, present: bool, staged: bool| match (present, staged) {
-                    (false, _) => String::new(),
-                    (true, false) => format!(", {what} in its loops"),
-                    (true, true) => format!(", {what} staged through memory"),
-                };
-                part(
-                    "prologue",
-                    matches!(input, Source::Computed(_)),
-                    *stage_input,
-                ) + &part("epilogue", epilogue.is_some(), *stage_output)
-            }
-            Exec::LinearScan {
-                x0, a, u, epilogue, ..
-            } => {
-                let computed = [x0, a, u]
-                    .iter()
-                    .filter(|s| matches!(s, Source::Computed(_) | Source::Paired))
-                    .count();
-                let prologue = match computed {
-                    0 => String::new(),
-                    n => format!(", prologue of {n} operand(s) in its loops"),
-                };
-                let prologue = match (a, u) {
-                    (Source::Computed(p), Source::Paired) => format!(
-                        "{prologue}, a and u together ({} shared subexpression(s) once)",
-                        p.shared()
-                    ),
-                    _ => prologue,
-                };
-                let epilogue = if epilogue.is_some() {
-                    ", epilogue in its loops"
-                } else {
-                    ""
-                };
-                prologue + epilogue
-            }
-            Exec::Pass { .. } => String::new(),
-        }
-    }
-}
-
-/// Chooses and prepares a conv1d's kernel for the node's largest shape, and
-/// logs the choice with the cost model's estimates so it can be checked.
-fn prepare_conv(
-    node: &NodeDesc,
-    values: &[ValueDesc],
-    locations: &[Location],
-    constants: &[u8],
-    converted: &[f32],
-    options: &CompileOptions,
-    report: &mut Vec<String>,
-) -> Result<PreparedConv1d, DelegateError> {
-    let OpDesc::Conv1d { input, weight, .. } = node.op else {
-        unreachable!("prepare_conv on {:?}", node.op)
-    };
-    let max = ops::conv1d_params(
-        &node.op,
-        bound_shape(&values[input]),
-        bound_shape(&values[weight]),
-    );
-    let prepare_error = |source| DelegateError::Prepare {
-        id: node.id,
-        name: node.name.clone(),
-        source,
-    };
-    // A weight fed at run time (an argument, or a value another step
-    // computes) is read by every call; the kernel is told so and derives
-    // nothing from it ahead.
-    let n = values[weight].max_numel();
-    let weights = match locations[weight] {
-        Location::Constant(offset) => Weights::Constant(as_f32(&constants[offset..offset + 4 * n])),
-        Location::Converted(offset) => Weights::Constant(&converted[offset..offset + n]),
-        _ => Weights::Fed,
-    };
-    let candidates = kernels::applicable(&max, &weights);
-    let choice = match options.conv1d_algorithm {
-        Choice::Force(a) if !candidates.contains(&a) => {
-            report.push(format!(
-                "node {} '{}': {} does not apply{}, choosing automatically",
-                node.id,
-                node.name,
-                a.name(),
-                if kernels::estimate_cost(a, &max).is_some() {
-                    // It applies to the shape: not to fed weights.
-                    " to a weight fed at run time"
-                } else {
-                    ""
-                }
-            ));
-            Choice::Auto
-        }
-        choice => choice,
-    };
-    let prepared = PreparedConv1d::for_weights(&max, weights, choice).map_err(prepare_error)?;
-    let estimates: Vec<String> = candidates
-        .iter()
-        .filter_map(|&a| {
-            Some(format!(
-                "{} {:.3}",
-                a.name(),
-                kernels::estimate_cost(a, &max)? * 1e3
-            ))
-        })
-        .collect();
-    report.push(format!(
-        "plan: node {} '{}' conv1d -> {}{} (estimated ms: {}; prepared {:.1} MiB)",
-        node.id,
-        node.name,
-        prepared.algorithm().name(),
-        if prepared.weights_fed() {
-            ", weights fed at run time"
-        } else {
-            ""
-        },
-        estimates.join(", "),
-        prepared.prepared_bytes() as f64 / (1 << 20) as f64
-    ));
-    Ok(prepared)
-}
-
-pub(crate) fn bound_shape(value: &ValueDesc) -> Shape {
-    Shape::new(&value.dims.iter().map(|d| d.size).collect::<Vec<_>>())
 }
 
 fn f16_bytes(bytes: &[u8]) -> impl Iterator<Item = half::f16> + '_ {
@@ -723,7 +420,7 @@ compile_error!("the blob stores little-endian values; big-endian targets need a 
 /// Checks every node at the shapes' upper bounds: operands fit together and
 /// each result fits the shape (or bound) the blob declares for it.
 fn check_shapes(values: &[ValueDesc], nodes: &[NodeDesc]) -> Result<(), GraphError> {
-    let bounds: Vec<Shape> = values.iter().map(bound_shape).collect();
+    let bounds: Vec<Shape> = values.iter().map(ValueDesc::bound_shape).collect();
     for node in nodes {
         let bad = |reason: String| GraphError::BadNode {
             id: node.id,

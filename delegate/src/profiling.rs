@@ -18,9 +18,7 @@
 
 use std::io::Write;
 
-use crate::graph::OpDesc;
-use crate::ops;
-use crate::plan::{Exec, Plan, Step};
+use crate::plan::{Plan, Step};
 use crate::shape::Shape;
 
 /// Reads a monotonic clock, in the ticks of the event tracer's own clock.
@@ -92,25 +90,7 @@ pub fn work(step: &Step, shapes: &[Shape]) -> Work {
         // arguments through f32 shadows, converted outside the steps).
         .map(|v| (shapes[v].numel() * std::mem::size_of::<f32>()) as u64)
         .sum();
-    let flops = match &step.exec {
-        Exec::Conv1d { op, .. } => {
-            let OpDesc::Conv1d { input, weight, .. } = *op else {
-                unreachable!("a conv step holds a conv")
-            };
-            let p = ops::conv1d_params(op, shapes[input], shapes[weight]);
-            p.out_len().ok().map(|out_len| {
-                2 * (p.batch * p.out_channels * out_len * (p.in_channels / p.groups.max(1))) as u64
-                    * p.kernel_size as u64
-            })
-        }
-        Exec::LinearScan { op, .. } => {
-            let OpDesc::LinearScan { a, .. } = *op else {
-                unreachable!("a scan step holds a scan")
-            };
-            Some(2 * shapes[a].numel() as u64)
-        }
-        Exec::Pass { .. } => None,
-    };
+    let flops = step.exec.flops(shapes);
     Work { bytes, flops }
 }
 
@@ -120,7 +100,12 @@ pub fn work(step: &Step, shapes: &[Shape]) -> Work {
 fn write_metadata(slot: &mut [u8], step: &Step, work: Work) -> usize {
     let capacity = slot.len();
     let mut cursor: &mut [u8] = slot;
-    let _ = write!(cursor, "algorithm={};bytes={}", step.algorithm, work.bytes);
+    let _ = write!(
+        cursor,
+        "algorithm={};bytes={}",
+        step.algorithm(),
+        work.bytes
+    );
     if let Some(flops) = work.flops {
         let _ = write!(cursor, ";flops={flops}");
     }
@@ -137,14 +122,11 @@ mod tests {
         let mut long = [0u8; METADATA_CAPACITY];
         let step = Step {
             kernel: 3,
-            algorithm: "depthwise_simd",
             absorbed: Vec::new(),
             reads: Vec::new(),
             writes: Vec::new(),
             statistics: Vec::new(),
-            exec: Exec::Pass {
-                results: Vec::new(),
-            },
+            exec: Box::new(crate::step::PassStep::new(Vec::new())),
         };
         let work = Work {
             bytes: u64::MAX,
@@ -154,7 +136,7 @@ mod tests {
         let n = write_metadata(&mut long, &step, work);
         assert_eq!(
             std::str::from_utf8(&long[..n]).unwrap(),
-            "algorithm=depthwise_simd;bytes=18446744073709551615;flops=18446744073709551615"
+            "algorithm=elementwise;bytes=18446744073709551615;flops=18446744073709551615"
         );
     }
 }

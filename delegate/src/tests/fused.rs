@@ -126,7 +126,7 @@ fn lfm2_block_is_one_step_and_matches_the_reference_at_every_length() {
     let plan = fused.plan().unwrap();
     assert_eq!(plan.steps.len(), 1, "{:?}", plan.steps);
     assert_eq!(plan.steps[0].absorbed.len(), 8);
-    assert_eq!(plan.steps[0].algorithm, "depthwise_simd");
+    assert_eq!(plan.steps[0].algorithm(), "depthwise_simd");
     assert_eq!(
         plan.arena_bytes, 0,
         "nothing between the projections is stored"

@@ -28,7 +28,6 @@
 //! along the line (a `[C, 1]` parameter along time). Any other line, or
 //! any other program, is interpreted.
 
-
 use super::math;
 use super::ops::{prefetch, BinaryOp, UnaryOp};
 use super::program::views::{Leaf, LeafMap};
