@@ -636,44 +636,16 @@ fn decode_op(
     })
 }
 
+/// The kernels' op for a schema enum value (by name: the kernels' op
+/// table names its variants as the schema does); `None` for a value this
+/// runtime does not know (a newer exporter's).
 fn unary_op(op: fb::UnaryOp) -> Option<UnaryOp> {
-    Some(match op {
-        fb::UnaryOp::Identity => UnaryOp::Identity,
-        fb::UnaryOp::Neg => UnaryOp::Neg,
-        fb::UnaryOp::Abs => UnaryOp::Abs,
-        fb::UnaryOp::Relu => UnaryOp::Relu,
-        fb::UnaryOp::Sigmoid => UnaryOp::Sigmoid,
-        fb::UnaryOp::Tanh => UnaryOp::Tanh,
-        fb::UnaryOp::Silu => UnaryOp::Silu,
-        fb::UnaryOp::Gelu => UnaryOp::Gelu,
-        fb::UnaryOp::GeluTanh => UnaryOp::GeluTanh,
-        fb::UnaryOp::Exp => UnaryOp::Exp,
-        fb::UnaryOp::Log => UnaryOp::Log,
-        fb::UnaryOp::Log1p => UnaryOp::Log1p,
-        fb::UnaryOp::Softplus => UnaryOp::Softplus,
-        fb::UnaryOp::Sqrt => UnaryOp::Sqrt,
-        fb::UnaryOp::Rsqrt => UnaryOp::Rsqrt,
-        fb::UnaryOp::Reciprocal => UnaryOp::Reciprocal,
-        _ => return None,
-    })
+    UnaryOp::from_schema_name(op.variant_name()?)
 }
 
+/// As [`unary_op`].
 fn binary_op(op: fb::BinaryOp) -> Option<BinaryOp> {
-    Some(match op {
-        fb::BinaryOp::Add => BinaryOp::Add,
-        fb::BinaryOp::Sub => BinaryOp::Sub,
-        fb::BinaryOp::Mul => BinaryOp::Mul,
-        fb::BinaryOp::Div => BinaryOp::Div,
-        fb::BinaryOp::Maximum => BinaryOp::Maximum,
-        fb::BinaryOp::Minimum => BinaryOp::Minimum,
-        fb::BinaryOp::Gt => BinaryOp::Gt,
-        fb::BinaryOp::Ge => BinaryOp::Ge,
-        fb::BinaryOp::Lt => BinaryOp::Lt,
-        fb::BinaryOp::Le => BinaryOp::Le,
-        fb::BinaryOp::Eq => BinaryOp::Eq,
-        fb::BinaryOp::Ne => BinaryOp::Ne,
-        _ => return None,
-    })
+    BinaryOp::from_schema_name(op.variant_name()?)
 }
 
 /// How a squeeze / unsqueeze maps output dimensions to input ones: the
@@ -833,4 +805,27 @@ fn check_io(
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The schema's element-wise ops and the kernels' are the same set: each
+    /// schema value maps to the kernels' op of that name, and back.
+    #[test]
+    fn every_schema_elementwise_op_maps_to_a_kernel_op() {
+        for &op in fb::UnaryOp::ENUM_VALUES {
+            let ours = unary_op(op).unwrap_or_else(|| panic!("{op:?} has no kernel op"));
+            assert_eq!(Some(format!("{ours:?}").as_str()), op.variant_name());
+        }
+        assert_eq!(fb::UnaryOp::ENUM_VALUES.len(), UnaryOp::ALL.len());
+        for &op in fb::BinaryOp::ENUM_VALUES {
+            let ours = binary_op(op).unwrap_or_else(|| panic!("{op:?} has no kernel op"));
+            assert_eq!(Some(format!("{ours:?}").as_str()), op.variant_name());
+        }
+        assert_eq!(fb::BinaryOp::ENUM_VALUES.len(), BinaryOp::ALL.len());
+        // A value a newer exporter may write is refused, not misread.
+        assert_eq!(unary_op(fb::UnaryOp(u8::MAX)), None);
+    }
 }

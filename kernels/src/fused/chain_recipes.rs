@@ -21,7 +21,6 @@
 //! epilogue) and every operand contiguously or as one value. Any other line
 //! or program is interpreted.
 
-use super::math;
 use super::ops::{BinaryOp, UnaryOp};
 use super::program::views::{Leaf, LeafMap};
 use super::program::{Env, Expr, Line, Program};
@@ -51,19 +50,6 @@ pub(super) struct Chain<'a> {
     steps: [(BinaryOp, LeafMap<'a>); MAX_STEPS],
     len: usize,
     act: Option<UnaryOp>,
-}
-
-/// The activations a chain may end with.
-fn activation(op: UnaryOp) -> bool {
-    matches!(
-        op,
-        UnaryOp::Relu
-            | UnaryOp::Sigmoid
-            | UnaryOp::Tanh
-            | UnaryOp::Silu
-            | UnaryOp::Gelu
-            | UnaryOp::GeluTanh
-    )
 }
 
 /// The form of a [`Chain`] in a program: its steps' ops and leaves' nodes
@@ -103,7 +89,7 @@ impl ChainForm {
         };
         let mut i = program.root();
         let act = match nodes.get(i)?.expr {
-            Expr::Unary { op, x } if activation(op) => {
+            Expr::Unary { op, x } => {
                 i = x;
                 Some(op)
             }
@@ -274,16 +260,9 @@ fn chain_generic<const F: bool>(
                 _ => unreachable!("a chain adds, subtracts and multiplies"),
             }
         }
-        match act {
-            None => {}
-            // max(v, 0) would turn NaN into 0; PyTorch keeps NaN.
-            Some(UnaryOp::Relu) => each(out, |v| if v < 0.0 { 0.0 } else { v }),
-            Some(UnaryOp::Sigmoid) => each(out, math::sigmoid::<F>),
-            Some(UnaryOp::Tanh) => each(out, math::tanh::<F>),
-            Some(UnaryOp::Silu) => each(out, |v| v * math::sigmoid::<F>(v)),
-            Some(UnaryOp::Gelu) => each(out, math::gelu::<F>),
-            Some(UnaryOp::GeluTanh) => each(out, math::gelu_tanh::<F>),
-            Some(op) => unreachable!("{op:?} is not a chain's activation"),
+        if let Some(op) = act {
+            // The interpreter's own loop for the op, over the block.
+            op.apply_generic::<F>(out);
         }
     }
 }

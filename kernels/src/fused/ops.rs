@@ -9,48 +9,161 @@
 use super::math;
 use crate::simd::isa_dispatch;
 
-/// One-operand elementwise functions (the schema's `UnaryOp`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[allow(missing_docs)]
-pub enum UnaryOp {
-    Identity,
-    Neg,
-    Abs,
-    Relu,
-    Sigmoid,
-    Tanh,
-    Silu,
-    /// Exact (erf) GELU.
-    Gelu,
-    /// GELU's tanh approximation.
-    GeluTanh,
-    Exp,
-    Log,
-    Log1p,
-    /// Beta 1, threshold 20.
-    Softplus,
-    Sqrt,
-    Rsqrt,
-    Reciprocal,
+/// Defines an op enum from one table: per op, its variant (named as the
+/// schema's enum value, which the delegate maps by that name), its name in
+/// plans and logs (PyTorch's spelling) and its function of an element (or
+/// of a pair). The function may name `F` (fused multiply-add, as in
+/// `math.rs`). Generated: the enum, `ALL`, `name`, `from_schema_name` and
+/// `apply_generic`, one loop per op so each compiles to its own vector
+/// loop. Adding an op is one row (and its math, where new).
+macro_rules! elementwise_ops {
+    (@common $op:ident $($variant:ident = $name:literal)+) => {
+        impl $op {
+            /// Every op, in the table's order.
+            pub const ALL: &'static [$op] = &[$($op::$variant,)+];
+
+            /// The op's name in plans and logs (PyTorch's spelling).
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($op::$variant => $name,)+
+                }
+            }
+
+            /// The op the schema's enum value `name` stands for.
+            pub fn from_schema_name(name: &str) -> Option<Self> {
+                match name {
+                    $(stringify!($variant) => Some($op::$variant),)+
+                    _ => None,
+                }
+            }
+        }
+    };
+    (
+        $(#[$meta:meta])*
+        pub enum $op:ident (x) {
+            $($(#[$doc:meta])* $variant:ident = $name:literal => $f:expr,)+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[allow(missing_docs)]
+        pub enum $op {
+            $($(#[$doc])* $variant,)+
+        }
+        elementwise_ops!(@common $op $($variant = $name)+);
+        impl $op {
+            /// The loops, inlined into each instruction-set variant of
+            /// [`unary`]; `F`: the variant's CPU has fused multiply-add.
+            #[inline(always)]
+            pub(super) fn apply_generic<const F: bool>(self, x: &mut [f32]) {
+                #[inline(always)]
+                fn each(x: &mut [f32], f: impl Fn(f32) -> f32) {
+                    for v in x {
+                        *v = f(*v);
+                    }
+                }
+                match self {
+                    $($op::$variant => each(x, $f),)+
+                }
+            }
+        }
+    };
+    (
+        $(#[$meta:meta])*
+        pub enum $op:ident (a, b) {
+            $($(#[$doc:meta])* $variant:ident = $name:literal => $f:expr,)+
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        #[allow(missing_docs)]
+        pub enum $op {
+            $($(#[$doc])* $variant,)+
+        }
+        elementwise_ops!(@common $op $($variant = $name)+);
+        impl $op {
+            /// The loops, inlined into each instruction-set variant of
+            /// [`binary`] (`F` as for [`UnaryOp`]).
+            #[inline(always)]
+            pub(super) fn apply_generic<const F: bool>(self, a: &mut [f32], b: &[f32]) {
+                #[inline(always)]
+                fn each(a: &mut [f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
+                    for (x, &y) in a.iter_mut().zip(b) {
+                        *x = f(*x, y);
+                    }
+                }
+                match self {
+                    $($op::$variant => each(a, b, $f),)+
+                }
+            }
+        }
+    };
 }
 
-/// Two-operand elementwise functions (the schema's `BinaryOp`);
-/// comparisons give 1.0 or 0.0.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[allow(missing_docs)]
-pub enum BinaryOp {
-    Add,
-    Sub,
-    Mul,
-    Div,
-    Maximum,
-    Minimum,
-    Gt,
-    Ge,
-    Lt,
-    Le,
-    Eq,
-    Ne,
+elementwise_ops! {
+    /// One-operand elementwise functions (the schema's `UnaryOp`).
+    pub enum UnaryOp (x) {
+        Identity = "copy" => |v| v,
+        Neg = "neg" => |v: f32| -v,
+        Abs = "abs" => f32::abs,
+        // max(v, 0) would turn NaN into 0; PyTorch keeps NaN.
+        Relu = "relu" => |v| if v < 0.0 { 0.0 } else { v },
+        Sigmoid = "sigmoid" => math::sigmoid::<F>,
+        Tanh = "tanh" => math::tanh::<F>,
+        Silu = "silu" => |v| v * math::sigmoid::<F>(v),
+        /// Exact (erf) GELU.
+        Gelu = "gelu" => math::gelu::<F>,
+        /// GELU's tanh approximation.
+        GeluTanh = "gelu_tanh" => math::gelu_tanh::<F>,
+        Exp = "exp" => math::exp::<F>,
+        Log = "log" => math::ln::<F>,
+        Log1p = "log1p" => math::log1p::<F>,
+        /// Beta 1, threshold 20.
+        Softplus = "softplus" => math::softplus::<F>,
+        Sqrt = "sqrt" => f32::sqrt,
+        Rsqrt = "rsqrt" => |v: f32| 1.0 / v.sqrt(),
+        Reciprocal = "reciprocal" => |v| 1.0 / v,
+    }
+}
+
+elementwise_ops! {
+    /// Two-operand elementwise functions (the schema's `BinaryOp`);
+    /// comparisons give 1.0 or 0.0.
+    pub enum BinaryOp (a, b) {
+        Add = "add" => |x, y| x + y,
+        Sub = "sub" => |x, y| x - y,
+        Mul = "mul" => |x, y| x * y,
+        Div = "div" => |x, y| x / y,
+        Maximum = "maximum" => |x, y| nan_or(x, y, f32::max),
+        Minimum = "minimum" => |x, y| nan_or(x, y, f32::min),
+        Gt = "gt" => |x, y| flag(x > y),
+        Ge = "ge" => |x, y| flag(x >= y),
+        Lt = "lt" => |x, y| flag(x < y),
+        Le = "le" => |x, y| flag(x <= y),
+        Eq = "eq" => |x, y| flag(x == y),
+        Ne = "ne" => |x, y| flag(x != y),
+    }
+}
+
+/// `f(x, y)`, or NaN where either is: torch.maximum and minimum propagate
+/// NaN from either side.
+#[inline(always)]
+fn nan_or(x: f32, y: f32, f: fn(f32, f32) -> f32) -> f32 {
+    if x.is_nan() || y.is_nan() {
+        f32::NAN
+    } else {
+        f(x, y)
+    }
+}
+
+/// A comparison's result.
+#[inline(always)]
+fn flag(c: bool) -> f32 {
+    if c {
+        1.0
+    } else {
+        0.0
+    }
 }
 
 isa_dispatch! {
@@ -74,129 +187,18 @@ fn binary_generic<const F: bool>(op: BinaryOp, a: &mut [f32], b: &[f32]) {
 }
 
 impl UnaryOp {
-    /// The op's name in plans and logs (PyTorch's spelling).
-    pub fn name(self) -> &'static str {
-        match self {
-            UnaryOp::Identity => "copy",
-            UnaryOp::Neg => "neg",
-            UnaryOp::Abs => "abs",
-            UnaryOp::Relu => "relu",
-            UnaryOp::Sigmoid => "sigmoid",
-            UnaryOp::Tanh => "tanh",
-            UnaryOp::Silu => "silu",
-            UnaryOp::Gelu => "gelu",
-            UnaryOp::GeluTanh => "gelu_tanh",
-            UnaryOp::Exp => "exp",
-            UnaryOp::Log => "log",
-            UnaryOp::Log1p => "log1p",
-            UnaryOp::Softplus => "softplus",
-            UnaryOp::Sqrt => "sqrt",
-            UnaryOp::Rsqrt => "rsqrt",
-            UnaryOp::Reciprocal => "reciprocal",
-        }
-    }
-
     /// Applies the function to every element of `x` in place, with the
     /// widest vectors this CPU has (the loops are written to auto-vectorise;
     /// see `math.rs`).
     pub fn apply(self, x: &mut [f32]) {
         unary(self, x)
     }
-    /// The loops, inlined into each instruction-set variant of [`unary`];
-    /// `F`: the variant's CPU has fused multiply-add.
-    #[inline(always)]
-    fn apply_generic<const F: bool>(self, x: &mut [f32]) {
-        // One loop per op so each compiles to its own vector loop.
-        #[inline(always)]
-        fn each(x: &mut [f32], f: impl Fn(f32) -> f32) {
-            for v in x {
-                *v = f(*v);
-            }
-        }
-        match self {
-            UnaryOp::Identity => {}
-            UnaryOp::Neg => each(x, |v| -v),
-            UnaryOp::Abs => each(x, f32::abs),
-            // max(v, 0) would turn NaN into 0; PyTorch keeps NaN.
-            UnaryOp::Relu => each(x, |v| if v < 0.0 { 0.0 } else { v }),
-            UnaryOp::Sigmoid => each(x, math::sigmoid::<F>),
-            UnaryOp::Tanh => each(x, math::tanh::<F>),
-            UnaryOp::Silu => each(x, |v| v * math::sigmoid::<F>(v)),
-            UnaryOp::Gelu => each(x, math::gelu::<F>),
-            UnaryOp::GeluTanh => each(x, math::gelu_tanh::<F>),
-            UnaryOp::Exp => each(x, math::exp::<F>),
-            UnaryOp::Log => each(x, math::ln::<F>),
-            UnaryOp::Log1p => each(x, math::log1p::<F>),
-            UnaryOp::Softplus => each(x, math::softplus::<F>),
-            UnaryOp::Sqrt => each(x, f32::sqrt),
-            UnaryOp::Rsqrt => each(x, |v| 1.0 / v.sqrt()),
-            UnaryOp::Reciprocal => each(x, |v| 1.0 / v),
-        }
-    }
 }
 
 impl BinaryOp {
-    /// The op's name in plans and logs (PyTorch's spelling).
-    pub fn name(self) -> &'static str {
-        match self {
-            BinaryOp::Add => "add",
-            BinaryOp::Sub => "sub",
-            BinaryOp::Mul => "mul",
-            BinaryOp::Div => "div",
-            BinaryOp::Maximum => "maximum",
-            BinaryOp::Minimum => "minimum",
-            BinaryOp::Gt => "gt",
-            BinaryOp::Ge => "ge",
-            BinaryOp::Lt => "lt",
-            BinaryOp::Le => "le",
-            BinaryOp::Eq => "eq",
-            BinaryOp::Ne => "ne",
-        }
-    }
-
     /// `a[i] = a[i] op b[i]` for every element (`a` and `b` equally long).
     pub fn apply(self, a: &mut [f32], b: &[f32]) {
         binary(self, a, b)
-    }
-
-    /// The loops, inlined into each instruction-set variant of [`binary`]
-    /// (exact ops: `F` changes nothing).
-    #[inline(always)]
-    fn apply_generic<const F: bool>(self, a: &mut [f32], b: &[f32]) {
-        #[inline(always)]
-        fn each(a: &mut [f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
-            for (x, &y) in a.iter_mut().zip(b) {
-                *x = f(*x, y);
-            }
-        }
-        let flag = |c: bool| if c { 1.0 } else { 0.0 };
-        match self {
-            BinaryOp::Add => each(a, b, |x, y| x + y),
-            BinaryOp::Sub => each(a, b, |x, y| x - y),
-            BinaryOp::Mul => each(a, b, |x, y| x * y),
-            BinaryOp::Div => each(a, b, |x, y| x / y),
-            // torch.maximum / minimum propagate NaN from either side.
-            BinaryOp::Maximum => each(a, b, |x, y| {
-                if x.is_nan() || y.is_nan() {
-                    f32::NAN
-                } else {
-                    x.max(y)
-                }
-            }),
-            BinaryOp::Minimum => each(a, b, |x, y| {
-                if x.is_nan() || y.is_nan() {
-                    f32::NAN
-                } else {
-                    x.min(y)
-                }
-            }),
-            BinaryOp::Gt => each(a, b, |x, y| flag(x > y)),
-            BinaryOp::Ge => each(a, b, |x, y| flag(x >= y)),
-            BinaryOp::Lt => each(a, b, |x, y| flag(x < y)),
-            BinaryOp::Le => each(a, b, |x, y| flag(x <= y)),
-            BinaryOp::Eq => each(a, b, |x, y| flag(x == y)),
-            BinaryOp::Ne => each(a, b, |x, y| flag(x != y)),
-        }
     }
 }
 
@@ -336,12 +338,8 @@ mod tests {
 
     #[test]
     fn vector_variants_equal_the_scalar_loop_for_every_op() {
-        use UnaryOp::*;
         let x: Vec<f32> = (0..1000).map(|i| (i as f32 - 500.0) * 0.037).collect();
-        for op in [
-            Identity, Neg, Abs, Relu, Sigmoid, Tanh, Silu, Gelu, GeluTanh, Exp, Log, Log1p,
-            Softplus, Sqrt, Rsqrt, Reciprocal,
-        ] {
+        for &op in UnaryOp::ALL {
             let mut fast = x.clone();
             op.apply(&mut fast); // the detected variant (AVX-512 or AVX2 here)
                                  // One element at a time: the same variant's scalar remainder loop.
