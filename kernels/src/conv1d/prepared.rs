@@ -600,6 +600,96 @@ mod tests {
         }
     }
 
+    /// The contract of `run_rows` that the plan relies on: every algorithm
+    /// takes exactly the fused operands its `fuses_input` and
+    /// `fuses_output` allow (computing the conv), and refuses any other
+    /// combination with `NotFusable` under its name before writing
+    /// anything. Constant weights, so that the FFT is among them (its
+    /// lanes engine, which fuses, for 32 channels where the CPU has
+    /// AVX-512; the realfft one, which does not, for 3).
+    #[test]
+    fn run_rows_takes_exactly_the_fused_operands_the_algorithm_declares() {
+        let mut rng = Rng::new(17);
+        let mut cases = shapes();
+        cases.push(("fft", depthwise_params(1, 32, 1024, 65, (64, 0), 1)));
+        cases.push((
+            "fft, few channels",
+            depthwise_params(1, 3, 900, 40, (39, 0), 1),
+        ));
+        let mut seen = Vec::new();
+        for (name, p) in cases {
+            let x = rng.vec(p.input_elems(), -1.0, 1.0);
+            let w = rng.vec(p.weight_elems(), -1.0, 1.0);
+            let bias = rng.vec(p.bias_elems(), -1.0, 1.0);
+            let g = p.geometry().unwrap();
+            for a in applicable(&p, &Weights::Constant(&w)) {
+                let conv = PreparedConv1d::new(&p, &w, Choice::Force(a)).unwrap();
+                let per_thread = conv
+                    .rows_scratch_per_thread(0, 0)
+                    .max(conv.scratch_per_thread());
+                let scratch =
+                    Scratch::sized(crate::par::threads(), per_thread, conv.shared_scratch());
+                let source = Source {
+                    x: &x,
+                    in_len: p.in_len,
+                    columns: false,
+                };
+                for (fused_x, fused_y) in [(true, false), (false, true), (true, true)] {
+                    let ctx = format!("{name}, {a:?}, fused x {fused_x}, fused y {fused_y}");
+                    let x_in = if fused_x {
+                        RowsIn::Fused(&source)
+                    } else {
+                        RowsIn::Slice(&x)
+                    };
+                    let sink = Sink {
+                        out: Mutex::new(vec![f32::NAN; g.output_elems]),
+                        out_len: g.out_len,
+                        columns: false,
+                    };
+                    let mut stored = vec![f32::NAN; g.output_elems];
+                    let y_out = if fused_y {
+                        RowsOut::Fused(&sink)
+                    } else {
+                        RowsOut::Slice(&mut stored)
+                    };
+                    let result =
+                        conv.run_rows(&p, x_in, Some(&w), Some(&bias), y_out, 0, 0, &scratch);
+                    let got = if fused_y {
+                        sink.out.into_inner().unwrap()
+                    } else {
+                        stored
+                    };
+                    let allowed =
+                        (!fused_x || conv.fuses_input()) && (!fused_y || conv.fuses_output());
+                    seen.push((a, allowed));
+                    if allowed {
+                        assert_eq!(result, Ok(()), "{ctx}");
+                        assert_conv_close(&p, &x, &w, Some(&bias), &got, RTOL, &ctx);
+                    } else {
+                        assert_eq!(
+                            result,
+                            Err(KernelError::NotFusable {
+                                algorithm: a.name()
+                            }),
+                            "{ctx}"
+                        );
+                        assert!(
+                            got.iter().all(|v| v.is_nan()),
+                            "{ctx}: wrote before refusing"
+                        );
+                    }
+                }
+            }
+        }
+        // Both outcomes were reached, and by the algorithms expected.
+        assert!(seen.contains(&(Algorithm::Direct, false)));
+        assert!(seen.contains(&(Algorithm::FftGemm, true)));
+        assert!(seen.contains(&(Algorithm::FftGemm, false)));
+        assert!(seen.contains(&(Algorithm::Gemm, true)));
+        assert!(seen.contains(&(Algorithm::DepthwiseSimd, true)));
+        assert!(seen.iter().any(|&(a, _)| a == Algorithm::Fft));
+    }
+
     #[test]
     fn algorithms_that_derive_from_the_weights_refuse_fed_ones() {
         let p = depthwise_params(1, 4, 4096, 129, (128, 0), 1);

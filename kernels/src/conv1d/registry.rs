@@ -3,11 +3,11 @@
 //! or names an algorithm (`from_name`, `applicable`, `estimate_cost`,
 //! [`super::Choice`]'s auto, measure and force) reads each algorithm's
 //! [`Entry`] through [`Algorithm::entry`]. Adding an algorithm is one line
-//! here (its variant and its module's `ENTRY`) plus its own module.
+//! here (its variant and its module's `ENTRY`, by path, so no `use` to
+//! add) plus its own module and its `mod` line in `conv1d/mod.rs`.
 
 use super::algorithm::Entry;
 use super::params::Conv1dGeometry;
-use super::{depthwise, direct, fft, fft_gemm, gemm};
 
 /// Defines [`Algorithm`] with one variant per line, in the order given
 /// (the order [`super::Choice::Measure`] tries them), and maps each
@@ -40,17 +40,17 @@ macro_rules! algorithms {
 
 algorithms! {
     /// Any parameters: the scalar direct loop ([`super::conv1d_f32`]).
-    Direct => direct::ENTRY,
+    Direct => super::direct::ENTRY,
     /// Depthwise, short filters: SIMD along time with the taps in registers.
-    DepthwiseSimd => depthwise::ENTRY,
+    DepthwiseSimd => super::depthwise::ENTRY,
     /// Depthwise, long filters: FFT with filter spectra computed at prepare.
-    Fft => fft::ENTRY,
+    Fft => super::fft::ENTRY,
     /// Dense and grouped: GEMM reading the weights in place.
-    Gemm => gemm::ENTRY,
+    Gemm => super::gemm::ENTRY,
     /// Dense and grouped, stride 1, moderate filters and many channels:
     /// block FFT with one complex GEMM per bin, weight spectra per tile
     /// from the weights, read in place.
-    FftGemm => fft_gemm::ENTRY,
+    FftGemm => super::fft_gemm::ENTRY,
 }
 
 impl Algorithm {
