@@ -9,7 +9,7 @@
 //! touches its own files, its `mod` line and one line of `registry.rs`.
 
 use super::params::Conv1dGeometry;
-use super::prepared::Weights;
+use super::weights::Weights;
 use crate::fused::{RowsIn, RowsOut};
 use crate::scratch::Scratch;
 

@@ -27,10 +27,12 @@ mod params;
 mod prepared;
 mod registry;
 mod tap_span;
+mod weights;
 
 pub use params::Conv1dParams;
-pub use prepared::{applicable, estimate_cost, Choice, PreparedConv1d, Weights};
+pub use prepared::{applicable, estimate_cost, Choice, PreparedConv1d};
 pub use registry::Algorithm;
+pub use weights::Weights;
 
 use crate::error::{check_len, KernelError};
 

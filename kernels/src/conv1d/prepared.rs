@@ -22,27 +22,11 @@ use super::algorithm::{ConvAlgorithm, NotFusable};
 use super::gemv::{Gemv, MAX_OUTPUTS};
 use super::params::{Conv1dGeometry, Conv1dParams};
 use super::registry::Algorithm;
+use super::weights::Weights;
 use crate::error::{check_len, KernelError};
 use crate::fused::{RowsIn, RowsOut};
 use crate::scratch::Scratch;
 use crate::simd::Backend;
-
-/// The weights a conv is prepared with.
-#[derive(Clone, Copy, Debug)]
-pub enum Weights<'a> {
-    /// Known at prepare and the same at every call (a constant of the
-    /// model): algorithms may derive data from them once.
-    Constant(&'a [f32]),
-    /// Fed at run time, possibly different at every call: every algorithm
-    /// reads each call's weights, and nothing is derived from them ahead.
-    Fed,
-}
-
-impl Weights<'_> {
-    fn fed(&self) -> bool {
-        matches!(self, Weights::Fed)
-    }
-}
 
 /// How [`PreparedConv1d::new`] picks the algorithm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

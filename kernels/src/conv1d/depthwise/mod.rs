@@ -29,7 +29,7 @@ mod tile;
 use super::algorithm::{ConvAlgorithm, Entry, NotFusable};
 use super::cost::{compulsory_bytes, direct_macs};
 use super::params::Conv1dGeometry;
-use super::prepared::Weights;
+use super::weights::Weights;
 use crate::fused::{block_tmp, RowSink, RowsIn, RowsOut, ROW_BLOCK};
 use crate::scratch::Scratch;
 use simd::{Backend, RowGeom, RowKernel};

@@ -101,7 +101,7 @@ use realfft::{ComplexToReal, RealFftPlanner, RealToComplex};
 
 use super::algorithm::{ConvAlgorithm, Entry, NotFusable};
 use super::params::Conv1dGeometry;
-use super::prepared::Weights;
+use super::weights::Weights;
 use crate::fused::{RowsIn, RowsOut};
 use crate::scratch::Scratch;
 
