@@ -12,7 +12,7 @@ import rustconv.runtime  # noqa: F401  (the plan comes from the Rust library)
 import torch
 from executorch.exir import to_edge
 from rustconv import RustConvPartitioner
-from rustconv.compile_specs import algorithm, fusion
+from rustconv.compile_specs import CONV1D_ALGORITHMS, algorithm, fusion
 from rustconv.devtools.inspect import delegate_calls, plan_blob
 from rustconv.examples.blocks import ConvStack, DiagonalSSM, Lfm2ShortConvHFCore
 from torch.export import export
@@ -116,3 +116,14 @@ def test_program_without_rustconv_calls(tmp_path):
     cmd = [sys.executable, "-m", "rustconv.inspect", str(path)]
     text = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
     assert "no RustConvBackend delegate calls" in text
+
+
+def test_export_knows_the_runtime_conv_algorithms():
+    """``compile_specs.CONV1D_ALGORITHMS`` repeats the runtime's list (its
+    registry, kernels/src/conv1d/registry.rs) so that export refuses an unknown
+    name; the runtime names its own when it refuses one, and the two agree, so
+    an algorithm registered on one side only fails here."""
+    with pytest.raises(ValueError, match="is not one of") as refused:
+        plan_blob(b"", [("conv1d_algorithm", b"no_such_algorithm")])
+    listed = str(refused.value).split("is not one of ", 1)[1]
+    assert tuple(name.strip() for name in listed.split(",")) == CONV1D_ALGORITHMS

@@ -10,8 +10,47 @@
 //! The innermost loop walks the time axis of one input row and one output
 //! row, so both are streamed through cache linearly.
 
+use super::algorithm::{ConvAlgorithm, Entry};
 use super::params::Conv1dGeometry;
 use super::tap_span::TapSpan;
+use crate::scratch::Scratch;
+
+/// The direct loop's registration: it applies to every convolution, and
+/// reads the weights in place, fed or constant.
+pub(super) const ENTRY: Entry = Entry {
+    name: "direct",
+    applies: |_| true,
+    cost,
+    takes_fed_weights: true,
+    prepare: |_, _| Some(Box::new(DirectConv)),
+};
+
+/// The direct loop prepared: nothing to prepare, no scratch, and no fused
+/// operands (the fallback for any shape, not a fast path: the plan stores
+/// its input and output).
+struct DirectConv;
+
+impl ConvAlgorithm for DirectConv {
+    fn scratch_per_thread(&self) -> usize {
+        0
+    }
+
+    fn prepared_bytes(&self) -> usize {
+        0
+    }
+
+    fn run(
+        &self,
+        g: &Conv1dGeometry,
+        x: &[f32],
+        w: &[f32],
+        bias: Option<&[f32]>,
+        y: &mut [f32],
+        _scratch: &Scratch,
+    ) {
+        conv1d(g, x, w, bias, y);
+    }
+}
 
 /// Computes `y` from `x`, `w` and `bias`, in parallel over output rows on the
 /// current rayon pool.

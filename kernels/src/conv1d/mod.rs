@@ -3,13 +3,19 @@
 //!
 //! `params` owns validation and derives the `Conv1dGeometry` every
 //! algorithm takes. The algorithms are sibling modules (`direct`,
-//! `depthwise`, `fft`, `gemm`, `fft_gemm`), each with its `applies`, its
-//! `cost` (the roofline model of `cost`) and a prepared form that takes
-//! its scratch from the caller; `gemv` runs the decode-sized calls of dense
+//! `depthwise`, `fft`, `gemm`, `fft_gemm`), each with its registration
+//! (`ENTRY`: name, `applies`, `cost` (the roofline model of `cost`),
+//! whether it takes fed weights, `prepare`) and a prepared form that
+//! implements `algorithm::ConvAlgorithm` and takes its scratch from the
+//! caller. `registry` lists them, once: [`Algorithm`] is generated from
+//! that list, so adding an algorithm is its own module, its `mod` line
+//! below and one line there. `gemv` runs the decode-sized calls of dense
 //! and grouped convs whatever algorithm was prepared. `prepared` chooses,
-//! prepares and dispatches ([`PreparedConv1d`]); [`conv1d_f32`] is the
-//! direct loop as a one-shot call, with nothing prepared.
+//! prepares and checks each call before handing it to the algorithm
+//! ([`PreparedConv1d`]); [`conv1d_f32`] is the direct loop as a one-shot
+//! call, with nothing prepared.
 
+mod algorithm;
 mod cost;
 mod depthwise;
 mod direct;
@@ -19,10 +25,14 @@ mod gemm;
 mod gemv;
 mod params;
 mod prepared;
+mod registry;
 mod tap_span;
+mod weights;
 
 pub use params::Conv1dParams;
-pub use prepared::{applicable, estimate_cost, Algorithm, Choice, PreparedConv1d, Weights};
+pub use prepared::{applicable, estimate_cost, Choice, PreparedConv1d};
+pub use registry::Algorithm;
+pub use weights::Weights;
 
 use crate::error::{check_len, KernelError};
 

@@ -3,6 +3,11 @@
 //! (the FFT's filter spectra, the depthwise column walk's transposed taps)
 //! and its scratch need known, so that each call only computes.
 //!
+//! The algorithms are those of the registry (`registry.rs`); this module
+//! reads their [`Entry`](super::algorithm::Entry) to choose one and holds
+//! the prepared one as a [`ConvAlgorithm`] trait object, called once per
+//! conv call, after the checks every call makes here.
+//!
 //! Whether the weights are known at prepare is part of the preparation
 //! ([`Weights`]): a model may feed a conv's weight at run time (a weight
 //! reshaped outside the delegate reaches it as an input), and then nothing
@@ -13,107 +18,15 @@
 
 use std::time::Instant;
 
+use super::algorithm::{ConvAlgorithm, NotFusable};
 use super::gemv::{Gemv, MAX_OUTPUTS};
 use super::params::{Conv1dGeometry, Conv1dParams};
-use super::{depthwise, direct, fft, fft_gemm, gemm};
+use super::registry::Algorithm;
+use super::weights::Weights;
 use crate::error::{check_len, KernelError};
 use crate::fused::{RowsIn, RowsOut};
 use crate::scratch::Scratch;
 use crate::simd::Backend;
-
-/// The conv1d algorithms, in the order [`Choice::Measure`] tries them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Algorithm {
-    /// Any parameters: the scalar direct loop ([`super::conv1d_f32`]).
-    Direct,
-    /// Depthwise, short filters: SIMD along time with the taps in registers.
-    DepthwiseSimd,
-    /// Depthwise, long filters: FFT with filter spectra computed at prepare.
-    Fft,
-    /// Dense and grouped: GEMM reading the weights in place.
-    Gemm,
-    /// Dense and grouped, stride 1, moderate filters and many channels:
-    /// block FFT with one complex GEMM per bin, weight spectra per tile
-    /// from the weights, read in place.
-    FftGemm,
-}
-
-impl Algorithm {
-    /// Every algorithm, in the order measurement tries them.
-    pub const ALL: [Algorithm; 5] = [
-        Algorithm::Direct,
-        Algorithm::DepthwiseSimd,
-        Algorithm::Fft,
-        Algorithm::Gemm,
-        Algorithm::FftGemm,
-    ];
-
-    /// The name used in compile specs, logs and the benchmark.
-    pub fn name(self) -> &'static str {
-        match self {
-            Algorithm::Direct => "direct",
-            Algorithm::DepthwiseSimd => "depthwise_simd",
-            Algorithm::Fft => "fft",
-            Algorithm::Gemm => "gemm",
-            Algorithm::FftGemm => "fft_gemm",
-        }
-    }
-
-    /// The algorithm called `name` (see [`Algorithm::name`]).
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|a| a.name() == name)
-    }
-
-    /// Whether the algorithm can run with weights fed at run time: all
-    /// but the FFT, which transforms the filters at prepare.
-    pub fn takes_fed_weights(self) -> bool {
-        !matches!(self, Algorithm::Fft)
-    }
-
-    /// Whether the algorithm can compute convolutions of this shape.
-    fn applies(self, g: &Conv1dGeometry) -> bool {
-        match self {
-            Algorithm::Direct => true,
-            Algorithm::DepthwiseSimd => depthwise::applies(g),
-            Algorithm::Fft => fft::applies(g),
-            Algorithm::Gemm => gemm::applies(g),
-            Algorithm::FftGemm => fft_gemm::applies(g),
-        }
-    }
-
-    /// The cost model: estimated single-thread seconds for one call at the
-    /// shape `g`, or None where the algorithm does not apply. See
-    /// [`cost_model`] for the constants and how they were calibrated.
-    pub(crate) fn estimate(self, g: &Conv1dGeometry) -> Option<f64> {
-        if !self.applies(g) {
-            return None;
-        }
-        Some(match self {
-            Algorithm::Direct => direct::cost(g),
-            Algorithm::DepthwiseSimd => depthwise::cost(g),
-            Algorithm::Fft => fft::cost(g),
-            Algorithm::Gemm => gemm::cost(g),
-            Algorithm::FftGemm => fft_gemm::cost(g),
-        })
-    }
-}
-
-/// The weights a conv is prepared with.
-#[derive(Clone, Copy, Debug)]
-pub enum Weights<'a> {
-    /// Known at prepare and the same at every call (a constant of the
-    /// model): algorithms may derive data from them once.
-    Constant(&'a [f32]),
-    /// Fed at run time, possibly different at every call: every algorithm
-    /// reads each call's weights, and nothing is derived from them ahead.
-    Fed,
-}
-
-impl Weights<'_> {
-    fn fed(&self) -> bool {
-        matches!(self, Weights::Fed)
-    }
-}
 
 /// How [`PreparedConv1d::new`] picks the algorithm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -134,24 +47,21 @@ pub fn estimate_cost(algorithm: Algorithm, p: &Conv1dParams) -> Option<f64> {
     algorithm.estimate(&p.geometry().ok()?)
 }
 
+/// Whether `a` can compute `g` with weights of this kind (constant or fed).
+fn usable(a: Algorithm, g: &Conv1dGeometry, weights: &Weights) -> bool {
+    a.applies(g) && (a.takes_fed_weights() || !weights.fed())
+}
+
 /// The algorithms that can compute `p` with `weights` (only their kind
 /// matters: constant or fed).
 pub fn applicable(p: &Conv1dParams, weights: &Weights) -> Vec<Algorithm> {
     match p.geometry() {
         Ok(g) => Algorithm::ALL
             .into_iter()
-            .filter(|a| a.applies(&g) && (a.takes_fed_weights() || !weights.fed()))
+            .filter(|&a| usable(a, &g, weights))
             .collect(),
         Err(_) => Vec::new(),
     }
-}
-
-enum Imp {
-    Direct,
-    Depthwise(depthwise::DepthwiseConv),
-    Fft(fft::FftConv),
-    Gemm(gemm::GemmConv),
-    FftGemm(fft_gemm::FftGemmConv),
 }
 
 /// A conv1d ready to run on inputs up to the shape it was prepared for.
@@ -159,11 +69,18 @@ pub struct PreparedConv1d {
     max: Conv1dGeometry,
     /// Whether every call feeds its own weights (see [`Weights`]).
     fed: bool,
-    imp: Imp,
+    /// The algorithm `imp` runs.
+    algorithm: Algorithm,
+    imp: Box<dyn ConvAlgorithm>,
     /// For a dense or grouped conv whose algorithm reads the weights in
     /// place: the matrix-vector kernel that calls of at most
     /// [`MAX_OUTPUTS`] outputs per row (decode steps) take instead.
     gemv: Option<Gemv>,
+    /// What every call checks, known at prepare: [`Self::scratch_per_thread`],
+    /// [`Self::shared_scratch`] and [`Self::reads_weights`].
+    scratch_per_thread: usize,
+    shared_scratch: usize,
+    reads_weights: bool,
 }
 
 impl PreparedConv1d {
@@ -195,10 +112,9 @@ impl PreparedConv1d {
         if let Weights::Constant(w) = weights {
             check_len("w", g.weight_elems, w.len())?;
         }
-        let usable = |a: Algorithm| a.applies(&g) && (a.takes_fed_weights() || !weights.fed());
         match choice {
             Choice::Force(a) => {
-                if !usable(a) {
+                if !usable(a, &g, &weights) {
                     return Err(KernelError::NotApplicable {
                         algorithm: a.name(),
                     });
@@ -209,13 +125,13 @@ impl PreparedConv1d {
             // grouped conv, the matrix-vector kernel runs every call; of
             // the algorithms it stands in for, `gemm` is the one whose
             // epilogue hook it serves, so a fused epilogue stays fused.
-            Choice::Auto if g.out_len <= MAX_OUTPUTS && gemm::applies(&g) => {
+            Choice::Auto if g.out_len <= MAX_OUTPUTS && Algorithm::Gemm.applies(&g) => {
                 Self::with(Algorithm::Gemm, g, weights)
             }
             Choice::Auto => {
                 let best = Algorithm::ALL
                     .into_iter()
-                    .filter(|&a| usable(a))
+                    .filter(|&a| usable(a, &g, &weights))
                     .filter_map(|a| a.estimate(&g).map(|c| (a, c)))
                     .min_by(|x, y| x.1.total_cmp(&y.1))
                     .map_or(Algorithm::Direct, |(a, _)| a);
@@ -225,30 +141,31 @@ impl PreparedConv1d {
         }
     }
 
-    /// Builds algorithm `a`, which the caller checked applies. Weight-derived
-    /// data is built only from [`Weights::Constant`]: that is the one place
-    /// a preparation sees weight values.
+    /// Builds algorithm `a`, which the caller checked applies, through its
+    /// registered `prepare`. Weight-derived data is built only from
+    /// [`Weights::Constant`]: that is the one place a preparation sees
+    /// weight values.
     fn with(a: Algorithm, g: Conv1dGeometry, weights: Weights) -> Result<Self, KernelError> {
-        let imp = match (a, weights) {
-            (Algorithm::Direct, _) => Imp::Direct,
-            (Algorithm::DepthwiseSimd, weights) => {
-                Imp::Depthwise(depthwise::DepthwiseConv::prepare(&g, weights))
-            }
-            (Algorithm::Fft, Weights::Constant(w)) => Imp::Fft(fft::FftConv::prepare(&g, w)),
-            (Algorithm::Fft, Weights::Fed) => {
-                return Err(KernelError::NotApplicable {
-                    algorithm: a.name(),
-                })
-            }
-            (Algorithm::Gemm, _) => Imp::Gemm(gemm::GemmConv::prepare(&g)),
-            (Algorithm::FftGemm, _) => Imp::FftGemm(fft_gemm::FftGemmConv::prepare(&g)),
-        };
-        let gemv = (gemm::applies(&g) && !matches!(imp, Imp::Fft(_)))
+        let imp = (a.entry().prepare)(&g, weights).ok_or(KernelError::NotApplicable {
+            algorithm: a.name(),
+        })?;
+        // The matrix-vector kernel reads the weights in place, so it
+        // stands in only for an algorithm that reads them too (not the
+        // FFT, whose caller may have released them).
+        let gemv = (Algorithm::Gemm.applies(&g) && imp.reads_weights())
             .then(|| Gemv::new(Backend::detect()))
             .flatten();
+        let gemv_scratch = gemv
+            .as_ref()
+            .map_or(0, |_| Gemv::scratch_per_thread(&g, None, 0));
+        let gemv_shared = gemv.as_ref().map_or(0, |_| Gemv::shared_scratch(&g));
         Ok(PreparedConv1d {
             max: g,
             fed: weights.fed(),
+            algorithm: a,
+            scratch_per_thread: imp.scratch_per_thread().max(gemv_scratch),
+            shared_scratch: imp.shared_scratch(&g).max(gemv_shared),
+            reads_weights: weights.fed() || imp.reads_weights(),
             imp,
             gemv,
         })
@@ -272,7 +189,7 @@ impl PreparedConv1d {
         let mut best: Option<(f64, PreparedConv1d)> = None;
         for a in Algorithm::ALL
             .into_iter()
-            .filter(|a| a.applies(&g) && (a.takes_fed_weights() || !weights.fed()))
+            .filter(|&a| usable(a, &g, &weights))
         {
             let candidate = Self::with(a, g, weights)?;
             let scratch = Scratch::sized(
@@ -297,26 +214,13 @@ impl PreparedConv1d {
 
     /// The algorithm this preparation runs.
     pub fn algorithm(&self) -> Algorithm {
-        match self.imp {
-            Imp::Direct => Algorithm::Direct,
-            Imp::Depthwise(_) => Algorithm::DepthwiseSimd,
-            Imp::Fft(_) => Algorithm::Fft,
-            Imp::Gemm(_) => Algorithm::Gemm,
-            Imp::FftGemm(_) => Algorithm::FftGemm,
-        }
+        self.algorithm
     }
 
     /// `f32` elements of scratch each thread needs for any call up to the
     /// prepared shape.
     pub fn scratch_per_thread(&self) -> usize {
-        let imp = match &self.imp {
-            Imp::Direct => 0,
-            Imp::Depthwise(k) => k.scratch_per_thread(),
-            Imp::Fft(k) => k.scratch_per_thread(),
-            Imp::Gemm(k) => k.scratch_per_thread(),
-            Imp::FftGemm(k) => k.scratch_per_thread(),
-        };
-        imp.max(self.gemv_scratch(None, 0))
+        self.scratch_per_thread
     }
 
     /// Scratch per thread of the matrix-vector kernel, if there is one
@@ -337,69 +241,39 @@ impl PreparedConv1d {
     /// `gemm`'s windows, where its chunks are split into blocks of rows;
     /// the matrix-vector kernel's columns, for short calls.
     pub fn shared_scratch(&self) -> usize {
-        let imp = match &self.imp {
-            Imp::FftGemm(k) => k.shared_scratch(self.max.params.groups),
-            Imp::Gemm(k) => k.shared_scratch(),
-            _ => 0,
-        };
-        let gemv = self
-            .gemv
-            .as_ref()
-            .map_or(0, |_| Gemv::shared_scratch(&self.max));
-        imp.max(gemv)
+        self.shared_scratch
     }
 
     /// Bytes of weight-derived data this preparation holds (filter spectra,
     /// transform matrices), for memory reporting.
     pub fn prepared_bytes(&self) -> usize {
-        match &self.imp {
-            Imp::Direct | Imp::Gemm(_) => 0,
-            Imp::Depthwise(k) => k.prepared_bytes(),
-            Imp::Fft(k) => k.prepared_bytes(),
-            Imp::FftGemm(k) => k.prepared_bytes(),
-        }
+        self.imp.prepared_bytes()
     }
 
     /// Whether `run` still reads the original weights (otherwise the
     /// caller may release them after `new` and pass `None` to `run`). Always
     /// true for fed weights.
     pub fn reads_weights(&self) -> bool {
-        self.fed || !matches!(self.imp, Imp::Fft(_))
+        self.reads_weights
     }
 
     /// Whether [`Self::run_rows`] takes a computed input (a prologue run in
     /// this algorithm's loops); otherwise the input must be stored.
     pub fn fuses_input(&self) -> bool {
-        match &self.imp {
-            Imp::Depthwise(_) | Imp::Gemm(_) => true,
-            Imp::Fft(k) => k.fuses(),
-            _ => false,
-        }
+        self.imp.fuses_input()
     }
 
     /// Whether [`Self::run_rows`] hands its output to an epilogue inside
     /// its loops; otherwise the output must be stored.
     pub fn fuses_output(&self) -> bool {
-        match &self.imp {
-            Imp::Depthwise(_) | Imp::Gemm(_) | Imp::FftGemm(_) => true,
-            Imp::Fft(k) => k.fuses(),
-            _ => false,
-        }
+        self.imp.fuses_output()
     }
 
     /// `f32` elements of scratch each thread needs for [`Self::run_rows`]
     /// when the input's and the output's programs need `x_temps` and
     /// `y_temps` line-sized temporaries (0 for stored ones).
     pub fn rows_scratch_per_thread(&self, x_temps: usize, y_temps: usize) -> usize {
-        let imp = match &self.imp {
-            Imp::Depthwise(_) => {
-                depthwise::DepthwiseConv::rows_scratch(&self.max, x_temps, y_temps)
-            }
-            Imp::Gemm(k) => k.rows_scratch(&self.max, x_temps, y_temps),
-            Imp::FftGemm(k) => k.rows_scratch(y_temps),
-            Imp::Fft(k) => k.rows_scratch(x_temps.max(y_temps)),
-            _ => self.scratch_per_thread(),
-        };
+        let imp = self.imp.rows_scratch(&self.max, x_temps, y_temps);
         let gemv_input = self.fuses_input().then_some(x_temps);
         imp.max(self.gemv_scratch(gemv_input, y_temps))
     }
@@ -429,9 +303,6 @@ impl PreparedConv1d {
         match (x, y) {
             (RowsIn::Slice(x), RowsOut::Slice(y)) => self.run(p, x, w, bias, y, scratch),
             (x, y) => {
-                let not_fusable = || KernelError::NotFusable {
-                    algorithm: self.algorithm().name(),
-                };
                 let g = self.check_call(p, w, bias)?;
                 if let RowsIn::Slice(x) = x {
                     check_len("x", g.input_elems, x.len())?;
@@ -440,30 +311,25 @@ impl PreparedConv1d {
                     check_len("y", g.output_elems, y.len())?;
                 }
                 self.check_scratch(scratch, self.rows_scratch_per_thread(x_temps, y_temps))?;
-                match (&self.imp, x, y) {
-                    // Short calls (decode steps) as matrix-vector
-                    // products, a prologue's input computed whole first.
-                    (_, x, y)
-                        if self.gemv_for(&g).is_some()
-                            && (matches!(y, RowsOut::Slice(_)) || self.fuses_output())
-                            && (matches!(x, RowsIn::Slice(_)) || self.fuses_input()) =>
+                // Every algorithm the matrix-vector kernel stands in for,
+                // and every one but the FFT, reads the weights, so `w` was
+                // given where they are read.
+                let w = w.unwrap_or_default();
+                // Short calls (decode steps) as matrix-vector products, a
+                // prologue's input computed whole first.
+                if let Some(gemv) = self.gemv_for(&g) {
+                    if (matches!(y, RowsOut::Slice(_)) || self.fuses_output())
+                        && (matches!(x, RowsIn::Slice(_)) || self.fuses_input())
                     {
-                        let gemv = self.gemv_for(&g).expect("just checked");
-                        gemv.run(&g, x, w.unwrap_or_default(), bias, y, scratch)
+                        gemv.run(&g, x, w, bias, y, scratch);
+                        return Ok(());
                     }
-                    (Imp::Depthwise(k), x, y) => {
-                        k.run_rows(&g, x, w.unwrap_or_default(), bias, y, scratch)
-                    }
-                    (Imp::Gemm(k), x, y) => {
-                        k.run_rows(&g, x, w.unwrap_or_default(), bias, y, scratch)
-                    }
-                    (Imp::FftGemm(k), RowsIn::Slice(x), RowsOut::Fused(sink)) => {
-                        k.run_into(&g, x, w.unwrap_or_default(), bias, sink, scratch)
-                    }
-                    (Imp::Fft(k), x, y) if k.fuses() => k.run_rows(&g, x, bias, y, scratch),
-                    _ => return Err(not_fusable()),
                 }
-                Ok(())
+                self.imp
+                    .run_rows(&g, x, w, bias, y, scratch)
+                    .map_err(|NotFusable| KernelError::NotFusable {
+                        algorithm: self.algorithm.name(),
+                    })
             }
         }
     }
@@ -537,27 +403,15 @@ impl PreparedConv1d {
         check_len("x", g.input_elems, x.len())?;
         check_len("y", g.output_elems, y.len())?;
         self.check_scratch(scratch, self.scratch_per_thread())?;
+        // `check_call` made sure `w` was given where it is read: by every
+        // algorithm the matrix-vector kernel stands in for, and by every
+        // one but the FFT.
+        let w = w.unwrap_or_default();
         if let Some(gemv) = self.gemv_for(&g) {
-            // Every algorithm it stands in for reads the weights, so `w`
-            // was given.
-            gemv.run(
-                &g,
-                RowsIn::Slice(x),
-                w.unwrap_or_default(),
-                bias,
-                RowsOut::Slice(y),
-                scratch,
-            );
+            gemv.run(&g, RowsIn::Slice(x), w, bias, RowsOut::Slice(y), scratch);
             return Ok(());
         }
-        match &self.imp {
-            // `reads_weights` holds for all but the FFT, so `w` was given.
-            Imp::Direct => direct::conv1d(&g, x, w.unwrap_or_default(), bias, y),
-            Imp::Depthwise(k) => k.run(&g, x, w.unwrap_or_default(), bias, y, scratch),
-            Imp::Gemm(k) => k.run(&g, x, w.unwrap_or_default(), bias, y, scratch),
-            Imp::FftGemm(k) => k.run(&g, x, w.unwrap_or_default(), bias, y, scratch),
-            Imp::Fft(k) => k.run(&g, x, bias, y, scratch),
-        }
+        self.imp.run(&g, x, w, bias, y, scratch);
         Ok(())
     }
 }
@@ -728,6 +582,96 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The contract of `run_rows` that the plan relies on: every algorithm
+    /// takes exactly the fused operands its `fuses_input` and
+    /// `fuses_output` allow (computing the conv), and refuses any other
+    /// combination with `NotFusable` under its name before writing
+    /// anything. Constant weights, so that the FFT is among them (its
+    /// lanes engine, which fuses, for 32 channels where the CPU has
+    /// AVX-512; the realfft one, which does not, for 3).
+    #[test]
+    fn run_rows_takes_exactly_the_fused_operands_the_algorithm_declares() {
+        let mut rng = Rng::new(17);
+        let mut cases = shapes();
+        cases.push(("fft", depthwise_params(1, 32, 1024, 65, (64, 0), 1)));
+        cases.push((
+            "fft, few channels",
+            depthwise_params(1, 3, 900, 40, (39, 0), 1),
+        ));
+        let mut seen = Vec::new();
+        for (name, p) in cases {
+            let x = rng.vec(p.input_elems(), -1.0, 1.0);
+            let w = rng.vec(p.weight_elems(), -1.0, 1.0);
+            let bias = rng.vec(p.bias_elems(), -1.0, 1.0);
+            let g = p.geometry().unwrap();
+            for a in applicable(&p, &Weights::Constant(&w)) {
+                let conv = PreparedConv1d::new(&p, &w, Choice::Force(a)).unwrap();
+                let per_thread = conv
+                    .rows_scratch_per_thread(0, 0)
+                    .max(conv.scratch_per_thread());
+                let scratch =
+                    Scratch::sized(crate::par::threads(), per_thread, conv.shared_scratch());
+                let source = Source {
+                    x: &x,
+                    in_len: p.in_len,
+                    columns: false,
+                };
+                for (fused_x, fused_y) in [(true, false), (false, true), (true, true)] {
+                    let ctx = format!("{name}, {a:?}, fused x {fused_x}, fused y {fused_y}");
+                    let x_in = if fused_x {
+                        RowsIn::Fused(&source)
+                    } else {
+                        RowsIn::Slice(&x)
+                    };
+                    let sink = Sink {
+                        out: Mutex::new(vec![f32::NAN; g.output_elems]),
+                        out_len: g.out_len,
+                        columns: false,
+                    };
+                    let mut stored = vec![f32::NAN; g.output_elems];
+                    let y_out = if fused_y {
+                        RowsOut::Fused(&sink)
+                    } else {
+                        RowsOut::Slice(&mut stored)
+                    };
+                    let result =
+                        conv.run_rows(&p, x_in, Some(&w), Some(&bias), y_out, 0, 0, &scratch);
+                    let got = if fused_y {
+                        sink.out.into_inner().unwrap()
+                    } else {
+                        stored
+                    };
+                    let allowed =
+                        (!fused_x || conv.fuses_input()) && (!fused_y || conv.fuses_output());
+                    seen.push((a, allowed));
+                    if allowed {
+                        assert_eq!(result, Ok(()), "{ctx}");
+                        assert_conv_close(&p, &x, &w, Some(&bias), &got, RTOL, &ctx);
+                    } else {
+                        assert_eq!(
+                            result,
+                            Err(KernelError::NotFusable {
+                                algorithm: a.name()
+                            }),
+                            "{ctx}"
+                        );
+                        assert!(
+                            got.iter().all(|v| v.is_nan()),
+                            "{ctx}: wrote before refusing"
+                        );
+                    }
+                }
+            }
+        }
+        // Both outcomes were reached, and by the algorithms expected.
+        assert!(seen.contains(&(Algorithm::Direct, false)));
+        assert!(seen.contains(&(Algorithm::FftGemm, true)));
+        assert!(seen.contains(&(Algorithm::FftGemm, false)));
+        assert!(seen.contains(&(Algorithm::Gemm, true)));
+        assert!(seen.contains(&(Algorithm::DepthwiseSimd, true)));
+        assert!(seen.iter().any(|&(a, _)| a == Algorithm::Fft));
     }
 
     #[test]

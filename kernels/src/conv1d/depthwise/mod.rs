@@ -26,9 +26,10 @@ mod columns;
 mod simd;
 mod tile;
 
+use super::algorithm::{ConvAlgorithm, Entry, NotFusable};
 use super::cost::{compulsory_bytes, direct_macs};
 use super::params::Conv1dGeometry;
-use super::prepared::Weights;
+use super::weights::Weights;
 use crate::fused::{block_tmp, RowSink, RowsIn, RowsOut, ROW_BLOCK};
 use crate::scratch::Scratch;
 use simd::{Backend, RowGeom, RowKernel};
@@ -581,6 +582,65 @@ fn time_chunk(rows: usize, out_len: usize, threads: usize, block: usize) -> usiz
         .div_ceil(parts)
         .max(MIN_CHUNK_OUTPUTS)
         .next_multiple_of(block)
+}
+
+/// The registration: depthwise, multiplier 1, stride 1; fed weights are
+/// read in place (the column walk transposes them per call).
+pub(super) const ENTRY: Entry = Entry {
+    name: "depthwise_simd",
+    applies,
+    cost,
+    takes_fed_weights: true,
+    prepare: |g, weights| Some(Box::new(DepthwiseConv::prepare(g, weights))),
+};
+
+/// Fuses a prologue and an epilogue on every path (row kernels, blocks of
+/// rows, the column walk).
+impl ConvAlgorithm for DepthwiseConv {
+    fn scratch_per_thread(&self) -> usize {
+        DepthwiseConv::scratch_per_thread(self)
+    }
+
+    fn prepared_bytes(&self) -> usize {
+        DepthwiseConv::prepared_bytes(self)
+    }
+
+    fn fuses_input(&self) -> bool {
+        true
+    }
+
+    fn fuses_output(&self) -> bool {
+        true
+    }
+
+    fn rows_scratch(&self, max: &Conv1dGeometry, x_temps: usize, y_temps: usize) -> usize {
+        DepthwiseConv::rows_scratch(max, x_temps, y_temps)
+    }
+
+    fn run(
+        &self,
+        g: &Conv1dGeometry,
+        x: &[f32],
+        w: &[f32],
+        bias: Option<&[f32]>,
+        y: &mut [f32],
+        scratch: &Scratch,
+    ) {
+        DepthwiseConv::run(self, g, x, w, bias, y, scratch);
+    }
+
+    fn run_rows(
+        &self,
+        g: &Conv1dGeometry,
+        x: RowsIn,
+        w: &[f32],
+        bias: Option<&[f32]>,
+        y: RowsOut,
+        scratch: &Scratch,
+    ) -> Result<(), NotFusable> {
+        DepthwiseConv::run_rows(self, g, x, w, bias, y, scratch);
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -99,7 +99,10 @@ use num_complex::Complex;
 use rayon::prelude::*;
 use realfft::{ComplexToReal, RealFftPlanner, RealToComplex};
 
+use super::algorithm::{ConvAlgorithm, Entry, NotFusable};
 use super::params::Conv1dGeometry;
+use super::weights::Weights;
+use crate::fused::{RowsIn, RowsOut};
 use crate::scratch::Scratch;
 
 /// Whether the FFT convolution computes `g`: depthwise with multiplier 1,
@@ -235,7 +238,7 @@ impl FftConv {
         }
     }
 
-    /// Whether [`Self::run_into`] runs a prologue in the engine's input
+    /// Whether [`Self::run_rows`] runs a prologue in the engine's input
     /// loop and an epilogue in its output loop (the AVX-512 lanes engine);
     /// otherwise the input and output are stored.
     pub(crate) fn fuses(&self) -> bool {
@@ -268,9 +271,9 @@ impl FftConv {
     pub(crate) fn run_rows(
         &self,
         g: &Conv1dGeometry,
-        x: crate::fused::RowsIn,
+        x: RowsIn,
         bias: Option<&[f32]>,
-        y: crate::fused::RowsOut,
+        y: RowsOut,
         scratch: &Scratch,
     ) {
         debug_assert_eq!(plan::span(g), self.span);
@@ -419,5 +422,75 @@ impl RealConv {
             fft_scratch,
             spectra,
         }
+    }
+}
+
+/// The registration: depthwise, multiplier 1, stride 1, with a plan;
+/// constant weights only, since prepare transforms the filters.
+pub(super) const ENTRY: Entry = Entry {
+    name: "fft",
+    applies,
+    cost,
+    takes_fed_weights: false,
+    prepare: |g, weights| match weights {
+        Weights::Constant(w) => Some(Box::new(FftConv::prepare(g, w))),
+        Weights::Fed => None,
+    },
+};
+
+/// Reads only the spectra, never the weights; fuses a prologue and an
+/// epilogue on the lanes engine ([`FftConv::fuses`]), nothing on the
+/// realfft one.
+impl ConvAlgorithm for FftConv {
+    fn scratch_per_thread(&self) -> usize {
+        FftConv::scratch_per_thread(self)
+    }
+
+    fn prepared_bytes(&self) -> usize {
+        FftConv::prepared_bytes(self)
+    }
+
+    fn reads_weights(&self) -> bool {
+        false
+    }
+
+    fn fuses_input(&self) -> bool {
+        self.fuses()
+    }
+
+    fn fuses_output(&self) -> bool {
+        self.fuses()
+    }
+
+    fn rows_scratch(&self, _max: &Conv1dGeometry, x_temps: usize, y_temps: usize) -> usize {
+        FftConv::rows_scratch(self, x_temps.max(y_temps))
+    }
+
+    fn run(
+        &self,
+        g: &Conv1dGeometry,
+        x: &[f32],
+        _w: &[f32],
+        bias: Option<&[f32]>,
+        y: &mut [f32],
+        scratch: &Scratch,
+    ) {
+        FftConv::run(self, g, x, bias, y, scratch);
+    }
+
+    fn run_rows(
+        &self,
+        g: &Conv1dGeometry,
+        x: RowsIn,
+        _w: &[f32],
+        bias: Option<&[f32]>,
+        y: RowsOut,
+        scratch: &Scratch,
+    ) -> Result<(), NotFusable> {
+        if !self.fuses() {
+            return Err(NotFusable);
+        }
+        FftConv::run_rows(self, g, x, bias, y, scratch);
+        Ok(())
     }
 }

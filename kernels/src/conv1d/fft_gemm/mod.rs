@@ -140,8 +140,9 @@
 
 mod kernel;
 
+use super::algorithm::{ConvAlgorithm, Entry, NotFusable};
 use super::params::Conv1dGeometry;
-use crate::fused::RowSink;
+use crate::fused::{RowSink, RowsIn, RowsOut};
 use crate::scratch::Scratch;
 use crate::simd::Backend;
 use kernel::{Block, Layout, TileArgs, TileKernel, Weights};
@@ -526,6 +527,70 @@ impl OutPtr {
     /// The element `offset` past the start (not dereferenced here).
     fn at(self, offset: usize) -> *mut f32 {
         self.0.wrapping_add(offset)
+    }
+}
+
+/// The registration: stride 1, a dilated filter within the transform
+/// lengths; the weights, fed or constant, are read in place.
+pub(super) const ENTRY: Entry = Entry {
+    name: "fft_gemm",
+    applies,
+    cost,
+    takes_fed_weights: true,
+    prepare: |g, _| Some(Box::new(FftGemmConv::prepare(g))),
+};
+
+/// Fuses an epilogue into its rows' stores; its input is transformed from
+/// stored rows only.
+impl ConvAlgorithm for FftGemmConv {
+    fn scratch_per_thread(&self) -> usize {
+        FftGemmConv::scratch_per_thread(self)
+    }
+
+    fn shared_scratch(&self, max: &Conv1dGeometry) -> usize {
+        FftGemmConv::shared_scratch(self, max.params.groups)
+    }
+
+    fn prepared_bytes(&self) -> usize {
+        FftGemmConv::prepared_bytes(self)
+    }
+
+    fn fuses_output(&self) -> bool {
+        true
+    }
+
+    fn rows_scratch(&self, _max: &Conv1dGeometry, _x_temps: usize, y_temps: usize) -> usize {
+        FftGemmConv::rows_scratch(self, y_temps)
+    }
+
+    fn run(
+        &self,
+        g: &Conv1dGeometry,
+        x: &[f32],
+        w: &[f32],
+        bias: Option<&[f32]>,
+        y: &mut [f32],
+        scratch: &Scratch,
+    ) {
+        FftGemmConv::run(self, g, x, w, bias, y, scratch);
+    }
+
+    fn run_rows(
+        &self,
+        g: &Conv1dGeometry,
+        x: RowsIn,
+        w: &[f32],
+        bias: Option<&[f32]>,
+        y: RowsOut,
+        scratch: &Scratch,
+    ) -> Result<(), NotFusable> {
+        match (x, y) {
+            (RowsIn::Slice(x), RowsOut::Fused(sink)) => {
+                self.run_into(g, x, w, bias, sink, scratch);
+                Ok(())
+            }
+            _ => Err(NotFusable),
+        }
     }
 }
 

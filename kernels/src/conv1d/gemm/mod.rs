@@ -93,6 +93,7 @@
 
 mod kernel;
 
+use super::algorithm::{ConvAlgorithm, Entry, NotFusable};
 use super::cost::direct_macs;
 use super::params::Conv1dGeometry;
 use std::ops::Range;
@@ -607,6 +608,69 @@ impl Tiling {
             (c + 1) * self.chunk
         };
         c * self.chunk..end
+    }
+}
+
+/// The registration: every convolution but depthwise with multiplier 1;
+/// the weights, fed or constant, are read in place.
+pub(super) const ENTRY: Entry = Entry {
+    name: "gemm",
+    applies,
+    cost,
+    takes_fed_weights: true,
+    prepare: |g, _| Some(Box::new(GemmConv::prepare(g))),
+};
+
+/// Fuses a prologue into its windows and an epilogue into its tiles'
+/// stores.
+impl ConvAlgorithm for GemmConv {
+    fn scratch_per_thread(&self) -> usize {
+        GemmConv::scratch_per_thread(self)
+    }
+
+    fn shared_scratch(&self, _max: &Conv1dGeometry) -> usize {
+        GemmConv::shared_scratch(self)
+    }
+
+    fn prepared_bytes(&self) -> usize {
+        0
+    }
+
+    fn fuses_input(&self) -> bool {
+        true
+    }
+
+    fn fuses_output(&self) -> bool {
+        true
+    }
+
+    fn rows_scratch(&self, max: &Conv1dGeometry, x_temps: usize, y_temps: usize) -> usize {
+        GemmConv::rows_scratch(self, max, x_temps, y_temps)
+    }
+
+    fn run(
+        &self,
+        g: &Conv1dGeometry,
+        x: &[f32],
+        w: &[f32],
+        bias: Option<&[f32]>,
+        y: &mut [f32],
+        scratch: &Scratch,
+    ) {
+        GemmConv::run(self, g, x, w, bias, y, scratch);
+    }
+
+    fn run_rows(
+        &self,
+        g: &Conv1dGeometry,
+        x: RowsIn,
+        w: &[f32],
+        bias: Option<&[f32]>,
+        y: RowsOut,
+        scratch: &Scratch,
+    ) -> Result<(), NotFusable> {
+        GemmConv::run_rows(self, g, x, w, bias, y, scratch);
+        Ok(())
     }
 }
 
