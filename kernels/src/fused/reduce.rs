@@ -30,7 +30,7 @@ use super::program::{Env, Line, Program};
 use super::rows::{SharedOut, LINE_CHUNK, MIN_TASK_ELEMS};
 use super::shape::{Shape, MAX_RANK};
 use crate::error::KernelError;
-use crate::Scratch;
+use crate::scratch::Scratch;
 
 /// A statistic over the reduced dimensions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

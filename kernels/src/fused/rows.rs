@@ -897,7 +897,7 @@ pub fn materialise(
     source: &dyn RowSource,
     out: &mut [f32],
     row_len: usize,
-    scratch: &crate::Scratch,
+    scratch: &crate::scratch::Scratch,
 ) {
     if out.is_empty() || row_len == 0 {
         return;
@@ -975,7 +975,7 @@ fn materialise_across(
     out: &mut [f32],
     row_len: usize,
     run: usize,
-    scratch: &crate::Scratch,
+    scratch: &crate::scratch::Scratch,
 ) {
     let blocks = run.div_ceil(ROW_BLOCK);
     let tiles = row_len.div_ceil(ACROSS_TILE);
@@ -1008,7 +1008,12 @@ fn materialise_across(
 
 /// Hands stored rows of a kernel's output (`row_len` elements each) to
 /// `sink`: the epilogue of a kernel that cannot run it in its own loops.
-pub fn drain(sink: &dyn RowSink, values: &[f32], row_len: usize, scratch: &crate::Scratch) {
+pub fn drain(
+    sink: &dyn RowSink,
+    values: &[f32],
+    row_len: usize,
+    scratch: &crate::scratch::Scratch,
+) {
     if values.is_empty() || row_len == 0 {
         return;
     }
