@@ -212,3 +212,29 @@ def test_known_bugs_recognise_their_regressions_and_repairs_remove_the_trigger()
         repaired = bug.repair(graph)
         probe_graph(repaired)
         assert not bug.applies(repaired), bug.id
+
+
+def test_eager_reference_returns_on_the_conv_onednn_never_finishes():
+    """Seed 500061 of the long run stalled it for an hour: its float16
+    depthwise conv (x [2, 12, 71], w [12, 1, 31], groups 12) never returned
+    from oneDNN's kernel generation in torch 2.14.1. The eager runs of the
+    differential tests go around oneDNN; in a subprocess, so a regression
+    fails on the timeout rather than hanging the suite."""
+    import subprocess
+
+    code = (
+        "import sys; sys.path.insert(0, 'tests');"
+        "from difftest.check import DiffModel, _run_eager;"
+        "from difftest.generate import generate_program;"
+        "from difftest.spec import n_calls;"
+        "from difftest.check import call_inputs;"
+        "p = generate_program(500061, graphs=8);"
+        "_run_eager(DiffModel(p), [call_inputs(p, k) for k in range(n_calls(p))]);"
+        "print('returned')"
+    )
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "returned" in run.stdout
