@@ -186,6 +186,57 @@ macro_rules! isa_dispatch {
 }
 pub(crate) use isa_dispatch;
 
+/// Defines one entry point per backend of a kernel written once over
+/// [`Simd`]: `$generic::<S, ..>` with `S` the backend's vector type,
+/// compiled with its target features (`portable`; `avx2` and `avx512` on
+/// x86-64; `neon` on aarch64; named in that order). The kernel picks one as
+/// a function pointer once its [`Backend`] is known, at preparation. Each
+/// is `unsafe`: the CPU has the backend's features, and the generic
+/// kernel's own contract holds.
+macro_rules! simd_variants {
+    (
+        $(#[$attr:meta])*
+        unsafe fn [$portable:ident, $avx2:ident, $avx512:ident, $neon:ident]
+            $(<$(const $c:ident: $ct:ty),*>)? ($($arg:ident: $ty:ty),* $(,)?)
+            => $generic:ident::<S $(, $g:tt)*>
+    ) => {
+        $(#[$attr])*
+        #[allow(unsafe_code)]
+        unsafe fn $portable $(<$(const $c: $ct),*>)? ($($arg: $ty),*) {
+            // SAFETY: the portable backend needs no CPU feature; the rest is
+            // our caller's (see the macro).
+            unsafe { $generic::<$crate::simd::Portable $(, $g)*>($($arg),*) }
+        }
+        $(#[$attr])*
+        #[allow(unsafe_code)]
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn $avx2 $(<$(const $c: $ct),*>)? ($($arg: $ty),*) {
+            // SAFETY: our caller guarantees AVX2, FMA and the kernel's
+            // contract.
+            unsafe { $generic::<$crate::simd::Avx2 $(, $g)*>($($arg),*) }
+        }
+        $(#[$attr])*
+        #[allow(unsafe_code)]
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx512f,fma")]
+        unsafe fn $avx512 $(<$(const $c: $ct),*>)? ($($arg: $ty),*) {
+            // SAFETY: our caller guarantees AVX-512 F, FMA and the kernel's
+            // contract.
+            unsafe { $generic::<$crate::simd::Avx512 $(, $g)*>($($arg),*) }
+        }
+        $(#[$attr])*
+        #[allow(unsafe_code)]
+        #[cfg(target_arch = "aarch64")]
+        #[target_feature(enable = "neon")]
+        unsafe fn $neon $(<$(const $c: $ct),*>)? ($($arg: $ty),*) {
+            // SAFETY: our caller guarantees NEON and the kernel's contract.
+            unsafe { $generic::<$crate::simd::Neon $(, $g)*>($($arg),*) }
+        }
+    };
+}
+pub(crate) use simd_variants;
+
 /// One vector of `LANES` `f32`s and the operations the kernels use.
 ///
 /// # Safety

@@ -40,11 +40,7 @@
 use super::params::Conv1dGeometry;
 use crate::fused::{block_tmp, col_tmp, RowSink, RowsIn, RowsOut, ROW_BLOCK};
 use crate::scratch::Scratch;
-#[cfg(target_arch = "aarch64")]
-use crate::simd::Neon;
-#[cfg(target_arch = "x86_64")]
-use crate::simd::{Avx2, Avx512};
-use crate::simd::{Backend, Portable, Simd};
+use crate::simd::{simd_variants, Backend, Simd};
 
 /// Most outputs per row a call may have to run here (a decode step has
 /// one; the depthwise kernels take the same bound for their column walk).
@@ -454,48 +450,14 @@ unsafe fn dots_generic<S: Simd, const T: usize>(
     }
 }
 
-/// # Safety
-/// None: the portable backend needs no CPU feature.
-unsafe fn dots_portable<const T: usize>(
-    filter: &[f32],
-    cols: &[f32],
-    out: &mut [f32],
-    ahead: &[f32],
-) {
-    // SAFETY: Portable needs no feature.
-    unsafe { dots_generic::<Portable, T>(filter, cols, out, ahead) }
-}
-
-/// # Safety
-/// The CPU supports AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dots_avx2<const T: usize>(filter: &[f32], cols: &[f32], out: &mut [f32], ahead: &[f32]) {
-    // SAFETY: our caller guarantees AVX2 and FMA.
-    unsafe { dots_generic::<Avx2, T>(filter, cols, out, ahead) }
-}
-
-/// # Safety
-/// The CPU supports AVX-512 F and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn dots_avx512<const T: usize>(
-    filter: &[f32],
-    cols: &[f32],
-    out: &mut [f32],
-    ahead: &[f32],
-) {
-    // SAFETY: our caller guarantees AVX-512 F and FMA.
-    unsafe { dots_generic::<Avx512, T>(filter, cols, out, ahead) }
-}
-
-/// # Safety
-/// The CPU supports NEON.
-#[cfg(target_arch = "aarch64")]
-#[target_feature(enable = "neon")]
-unsafe fn dots_neon<const T: usize>(filter: &[f32], cols: &[f32], out: &mut [f32], ahead: &[f32]) {
-    // SAFETY: our caller guarantees NEON.
-    unsafe { dots_generic::<Neon, T>(filter, cols, out, ahead) }
+simd_variants! {
+    /// [`dots_generic`] on one backend.
+    unsafe fn [dots_portable, dots_avx2, dots_avx512, dots_neon]<const T: usize>(
+        filter: &[f32],
+        cols: &[f32],
+        out: &mut [f32],
+        ahead: &[f32],
+    ) => dots_generic::<S, T>
 }
 
 #[cfg(test)]

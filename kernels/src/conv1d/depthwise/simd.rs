@@ -39,12 +39,10 @@
 
 use std::mem::MaybeUninit;
 
-pub(crate) use crate::simd::Backend;
-#[cfg(target_arch = "aarch64")]
-use crate::simd::Neon;
 #[cfg(target_arch = "x86_64")]
-use crate::simd::{Avx2, Avx512};
-use crate::simd::{Portable, Simd};
+use crate::simd::Avx512;
+pub(crate) use crate::simd::Backend;
+use crate::simd::{simd_variants, Simd};
 
 /// Outputs per register block of the interior loop for `kernel_size` taps
 /// on `backend`, outside the grouped kernel ([`grouped`]).
@@ -743,57 +741,23 @@ unsafe fn block_dyn<S: Simd, const R: usize>(
 // ---------------------------------------------------------------------------
 // Portable backend.
 
-/// # Safety
-/// None beyond [`RowFn`]'s: the portable backend needs no CPU feature.
-unsafe fn row_portable<const K: usize, const R: usize>(
-    geom: &RowGeom,
-    x: &[f32],
-    taps: &[f32],
-    bias: f32,
-    l0: usize,
-    y: &mut [f32],
-) {
-    // SAFETY: Portable requires no CPU feature.
-    unsafe { row_generic::<Portable, K, R, 0>(geom, x, taps, bias, l0, y) }
+simd_variants! {
+    /// [`row_generic`] on one backend, taps ungrouped.
+    unsafe fn [row_portable, row_avx2, row_avx512, row_neon]<const K: usize, const R: usize>(
+        geom: &RowGeom,
+        x: &[f32],
+        taps: &[f32],
+        bias: f32,
+        l0: usize,
+        y: &mut [f32],
+    ) => row_generic::<S, K, R, 0>
 }
 
 // ---------------------------------------------------------------------------
 // AVX2 + FMA backend.
 
-/// # Safety
-/// The CPU must support AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn row_avx2<const K: usize, const R: usize>(
-    geom: &RowGeom,
-    x: &[f32],
-    taps: &[f32],
-    bias: f32,
-    l0: usize,
-    y: &mut [f32],
-) {
-    // SAFETY: our caller guarantees AVX2 and FMA.
-    unsafe { row_generic::<Avx2, K, R, 0>(geom, x, taps, bias, l0, y) }
-}
-
 // ---------------------------------------------------------------------------
 // AVX-512 backend.
-
-/// # Safety
-/// The CPU must support AVX-512 F and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn row_avx512<const K: usize, const R: usize>(
-    geom: &RowGeom,
-    x: &[f32],
-    taps: &[f32],
-    bias: f32,
-    l0: usize,
-    y: &mut [f32],
-) {
-    // SAFETY: our caller guarantees AVX-512 F and FMA.
-    unsafe { row_generic::<Avx512, K, R, 0>(geom, x, taps, bias, l0, y) }
-}
 
 /// [`row_avx512`] with the taps in `Q` groups of 16 ([`block_grouped`]).
 ///
@@ -817,19 +781,3 @@ unsafe fn row_avx512_grouped<const Q: usize>(
 
 // ---------------------------------------------------------------------------
 // NEON backend.
-
-/// # Safety
-/// The CPU must support NEON.
-#[cfg(target_arch = "aarch64")]
-#[target_feature(enable = "neon")]
-unsafe fn row_neon<const K: usize, const R: usize>(
-    geom: &RowGeom,
-    x: &[f32],
-    taps: &[f32],
-    bias: f32,
-    l0: usize,
-    y: &mut [f32],
-) {
-    // SAFETY: our caller guarantees NEON.
-    unsafe { row_generic::<Neon, K, R, 0>(geom, x, taps, bias, l0, y) }
-}

@@ -18,11 +18,7 @@
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
 use crate::simd::Backend;
-#[cfg(target_arch = "aarch64")]
-use crate::simd::Neon;
-#[cfg(target_arch = "x86_64")]
-use crate::simd::{Avx2, Avx512};
-use crate::simd::{Portable, Simd};
+use crate::simd::{simd_variants, Simd};
 
 /// A tile's operands (see the module docs).
 pub(super) struct Tile<'a> {
@@ -169,38 +165,13 @@ unsafe fn tile_generic<S: Simd, const K: usize>(t: &Tile, k: usize, out: &mut [f
     }
 }
 
-/// # Safety
-/// As [`tile_generic`]; the portable backend needs no CPU feature.
-unsafe fn tile_portable<const K: usize>(t: &Tile, k: usize, out: &mut [f32]) {
-    // SAFETY: forwarded from our caller.
-    unsafe { tile_generic::<Portable, K>(t, k, out) }
-}
-
-/// # Safety
-/// As [`tile_generic`], with AVX2 and FMA present.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2<const K: usize>(t: &Tile, k: usize, out: &mut [f32]) {
-    // SAFETY: forwarded from our caller.
-    unsafe { tile_generic::<Avx2, K>(t, k, out) }
-}
-
-/// # Safety
-/// As [`tile_generic`], with AVX-512 F and FMA present.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn tile_avx512<const K: usize>(t: &Tile, k: usize, out: &mut [f32]) {
-    // SAFETY: forwarded from our caller.
-    unsafe { tile_generic::<Avx512, K>(t, k, out) }
-}
-
-/// # Safety
-/// As [`tile_generic`], with NEON present.
-#[cfg(target_arch = "aarch64")]
-#[target_feature(enable = "neon")]
-unsafe fn tile_neon<const K: usize>(t: &Tile, k: usize, out: &mut [f32]) {
-    // SAFETY: forwarded from our caller.
-    unsafe { tile_generic::<Neon, K>(t, k, out) }
+simd_variants! {
+    /// [`tile_generic`] on one backend.
+    unsafe fn [tile_portable, tile_avx2, tile_avx512, tile_neon]<const K: usize>(
+        t: &Tile,
+        k: usize,
+        out: &mut [f32],
+    ) => tile_generic::<S, K>
 }
 
 #[cfg(test)]

@@ -43,11 +43,7 @@
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
 use crate::fused::{block_tmp, RowSource, ROW_BLOCK};
-#[cfg(target_arch = "aarch64")]
-use crate::simd::Neon;
-#[cfg(target_arch = "x86_64")]
-use crate::simd::{Avx2, Avx512};
-use crate::simd::{Backend, Portable, Simd};
+use crate::simd::{simd_variants, Backend, Simd};
 
 /// A micro-kernel's register block: `mr` output channels by `nr` vectors
 /// of `lanes` output positions.
@@ -653,15 +649,13 @@ unsafe fn micro<S: Simd, const MR: usize, const NR: usize>(
     }
 }
 
-/// # Safety
-/// As [`TileKernel::tile`]; the portable backend needs no CPU feature.
-unsafe fn tile_portable<const MR: usize, const NR: usize>(
-    a: &TileArgs<'_>,
-    s: TileWindow<'_>,
-    done: Option<&mut PanelDone<'_>>,
-) {
-    // SAFETY: Portable needs no feature; the output by our contract.
-    unsafe { tile_generic::<Portable, MR, NR>(a, s, done) }
+simd_variants! {
+    /// [`tile_generic`] on one backend (as [`TileKernel::tile`]).
+    unsafe fn [tile_portable, tile_avx2, tile_avx512, tile_neon]<const MR: usize, const NR: usize>(
+        a: &TileArgs<'_>,
+        s: TileWindow<'_>,
+        done: Option<&mut PanelDone<'_>>,
+    ) => tile_generic::<S, MR, NR>
 }
 
 /// [`fill_window`] for the portable backend.
@@ -676,45 +670,6 @@ unsafe fn fill_portable(
     buf: &mut [f32],
 ) {
     fill_window(a, c, cols, out, buf)
-}
-
-/// # Safety
-/// As [`TileKernel::tile`]; the CPU supports AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2<const MR: usize, const NR: usize>(
-    a: &TileArgs<'_>,
-    s: TileWindow<'_>,
-    done: Option<&mut PanelDone<'_>>,
-) {
-    // SAFETY: our caller guarantees AVX2, FMA and the output.
-    unsafe { tile_generic::<Avx2, MR, NR>(a, s, done) }
-}
-
-/// # Safety
-/// As [`TileKernel::tile`]; the CPU supports AVX-512 F and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn tile_avx512<const MR: usize, const NR: usize>(
-    a: &TileArgs<'_>,
-    s: TileWindow<'_>,
-    done: Option<&mut PanelDone<'_>>,
-) {
-    // SAFETY: our caller guarantees AVX-512 F, FMA and the output.
-    unsafe { tile_generic::<Avx512, MR, NR>(a, s, done) }
-}
-
-/// # Safety
-/// As [`TileKernel::tile`]; the CPU supports NEON.
-#[cfg(target_arch = "aarch64")]
-#[target_feature(enable = "neon")]
-unsafe fn tile_neon<const MR: usize, const NR: usize>(
-    a: &TileArgs<'_>,
-    s: TileWindow<'_>,
-    done: Option<&mut PanelDone<'_>>,
-) {
-    // SAFETY: our caller guarantees NEON and the output.
-    unsafe { tile_generic::<Neon, MR, NR>(a, s, done) }
 }
 
 /// [`fill_window`] with AVX2 and FMA.
