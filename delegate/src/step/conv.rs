@@ -68,6 +68,18 @@ impl ConvStep {
         }
     }
 
+    /// The epilogue `e` over the conv's output, storing the step's result.
+    fn sink<'a>(&self, e: &'a Epilogue, call: &'a Call) -> EpilogueSink<'a> {
+        EpilogueSink::new(
+            &e.program,
+            call,
+            call.shape(self.op.output),
+            &e.views,
+            call.out(self.result),
+            call.shape(self.result),
+        )
+    }
+
     fn kernel(&self) -> &Kernel {
         self.kernel
             .as_ref()
@@ -248,29 +260,19 @@ impl StepKind for ConvStep {
             None => (RowsOut::Slice(call.out(self.result)), 0),
             Some(_) if k.stage_output => (RowsOut::Slice(call.out(output)), 0),
             Some(e) => {
-                sink = EpilogueSink::new(
-                    &e.program,
-                    call,
-                    call.shape(output),
-                    &e.views,
-                    call.out(self.result),
-                    call.shape(self.result),
-                );
+                sink = self.sink(e, call);
                 (RowsOut::Fused(&sink), 1 + e.program.temporaries())
             }
         };
         k.prepared
             .run_rows(&params, x_in, w, b, y_out, x_temps, y_temps, call.scratch)?;
         if let (Some(e), true) = (&self.epilogue, k.stage_output) {
-            let sink = EpilogueSink::new(
-                &e.program,
-                call,
-                call.shape(output),
-                &e.views,
-                call.out(self.result),
-                call.shape(self.result),
+            drain(
+                &self.sink(e, call),
+                call.view(output),
+                call.row_len(output),
+                call.scratch,
             );
-            drain(&sink, call.view(output), call.row_len(output), call.scratch);
         }
         Ok(())
     }
