@@ -6,7 +6,8 @@
 //! through [`StepKind`] for everything a plan needs of it (what it reads
 //! and stages, its scratch, its description for logs, inspect and the
 //! profiler, its work, and its run). Adding an anchor op is a new type
-//! here and its construction in `fusion`.
+//! here, its construction in `fusion`, and its description in `graph.rs`
+//! and `ops.rs` (decoding, checks, shape inference).
 //!
 //! [`Call`] is what a step sees of one call: the values' shapes and data.
 
