@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -238,3 +239,17 @@ def test_eager_reference_returns_on_the_conv_onednn_never_finishes():
     )
     assert run.returncode == 0, run.stderr[-2000:]
     assert "returned" in run.stdout
+
+
+def test_reference_of_a_where_between_two_scalars_stays_float64():
+    """Seed 600055, graph 1: ``where(c, 3.0, 0.5)`` (torch's default dtype,
+    float32) fed a conv whose float64 reference weights then refused it, and
+    the error ended the long run's worker. The reference computes such a
+    ``where`` in float64 too."""
+    from difftest.check import DiffModel, _run_eager, call_inputs
+    from difftest.spec import subset
+
+    one = subset(generate_program(600055, graphs=8), [1])
+    calls = [call_inputs(one, k, reference=True) for k in range(n_calls(one))]
+    outputs = _run_eager(DiffModel(one, reference=True), calls, margins=[])
+    assert all(o.dtype == torch.float64 for call in outputs for o in call)

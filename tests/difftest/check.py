@@ -368,6 +368,17 @@ class Checker:
                     _run_eager(DiffModel(one), [call_inputs(one, k) for k in range(ncalls)])
                 except Exception as e:  # noqa: BLE001
                     bad[gi] = f"eager: {_short(e)}"
+                    continue
+                try:
+                    _run_eager(
+                        DiffModel(one, reference=True),
+                        [call_inputs(one, k, reference=True) for k in range(ncalls)],
+                        margins=[],
+                    )
+                except Exception as e:  # noqa: BLE001
+                    # A reference the harness cannot build drops the graph
+                    # (named in the summary) instead of ending the run.
+                    bad[gi] = f"reference: {_short(e)}"
             if not bad:
                 raise
             raise _Invalid(bad) from None

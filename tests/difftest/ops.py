@@ -240,7 +240,12 @@ def _compare(op, env, ctx, ca="a", cb="b"):
 
 def _where(op, env, ctx):
     cond = _compare(op, env, ctx, "ca", "cb")
-    return torch.where(cond, _v(env, op["x"]), _v(env, op["y"]))
+    out = torch.where(cond, _v(env, op["x"]), _v(env, op["y"]))
+    if ctx.reference and out.is_floating_point():
+        # Between two Python scalars torch picks its default dtype (float32,
+        # what the model computes); the reference stays float64 (exact).
+        out = out.to(torch.float64)
+    return out
 
 
 def _mask(op, env, ctx):
