@@ -119,8 +119,12 @@ impl ChainForm {
                 _ => return None,
             }
         };
-        // The anchor's chunk is in the root's coordinates.
-        if len == 0 || (x.is_none() && n_views > 0) {
+        // The anchor's chunk is in the root's coordinates. A stored tensor
+        // through an activation alone gains nothing over the interpreter; an
+        // epilogue's lone activation (a conv's GELU) does: it is pointwise,
+        // so a sink finishes a whole block of rows with it at once
+        // ([`Chain::finish_in_place`]).
+        if (len == 0 && (x.is_some() || act.is_none())) || (x.is_none() && n_views > 0) {
             return None;
         }
         Some(ChainForm {
@@ -180,6 +184,34 @@ impl<'a> Chain<'a> {
         self.x == Start::Anchor
     }
 
+    /// Whether the chain computes each element from the anchor's value at
+    /// the same place alone (no operand but constants), whatever the line:
+    /// a block of rows can be finished in place at once.
+    pub(super) fn pointwise(&self) -> bool {
+        self.x == Start::Anchor
+            && self.steps[..self.len]
+                .iter()
+                .all(|(_, leaf)| matches!(leaf, LeafMap::Const(_)))
+    }
+
+    /// The chain applied to `values` in place, for a [`Chain::pointwise`]
+    /// chain (returns false, changing nothing, for any other): the same
+    /// loops as [`Chain::run`], so bit for bit its results.
+    pub(super) fn finish_in_place(&self, values: &mut [f32]) -> bool {
+        if !self.pointwise() {
+            return false;
+        }
+        let mut steps = [(BinaryOp::Add, Operand::Scalar(0.0)); MAX_STEPS];
+        for (step, &(op, leaf)) in steps.iter_mut().zip(&self.steps[..self.len]) {
+            let LeafMap::Const(v) = leaf else {
+                unreachable!("a pointwise chain's operands are constants")
+            };
+            *step = (op, Operand::Scalar(v));
+        }
+        chain_in_place(&steps[..self.len], self.act, values);
+        true
+    }
+
     /// Writes the chain along `line` into `out` and returns true, or
     /// returns false, writing nothing, where `x` or an operand is not read
     /// contiguously or as one value along this line. `anchor` is the
@@ -233,6 +265,43 @@ fn chain_generic<const F: bool>(
     x: &[f32],
     out: &mut [f32],
 ) {
+    for (b, out) in out.chunks_mut(BLOCK).enumerate() {
+        let at = b * BLOCK;
+        let n = out.len();
+        out.copy_from_slice(&x[at..at + n]);
+        chain_block::<F>(steps, act, out, at);
+    }
+}
+
+isa_dispatch! {
+    fn chain_in_place(
+        steps: &[(BinaryOp, Operand)],
+        act: Option<UnaryOp>,
+        x: &mut [f32],
+    ) => chain_in_place_generic
+}
+
+/// [`chain_generic`] over `x` in place (no operand is a slice).
+#[inline(always)]
+fn chain_in_place_generic<const F: bool>(
+    steps: &[(BinaryOp, Operand)],
+    act: Option<UnaryOp>,
+    x: &mut [f32],
+) {
+    for (b, out) in x.chunks_mut(BLOCK).enumerate() {
+        chain_block::<F>(steps, act, out, b * BLOCK);
+    }
+}
+
+/// The steps and the activation over one block `out` (the chain's
+/// elements from `at` on), each a loop of its own.
+#[inline(always)]
+fn chain_block<const F: bool>(
+    steps: &[(BinaryOp, Operand)],
+    act: Option<UnaryOp>,
+    out: &mut [f32],
+    at: usize,
+) {
     #[inline(always)]
     fn each(out: &mut [f32], f: impl Fn(f32) -> f32) {
         for v in out {
@@ -245,25 +314,21 @@ fn chain_generic<const F: bool>(
             *v = f(*v, o);
         }
     }
-    for (b, out) in out.chunks_mut(BLOCK).enumerate() {
-        let at = b * BLOCK;
-        let n = out.len();
-        out.copy_from_slice(&x[at..at + n]);
-        for &(op, operand) in steps {
-            match (op, operand) {
-                (BinaryOp::Add, Operand::Scalar(o)) => each(out, |v| v + o),
-                (BinaryOp::Sub, Operand::Scalar(o)) => each(out, |v| v - o),
-                (BinaryOp::Mul, Operand::Scalar(o)) => each(out, |v| v * o),
-                (BinaryOp::Add, Operand::Slice(o)) => with(out, &o[at..at + n], |v, o| v + o),
-                (BinaryOp::Sub, Operand::Slice(o)) => with(out, &o[at..at + n], |v, o| v - o),
-                (BinaryOp::Mul, Operand::Slice(o)) => with(out, &o[at..at + n], |v, o| v * o),
-                _ => unreachable!("a chain adds, subtracts and multiplies"),
-            }
+    let n = out.len();
+    for &(op, operand) in steps {
+        match (op, operand) {
+            (BinaryOp::Add, Operand::Scalar(o)) => each(out, |v| v + o),
+            (BinaryOp::Sub, Operand::Scalar(o)) => each(out, |v| v - o),
+            (BinaryOp::Mul, Operand::Scalar(o)) => each(out, |v| v * o),
+            (BinaryOp::Add, Operand::Slice(o)) => with(out, &o[at..at + n], |v, o| v + o),
+            (BinaryOp::Sub, Operand::Slice(o)) => with(out, &o[at..at + n], |v, o| v - o),
+            (BinaryOp::Mul, Operand::Slice(o)) => with(out, &o[at..at + n], |v, o| v * o),
+            _ => unreachable!("a chain adds, subtracts and multiplies"),
         }
-        if let Some(op) = act {
-            // The interpreter's own loop for the op, over the block.
-            op.apply_generic::<F>(out);
-        }
+    }
+    if let Some(op) = act {
+        // The interpreter's own loop for the op, over the block.
+        op.apply_generic::<F>(out);
     }
 }
 
@@ -538,5 +603,72 @@ mod tests {
                 nc,
             );
         }));
+    }
+
+    /// An epilogue's lone activation (a conv's GELU) and a scale and shift
+    /// by constants are pointwise chains, finished in place as the line
+    /// loop finishes them; one reading a per-channel operand is not.
+    #[test]
+    fn pointwise_chains_finish_in_place_as_along_a_line() {
+        let mut rng = Rng::new(5);
+        let mut env = TestEnv::default();
+        let (c, n) = (3, 70);
+        let y = env.virt(&[1, c, n]);
+        let s = env.stored(&[c, 1], rng.vec(c, 0.5, 1.5));
+        let values = rng.vec(c * n, -3.0, 3.0);
+        for operand in ["none", "const", "stored"] {
+            let mut p = Program::default();
+            let mut x = p.push(Expr::Anchor, y);
+            if operand != "none" {
+                let o = match operand {
+                    "const" => p.push(Expr::Const(0.5), y),
+                    _ => {
+                        let l = p.push(Expr::Load, s);
+                        p.push(Expr::Broadcast { x: l }, y)
+                    }
+                };
+                x = p.push(
+                    Expr::Binary {
+                        op: BinaryOp::Mul,
+                        a: x,
+                        b: o,
+                    },
+                    y,
+                );
+            }
+            p.push(
+                Expr::Unary {
+                    op: UnaryOp::Gelu,
+                    x,
+                },
+                y,
+            );
+            let chain = Chain::find(&p, &env).expect("a chain from the anchor");
+            assert_eq!(chain.pointwise(), operand != "stored", "{operand}");
+            let mut in_place = values.clone();
+            assert_eq!(chain.finish_in_place(&mut in_place), chain.pointwise());
+            if !chain.pointwise() {
+                assert_eq!(bits(&in_place), bits(&values), "unchanged");
+                continue;
+            }
+            for row in 0..c {
+                let line = Line::along([0, row, 0, 0], 2);
+                let mut want = vec![0.0; n];
+                assert!(chain.run(&line, &values[row * n..][..n], &mut want));
+                assert_eq!(bits(&in_place[row * n..][..n]), bits(&want), "row {row}");
+            }
+        }
+        // A stored tensor's lone activation stays with the interpreter.
+        let x = env.stored(&[1, c, n], values.clone());
+        let mut p = Program::default();
+        let l = p.push(Expr::Load, x);
+        p.push(
+            Expr::Unary {
+                op: UnaryOp::Gelu,
+                x: l,
+            },
+            y,
+        );
+        assert!(Chain::find(&p, &env).is_none());
     }
 }

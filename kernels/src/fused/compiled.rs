@@ -206,4 +206,15 @@ impl EpilogueRecipe<'_> {
             Self::Chain(r) => r.run(line, values, out),
         }
     }
+
+    /// Finishes `values`, anchor values of any rows and places, in place
+    /// and returns true where the recipe is pointwise (a conv's
+    /// activation: see [`Chain::pointwise`]); else returns false,
+    /// changing nothing.
+    pub(super) fn finish_in_place(&self, values: &mut [f32]) -> bool {
+        match self {
+            Self::Chain(r) => r.finish_in_place(values),
+            Self::Gate(_) | Self::SkipGate(_) => false,
+        }
+    }
 }

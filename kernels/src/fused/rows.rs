@@ -124,14 +124,15 @@ pub trait RowSink: Sync {
     /// Line-sized temporaries `store` needs.
     fn temporaries(&self) -> usize;
     /// Takes elements `t0 .. t0 + len` of rows `row0 .. row0 + rows` (as
-    /// [`RowSource::fill_rows`] lays them out). By default row by row.
+    /// [`RowSource::fill_rows`] lays them out), which the kernel no longer
+    /// needs: the sink may finish them in place. By default row by row.
     fn store_rows(
         &self,
         row0: usize,
         rows: usize,
         t0: usize,
         len: usize,
-        values: &[f32],
+        values: &mut [f32],
         tmp: &mut [f32],
     ) {
         for (r, values) in values.chunks_exact(len).take(rows).enumerate() {
@@ -829,7 +830,7 @@ impl RowSink for EpilogueSink<'_> {
         rows: usize,
         t0: usize,
         len: usize,
-        values: &[f32],
+        values: &mut [f32],
         tmp: &mut [f32],
     ) {
         if !self.stores_across(row0, rows, len) {
@@ -848,10 +849,18 @@ impl RowSink for EpilogueSink<'_> {
         let (start, stride) = self.store_at(&Line::along(base, rank - 2));
         base[rank - 1] = t0 + 1;
         let step = self.store_at(&Line::along(base, rank - 2)).0 - start;
-        if self.identity && stride == 1 {
-            // Nothing to finish, and each column is a contiguous run of
-            // the result (a `[C, N]` result stored as `[N, C]`): the block
-            // is stored transposed, a vector at a time.
+        // A pointwise epilogue (a conv's activation) finishes the whole
+        // block in place, a few long loops instead of one short line per
+        // time step; then only the store views act, as for an identity.
+        let finished = self.identity
+            || self
+                .recipe
+                .as_ref()
+                .is_some_and(|r| r.finish_in_place(&mut values[..rows * len]));
+        if finished && stride == 1 {
+            // Each column is a contiguous run of the result (a `[C, N]`
+            // result stored as `[N, C]`): the block is stored transposed,
+            // a vector at a time.
             self.out.store_transposed(start, step, rows, len, values);
             return;
         }
@@ -862,8 +871,8 @@ impl RowSink for EpilogueSink<'_> {
                 *a = values[r * len + t];
             }
             let start = start + t * step;
-            if self.identity {
-                // Nothing to finish: the column is stored as it is.
+            if finished {
+                // Nothing (left) to finish: the column is stored as it is.
                 self.out.store_line(start, stride, anchor);
                 continue;
             }

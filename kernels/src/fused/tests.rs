@@ -1804,8 +1804,106 @@ fn short_rows_store_across_their_rows_bit_for_bit() {
                 rows::short_rows(m, n) && !crosses,
                 "{b}x{c}x{n} rows {row0}+{m}"
             );
-            sink.store_rows(row0, m, 0, n, block, &mut tmp);
+            sink.store_rows(row0, m, 0, n, &mut block.to_vec(), &mut tmp);
             assert_eq!(bits(&got), bits(&want), "{b}x{c}x{n} rows {row0}+{m}");
+        }
+    }
+}
+
+/// A pointwise epilogue (a conv's activation, after a scale and a shift by
+/// constants) finishes a whole block of rows in place, then stores it as
+/// an identity would: transposed into a `[B, N, C]` result (across the
+/// rows) or row by row. The same values as the activation applied to every
+/// anchor value, bit for bit, in both layouts, for blocks that start and
+/// end mid-item.
+#[test]
+fn pointwise_epilogues_finish_blocks_in_place_bit_for_bit() {
+    let mut rng = Rng::new(23);
+    let transpose = [Some(0), Some(2), Some(1), None];
+    for (b, c, n) in [(1, 128, 32), (2, 64, 10), (1, 300, 3), (2, 9, 17)] {
+        for (scaled, transposed) in [(false, true), (true, true), (true, false)] {
+            let mut env = TestEnv::default();
+            let y = env.virt(&[b, c, n]);
+            let mut p = Program::default();
+            let mut x = p.push(Expr::Anchor, y);
+            if scaled {
+                let half = p.push(Expr::Const(0.5), y);
+                x = p.push(
+                    Expr::Binary {
+                        op: BinaryOp::Mul,
+                        a: half,
+                        b: x,
+                    },
+                    y,
+                );
+                let shift = p.push(Expr::Const(0.25), y);
+                x = p.push(
+                    Expr::Binary {
+                        op: BinaryOp::Add,
+                        a: x,
+                        b: shift,
+                    },
+                    y,
+                );
+            }
+            p.push(
+                Expr::Unary {
+                    op: UnaryOp::Gelu,
+                    x,
+                },
+                y,
+            );
+            let p = p.compile();
+            let values = rng.vec(b * c * n, -3.0, 3.0);
+            // The reference: the same functions over every value, placed
+            // by hand.
+            let mut act = values.clone();
+            if scaled {
+                act.iter_mut().for_each(|v| *v = 0.5 * *v + 0.25);
+            }
+            UnaryOp::Gelu.apply(&mut act);
+            let mut want = vec![0.0; b * c * n];
+            for (i, &v) in act.iter().enumerate() {
+                let (bi, ci, t) = (i / (c * n), i / n % c, i % n);
+                let at = if transposed { (bi * n + t) * c + ci } else { i };
+                want[at] = v;
+            }
+            let views = [StoreView {
+                map: transpose,
+                rank: 3,
+            }];
+            let (views, out_dims): (&[StoreView], _) = if transposed {
+                (&views, [b, n, c])
+            } else {
+                (&[], [b, c, n])
+            };
+            let mut got = vec![f32::NAN; b * c * n];
+            let shape = Shape::new(&[b, c, n]);
+            let mut tmp = vec![f32::NAN; block_tmp(p.temporaries() + 1, n)];
+            {
+                let sink =
+                    EpilogueSink::new(&p, &env, shape, views, &mut got, Shape::new(&out_dims));
+                assert_eq!(sink.prefers_columns(), transposed);
+                // Blocks of uneven sizes within each batch item (as a
+                // kernel hands them over: one item's channels).
+                for item in 0..b {
+                    let mut row0 = item * c;
+                    for m in [1, 7, 64, 5, ROW_BLOCK].into_iter().cycle() {
+                        if row0 == (item + 1) * c {
+                            break;
+                        }
+                        let m = m.min((item + 1) * c - row0);
+                        let mut block = values[row0 * n..][..m * n].to_vec();
+                        sink.store_rows(row0, m, 0, n, &mut block, &mut tmp);
+                        row0 += m;
+                    }
+                }
+            }
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "{b}x{c}x{n} scaled {scaled} transposed {transposed}"
+            );
         }
     }
 }

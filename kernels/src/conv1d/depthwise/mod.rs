@@ -502,7 +502,7 @@ impl DepthwiseConv {
                             &mut y_buf[r * m..][..m],
                         );
                     }
-                    sink.store_rows(row0, rows, l, m, &y_buf[..rows * m], tmp);
+                    sink.store_rows(row0, rows, l, m, &mut y_buf[..rows * m], tmp);
                 }
             })
         });

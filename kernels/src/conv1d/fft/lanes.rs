@@ -696,7 +696,7 @@ impl LanesConv {
                     lanes,
                     l0 + c0,
                     n,
-                    &stage[..lanes * n],
+                    &mut stage[..lanes * n],
                     tmp,
                 );
             }

@@ -446,7 +446,7 @@ impl GemmConv {
                             unsafe { self.kernel.tile(&args, window, None) }
                             for r in (0..rows.len()).step_by(ROW_BLOCK) {
                                 let m = ROW_BLOCK.min(rows.len() - r);
-                                let values = &tile[r * n..][..m * n];
+                                let values = &mut tile[r * n..][..m * n];
                                 sink.store_rows(row0 + r, m, cols.start, n, values, tmp);
                             }
                         } else {
