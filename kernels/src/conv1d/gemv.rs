@@ -10,7 +10,7 @@
 //! `fft_gemm` 841 µs, `direct` 1.48 ms. Here every output channel's filter
 //! (`cin · K` contiguous values) is multiplied with the call's columns (the
 //! `cin · K` inputs each output reads, gathered once per task, padding as
-//! zeros): one vector load of the filter shared by up to [`MAX_OUTPUTS`]
+//! zeros): one vector load of the filter shared by up to four
 //! accumulators, so the call reads each weight once and is bound by
 //! reading them (2.75 MB for that layer). The weights are prefetched
 //! [`AHEAD`] floats ahead of the multiply-adds: without it one thread read
@@ -28,8 +28,9 @@
 //! state and token staged through memory).
 //!
 //! [`PreparedConv1d`](super::PreparedConv1d) sends every call of at most
-//! [`MAX_OUTPUTS`] outputs per row of a dense or grouped conv here, whatever
-//! algorithm it prepared. Each output is its bias plus one sum in a fixed
+//! four outputs per row of a dense or grouped conv here, whatever
+//! algorithm it prepared, and calls of up to [`MAX_OUTPUTS`] where their
+//! columns stay in L1 ([`Gemv::takes`]), in passes of four outputs. Each output is its bias plus one sum in a fixed
 //! order (accumulators pairwise, their lanes as a tree, then the tail), so
 //! results do not depend on the number of threads; they differ from the
 //! other algorithms' by rounding.
@@ -42,9 +43,32 @@ use crate::fused::{block_tmp, col_tmp, RowSink, RowsIn, RowsOut, ROW_BLOCK};
 use crate::scratch::Scratch;
 use crate::simd::{simd_variants, Backend, Simd};
 
-/// Most outputs per row a call may have to run here (a decode step has
-/// one; the depthwise kernels take the same bound for their column walk).
-pub(crate) const MAX_OUTPUTS: usize = 4;
+/// Most outputs per row a call may have to run here: a decode step has
+/// one, a streaming encoder's chunk a few (voxtral's stem: 8 mel frames a
+/// call). Below a vector of outputs the GEMM computes a whole vector of
+/// positions per block of output channels. Calls of more than
+/// [`DECODE_OUTPUTS`] come here only where their columns stay in L1
+/// ([`L1_COLS`]; see [`Gemv::takes`]).
+pub(crate) const MAX_OUTPUTS: usize = 8;
+
+/// Outputs per row every call of a dense or grouped conv up to which runs
+/// here, whatever its size: decode steps.
+const DECODE_OUTPUTS: usize = 4;
+
+/// Most floats of columns (`outputs · cin · K`) a call of more than
+/// [`DECODE_OUTPUTS`] outputs may have: every filter is multiplied with
+/// all of them, so they must stay in L1. Measured (pte_runner, one thread,
+/// AVX-512, K = 3, 8 outputs, against the GEMM): 128 -> 128 channels
+/// (3072 floats) 21 -> 15 µs, 256 -> 256 (6144) 69 -> 40 µs, but
+/// 512 -> 512 (12288, from L2) 270 -> 309 µs.
+const L1_COLS: usize = 6 * 1024;
+
+/// Outputs one pass of the dot products computes together, sharing each
+/// filter load: [`CHAINS`] accumulators each. A call of more outputs per
+/// row takes them in passes of this many over the same filter (in L1 by
+/// the second pass), each output summed in the same order whatever the
+/// pass, so a call's results do not depend on how its outputs are split.
+const DOTS_OUTPUTS: usize = 4;
 
 /// Output channels per task: the columns are gathered once per task, so
 /// each task should multiply them with many filters.
@@ -60,8 +84,8 @@ type TaskOut<'a> = &'a mut dyn FnMut(&[f32], &mut [f32]);
 
 /// The dot products for one backend, chosen at prepare.
 pub(crate) struct Gemv {
-    /// Indexed by the number of outputs per row minus one.
-    dots: [DotsFn; MAX_OUTPUTS],
+    /// Indexed by the number of outputs per pass minus one.
+    dots: [DotsFn; DOTS_OUTPUTS],
 }
 
 impl Gemv {
@@ -70,7 +94,7 @@ impl Gemv {
         if !backend.is_available() {
             return None;
         }
-        let dots: [DotsFn; MAX_OUTPUTS] = match backend {
+        let dots: [DotsFn; DOTS_OUTPUTS] = match backend {
             Backend::Portable => [
                 dots_portable::<1>,
                 dots_portable::<2>,
@@ -122,12 +146,29 @@ impl Gemv {
         ROWS * MAX_OUTPUTS + stage + tmp
     }
 
+    /// Most outputs per row a call of `g`'s channels and filter runs here
+    /// with: [`MAX_OUTPUTS`] where their columns stay in L1, else
+    /// [`DECODE_OUTPUTS`].
+    fn most_outputs(g: &Conv1dGeometry) -> usize {
+        (DECODE_OUTPUTS + 1..=MAX_OUTPUTS)
+            .rev()
+            .find(|&n| Self::cols_len(g, n) <= L1_COLS)
+            .unwrap_or(DECODE_OUTPUTS)
+    }
+
+    /// Whether a call of `g` runs here rather than in the conv's prepared
+    /// algorithm (a dense or grouped conv's).
+    pub(crate) fn takes(g: &Conv1dGeometry) -> bool {
+        g.out_len <= Self::most_outputs(g)
+    }
+
     /// Floats of the scratch's shared region a call needs: the columns of
-    /// every batch item and group (`MAX_OUTPUTS · cin · K` each), gathered
-    /// once per call and read by every task of its output channels.
+    /// every batch item and group (`outputs · cin · K` each, for the most
+    /// outputs a call has here), gathered once per call and read by every
+    /// task of its output channels.
     pub(crate) fn shared_scratch(g: &Conv1dGeometry) -> usize {
         let p = &g.params;
-        p.batch * p.groups * Self::cols_len(g, MAX_OUTPUTS)
+        p.batch * p.groups * Self::cols_len(g, Self::most_outputs(g))
     }
 
     /// Floats of one batch item and group's columns for `n` outputs.
@@ -135,15 +176,15 @@ impl Gemv {
         n * g.in_per_group * g.params.kernel_size
     }
 
-    /// Longest input row a call taken here has: at most [`MAX_OUTPUTS`]
-    /// outputs means `in_len + pads − dilation·(K − 1) − 1 < MAX_OUTPUTS ·
-    /// stride`.
+    /// Longest input row a call taken here has: at most `n` outputs
+    /// ([`Self::most_outputs`]) means `in_len + pads − dilation·(K − 1) − 1
+    /// < n · stride`.
     fn stage_len(g: &Conv1dGeometry) -> usize {
         let p = &g.params;
-        MAX_OUTPUTS * p.stride + p.dilation * (p.kernel_size - 1)
+        Self::most_outputs(g) * p.stride + p.dilation * (p.kernel_size - 1)
     }
 
-    /// `y = conv1d(x, w) + bias` for a call of `g.out_len <= MAX_OUTPUTS`
+    /// `y = conv1d(x, w) + bias` for a call [`Self::takes`]
     /// outputs per row, stored or handed to a sink row by row. The caller
     /// has checked every slice length and the scratch (per thread and
     /// [`Self::shared_scratch`]).
@@ -166,14 +207,13 @@ impl Gemv {
     ) {
         let p = &g.params;
         let n = g.out_len;
-        assert!(n <= MAX_OUTPUTS, "{n} outputs per row");
+        assert!(Self::takes(g), "{n} outputs per row");
         let (cin, cout) = (g.in_per_group, g.out_per_group);
         if n == 0 || p.batch == 0 || cout == 0 {
             return;
         }
         let filter_len = cin * p.kernel_size;
         let cols_len = Self::cols_len(g, n);
-        let dots = self.dots[n - 1];
         scratch.with_shared(|shared| {
             let all_cols = &mut shared[..p.batch * p.groups * cols_len];
             // The columns of batch item and group `bg`.
@@ -215,9 +255,17 @@ impl Gemv {
                         // The weights the next rows read, prefetched as this
                         // one is multiplied.
                         let ahead = w.get(o * filter_len + AHEAD..).unwrap_or(&[]);
-                        // SAFETY: `new` chose `dots` for a backend whose
-                        // features this CPU has; it checks its bounds.
-                        unsafe { dots(&w[o * filter_len..][..filter_len], cols, values, ahead) };
+                        let filter = &w[o * filter_len..][..filter_len];
+                        for (pass, values) in values.chunks_mut(DOTS_OUTPUTS).enumerate() {
+                            let t0 = pass * DOTS_OUTPUTS;
+                            let cols = &cols[t0 * filter_len..];
+                            // Later passes read the filter from L1.
+                            let ahead = if pass == 0 { ahead } else { &[] };
+                            let dots = self.dots[values.len() - 1];
+                            // SAFETY: `new` chose `dots` for a backend whose
+                            // features this CPU has; it checks its bounds.
+                            unsafe { dots(filter, cols, values, ahead) };
+                        }
                         let b0 = bias.map_or(0.0, |bias| bias[o]);
                         for v in values.iter_mut() {
                             *v += b0;
@@ -386,8 +434,10 @@ const AHEAD: usize = 2048;
 
 /// `out[t] = Σ_j filter[j] · cols[t · len + j]`, `len = filter.len()`, for
 /// `t < T`: [`CHAINS`] vectors of the filter at a time into as many
-/// accumulators per output, each filter load shared by the `T` outputs;
-/// then the accumulators added pairwise, their lanes as a tree, then the tail.
+/// accumulators per output, each filter load shared by the `T` outputs,
+/// then the whole vectors left one at a time into the first; then the
+/// accumulators added pairwise, their lanes as a tree, then the tail (less
+/// than a vector).
 ///
 /// # Safety
 /// `S`'s features are present. Bounds are checked (panics).
@@ -401,15 +451,16 @@ unsafe fn dots_generic<S: Simd, const T: usize>(
     let len = filter.len();
     assert!(cols.len() >= T * len && out.len() == T && S::LANES <= 16);
     let step = CHAINS * S::LANES;
-    let whole = len - len % step;
+    let steps_end = len - len % step;
     let mut sums = [0.0f32; T];
     // SAFETY: features by our contract; every load reads LANES values at
-    // j + c · LANES < whole <= len of `filter` and of column t (inside
+    // j + c · LANES < whole <= len (the steps), or at j with j + LANES <=
+    // len (the vectors after them), of `filter` and of column t (inside
     // `cols`, asserted); the lane buffer holds 16 >= LANES values.
-    unsafe {
+    let whole = unsafe {
         let mut acc = [[S::splat(0.0); CHAINS]; T];
         let mut j = 0;
-        while j < whole {
+        while j < steps_end {
             crate::fused::prefetch(ahead.get(j..j + step).unwrap_or(&[]));
             for c in 0..CHAINS {
                 let at = j + c * S::LANES;
@@ -420,6 +471,18 @@ unsafe fn dots_generic<S: Simd, const T: usize>(
             }
             j += step;
         }
+        // Whole vectors past the last whole step, into the first chain: a
+        // filter of 240 taps (80 channels, K = 3) left 48 of them to the
+        // scalar tail below, a chain of dependent adds per output that
+        // took three times as long as its 192 vectorised taps.
+        while j + S::LANES <= len {
+            let wv = S::load(filter.as_ptr().add(j));
+            for (t, acc) in acc.iter_mut().enumerate() {
+                acc[0] = S::mul_add(acc[0], wv, S::load(cols.as_ptr().add(t * len + j)));
+            }
+            j += S::LANES;
+        }
+        let whole = j;
         // The chains added as vectors, (0 + 1) + (2 + 3), then the lanes
         // as a tree: a sequential sum of every chain's every lane was a
         // chain of CHAINS · LANES dependent adds per output, which cost
@@ -440,7 +503,8 @@ unsafe fn dots_generic<S: Simd, const T: usize>(
             }
             *sum = lanes[0];
         }
-    }
+        whole
+    };
     for (t, (sum, out)) in sums.iter().zip(out).enumerate() {
         let col = &cols[t * len..][..len];
         *out = filter[whole..]
@@ -473,7 +537,8 @@ mod tests {
         assert_conv_close(p, x, w, bias, got, 2.0 * terms * f32::EPSILON, ctx);
     }
 
-    /// Calls of 1 to 4 outputs per row: dense and grouped, strided,
+    /// Calls of 1 to 8 outputs per row (one pass of the dot products and
+    /// two, the second partial): dense and grouped, strided,
     /// dilated, causal and centred padding, batches, filters that are and
     /// are not whole vectors, more channels than one task's.
     fn shapes() -> Vec<Conv1dParams> {
@@ -484,12 +549,16 @@ mod tests {
                 (2, (12, 8, 4), 3, 2, (1, 1), 2),
                 (1, (3, 70, 1), 3, 1, (1, 1), 1),
                 (1, (16, 16, 2), 5, 1, (0, 0), 1),
+                (1, (80, 160, 1), 3, 1, (2, 0), 1),
             ] {
                 let reach = (k - 1) * dil;
                 let in_len = (outputs - 1) * stride + reach + 1 - pad.0 - pad.1;
                 let p = params(b, ch, in_len, k, stride, pad, dil);
                 assert_eq!(p.out_len().unwrap(), outputs, "{p:?}");
-                out.push(p);
+                // The first's columns pass L1 beyond four outputs.
+                if Gemv::takes(&p.geometry().unwrap()) {
+                    out.push(p);
+                }
             }
         }
         out
@@ -535,7 +604,7 @@ mod tests {
     #[test]
     fn prepared_convs_take_it_for_short_calls_stored_or_fused() {
         // Prepared for a long causal call by each algorithm that reads the
-        // weights in place: calls of 1 to 4 outputs per row run here, so
+        // weights in place: calls of 1 to 8 outputs per row run here, so
         // they come out bit for bit the same whatever the algorithm, stored
         // or handed to an epilogue; a longer call does not.
         use crate::fused::RowsIn;
@@ -543,7 +612,7 @@ mod tests {
         let max = params(1, (40, 24, 1), 600, 11, 1, (10, 0), 1);
         let w = rng.vec(max.weight_elems(), -1.0, 1.0);
         let bias = rng.vec(max.bias_elems(), -1.0, 1.0);
-        for in_len in [1, 2, 4, 5, 600] {
+        for in_len in [1, 2, 4, 5, 8, 9, 600] {
             let p = Conv1dParams { in_len, ..max };
             let x = rng.vec(p.input_elems(), -1.0, 1.0);
             let mut outputs = Vec::new();
@@ -575,7 +644,9 @@ mod tests {
                 outputs.push(y);
             }
             let same = outputs.windows(2).all(|pair| pair[0] == pair[1]);
-            assert_eq!(same, in_len <= MAX_OUTPUTS, "{in_len} outputs");
+            let taken = Gemv::takes(&p.geometry().unwrap());
+            assert_eq!(taken, in_len <= MAX_OUTPUTS, "{in_len} outputs");
+            assert_eq!(same, taken, "{in_len} outputs");
         }
     }
 
@@ -600,7 +671,7 @@ mod tests {
             conv.run(&p, &x, Some(&w), Some(&bias), &mut y, &scratch)
                 .unwrap();
             let out_len = p.geometry().unwrap().out_len;
-            assert!(out_len <= MAX_OUTPUTS);
+            assert!(Gemv::takes(&p.geometry().unwrap()));
             let sink = ReluSink::new(y.len(), out_len);
             let fused = RowsOut::Fused(&sink);
             conv.run_rows(
@@ -649,9 +720,28 @@ mod tests {
         }
     }
 
+    /// Decode steps run here whatever the conv's size; calls of five to
+    /// eight outputs only where their columns stay in L1.
+    #[test]
+    fn longer_calls_run_here_only_with_columns_in_l1() {
+        for (ch, outputs, taken) in [
+            (128, 8, true),
+            (256, 8, true),
+            (512, 4, true),
+            (512, 5, false),
+            (2048, 1, true),
+            (128, 9, false),
+        ] {
+            let p = params(1, (ch, ch, 1), outputs + 2, 3, 1, (0, 0), 1);
+            let g = p.geometry().unwrap();
+            assert_eq!(g.out_len, outputs);
+            assert_eq!(Gemv::takes(&g), taken, "{ch} channels, {outputs} outputs");
+        }
+    }
+
     /// The fixed-size copies of filters of up to 8 taps gather what the
     /// general loop does: every tap count around them, strides, causal,
-    /// centred and one-sided padding, every call length of 1 to 4 outputs,
+    /// centred and one-sided padding, every call length of 1 to 8 outputs,
     /// the edge outputs whose taps reach into the padding included.
     #[test]
     fn short_filters_gather_as_the_general_loop() {

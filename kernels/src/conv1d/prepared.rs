@@ -19,7 +19,7 @@
 use std::time::Instant;
 
 use super::algorithm::{ConvAlgorithm, NotFusable};
-use super::gemv::{Gemv, MAX_OUTPUTS};
+use super::gemv::Gemv;
 use super::params::{Conv1dGeometry, Conv1dParams};
 use super::registry::Algorithm;
 use super::weights::Weights;
@@ -73,8 +73,9 @@ pub struct PreparedConv1d {
     algorithm: Algorithm,
     imp: Box<dyn ConvAlgorithm>,
     /// For a dense or grouped conv whose algorithm reads the weights in
-    /// place: the matrix-vector kernel that calls of at most
-    /// [`MAX_OUTPUTS`] outputs per row (decode steps) take instead.
+    /// place: the matrix-vector kernel that calls of a few outputs per
+    /// row (decode steps, short streaming chunks: [`Gemv::takes`]) take
+    /// instead.
     gemv: Option<Gemv>,
     /// What every call checks, known at prepare: [`Self::scratch_per_thread`],
     /// [`Self::shared_scratch`] and [`Self::reads_weights`].
@@ -125,7 +126,7 @@ impl PreparedConv1d {
             // grouped conv, the matrix-vector kernel runs every call; of
             // the algorithms it stands in for, `gemm` is the one whose
             // epilogue hook it serves, so a fused epilogue stays fused.
-            Choice::Auto if g.out_len <= MAX_OUTPUTS && Algorithm::Gemm.applies(&g) => {
+            Choice::Auto if Gemv::takes(&g) && Algorithm::Gemm.applies(&g) => {
                 Self::with(Algorithm::Gemm, g, weights)
             }
             Choice::Auto => {
@@ -233,7 +234,7 @@ impl PreparedConv1d {
 
     /// The matrix-vector kernel, where it takes a call of `g`.
     fn gemv_for(&self, g: &Conv1dGeometry) -> Option<&Gemv> {
-        self.gemv.as_ref().filter(|_| g.out_len <= MAX_OUTPUTS)
+        self.gemv.as_ref().filter(|_| Gemv::takes(g))
     }
 
     /// `f32` elements of the scratch's shared region a call needs (see
