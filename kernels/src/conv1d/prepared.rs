@@ -123,10 +123,14 @@ impl PreparedConv1d {
                 Self::with(a, g, weights)
             }
             // Where even the longest call is a decode step of a dense or
-            // grouped conv, the matrix-vector kernel runs every call; of
+            // grouped conv, or a short call of constant weights it packs,
+            // the matrix-vector kernel runs every call; of
             // the algorithms it stands in for, `gemm` is the one whose
             // epilogue hook it serves, so a fused epilogue stays fused.
-            Choice::Auto if Gemv::takes(&g) && Algorithm::Gemm.applies(&g) => {
+            Choice::Auto
+                if (Gemv::takes(&g) || (Gemv::packs(&g) && !weights.fed()))
+                    && Algorithm::Gemm.applies(&g) =>
+            {
                 Self::with(Algorithm::Gemm, g, weights)
             }
             Choice::Auto => {
@@ -153,9 +157,12 @@ impl PreparedConv1d {
         // The matrix-vector kernel reads the weights in place, so it
         // stands in only for an algorithm that reads them too (not the
         // FFT, whose caller may have released them).
-        let gemv = (Algorithm::Gemm.applies(&g) && imp.reads_weights())
+        let mut gemv = (Algorithm::Gemm.applies(&g) && imp.reads_weights())
             .then(|| Gemv::new(Backend::detect()))
             .flatten();
+        if let (Some(gemv), Weights::Constant(w)) = (&mut gemv, weights) {
+            gemv.pack(&g, w);
+        }
         let gemv_scratch = gemv
             .as_ref()
             .map_or(0, |_| Gemv::scratch_per_thread(&g, None, 0));
@@ -218,6 +225,12 @@ impl PreparedConv1d {
         self.algorithm
     }
 
+    /// Whether short calls read the weights packed at prepare.
+    #[cfg(test)]
+    pub(crate) fn packed(&self) -> bool {
+        self.gemv.as_ref().is_some_and(Gemv::is_packed)
+    }
+
     /// `f32` elements of scratch each thread needs for any call up to the
     /// prepared shape.
     pub fn scratch_per_thread(&self) -> usize {
@@ -234,7 +247,7 @@ impl PreparedConv1d {
 
     /// The matrix-vector kernel, where it takes a call of `g`.
     fn gemv_for(&self, g: &Conv1dGeometry) -> Option<&Gemv> {
-        self.gemv.as_ref().filter(|_| Gemv::takes(g))
+        self.gemv.as_ref().filter(|gemv| gemv.runs(g))
     }
 
     /// `f32` elements of the scratch's shared region a call needs (see

@@ -30,7 +30,10 @@
 //! [`PreparedConv1d`](super::PreparedConv1d) sends every call of at most
 //! four outputs per row of a dense or grouped conv here, whatever
 //! algorithm it prepared, and calls of up to [`MAX_OUTPUTS`] where their
-//! columns stay in L1 ([`Gemv::takes`]), in passes of four outputs. Each output is its bias plus one sum in a fixed
+//! columns stay in L1 ([`Gemv::takes`]), in passes of four outputs. A conv
+//! whose every call is that short, with several outputs and constant
+//! weights, packs them at prepare instead and runs output channels in the
+//! lanes (`panels.rs`), whatever the columns' size. Each output is its bias plus one sum in a fixed
 //! order (accumulators pairwise, their lanes as a tree, then the tail), so
 //! results do not depend on the number of threads; they differ from the
 //! other algorithms' by rounding.
@@ -38,6 +41,9 @@
 #![allow(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
+mod panels;
+
+use self::panels::{Panels, PANELS_MIN_OUTPUTS};
 use super::params::Conv1dGeometry;
 use crate::fused::{block_tmp, col_tmp, RowSink, RowsIn, RowsOut, ROW_BLOCK};
 use crate::scratch::Scratch;
@@ -86,6 +92,9 @@ type TaskOut<'a> = &'a mut dyn FnMut(&[f32], &mut [f32]);
 pub(crate) struct Gemv {
     /// Indexed by the number of outputs per pass minus one.
     dots: [DotsFn; DOTS_OUTPUTS],
+    /// The weights packed with output channels in the lanes, for a conv
+    /// whose every call runs here with several outputs ([`Self::pack`]).
+    panels: Option<Panels>,
 }
 
 impl Gemv {
@@ -123,7 +132,31 @@ impl Gemv {
                 dots_neon::<4>,
             ],
         };
-        Some(Gemv { dots })
+        Some(Gemv { dots, panels: None })
+    }
+
+    /// Whether a conv prepared for `max` packs its constant weights
+    /// ([`Self::pack`]): every call has at most [`MAX_OUTPUTS`] outputs,
+    /// and several. Packed, every call runs here whatever the columns'
+    /// size: the panels read each column value once per panel, not once
+    /// per output channel.
+    pub(crate) fn packs(max: &Conv1dGeometry) -> bool {
+        (PANELS_MIN_OUTPUTS..=MAX_OUTPUTS).contains(&max.out_len)
+    }
+
+    /// Whether [`Self::pack`] packed the weights.
+    #[cfg(test)]
+    pub(crate) fn is_packed(&self) -> bool {
+        self.panels.is_some()
+    }
+
+    /// Packs the constant weights `w` of a conv prepared for `max` into
+    /// panels (see `panels.rs`), which every call then reads instead of
+    /// `w`, where [`Self::packs`] holds; else does nothing.
+    pub(crate) fn pack(&mut self, max: &Conv1dGeometry, w: &[f32]) {
+        if Self::packs(max) {
+            self.panels = Panels::new(Backend::detect(), max, w);
+        }
     }
 
     /// Scratch floats per thread: a task's outputs and a column of them,
@@ -147,28 +180,45 @@ impl Gemv {
     }
 
     /// Most outputs per row a call of `g`'s channels and filter runs here
-    /// with: [`MAX_OUTPUTS`] where their columns stay in L1, else
-    /// [`DECODE_OUTPUTS`].
-    fn most_outputs(g: &Conv1dGeometry) -> usize {
+    /// with unpacked weights: [`MAX_OUTPUTS`] where their columns stay in
+    /// L1, else [`DECODE_OUTPUTS`].
+    fn unpacked_outputs(g: &Conv1dGeometry) -> usize {
         (DECODE_OUTPUTS + 1..=MAX_OUTPUTS)
             .rev()
             .find(|&n| Self::cols_len(g, n) <= L1_COLS)
             .unwrap_or(DECODE_OUTPUTS)
     }
 
-    /// Whether a call of `g` runs here rather than in the conv's prepared
-    /// algorithm (a dense or grouped conv's).
-    pub(crate) fn takes(g: &Conv1dGeometry) -> bool {
-        g.out_len <= Self::most_outputs(g)
+    /// Most outputs per row any call of a conv prepared for `max` runs
+    /// here with, packed ([`Self::packs`]) or not: what its scratch holds.
+    fn most_outputs(max: &Conv1dGeometry) -> usize {
+        if Self::packs(max) {
+            MAX_OUTPUTS
+        } else {
+            Self::unpacked_outputs(max)
+        }
     }
 
-    /// Floats of the scratch's shared region a call needs: the columns of
-    /// every batch item and group (`outputs · cin · K` each, for the most
-    /// outputs a call has here), gathered once per call and read by every
-    /// task of its output channels.
-    pub(crate) fn shared_scratch(g: &Conv1dGeometry) -> usize {
-        let p = &g.params;
-        p.batch * p.groups * Self::cols_len(g, Self::most_outputs(g))
+    /// Whether a call of `g` runs here, with unpacked weights, rather than
+    /// in the conv's prepared algorithm (a dense or grouped conv's).
+    pub(crate) fn takes(g: &Conv1dGeometry) -> bool {
+        g.out_len <= Self::unpacked_outputs(g)
+    }
+
+    /// Whether this kernel runs a call of `g`: [`Self::takes`], or any
+    /// call of up to [`MAX_OUTPUTS`] outputs with packed weights.
+    pub(crate) fn runs(&self, g: &Conv1dGeometry) -> bool {
+        Self::takes(g) || (self.panels.is_some() && g.out_len <= MAX_OUTPUTS)
+    }
+
+    /// Floats of the scratch's shared region a call of a conv prepared
+    /// for `max` needs: the columns of every batch item and group
+    /// (`outputs · cin · K` each, for the most outputs a call has here),
+    /// gathered once per call and read by every task of its output
+    /// channels.
+    pub(crate) fn shared_scratch(max: &Conv1dGeometry) -> usize {
+        let p = &max.params;
+        p.batch * p.groups * Self::cols_len(max, Self::most_outputs(max))
     }
 
     /// Floats of one batch item and group's columns for `n` outputs.
@@ -184,8 +234,7 @@ impl Gemv {
         Self::most_outputs(g) * p.stride + p.dilation * (p.kernel_size - 1)
     }
 
-    /// `y = conv1d(x, w) + bias` for a call [`Self::takes`]
-    /// outputs per row, stored or handed to a sink row by row. The caller
+    /// `y = conv1d(x, w) + bias` for a call this kernel [runs](Self::runs), stored or handed to a sink row by row. The caller
     /// has checked every slice length and the scratch (per thread and
     /// [`Self::shared_scratch`]).
     ///
@@ -207,7 +256,7 @@ impl Gemv {
     ) {
         let p = &g.params;
         let n = g.out_len;
-        assert!(Self::takes(g), "{n} outputs per row");
+        assert!(self.runs(g), "{n} outputs per row");
         let (cin, cout) = (g.in_per_group, g.out_per_group);
         if n == 0 || p.batch == 0 || cout == 0 {
             return;
@@ -250,6 +299,13 @@ impl Gemv {
                 scratch.with_slot(|slot| {
                     let (values, tmp) = slot.split_at_mut(ROWS * MAX_OUTPUTS);
                     let values = &mut values[..rows * n];
+                    if let Some(panels) = &self.panels {
+                        let o = group * cout + r0;
+                        let bias = bias.map(|bias| &bias[o..o + rows]);
+                        panels.outputs(group, r0..r0 + rows, n, cols, bias, values);
+                        out(values, tmp);
+                        return;
+                    }
                     for (r, values) in values.chunks_exact_mut(n).enumerate() {
                         let o = group * cout + r0 + r;
                         // The weights the next rows read, prefetched as this
