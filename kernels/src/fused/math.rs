@@ -209,7 +209,7 @@ fn exp_neg_clamped<const F: bool>(x: f32) -> f32 {
 /// Logistic sigmoid `1 / (1 + e^-x)`, within 6e-7 relative (one division:
 /// the division's throughput bounds the loop, a reciprocal refined by
 /// Newton's method measured no faster). 0 below about -88.4 (PyTorch's f32
-/// gives subnormals down to -88.7, then 0), 1 above 17, NaN for NaN.
+/// gives subnormals down to -88.7, then 0), 1 above about 17, NaN for NaN.
 #[inline(always)]
 pub(crate) fn sigmoid<const F: bool>(x: f32) -> f32 {
     1.0 / (1.0 + exp_neg_clamped::<F>(x))
