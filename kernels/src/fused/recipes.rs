@@ -393,8 +393,8 @@ fn gate_generic<const F: bool>(y: &[f32], z: &[f32], ahead: &[f32], silu: bool, 
         }
     }
     if silu {
-        // `z * sigmoid(z)`, as `UnaryOp::Silu` computes it.
-        blocks(y, z, ahead, out, |z| z * math::sigmoid::<F>(z))
+        // As `UnaryOp::Silu` computes it (`z / (1 + e^-z)`).
+        blocks(y, z, ahead, out, math::silu::<F>)
     } else {
         blocks(y, z, ahead, out, |z| z)
     }
