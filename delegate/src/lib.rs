@@ -35,6 +35,7 @@ mod shape;
 pub mod state;
 pub mod step;
 pub mod threads;
+mod value;
 
 #[cfg(test)]
 mod tests;
