@@ -1,6 +1,7 @@
 //! Per-op semantics shared by planning (at the shapes' upper bounds) and
 //! execution (at the actual shapes): which ranks and dtypes an op takes and
-//! the shape it produces.
+//! the shape it produces. An anchor op answers for itself (`AnchorOp` in
+//! `step/`); the arms here are the non-anchor ops'.
 
 use rustconv_kernels::fused::resolve_start;
 use rustconv_kernels::MAX_RANK;
