@@ -42,3 +42,21 @@ pub static ANCHORS: &[AnchorKind] = &[
 pub fn anchor_kind(op: rustconv_schema::Op) -> Option<&'static AnchorKind> {
     ANCHORS.iter().find(|k| k.schema == op)
 }
+
+#[cfg(test)]
+mod tests {
+    use rustconv_schema as fb;
+
+    /// Each entry decodes its own schema table: none is NONE or unknown to
+    /// the schema, and no two claim one table (the second would never be
+    /// reached).
+    #[test]
+    fn anchor_registry_entries_claim_distinct_schema_tables() {
+        let tags: Vec<fb::Op> = super::ANCHORS.iter().map(|k| k.schema).collect();
+        for (i, tag) in tags.iter().enumerate() {
+            assert!(*tag != fb::Op::NONE && fb::Op::ENUM_VALUES.contains(tag));
+            assert!(!tags[..i].contains(tag), "{tag:?} registered twice");
+        }
+        assert_eq!(tags, [fb::Op::Conv1d, fb::Op::LinearScan]);
+    }
+}
