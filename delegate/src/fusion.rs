@@ -21,8 +21,8 @@ use rustconv_kernels::fused::{CompiledProgram, Expr, Program, ReduceOp, StoreVie
 use rustconv_kernels::MAX_RANK;
 
 use crate::error::GraphError;
-use crate::graph::{Conv1dOp, GraphDesc, NodeDesc, OpDesc, Operand, Role, ScanOp};
-use crate::step::{ConvStep, Epilogue, PassStep, ScanStep, Source, StepKind};
+use crate::graph::{GraphDesc, NodeDesc, OpDesc, Operand, Role};
+use crate::step::{AnchorOp, Epilogue, Fused, Operands, PassStep, Source, StepKind};
 
 /// What a kernel computes before its main loop, into stored values its
 /// programs then load.
@@ -211,9 +211,12 @@ impl Context<'_> {
                 && self.materialised[graph.nodes[n].op.output()]
         });
         *self.statistics.borrow_mut() = Default::default();
-        let anchors: Vec<usize> = nodes
+        let anchors: Vec<(usize, &dyn AnchorOp)> = nodes
             .clone()
-            .filter(|&n| graph.nodes[n].op.is_anchor())
+            .filter_map(|n| match &graph.nodes[n].op {
+                OpDesc::Anchor(op) => Some((n, &**op)),
+                _ => None,
+            })
             .collect();
         // Materialised reductions are computed whether or not a program
         // reads them.
@@ -236,7 +239,7 @@ impl Context<'_> {
                 }
                 Box::new(PassStep::new(results)) as Box<dyn StepKind>
             }
-            [anchor] => {
+            [(anchor, op)] => {
                 let [result] = writes[..] else {
                     return Err(bad(format!(
                         "an anchor kernel stores one result, this one {} ({})",
@@ -247,39 +250,17 @@ impl Context<'_> {
                 let node = &graph.nodes[anchor];
                 let anchor_out = node.op.output();
                 let epilogue = self.epilogue(&nodes, anchor_out, result).map_err(&bad)?;
-                let source = |v: usize| self.source(&nodes, v).map_err(&bad);
-                match node.op {
-                    OpDesc::Conv1d(
-                        op @ Conv1dOp {
-                            input,
-                            weight,
-                            bias,
-                            ..
-                        },
-                    ) => {
-                        for v in [Some(weight), bias].into_iter().flatten() {
-                            if !self.materialised[v] || self.produced_in(&nodes, v) {
-                                return Err(bad(format!(
-                                    "the conv's weight or bias '{}' is computed inside the kernel; \
-                                     it must be a constant or come from outside",
-                                    graph.values[v].name
-                                )));
-                            }
-                        }
-                        Box::new(ConvStep::new(anchor, op, source(input)?, epilogue, result))
-                            as Box<dyn StepKind>
-                    }
-                    OpDesc::LinearScan(op @ ScanOp { x0, a, u, .. }) => {
-                        let (a, u) = match (source(a)?, source(u)?) {
-                            (Source::Computed(_), Source::Computed(_)) => {
-                                self.paired(&nodes, a, u).map_err(&bad)?
-                            }
-                            other => other,
-                        };
-                        Box::new(ScanStep::new(op, [source(x0)?, a, u], epilogue, result))
-                    }
-                    _ => unreachable!("anchors are convs and scans"),
-                }
+                op.build_step(Fused {
+                    id: node.id,
+                    name: &node.name,
+                    operands: &KernelOperands {
+                        ctx: self,
+                        nodes: &nodes,
+                    },
+                    epilogue,
+                    result,
+                })
+                .map_err(&bad)?
             }
             _ => {
                 return Err(bad(format!(
@@ -531,6 +512,30 @@ impl Context<'_> {
     }
 }
 
+/// An anchor's operands as its kernel provides them.
+struct KernelOperands<'a> {
+    ctx: &'a Context<'a>,
+    nodes: &'a Range<usize>,
+}
+
+impl Operands for KernelOperands<'_> {
+    fn source(&self, v: usize) -> Result<Source, String> {
+        self.ctx.source(self.nodes, v)
+    }
+
+    fn paired(&self, a: usize, b: usize) -> Result<(Source, Source), String> {
+        self.ctx.paired(self.nodes, a, b)
+    }
+
+    fn stored_outside(&self, v: usize) -> bool {
+        self.ctx.materialised[v] && !self.ctx.produced_in(self.nodes, v)
+    }
+
+    fn name(&self, v: usize) -> &str {
+        &self.ctx.graph.values[v].name
+    }
+}
+
 struct ProgramBuilder<'a> {
     ctx: &'a Context<'a>,
     nodes: &'a Range<usize>,
@@ -620,7 +625,7 @@ impl ProgramBuilder<'_> {
             return self.push(Expr::Load, out);
         }
         let expr = match node.op {
-            OpDesc::Conv1d(Conv1dOp { .. }) | OpDesc::LinearScan(ScanOp { .. }) => {
+            OpDesc::Anchor(_) => {
                 if let Some(r) = self.reduction {
                     return Err(format!(
                         "the reduction '{}' reads the output of '{}' ({}), the kernel's own \

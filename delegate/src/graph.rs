@@ -3,85 +3,20 @@
 //! inputs/outputs/constants consistent. Op semantics (ranks, shapes, kernel
 //! parameters) are checked when the plan is built (`ops`).
 
+use std::sync::Arc;
+
 use rustconv_schema as fb;
 
 use crate::blob::{BlobLayout, CONSTANT_ALIGNMENT};
 use crate::error::{BlobError, DelegateError, GraphError};
+use crate::step::{self, AnchorOp, Decode, IndexFn};
+pub use crate::value::{DType, DimSpec, Role, ValueDesc};
 pub use rustconv_kernels::fused::{BinaryOp, ReduceOp, UnaryOp};
 
 /// Ranks above this are refused; every op here uses rank 1 to 4.
 pub use rustconv_kernels::MAX_RANK;
 /// Dimensions above this are refused as corrupt (2^40 elements).
 const MAX_DIM: i64 = 1 << 40;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DType {
-    F32,
-    F16,
-}
-
-impl DType {
-    pub fn size(self) -> usize {
-        match self {
-            DType::F32 => 4,
-            DType::F16 => 2,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            DType::F32 => "float32",
-            DType::F16 => "float16",
-        }
-    }
-}
-
-/// One dimension: a fixed size, or a dynamic one with its upper bound.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DimSpec {
-    pub size: usize,
-    pub dynamic: bool,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Role {
-    Input(usize),
-    Output(usize),
-    /// Byte range within the constant segment.
-    Constant {
-        offset: usize,
-        len: usize,
-    },
-    Intermediate,
-    /// A mutable buffer the delegate owns across calls: its initial value is
-    /// this byte range of the constant segment, and after every call it takes
-    /// the contents of value `update`.
-    State {
-        offset: usize,
-        len: usize,
-        update: usize,
-    },
-}
-
-#[derive(Clone, Debug)]
-pub struct ValueDesc {
-    pub name: String,
-    pub dtype: DType,
-    pub dims: Vec<DimSpec>,
-    pub role: Role,
-}
-
-impl ValueDesc {
-    /// The shape at the upper bounds.
-    pub fn bound_shape(&self) -> crate::shape::Shape {
-        crate::shape::Shape::new(&self.dims.iter().map(|d| d.size).collect::<Vec<_>>())
-    }
-
-    /// Element count at the upper bounds.
-    pub fn max_numel(&self) -> usize {
-        self.dims.iter().map(|d| d.size).product()
-    }
-}
 
 /// An elementwise operand: a value, or a scalar the exporter folded in.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -99,35 +34,13 @@ impl Operand {
     }
 }
 
-/// A conv1d node: its operand values and parameters.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Conv1dOp {
-    pub input: usize,
-    pub weight: usize,
-    pub bias: Option<usize>,
-    pub output: usize,
-    pub stride: usize,
-    pub pad_left: usize,
-    pub pad_right: usize,
-    pub dilation: usize,
-    pub groups: usize,
-}
-
-/// A linear scan node: `y[t] = a[t] * y[t - 1] + u[t]` from `x0`.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct ScanOp {
-    pub x0: usize,
-    pub a: usize,
-    pub u: usize,
-    pub output: usize,
-}
-
 /// One node's operation, with its operands as value indices (see
 /// schema/rustconv.fbs for each op's semantics).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug)]
 pub enum OpDesc {
-    Conv1d(Conv1dOp),
-    LinearScan(ScanOp),
+    /// A conv or scan: the op a fused kernel is built around, described by
+    /// its own type (`step::ANCHORS` lists them).
+    Anchor(Arc<dyn AnchorOp>),
     Unary {
         op: UnaryOp,
         input: usize,
@@ -197,16 +110,7 @@ impl OpDesc {
     /// The values the op reads (`Full`'s `like` only for its shape).
     pub fn inputs(&self) -> Vec<usize> {
         match *self {
-            OpDesc::Conv1d(Conv1dOp {
-                input,
-                weight,
-                bias,
-                ..
-            }) => [Some(input), Some(weight), bias]
-                .into_iter()
-                .flatten()
-                .collect(),
-            OpDesc::LinearScan(ScanOp { x0, a, u, .. }) => vec![x0, a, u],
+            OpDesc::Anchor(ref op) => op.inputs(),
             OpDesc::Unary { input, .. }
             | OpDesc::Clamp { input, .. }
             | OpDesc::Permute { input, .. }
@@ -225,9 +129,8 @@ impl OpDesc {
 
     pub fn output(&self) -> usize {
         match *self {
-            OpDesc::Conv1d(Conv1dOp { output, .. })
-            | OpDesc::LinearScan(ScanOp { output, .. })
-            | OpDesc::Unary { output, .. }
+            OpDesc::Anchor(ref op) => op.output(),
+            OpDesc::Unary { output, .. }
             | OpDesc::Binary { output, .. }
             | OpDesc::Where { output, .. }
             | OpDesc::Clamp { output, .. }
@@ -240,16 +143,10 @@ impl OpDesc {
         }
     }
 
-    /// A conv or scan: the op a fused kernel is built around.
-    pub fn is_anchor(&self) -> bool {
-        matches!(self, OpDesc::Conv1d(_) | OpDesc::LinearScan(_))
-    }
-
     /// The op's name in plans and logs (PyTorch's spelling where it has one).
     pub fn kind(&self) -> &'static str {
         match self {
-            OpDesc::Conv1d(_) => "conv1d",
-            OpDesc::LinearScan(_) => "linear_scan",
+            OpDesc::Anchor(op) => op.kind(),
             OpDesc::Unary { op, .. } => op.name(),
             OpDesc::Binary { op, .. } => op.name(),
             OpDesc::Where { .. } => "where",
@@ -432,8 +329,6 @@ impl GraphDesc {
     }
 }
 
-type IndexFn<'a> = dyn Fn(&dyn Fn() -> String, i64) -> Result<usize, GraphError> + 'a;
-
 /// Decodes one node's op table, checking every value index.
 fn decode_op(
     node: &fb::Node,
@@ -442,6 +337,15 @@ fn decode_op(
     values: &[ValueDesc],
     index: &IndexFn,
 ) -> Result<OpDesc, DelegateError> {
+    if let Some(anchor) = step::anchor_kind(node.op_type()) {
+        let d = Decode {
+            node,
+            id,
+            name,
+            index,
+        };
+        return Ok(OpDesc::Anchor((anchor.decode)(&d)?));
+    }
     let at = |field: &'static str| move || format!("node {id} ('{name}') {field}");
     let missing = |table: &str| bad_node(id, name, &format!("missing {table} table"));
     let operand = |field: &'static str, i: i32, scalar: f32| -> Result<Operand, GraphError> {
@@ -451,34 +355,6 @@ fn decode_op(
         })
     };
     Ok(match node.op_type() {
-        fb::Op::Conv1d => {
-            let c = node.op_as_conv_1d().ok_or_else(|| missing("Conv1d"))?;
-            OpDesc::Conv1d(Conv1dOp {
-                input: index(&at("input"), c.input().into())?,
-                weight: index(&at("weight"), c.weight().into())?,
-                bias: match c.bias() {
-                    -1 => None,
-                    b => Some(index(&at("bias"), b.into())?),
-                },
-                output: index(&at("output"), c.output().into())?,
-                stride: c.stride() as usize,
-                pad_left: c.pad_left() as usize,
-                pad_right: c.pad_right() as usize,
-                dilation: c.dilation() as usize,
-                groups: c.groups() as usize,
-            })
-        }
-        fb::Op::LinearScan => {
-            let s = node
-                .op_as_linear_scan()
-                .ok_or_else(|| missing("LinearScan"))?;
-            OpDesc::LinearScan(ScanOp {
-                x0: index(&at("x0"), s.x0().into())?,
-                a: index(&at("a"), s.a().into())?,
-                u: index(&at("u"), s.u().into())?,
-                output: index(&at("output"), s.output().into())?,
-            })
-        }
         fb::Op::Unary => {
             let u = node.op_as_unary().ok_or_else(|| missing("Unary"))?;
             OpDesc::Unary {

@@ -9,7 +9,10 @@
 //! placement, the constants kept once the blob is freed) →
 //! [`executor`] (per-call checks, shapes, then each step's own run).
 //! [`step`] holds one type per kind of step (conv, scan, elementwise pass)
-//! behind one trait, the same value from fusion to execution.
+//! behind one trait, the same value from fusion to execution, and each
+//! anchor op's description (`AnchorOp`), registered once in
+//! `step::ANCHORS`, through which `graph`, `ops` and `fusion` reach it.
+//! The values' types (dtype, dims, role) are in `value`.
 //! [`profiling`] times each fused kernel for ExecuTorch's event tracer.
 //! [`inspect`] describes a plan for `python -m rustconv.inspect`. `ffi` is
 //! the cxx bridge to the C++ `BackendInterface` in cpp/ and the
@@ -35,6 +38,7 @@ mod shape;
 pub mod state;
 pub mod step;
 pub mod threads;
+mod value;
 
 #[cfg(test)]
 mod tests;

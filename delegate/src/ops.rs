@@ -1,11 +1,12 @@
 //! Per-op semantics shared by planning (at the shapes' upper bounds) and
 //! execution (at the actual shapes): which ranks and dtypes an op takes and
-//! the shape it produces.
+//! the shape it produces. An anchor op answers for itself (`AnchorOp` in
+//! `step/`); the arms here are the non-anchor ops'.
 
 use rustconv_kernels::fused::resolve_start;
-use rustconv_kernels::{Conv1dParams, ScanParams, MAX_RANK};
+use rustconv_kernels::MAX_RANK;
 
-use crate::graph::{Conv1dOp, DType, OpDesc, Operand, ScanOp, ValueDesc};
+use crate::graph::{DType, OpDesc, Operand, ValueDesc};
 use crate::shape::Shape;
 
 /// Checks what does not depend on runtime shapes: ranks, dtypes, which
@@ -44,70 +45,7 @@ pub fn check_static(op: &OpDesc, values: &[ValueDesc]) -> Result<(), String> {
     };
     let same_rank = |v: usize, what: &str| rank(v, rank_of(out), what);
     match *op {
-        OpDesc::Conv1d(Conv1dOp {
-            input,
-            weight,
-            bias,
-            output,
-            groups,
-            ..
-        }) => {
-            rank(input, 3, "input")?;
-            rank(weight, 3, "weight")?;
-            rank(output, 3, "output")?;
-            if let Some(b) = bias {
-                rank(b, 1, "bias")?;
-            }
-            for v in [Some(weight), bias].into_iter().flatten() {
-                if values[v].dims.iter().any(|d| d.dynamic) {
-                    return Err(format!("'{}' must have a static shape", values[v].name));
-                }
-            }
-            if values[input].dims[1].dynamic {
-                return Err("the input's channel dimension must be static".into());
-            }
-            // What the kernels will read of the weight and bias, from the
-            // declared shapes (the weight's bytes are its shape's, checked
-            // when it was decoded): `[out_channels, in_channels / groups, K]`
-            // and `[out_channels]`.
-            let size = |v: usize, d: usize| values[v].dims[d].size;
-            let (w, x) = (&values[weight], &values[input]);
-            if groups == 0 || size(input, 1) != size(weight, 1).saturating_mul(groups) {
-                return Err(format!(
-                    "weight '{}' {:?} does not fit input '{}' of {} channels in {groups} group(s): \
-                     it needs [out_channels, {} / {groups}, kernel_size]",
-                    w.name,
-                    describe(w),
-                    x.name,
-                    size(input, 1),
-                    size(input, 1)
-                ));
-            }
-            if size(weight, 0) == 0 || size(weight, 2) == 0 {
-                return Err(format!(
-                    "weight '{}' {:?} has no output channel or no tap",
-                    w.name,
-                    describe(w)
-                ));
-            }
-            if let Some(b) = bias {
-                if size(b, 0) != size(weight, 0) {
-                    return Err(format!(
-                        "bias '{}' has {} entries for the {} output channels of weight '{}'",
-                        values[b].name,
-                        size(b, 0),
-                        size(weight, 0),
-                        w.name
-                    ));
-                }
-            }
-        }
-        OpDesc::LinearScan(ScanOp { x0, a, u, output }) => {
-            rank(x0, 2, "x0")?;
-            rank(a, 3, "a")?;
-            rank(u, 3, "u")?;
-            rank(output, 3, "output")?;
-        }
+        OpDesc::Anchor(ref anchor) => anchor.check_static(values)?,
         OpDesc::Unary { input, .. } | OpDesc::Clamp { input, .. } => same_rank(input, "input")?,
         OpDesc::Binary { a, b, .. } => {
             for v in [a, b].into_iter().filter_map(Operand::value) {
@@ -185,35 +123,6 @@ pub fn check_static(op: &OpDesc, values: &[ValueDesc]) -> Result<(), String> {
     Ok(())
 }
 
-/// A value's declared dimensions (upper bounds where dynamic).
-fn describe(v: &ValueDesc) -> Vec<usize> {
-    v.dims.iter().map(|d| d.size).collect()
-}
-
-/// Kernel parameters of a conv1d for the given input and weight shapes.
-pub fn conv1d_params(op: &Conv1dOp, input: Shape, weight: Shape) -> Conv1dParams {
-    let Conv1dOp {
-        stride,
-        pad_left,
-        pad_right,
-        dilation,
-        groups,
-        ..
-    } = *op;
-    Conv1dParams {
-        batch: input[0],
-        in_channels: input[1],
-        out_channels: weight[0],
-        in_len: input[2],
-        kernel_size: weight[2],
-        stride,
-        pad_left,
-        pad_right,
-        dilation,
-        groups,
-    }
-}
-
 /// NumPy broadcasting of `shapes` (trailing dimensions aligned) into a
 /// result of rank `rank`.
 fn broadcast(rank: usize, shapes: impl Iterator<Item = Shape>) -> Result<Shape, String> {
@@ -255,53 +164,7 @@ pub fn infer_shape(
     shape_of: impl Fn(usize) -> Shape,
 ) -> Result<Shape, String> {
     match *op {
-        OpDesc::Conv1d(
-            conv @ Conv1dOp {
-                input,
-                weight,
-                bias,
-                groups,
-                ..
-            },
-        ) => {
-            let (x, w) = (shape_of(input), shape_of(weight));
-            if x[1] != w[1] * groups {
-                return Err(format!(
-                    "input has {} channels but weight expects {} x {groups} groups",
-                    x[1], w[1]
-                ));
-            }
-            if let Some(b) = bias {
-                if shape_of(b)[0] != w[0] {
-                    return Err(format!(
-                        "bias has {} entries for {} output channels",
-                        shape_of(b)[0],
-                        w[0]
-                    ));
-                }
-            }
-            let params = conv1d_params(&conv, x, w);
-            let len = params.out_len().map_err(|e| e.to_string())?;
-            Ok(Shape::new(&[x[0], w[0], len]))
-        }
-        OpDesc::LinearScan(ScanOp { x0, a, u, .. }) => {
-            let (x0, a, u) = (shape_of(x0), shape_of(a), shape_of(u));
-            if a != u {
-                return Err(format!(
-                    "a {:?} and u {:?} differ in shape",
-                    a.dims(),
-                    u.dims()
-                ));
-            }
-            if x0.dims() != &a.dims()[..2] {
-                return Err(format!(
-                    "x0 {:?} does not match the [batch, channels] of a {:?}",
-                    x0.dims(),
-                    a.dims()
-                ));
-            }
-            Ok(a)
-        }
+        OpDesc::Anchor(ref anchor) => anchor.infer_shape(&shape_of),
         OpDesc::Unary { input, .. } | OpDesc::Clamp { input, .. } => Ok(shape_of(input)),
         OpDesc::Full { like, .. } => Ok(shape_of(like)),
         OpDesc::Binary { a, b, .. } => broadcast(
@@ -383,13 +246,5 @@ pub fn infer_shape(
             }
             Ok(first.with(dim, total))
         }
-    }
-}
-
-pub fn scan_params(shape: Shape) -> ScanParams {
-    ScanParams {
-        batch: shape[0],
-        channels: shape[1],
-        len: shape[2],
     }
 }

@@ -196,7 +196,6 @@ impl Plan {
             }
         };
         let mut prepare = Prepare {
-            nodes: &graph.nodes,
             values: &graph.values,
             constant: &constant,
             options,

@@ -9,7 +9,7 @@ import torch
 from rustconv import RustConvPartitioner
 from rustconv.compile_specs import fusion
 from rustconv.export.fusion import assign_kernels, check_kernels
-from rustconv.export.ir import IRGraph
+from rustconv.export.ir import OPS, IRGraph
 from rustconv.export.lowering import lower_program
 from rustconv.fb.Op import Op
 from rustconv.fb.ValueKind import ValueKind
@@ -221,3 +221,19 @@ def test_kernel_numbering_is_consecutive(enabled):
     graph = assign_kernels(ir, enabled=enabled)
     ks = [n.kernel for n in graph.nodes]
     assert ks[0] == 0 and all(b - a in (0, 1) for a, b in zip(ks, ks[1:], strict=False))
+
+
+def test_the_ir_knows_every_schema_op_once():
+    """``ir.OPS`` has an entry for every table of the schema's ``Op`` union,
+    with its generated class and value fields that exist on it; a table added
+    to the schema without one fails here, not in a lowering."""
+    tags = {name: tag for name, tag in vars(Op).items() if not name.startswith("_")}
+    del tags["NONE"]
+    assert set(OPS) == set(tags.values())
+    for name, tag in tags.items():
+        spec = OPS[tag]
+        assert spec.table.__name__ == f"{name}T"
+        table = spec.table()
+        assert all(hasattr(table, f) for f in spec.value_fields), name
+        assert set(spec.outside_fields) <= set(spec.value_fields), name
+    assert {tag for tag, spec in OPS.items() if spec.anchor} == {Op.Conv1d, Op.LinearScan}

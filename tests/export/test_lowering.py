@@ -348,3 +348,22 @@ def test_lifted_and_buffer_constants_are_embedded():
             parsed.segment[v.constantOffset : v.constantOffset + v.constantSize], "<f4"
         )
         np.testing.assert_array_equal(got, tensor.numpy().ravel())
+
+
+def test_lowering_builder_satisfies_the_protocol_the_lowerings_use():
+    """The op lowerings are written against ``ops_lowering.builder.Builder``;
+    the real builder has every member of it, and the lowerings use no member
+    of the builder the protocol leaves out (no type checker runs in CI)."""
+    import re
+    from pathlib import Path
+
+    from rustconv.export.lowering import LoweringBuilder
+    from rustconv.export.ops_lowering.builder import Builder
+
+    ep = torch.export.export(nn.Conv1d(2, 2, 3), (torch.randn(1, 2, 8),))
+    assert isinstance(LoweringBuilder(ep), Builder)
+    members = {n for n in dir(Builder) if not n.startswith("_")} | set(Builder.__annotations__)
+    used = set()
+    for path in Path(rustconv.__file__).parent.glob("export/ops_lowering/*.py"):
+        used |= set(re.findall(r"\bbuilder\.([a-z_]+)", path.read_text()))
+    assert used and used <= members, sorted(used - members)

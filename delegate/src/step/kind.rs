@@ -7,9 +7,9 @@ use rustconv_kernels::{KernelError, Weights};
 use super::call::Call;
 
 use crate::error::DelegateError;
-use crate::graph::{NodeDesc, ValueDesc};
 use crate::options::CompileOptions;
 use crate::shape::Shape;
+use crate::value::ValueDesc;
 
 /// An anchor operand: a stored value, or a program computing it.
 #[derive(Debug)]
@@ -57,7 +57,6 @@ pub(super) fn epilogue_temps(epilogue: &Option<Epilogue>) -> usize {
 
 /// What preparing a step may consult, at init.
 pub struct Prepare<'a> {
-    pub nodes: &'a [NodeDesc],
     pub values: &'a [ValueDesc],
     /// A value's f32 data where it is a constant (converted from float16
     /// where stored so), `None` where it is fed at run time.

@@ -5,20 +5,58 @@
 //! executor runs it: the same value from fusion to execution, asked
 //! through [`StepKind`] for everything a plan needs of it (what it reads
 //! and stages, its scratch, its description for logs, inspect and the
-//! profiler, its work, and its run). Adding an anchor op is a new type
-//! here, its construction in `fusion`, and its description in `graph.rs`
-//! and `ops.rs` (decoding, checks, shape inference).
+//! profiler, its work, and its run).
+//!
+//! An anchor op (the op a fused kernel is built around) is described, in
+//! its step's file, by a type implementing [`AnchorOp`] and
+//! [`DecodeAnchor`]: its schema table, operands, static checks, shape
+//! inference and the step it builds. [`ANCHORS`] registers them; graph
+//! decoding, validation, shape inference and fusion go through it and the
+//! trait. Adding an anchor op is its file here (the op and its step) and,
+//! below, its `mod` line and its entry in [`ANCHORS`].
 //!
 //! [`Call`] is what a step sees of one call: the values' shapes and data.
 
+mod anchor;
 mod call;
-mod conv;
 mod kind;
 mod pass;
+
+mod conv;
 mod scan;
 
+pub use anchor::{AnchorKind, AnchorOp, Decode, DecodeAnchor, Fused, IndexFn, Operands};
 pub use call::Call;
 pub use conv::ConvStep;
 pub use kind::{Epilogue, Prepare, Source, StepKind};
 pub use pass::PassStep;
 pub use scan::ScanStep;
+
+/// The anchor ops, one entry each: the schema table each decodes.
+pub static ANCHORS: &[AnchorKind] = &[
+    AnchorKind::of::<conv::Conv1dOp>(),
+    AnchorKind::of::<scan::ScanOp>(),
+];
+
+/// The registry's entry for schema table `op`, if it is an anchor's.
+pub fn anchor_kind(op: rustconv_schema::Op) -> Option<&'static AnchorKind> {
+    ANCHORS.iter().find(|k| k.schema == op)
+}
+
+#[cfg(test)]
+mod tests {
+    use rustconv_schema as fb;
+
+    /// Each entry decodes its own schema table: none is NONE or unknown to
+    /// the schema, and no two claim one table (the second would never be
+    /// reached).
+    #[test]
+    fn anchor_registry_entries_claim_distinct_schema_tables() {
+        let tags: Vec<fb::Op> = super::ANCHORS.iter().map(|k| k.schema).collect();
+        for (i, tag) in tags.iter().enumerate() {
+            assert!(*tag != fb::Op::NONE && fb::Op::ENUM_VALUES.contains(tag));
+            assert!(!tags[..i].contains(tag), "{tag:?} registered twice");
+        }
+        assert_eq!(tags, [fb::Op::Conv1d, fb::Op::LinearScan]);
+    }
+}

@@ -1,15 +1,120 @@
-//! A linear scan step: the scan's kernel with its operands computed by
-//! prologue programs (`a` and `u` together where they share terms) and its
-//! epilogue, all in its loops.
+//! A linear scan, from its schema table to its run: its description
+//! ([`ScanOp`]: decoding, checks, shape inference, the step fusion builds)
+//! and its step ([`ScanStep`]: the scan's kernel with its operands computed
+//! by prologue programs (`a` and `u` together where they share terms) and
+//! its epilogue, all in its loops).
 
 use rustconv_kernels::fused::{EpilogueSink, ProgramRows, RowsIn, RowsOut};
-use rustconv_kernels::{self as kernels, scan_rows_scratch, KernelError};
+use rustconv_kernels::{self as kernels, scan_rows_scratch, KernelError, ScanParams};
+use rustconv_schema as fb;
 
+use super::anchor::{AnchorOp, Decode, DecodeAnchor, Fused};
 use super::call::Call;
 use super::kind::{epilogue_temps, Epilogue, Source, StepKind};
-use crate::graph::ScanOp;
-use crate::ops;
+use crate::error::GraphError;
 use crate::shape::Shape;
+use crate::value::ValueDesc;
+
+/// A linear scan node: `y[t] = a[t] * y[t - 1] + u[t]` from `x0`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScanOp {
+    pub x0: usize,
+    pub a: usize,
+    pub u: usize,
+    pub output: usize,
+}
+
+/// Kernel parameters of a scan whose `a` has shape `shape`.
+fn scan_params(shape: Shape) -> ScanParams {
+    ScanParams {
+        batch: shape[0],
+        channels: shape[1],
+        len: shape[2],
+    }
+}
+
+impl DecodeAnchor for ScanOp {
+    const SCHEMA: fb::Op = fb::Op::LinearScan;
+
+    fn decode(d: &Decode) -> Result<Self, GraphError> {
+        let s = d.table(d.node.op_as_linear_scan(), "LinearScan")?;
+        Ok(ScanOp {
+            x0: d.value("x0", s.x0())?,
+            a: d.value("a", s.a())?,
+            u: d.value("u", s.u())?,
+            output: d.value("output", s.output())?,
+        })
+    }
+}
+
+impl AnchorOp for ScanOp {
+    fn kind(&self) -> &'static str {
+        "linear_scan"
+    }
+
+    fn inputs(&self) -> Vec<usize> {
+        vec![self.x0, self.a, self.u]
+    }
+
+    fn output(&self) -> usize {
+        self.output
+    }
+
+    fn check_static(&self, values: &[ValueDesc]) -> Result<(), String> {
+        let rank = |v: usize, want: usize, what: &str| {
+            let got = values[v].dims.len();
+            if got == want {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{what} '{}' has rank {got}, expected {want}",
+                    values[v].name
+                ))
+            }
+        };
+        rank(self.x0, 2, "x0")?;
+        rank(self.a, 3, "a")?;
+        rank(self.u, 3, "u")?;
+        rank(self.output, 3, "output")
+    }
+
+    fn infer_shape(&self, shape_of: &dyn Fn(usize) -> Shape) -> Result<Shape, String> {
+        let (x0, a, u) = (shape_of(self.x0), shape_of(self.a), shape_of(self.u));
+        if a != u {
+            return Err(format!(
+                "a {:?} and u {:?} differ in shape",
+                a.dims(),
+                u.dims()
+            ));
+        }
+        if x0.dims() != &a.dims()[..2] {
+            return Err(format!(
+                "x0 {:?} does not match the [batch, channels] of a {:?}",
+                x0.dims(),
+                a.dims()
+            ));
+        }
+        Ok(a)
+    }
+
+    /// Every operand may be a prologue program; `a` and `u` computed
+    /// together where they share subexpressions.
+    fn build_step(&self, fused: Fused) -> Result<Box<dyn StepKind>, String> {
+        let operands = fused.operands;
+        let (a, u) = match (operands.source(self.a)?, operands.source(self.u)?) {
+            (Source::Computed(_), Source::Computed(_)) => operands.paired(self.a, self.u)?,
+            other => other,
+        };
+        Ok(Box::new(ScanStep {
+            op: *self,
+            x0: operands.source(self.x0)?,
+            a,
+            u,
+            epilogue: fused.epilogue,
+            result: fused.result,
+        }))
+    }
+}
 
 #[derive(Debug)]
 pub struct ScanStep {
@@ -20,24 +125,6 @@ pub struct ScanStep {
     epilogue: Option<Epilogue>,
     /// The value the step stores: the scan's output, or the epilogue's.
     result: usize,
-}
-
-impl ScanStep {
-    pub fn new(
-        op: ScanOp,
-        [x0, a, u]: [Source; 3],
-        epilogue: Option<Epilogue>,
-        result: usize,
-    ) -> Self {
-        ScanStep {
-            op,
-            x0,
-            a,
-            u,
-            epilogue,
-            result,
-        }
-    }
 }
 
 impl StepKind for ScanStep {
@@ -92,7 +179,7 @@ impl StepKind for ScanStep {
     }
 
     fn run(&self, call: &Call) -> Result<(), KernelError> {
-        let params = ops::scan_params(call.shape(self.op.a));
+        let params = scan_params(call.shape(self.op.a));
         if let (Source::Stored(x0), Source::Stored(a), Source::Stored(u), None) =
             (&self.x0, &self.a, &self.u, &self.epilogue)
         {

@@ -950,6 +950,83 @@ fn structurally_invalid_graphs_are_invalid_programs() {
     }
 }
 
+/// The anchor ops' own errors (decoding, static checks, fusion), as they
+/// read since before anchors went through `step::AnchorOp`.
+#[test]
+fn anchor_op_errors_keep_their_wording() {
+    let conv = |bias: i32| N::Conv {
+        input: 0,
+        weight: 1,
+        bias,
+        output: 2,
+        stride: 1,
+        pad: (0, 0),
+        dilation: 1,
+        groups: 1,
+    };
+    let conv_values = [
+        input("x", 0, &[s(1), s(2), s(8)]),
+        constant("w", &[2, 2, 1], vec![1.0; 4]),
+        output("y", 0, &[s(1), s(2), s(8)]),
+    ];
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "bias refers to value 9, but the graph has 3 values",
+            build_blob(&conv_values, &[0], &[2], &[conv(9)]),
+        ),
+        (
+            "x0 'x' has rank 3, expected 2",
+            build_blob(
+                &[
+                    input("x", 0, &[s(1), s(2), s(8)]),
+                    output("y", 0, &[s(1), s(2), s(8)]),
+                ],
+                &[0],
+                &[1],
+                &[N::Scan {
+                    x0: 0,
+                    a: 0,
+                    u: 0,
+                    output: 1,
+                }],
+            ),
+        ),
+        (
+            "the conv's weight or bias 'w' is computed inside the kernel; it must be a \
+             constant or come from outside",
+            build_blob_grouped(
+                &[
+                    input("x", 0, &[s(1), s(2), s(8)]),
+                    inter("w", &[s(2), s(2), s(1)]),
+                    output("y", 0, &[s(1), s(2), s(8)]),
+                    input("w0", 1, &[s(2), s(2), s(1)]),
+                ],
+                &[0, 3],
+                &[2],
+                &[
+                    N::Unary {
+                        op: fb::UnaryOp::Neg,
+                        input: 3,
+                        output: 1,
+                    },
+                    conv(-1),
+                ],
+                &[0, 0],
+            ),
+        ),
+    ];
+    for (needle, blob) in cases {
+        let err = init(&blob)
+            .err()
+            .unwrap_or_else(|| panic!("accepted a graph that should fail with '{needle}'"));
+        assert_eq!(err.status(), Status::InvalidProgram, "{err}");
+        assert!(
+            err.to_string().contains(needle),
+            "expected '{needle}' in: {err}"
+        );
+    }
+}
+
 #[test]
 fn constant_outside_the_segment_is_rejected() {
     let mut blob = conv_scan_blob();

@@ -59,9 +59,6 @@ logger = logging.getLogger(__name__)
 #: Most nodes one epilogue step may examine while closing a region.
 EPILOGUE_SEARCH_LIMIT = 16
 
-# Anchor operand fields that must be materialised from outside the kernel.
-_OUTSIDE_FIELDS = {Op.Conv1d: ("weight", "bias")}
-
 
 def assign_kernels(graph: IRGraph, enabled: bool = True) -> IRGraph:
     """Returns ``graph`` with ``kernel`` set on every node, ordered by kernel.
@@ -216,9 +213,7 @@ class _Fuser:
 
     @staticmethod
     def _reads_from_outside(reader: IRNode, value: int) -> bool:
-        return any(
-            getattr(reader.op, name) == value for name in _OUTSIDE_FIELDS.get(reader.op_type, ())
-        )
+        return any(getattr(reader.op, name) == value for name in reader.outside_fields)
 
     # -- order ----------------------------------------------------------------
 
@@ -327,7 +322,7 @@ def check_kernels(graph: IRGraph) -> str | None:
                 continue
             if source != node.kernel:
                 materialised.setdefault(source, set()).add(ref)
-            elif name in _OUTSIDE_FIELDS.get(node.op_type, ()):
+            elif name in node.outside_fields:
                 return f"{node.name} reads its {name} from its own kernel"
     for ref in outputs:
         if ref in kernel_of:

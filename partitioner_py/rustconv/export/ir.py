@@ -37,6 +37,8 @@ from rustconv.fb.Unary import UnaryT
 from rustconv.fb.Where import WhereT
 
 __all__ = [
+    "OpSpec",
+    "OPS",
     "VALUE_FIELDS",
     "OP_TABLES",
     "ANCHOR_OPS",
@@ -47,40 +49,46 @@ __all__ = [
     "IRGraph",
 ]
 
-#: The fields of each op that name values. An ``int`` field may be -1 (absent:
-#: no bias, or the scalar beside it); ``Cat.inputs`` is a list.
-VALUE_FIELDS: dict[int, tuple[str, ...]] = {
-    Op.Conv1d: ("input", "weight", "bias"),
-    Op.LinearScan: ("x0", "a", "u"),
-    Op.Unary: ("input",),
-    Op.Binary: ("a", "b"),
-    Op.Where: ("cond", "a", "b"),
-    Op.Clamp: ("input",),
-    Op.Full: ("like",),
-    Op.Permute: ("input",),
-    Op.Slice: ("input",),
-    Op.Reshape: ("input",),
-    Op.Cat: ("inputs",),
-    Op.Reduce: ("input",),
+
+@dataclass(frozen=True)
+class OpSpec:
+    """What the IR knows of one blob op kind (one schema table)."""
+
+    #: The generated object class of its table.
+    table: type
+    #: The fields that name values. An ``int`` field may be -1 (absent: no
+    #: bias, or the scalar beside it); ``Cat.inputs`` is a list.
+    value_fields: tuple[str, ...]
+    #: An op a fused kernel is built around (a conv, a scan): each starts one.
+    anchor: bool = False
+    #: Of ``value_fields``, those the runtime prepares at load, read whole by
+    #: every row: stored from outside the op's kernel, never computed in it.
+    outside_fields: tuple[str, ...] = ()
+
+
+#: Every blob op kind, by its ``Op`` union tag: the one place the IR learns a
+#: new one.
+OPS: dict[int, OpSpec] = {
+    Op.Conv1d: OpSpec(
+        Conv1dT, ("input", "weight", "bias"), anchor=True, outside_fields=("weight", "bias")
+    ),
+    Op.LinearScan: OpSpec(LinearScanT, ("x0", "a", "u"), anchor=True),
+    Op.Unary: OpSpec(UnaryT, ("input",)),
+    Op.Binary: OpSpec(BinaryT, ("a", "b")),
+    Op.Where: OpSpec(WhereT, ("cond", "a", "b")),
+    Op.Clamp: OpSpec(ClampT, ("input",)),
+    Op.Full: OpSpec(FullT, ("like",)),
+    Op.Permute: OpSpec(PermuteT, ("input",)),
+    Op.Slice: OpSpec(SliceT, ("input",)),
+    Op.Reshape: OpSpec(ReshapeT, ("input",)),
+    Op.Cat: OpSpec(CatT, ("inputs",)),
+    Op.Reduce: OpSpec(ReduceT, ("input",)),
 }
 
-#: The generated object class of each op.
-OP_TABLES: dict[int, type] = {
-    Op.Conv1d: Conv1dT,
-    Op.LinearScan: LinearScanT,
-    Op.Unary: UnaryT,
-    Op.Binary: BinaryT,
-    Op.Where: WhereT,
-    Op.Clamp: ClampT,
-    Op.Full: FullT,
-    Op.Permute: PermuteT,
-    Op.Slice: SliceT,
-    Op.Reshape: ReshapeT,
-    Op.Cat: CatT,
-    Op.Reduce: ReduceT,
-}
-
-ANCHOR_OPS = frozenset({Op.Conv1d, Op.LinearScan})
+#: Views of :data:`OPS`.
+VALUE_FIELDS: dict[int, tuple[str, ...]] = {op: spec.value_fields for op, spec in OPS.items()}
+OP_TABLES: dict[int, type] = {op: spec.table for op, spec in OPS.items()}
+ANCHOR_OPS = frozenset(op for op, spec in OPS.items() if spec.anchor)
 ELEMENTWISE_OPS = frozenset({Op.Unary, Op.Binary, Op.Where, Op.Clamp})
 EPILOGUE_VIEW_OPS = frozenset({Op.Permute, Op.Reshape})
 
@@ -124,7 +132,12 @@ class IRNode:
 
     @property
     def is_anchor(self) -> bool:
-        return self.op_type in ANCHOR_OPS
+        return OPS[self.op_type].anchor
+
+    @property
+    def outside_fields(self) -> tuple[str, ...]:
+        """Its operand fields stored from outside its kernel (:attr:`OpSpec.outside_fields`)."""
+        return OPS[self.op_type].outside_fields
 
     def operand_fields(self) -> Iterator[tuple[str, int]]:
         """(field, value id) for every value this node reads, in field order."""

@@ -34,7 +34,17 @@ module                    ATen ops                                       blob op
 :mod:`.folding`           any pure op on constants only                  Constant (evaluated)
 ========================  =============================================  ============
 
-Importing this package registers them all.
+Importing this package registers them all. Each emits through the
+:class:`~rustconv.export.ops_lowering.builder.Builder` protocol, which
+``rustconv.export.lowering.LoweringBuilder`` implements.
+
+Adding an anchor op (one a fused kernel is built around): its module here
+(its :class:`OpLowering` with ``is_anchor = True``) and its import line
+below; its table in ``schema/rustconv.fbs`` and its entry in
+``rustconv.export.ir.OPS`` (generated class, value fields, anchor, fields
+read from outside its kernel); its arm in the blob interpreter
+(``rustconv.devtools.reference``). The runtime's side is one file and one
+registration too (``delegate/src/step/mod.rs``).
 """
 
 from rustconv.export.ops_lowering import (  # noqa: F401  (each module registers its lowerings)

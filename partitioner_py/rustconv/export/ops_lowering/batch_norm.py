@@ -22,12 +22,13 @@ output's value from here).
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.fx import Node
 
 from rustconv.errors import UnsupportedGraphError
+from rustconv.export.ops_lowering.builder import Builder
 from rustconv.export.ops_lowering.common import (
     GraphContext,
     NotSupported,
@@ -43,9 +44,6 @@ from rustconv.fb.Binary import BinaryT
 from rustconv.fb.BinaryOp import BinaryOp
 from rustconv.fb.Op import Op
 from rustconv.fb.ValueKind import ValueKind
-
-if TYPE_CHECKING:
-    from rustconv.export.lowering import LoweringBuilder
 
 __all__ = ["BATCH_NORM_OPS", "BatchNormLowering"]
 
@@ -123,7 +121,7 @@ class BatchNormLowering(OpLowering):
     def export_operands(self, node: Node) -> list[Node]:
         return list(_stat_nodes(node).values())
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         args = bound_args(node)
         x_node = args["input"]
         x = builder.value(x_node, node, "input")
@@ -146,7 +144,7 @@ class BatchNormLowering(OpLowering):
                 builder.join_handles(producer, user)
 
     @staticmethod
-    def _stat(builder: LoweringBuilder, node: Node, name: str, arg: Any) -> torch.Tensor | None:
+    def _stat(builder: Builder, node: Node, name: str, arg: Any) -> torch.Tensor | None:
         if arg is None:
             return None
         data = builder.constant_data(builder.value(arg, node, name))
@@ -158,7 +156,7 @@ class BatchNormLowering(OpLowering):
 
     @staticmethod
     def _fold_into_conv(
-        builder: LoweringBuilder,
+        builder: Builder,
         node: Node,
         x_node: Node,
         x: int,
@@ -187,7 +185,7 @@ class BatchNormLowering(OpLowering):
 
     @staticmethod
     def _affine(
-        builder: LoweringBuilder, node: Node, x: int, scale: torch.Tensor, shift: torch.Tensor
+        builder: Builder, node: Node, x: int, scale: torch.Tensor, shift: torch.Tensor
     ) -> int:
         """``x * scale + shift`` with ``[C, 1]`` constants."""
         mul = BinaryT()

@@ -10,11 +10,12 @@ operands. Comparisons write 1.0/0.0 in the dtype of their inputs (see
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.fx import Node
 
+from rustconv.export.ops_lowering.builder import Builder
 from rustconv.export.ops_lowering.common import (
     GraphContext,
     NotSupported,
@@ -33,9 +34,6 @@ from rustconv.export.ops_lowering.scalars import is_number
 from rustconv.fb.Binary import BinaryT
 from rustconv.fb.BinaryOp import BinaryOp
 from rustconv.fb.Op import Op
-
-if TYPE_CHECKING:
-    from rustconv.export.lowering import LoweringBuilder
 
 __all__ = ["ARITHMETIC_OPS", "COMPARISON_OPS", "BinaryLowering", "comparison_dtype"]
 
@@ -129,7 +127,7 @@ class BinaryLowering(OpLowering):
         # A mask exists only inside the delegate, next to its readers.
         return aten_op(node) in COMPARISON_OPS
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         op_overload = aten_op(node)
         a, b, alpha = _operands(node)
         binary = BinaryT()
@@ -150,7 +148,7 @@ class BinaryLowering(OpLowering):
         builder.add(node, Op.Binary, binary)
 
     @staticmethod
-    def _scaled(node: Node, builder: LoweringBuilder, source: int, alpha: float) -> int:
+    def _scaled(node: Node, builder: Builder, source: int, alpha: float) -> int:
         """Emits ``alpha * source`` (add/sub's alpha on a tensor operand)."""
         mul = BinaryT()
         mul.op = BinaryOp.Mul

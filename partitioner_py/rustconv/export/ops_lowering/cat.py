@@ -7,11 +7,10 @@ ExecuTorch's LFM2 example does, costs no copy.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch.fx import Node
 
+from rustconv.export.ops_lowering.builder import Builder
 from rustconv.export.ops_lowering.common import (
     GraphContext,
     NotSupported,
@@ -24,9 +23,6 @@ from rustconv.export.ops_lowering.operands import check_elementwise_dtypes, tens
 from rustconv.export.ops_lowering.registry import OpLowering, register
 from rustconv.fb.Cat import CatT
 from rustconv.fb.Op import Op
-
-if TYPE_CHECKING:
-    from rustconv.export.lowering import LoweringBuilder
 
 __all__ = ["CAT_OPS", "CatLowering"]
 
@@ -55,7 +51,7 @@ class CatLowering(OpLowering):
                 raise NotSupported(f"{name} is {val.dim()}-D, the result {out.dim()}-D")
         _dim(node)
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         tensors = bound_args(node)["tensors"]
         cat = CatT()
         cat.inputs = [builder.value(t, node, f"input {i}") for i, t in enumerate(tensors)]

@@ -6,11 +6,12 @@ binary op, which ``maximum``/``minimum`` already express.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.fx import Node
 
+from rustconv.export.ops_lowering.builder import Builder
 from rustconv.export.ops_lowering.common import (
     GraphContext,
     NotSupported,
@@ -27,9 +28,6 @@ from rustconv.export.ops_lowering.registry import OpLowering, register
 from rustconv.export.ops_lowering.scalars import is_number
 from rustconv.fb.Clamp import ClampT
 from rustconv.fb.Op import Op
-
-if TYPE_CHECKING:
-    from rustconv.export.lowering import LoweringBuilder
 
 __all__ = ["CLAMP_OPS", "ClampLowering"]
 
@@ -80,7 +78,7 @@ class ClampLowering(OpLowering):
         check_elementwise_dtypes([("input", x), ("output", out)])
         check_broadcast(out, [("input", x)])
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         low, high = _bounds(node)
         clamp = ClampT()
         clamp.input = builder.value(bound_args(node)["self"], node, "input")

@@ -19,12 +19,13 @@ this also captures causal convolutions written as ``F.pad(x, (k - 1, 0))``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.fx import Node
 
 from rustconv.errors import UnsupportedGraphError
+from rustconv.export.ops_lowering.builder import Builder
 from rustconv.export.ops_lowering.common import (
     GraphContext,
     NotSupported,
@@ -38,9 +39,6 @@ from rustconv.export.ops_lowering.registry import OpLowering, computed_inside_re
 from rustconv.fb.Conv1d import Conv1dT
 from rustconv.fb.Op import Op
 from rustconv.fb.ValueKind import ValueKind
-
-if TYPE_CHECKING:
-    from rustconv.export.lowering import LoweringBuilder
 
 __all__ = [
     "CONV_OPS",
@@ -236,7 +234,7 @@ class ConvLowering(OpLowering):
         p = _conv_params(node)
         return [p.weight] + ([p.bias] if p.bias is not None else [])
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         p = _conv_params(node)
         source, extra_left, extra_right, pad = p.input, 0, 0, None
         if foldable_pad(source, builder.ctx):
@@ -262,7 +260,7 @@ class ConvLowering(OpLowering):
             builder.join_handles(ir, node)
 
     @staticmethod
-    def _weight(builder: LoweringBuilder, arg: Node, node: Node, role: str) -> int:
+    def _weight(builder: Builder, arg: Node, node: Node, role: str) -> int:
         index = builder.value(arg, node, role)
         kind = builder.graph.values[index].kind
         reason = computed_inside_reason(
@@ -307,5 +305,5 @@ class PadLowering(OpLowering):
     def inline_only(self, node: Node, ctx: GraphContext) -> bool:
         return self.check_quiet(node, ctx)
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         builder.mark_inline(node, "a zero pad folded into its convolution")

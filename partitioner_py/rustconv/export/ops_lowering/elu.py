@@ -14,11 +14,12 @@ export.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch.fx import Node
 
+from rustconv.export.ops_lowering.builder import Builder
 from rustconv.export.ops_lowering.common import GraphContext, NotSupported, bound_args, tensor_val
 from rustconv.export.ops_lowering.operands import (
     check_broadcast,
@@ -33,9 +34,6 @@ from rustconv.fb.Op import Op
 from rustconv.fb.Unary import UnaryT
 from rustconv.fb.UnaryOp import UnaryOp
 from rustconv.fb.Where import WhereT
-
-if TYPE_CHECKING:
-    from rustconv.export.lowering import LoweringBuilder
 
 __all__ = ["ELU_OPS", "EluLowering", "elu_params"]
 
@@ -67,7 +65,7 @@ class EluLowering(OpLowering):
         check_elementwise_dtypes([("input", x), ("output", out)])
         check_broadcast(out, [("input", x)])
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         source, alpha, scale, input_scale = elu_params(node)
         x = builder.value(source, node, "input")
 

@@ -3,11 +3,10 @@ and ``scalar_tensor`` (folded into the ops that read it, see :mod:`.scalars`).""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch.fx import Node
 
+from rustconv.export.ops_lowering.builder import Builder
 from rustconv.export.ops_lowering.common import (
     GraphContext,
     NotSupported,
@@ -21,9 +20,6 @@ from rustconv.export.ops_lowering.registry import OpLowering, register
 from rustconv.export.ops_lowering.scalars import SCALAR_TENSOR_OPS, is_number
 from rustconv.fb.Full import FullT
 from rustconv.fb.Op import Op
-
-if TYPE_CHECKING:
-    from rustconv.export.lowering import LoweringBuilder
 
 __all__ = ["FULL_OPS", "FullLowering", "ScalarTensorLowering"]
 
@@ -58,7 +54,7 @@ class FullLowering(OpLowering):
         if memory_format not in (None, torch.preserve_format, torch.contiguous_format):
             raise NotSupported(f"memory_format {memory_format}; RustConv tensors are contiguous")
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         full = FullT()
         full.like = builder.value(bound_args(node)["self"], node, "like")
         full.value = _fill_value(node)
@@ -80,5 +76,5 @@ class ScalarTensorLowering(OpLowering):
     def inline_only(self, node: Node, ctx: GraphContext) -> bool:
         return True
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         builder.mark_inline(node, "a scalar constant folded into its users")

@@ -15,11 +15,10 @@ The halves must be known at export: the size along ``dim`` is static and even
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch.fx import Node
 
+from rustconv.export.ops_lowering.builder import Builder
 from rustconv.export.ops_lowering.common import (
     GraphContext,
     NotSupported,
@@ -36,9 +35,6 @@ from rustconv.fb.Op import Op
 from rustconv.fb.Slice import SliceT
 from rustconv.fb.Unary import UnaryT
 from rustconv.fb.UnaryOp import UnaryOp
-
-if TYPE_CHECKING:
-    from rustconv.export.lowering import LoweringBuilder
 
 __all__ = ["GLU_OPS", "GluLowering", "glu_params"]
 
@@ -81,7 +77,7 @@ class GluLowering(OpLowering):
         if tuple(out.shape[:dim]) != tuple(x.shape[:dim]) or out.shape[dim] != half:
             raise NotSupported(f"output {tuple(out.shape)} is not half of {tuple(x.shape)}")
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         source, dim, half = glu_params(node)
         x = builder.value(source, node, "input")
         halves = []

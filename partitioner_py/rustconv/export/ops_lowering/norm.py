@@ -36,13 +36,14 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import sympy
 import torch
 from torch.fx import Node
 
 from rustconv.export.ir import IRValue
+from rustconv.export.ops_lowering.builder import Builder
 from rustconv.export.ops_lowering.common import (
     GraphContext,
     NotSupported,
@@ -67,9 +68,6 @@ from rustconv.fb.Reshape import ReshapeT
 from rustconv.fb.Unary import UnaryT
 from rustconv.fb.UnaryOp import UnaryOp
 from rustconv.fb.ValueKind import ValueKind
-
-if TYPE_CHECKING:
-    from rustconv.export.lowering import LoweringBuilder
 
 __all__ = [
     "REDUCE_OPS",
@@ -101,7 +99,7 @@ NORM_OPS = frozenset({*_LAYER_NORM, *_GROUP_NORM, *_RMS_NORM})
 class _Emit:
     """Adds the blob nodes of one normalisation, every one attributed to ``node``."""
 
-    def __init__(self, node: Node, builder: LoweringBuilder) -> None:
+    def __init__(self, node: Node, builder: Builder) -> None:
         self.node = node
         self.builder = builder
         self.last = None  # the last IRNode added
@@ -298,7 +296,7 @@ class LayerNormLowering(_TupleNorm):
         if isinstance(node.meta.get("val"), (list, tuple)):
             _check_tuple_items(node, self.readable_items(node))
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         args, dims, eps = _layer_norm_args(node, builder.ctx)
         emit = _Emit(node, builder)
         x = builder.value(args["input"], node, "input")
@@ -355,7 +353,7 @@ class GroupNormLowering(_TupleNorm):
         if isinstance(node.meta.get("val"), (list, tuple)):
             _check_tuple_items(node, self.readable_items(node))
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         args, dims, eps, rank = _group_norm_args(node, builder.ctx)
         emit = _Emit(node, builder)
         x = builder.value(args["input"], node, "input")
@@ -397,7 +395,7 @@ class RmsNormLowering(OpLowering):
     def check(self, node: Node, ctx: GraphContext) -> None:
         self._args(node, ctx)
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         args, dims, eps = self._args(node, builder.ctx)
         emit = _Emit(node, builder)
         x = builder.value(args["input"], node, "input")
@@ -463,7 +461,7 @@ class ReduceLowering(OpLowering):
     def check(self, node: Node, ctx: GraphContext) -> None:
         _reduce_args(node, ctx)
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         source, dims, keepdim, factor = _reduce_args(node, builder.ctx)
         emit = _Emit(node, builder)
         x = builder.value(source, node, "input")

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch.fx import Node
 
+from rustconv.export.ops_lowering.builder import Builder
 from rustconv.export.ops_lowering.common import (
     GraphContext,
     NotSupported,
@@ -20,9 +19,6 @@ from rustconv.export.ops_lowering.operands import check_elementwise_dtypes, tens
 from rustconv.export.ops_lowering.registry import OpLowering, register
 from rustconv.fb.Op import Op
 from rustconv.fb.Permute import PermuteT
-
-if TYPE_CHECKING:
-    from rustconv.export.lowering import LoweringBuilder
 
 __all__ = ["PERMUTE_OPS", "PermuteLowering"]
 
@@ -57,7 +53,7 @@ class PermuteLowering(OpLowering):
         check_rank([("input", x)])
         _perm(node, x.dim())
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         source = bound_args(node)["self"]
         permute = PermuteT()
         permute.input = builder.value(source, node, "input")

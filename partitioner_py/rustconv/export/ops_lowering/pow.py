@@ -8,11 +8,10 @@ is left to other backends, with a reason.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch.fx import Node
 
+from rustconv.export.ops_lowering.builder import Builder
 from rustconv.export.ops_lowering.common import GraphContext, NotSupported, bound_args, tensor_val
 from rustconv.export.ops_lowering.operands import (
     check_broadcast,
@@ -26,9 +25,6 @@ from rustconv.fb.BinaryOp import BinaryOp
 from rustconv.fb.Op import Op
 from rustconv.fb.Unary import UnaryT
 from rustconv.fb.UnaryOp import UnaryOp
-
-if TYPE_CHECKING:
-    from rustconv.export.lowering import LoweringBuilder
 
 __all__ = ["PowLowering"]
 
@@ -59,7 +55,7 @@ class PowLowering(OpLowering):
         check_elementwise_dtypes([("input", x), ("output", out)])
         check_broadcast(out, [("input", x)])
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         exponent = _exponent(node)
         x = builder.value(bound_args(node)["self"], node, "input")
         if exponent == 2.0:

@@ -15,15 +15,13 @@ Registering a class (``@register``) is all it takes for the partitioner,
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch.fx import Node
 
+from rustconv.export.ops_lowering.builder import Builder
 from rustconv.export.ops_lowering.common import GraphContext, NotSupported, target_key
-
-if TYPE_CHECKING:
-    from rustconv.export.lowering import LoweringBuilder
 
 __all__ = ["OpLowering", "register", "lowering_for", "registered", "computed_inside_reason"]
 
@@ -83,7 +81,7 @@ class OpLowering:
         """
         return []
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         """Adds the blob nodes implementing ``node`` to ``builder``."""
         raise NotImplementedError
 

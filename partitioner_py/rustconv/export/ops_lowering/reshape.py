@@ -15,11 +15,10 @@ its partition. Inside RustConv's kernels such a reshape would be free anyway.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch.fx import Node
 
+from rustconv.export.ops_lowering.builder import Builder
 from rustconv.export.ops_lowering.common import (
     GraphContext,
     NotSupported,
@@ -33,9 +32,6 @@ from rustconv.export.ops_lowering.operands import check_elementwise_dtypes, tens
 from rustconv.export.ops_lowering.registry import OpLowering, register
 from rustconv.fb.Op import Op
 from rustconv.fb.Reshape import ReshapeT
-
-if TYPE_CHECKING:
-    from rustconv.export.lowering import LoweringBuilder
 
 __all__ = ["RESHAPE_OPS", "ReshapeLowering"]
 
@@ -102,7 +98,7 @@ class ReshapeLowering(OpLowering):
                 "more than removing or inserting size-1 dimensions"
             )
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         reshape = ReshapeT()
         reshape.input = builder.value(bound_args(node)["self"], node, "input")
         reshape.output = builder.new_output(node)

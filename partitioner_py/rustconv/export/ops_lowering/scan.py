@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch.fx import Node
 
 import rustconv.ops  # noqa: F401  (registers torch.ops.rustconv.linear_scan)
+from rustconv.export.ops_lowering.builder import Builder
 from rustconv.export.ops_lowering.common import (
     GraphContext,
     NotSupported,
@@ -20,9 +19,6 @@ from rustconv.export.ops_lowering.operands import tensor_operand
 from rustconv.export.ops_lowering.registry import OpLowering, register
 from rustconv.fb.LinearScan import LinearScanT
 from rustconv.fb.Op import Op
-
-if TYPE_CHECKING:
-    from rustconv.export.lowering import LoweringBuilder
 
 __all__ = ["SCAN_OPS", "ScanLowering", "is_scan", "scan_operands", "scan_unsupported_reason"]
 
@@ -67,7 +63,7 @@ class ScanLowering(OpLowering):
             raise NotSupported(f"ranks {ranks}, expected [2, 3, 3, 3]")
         check_dtypes(named)
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         x0, a, u = scan_operands(node)
         scan = LinearScanT()
         scan.x0 = builder.value(x0, node, "x0")

@@ -9,12 +9,11 @@ rules), so the last step of a dynamic length stays exact.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch.fx import Node
 
 from rustconv.export.ir import IRValue
+from rustconv.export.ops_lowering.builder import Builder
 from rustconv.export.ops_lowering.common import (
     GraphContext,
     NotSupported,
@@ -31,9 +30,6 @@ from rustconv.fb.Op import Op
 from rustconv.fb.Reshape import ReshapeT
 from rustconv.fb.Slice import SliceT
 from rustconv.fb.ValueKind import ValueKind
-
-if TYPE_CHECKING:
-    from rustconv.export.lowering import LoweringBuilder
 
 __all__ = ["SELECT_OPS", "SelectLowering"]
 
@@ -61,7 +57,7 @@ class SelectLowering(OpLowering):
         check_rank([("input", x), ("output", out)])
         _params(node)
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         source, dim, index = _params(node)
         x = builder.value(source, node, "input")
         like = builder.graph.values[x]

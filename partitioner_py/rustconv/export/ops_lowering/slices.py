@@ -16,6 +16,7 @@ import sympy
 import torch
 from torch.fx import Node
 
+from rustconv.export.ops_lowering.builder import Builder
 from rustconv.export.ops_lowering.common import (
     GraphContext,
     NotSupported,
@@ -34,7 +35,6 @@ from rustconv.fb.Slice import SliceT
 
 if TYPE_CHECKING:
     from rustconv.export.ir import IRNode
-    from rustconv.export.lowering import LoweringBuilder
 
 __all__ = ["SLICE_OPS", "SliceLowering", "slice_params"]
 
@@ -69,7 +69,7 @@ class SliceLowering(OpLowering):
         check_rank([("input", x)])
         slice_params(node)
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         source, dim, start, end, step = slice_params(node)
         index = builder.value(source, node, "input")
         if self._fold_into_conv(node, builder, index):
@@ -81,7 +81,7 @@ class SliceLowering(OpLowering):
         builder.add(node, Op.Slice, op)
 
     @staticmethod
-    def _fold_into_conv(node: Node, builder: LoweringBuilder, index: int) -> bool:
+    def _fold_into_conv(node: Node, builder: Builder, index: int) -> bool:
         conv = builder.producer(index)
         args = bound_args(node)
         source = args["self"]

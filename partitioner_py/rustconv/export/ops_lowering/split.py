@@ -11,12 +11,12 @@ split of a dynamic axis stays exact through the Python-style bounds of
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING
 
 import sympy
 import torch
 from torch.fx import Node
 
+from rustconv.export.ops_lowering.builder import Builder
 from rustconv.export.ops_lowering.common import (
     GraphContext,
     NotSupported,
@@ -33,9 +33,6 @@ from rustconv.export.ops_lowering.registry import OpLowering, lowering_for, regi
 from rustconv.export.ops_lowering.slice_bounds import encode_bound
 from rustconv.fb.Op import Op
 from rustconv.fb.Slice import SliceT
-
-if TYPE_CHECKING:
-    from rustconv.export.lowering import LoweringBuilder
 
 __all__ = ["SPLIT_OPS", "SplitLowering", "GetItemLowering", "is_split"]
 
@@ -102,7 +99,7 @@ class SplitLowering(OpLowering):
     def inline_only(self, node: Node, ctx: GraphContext) -> bool:
         return True
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         builder.mark_inline(node, "a split (each piece is a slice of its input)")
 
 
@@ -129,7 +126,7 @@ class GetItemLowering(OpLowering):
             raise NotSupported(f"its split {source.name} is not supported: {reason}")
         piece_slice(source, static_int(index, "index"))
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         if builder.value_of(node) is not None:
             return  # an item its source's lowering gave a value
         split, index = node.args

@@ -11,16 +11,13 @@ delegate boundary (the runtime's inputs are tensors).
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING
 
 import torch
 from torch.fx import Node
 
+from rustconv.export.ops_lowering.builder import Builder
 from rustconv.export.ops_lowering.common import GraphContext, NotSupported
 from rustconv.export.ops_lowering.registry import OpLowering, register
-
-if TYPE_CHECKING:
-    from rustconv.export.lowering import LoweringBuilder
 
 __all__ = ["SYMINT_OPS", "SymIntLowering"]
 
@@ -52,5 +49,5 @@ class SymIntLowering(OpLowering):
     def inline_only(self, node: Node, ctx: GraphContext) -> bool:
         return True
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         builder.mark_inline(node, "a size, read from shapes at export")

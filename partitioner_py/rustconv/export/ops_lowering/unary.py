@@ -12,11 +12,10 @@ float dtype (the blob's masks already are 1.0/0.0 in that dtype).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch.fx import Node
 
+from rustconv.export.ops_lowering.builder import Builder
 from rustconv.export.ops_lowering.common import (
     GraphContext,
     NotSupported,
@@ -35,9 +34,6 @@ from rustconv.export.ops_lowering.scalars import COPY_OPS, is_number, is_scalar_
 from rustconv.fb.Op import Op
 from rustconv.fb.Unary import UnaryT
 from rustconv.fb.UnaryOp import UnaryOp
-
-if TYPE_CHECKING:
-    from rustconv.export.lowering import LoweringBuilder
 
 __all__ = ["UNARY_OPS", "UnaryLowering", "IdentityLowering"]
 
@@ -95,7 +91,7 @@ class UnaryLowering(OpLowering):
         check_elementwise_dtypes([("input", x), ("output", out)])
         check_broadcast(out, [("input", x)])
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         op = UnaryT()
         op.op = _unary_op(node)
         op.input = builder.value(bound_args(node)["self"], node, "input")
@@ -156,7 +152,7 @@ class IdentityLowering(OpLowering):
             and is_scalar_like(node.args[0], ctx)
         )
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         if self.inline_only(node, builder.ctx):
             builder.mark_inline(node, "a scalar constant folded into its users")
             return

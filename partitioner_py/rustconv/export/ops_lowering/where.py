@@ -8,10 +8,11 @@ dtype, so it must be the dtype of the ``where`` itself.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch.fx import Node
 
+from rustconv.export.ops_lowering.builder import Builder
 from rustconv.export.ops_lowering.common import (
     GraphContext,
     NotSupported,
@@ -29,9 +30,6 @@ from rustconv.export.ops_lowering.operands import (
 from rustconv.export.ops_lowering.registry import OpLowering, register
 from rustconv.fb.Op import Op
 from rustconv.fb.Where import WhereT
-
-if TYPE_CHECKING:
-    from rustconv.export.lowering import LoweringBuilder
 
 __all__ = ["WHERE_OPS", "WhereLowering", "is_where"]
 
@@ -72,7 +70,7 @@ class WhereLowering(OpLowering):
             )
         check_broadcast(out, [("condition", cond_val), *vals])
 
-    def emit(self, node: Node, builder: LoweringBuilder) -> None:
+    def emit(self, node: Node, builder: Builder) -> None:
         cond, a, b = _operands(node)
         where = WhereT()
         where.cond = builder.value(cond, node, "condition")
