@@ -55,7 +55,7 @@ use crate::simd::{simd_variants, Backend, Simd};
 /// positions per block of output channels. Calls of more than
 /// [`DECODE_OUTPUTS`] come here only where their columns stay in L1
 /// ([`L1_COLS`]; see [`Gemv::takes`]).
-pub(crate) const MAX_OUTPUTS: usize = 8;
+pub(crate) const MAX_OUTPUTS: usize = panels::MAX_OUTPUTS;
 
 /// Outputs per row every call of a dense or grouped conv up to which runs
 /// here, whatever its size: decode steps.
@@ -79,6 +79,10 @@ const DOTS_OUTPUTS: usize = 4;
 /// Output channels per task: the columns are gathered once per task, so
 /// each task should multiply them with many filters.
 const ROWS: usize = 32;
+const _: () = assert!(
+    ROWS.is_multiple_of(panels::MAX_WIDTH),
+    "tasks of whole panels"
+);
 
 /// `out[t] = Σ_j filter[j] · cols[t · filter.len() + j]` for `t < T`;
 /// unsafe for the CPU features it is compiled for.

@@ -19,7 +19,6 @@
 #![allow(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
-use super::MAX_OUTPUTS;
 use crate::conv1d::params::Conv1dGeometry;
 use crate::simd::{simd_variants, Backend, Simd};
 
@@ -31,11 +30,16 @@ use crate::simd::{simd_variants, Backend, Simd};
 /// which the GEMM ran, 267 -> 134 µs (XNNPACK 191).
 pub(crate) const PANELS_MIN_OUTPUTS: usize = 2;
 
+/// Most outputs per row a block of panels computes: the matrix-vector
+/// kernel's bound (its `MAX_OUTPUTS` is this).
+pub(super) const MAX_OUTPUTS: usize = 8;
+
 /// Most floats of a panel block [`panel_generic`] writes: `T · W`.
 const MAX_BLOCK: usize = MAX_OUTPUTS * MAX_WIDTH;
 
-/// Widest panel of any backend.
-const MAX_WIDTH: usize = 32;
+/// Widest panel of any backend; every width divides it, so a task of a
+/// multiple of it output channels is whole panels.
+pub(super) const MAX_WIDTH: usize = 32;
 
 /// `f(panel, cols, filter_len, bias, out)`: one block of a call's outputs
 /// by one panel's channels; unsafe for the CPU features it is compiled
@@ -92,7 +96,7 @@ impl Panels {
             #[cfg(target_arch = "aarch64")]
             Backend::Neon => (8, per_outputs!(panel_neon, 2)),
         };
-        debug_assert!(width <= MAX_WIDTH && super::ROWS.is_multiple_of(width));
+        debug_assert!(MAX_WIDTH.is_multiple_of(width));
         let p = &g.params;
         let (cout, filter_len) = (g.out_per_group, g.in_per_group * p.kernel_size);
         assert_eq!(w.len(), p.out_channels * filter_len, "weights");
