@@ -32,17 +32,7 @@ pub fn check_static(op: &OpDesc, values: &[ValueDesc]) -> Result<(), String> {
         }
     }
     let rank_of = |v: usize| values[v].dims.len();
-    let rank = |v: usize, want: usize, what: &str| {
-        let got = rank_of(v);
-        if got == want {
-            Ok(())
-        } else {
-            Err(format!(
-                "{what} '{}' has rank {got}, expected {want}",
-                values[v].name
-            ))
-        }
-    };
+    let rank = |v: usize, want: usize, what: &str| values[v].check_rank(want, what);
     let same_rank = |v: usize, what: &str| rank(v, rank_of(out), what);
     match *op {
         OpDesc::Anchor(ref anchor) => anchor.check_static(values)?,

@@ -60,6 +60,20 @@ pub struct ValueDesc {
 }
 
 impl ValueDesc {
+    /// Checks that the value has rank `want`; the error names it as `what`
+    /// (a node's static checks word their reasons so).
+    pub fn check_rank(&self, want: usize, what: &str) -> Result<(), String> {
+        let got = self.dims.len();
+        if got == want {
+            Ok(())
+        } else {
+            Err(format!(
+                "{what} '{}' has rank {got}, expected {want}",
+                self.name
+            ))
+        }
+    }
+
     /// The shape at the upper bounds.
     pub fn bound_shape(&self) -> crate::shape::Shape {
         crate::shape::Shape::new(&self.dims.iter().map(|d| d.size).collect::<Vec<_>>())

@@ -147,6 +147,33 @@ impl crate::fused::RowSink for ReluSink {
     }
 }
 
+/// `conv`'s call `p` on the stored input `x` through a [`ReluSink`]: what
+/// the epilogue was handed, to compare with ReLU of the stored result.
+pub(crate) fn run_into_relu(
+    conv: &crate::PreparedConv1d,
+    p: &crate::Conv1dParams,
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    scratch: &crate::Scratch,
+) -> Vec<f32> {
+    use crate::fused::{RowsIn, RowsOut};
+    let g = p.geometry().unwrap();
+    let sink = ReluSink::new(g.output_elems, g.out_len);
+    conv.run_rows(
+        p,
+        RowsIn::Slice(x),
+        Some(w),
+        bias,
+        RowsOut::Fused(&sink),
+        0,
+        0,
+        scratch,
+    )
+    .unwrap();
+    sink.into_values()
+}
+
 /// A fused program's values by index: shapes for all, data for the stored
 /// ones (`fused::Env` for the tests of programs, recipes and reductions).
 #[derive(Default)]

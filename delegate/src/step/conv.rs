@@ -101,17 +101,7 @@ impl AnchorOp for Conv1dOp {
             groups,
             ..
         } = *self;
-        let rank = |v: usize, want: usize, what: &str| {
-            let got = values[v].dims.len();
-            if got == want {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{what} '{}' has rank {got}, expected {want}",
-                    values[v].name
-                ))
-            }
-        };
+        let rank = |v: usize, want: usize, what: &str| values[v].check_rank(want, what);
         rank(input, 3, "input")?;
         rank(weight, 3, "weight")?;
         rank(output, 3, "output")?;

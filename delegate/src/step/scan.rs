@@ -61,17 +61,7 @@ impl AnchorOp for ScanOp {
     }
 
     fn check_static(&self, values: &[ValueDesc]) -> Result<(), String> {
-        let rank = |v: usize, want: usize, what: &str| {
-            let got = values[v].dims.len();
-            if got == want {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{what} '{}' has rank {got}, expected {want}",
-                    values[v].name
-                ))
-            }
-        };
+        let rank = |v: usize, want: usize, what: &str| values[v].check_rank(want, what);
         rank(self.x0, 2, "x0")?;
         rank(self.a, 3, "a")?;
         rank(self.u, 3, "u")?;

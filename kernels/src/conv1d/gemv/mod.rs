@@ -587,7 +587,9 @@ simd_variants! {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{assert_conv_close, conv_params as params, ReluSink, Rng};
+    use crate::test_support::{
+        assert_conv_close, conv_params as params, run_into_relu, ReluSink, Rng,
+    };
     use crate::{Algorithm, Choice, Conv1dParams, PreparedConv1d};
 
     /// Sums of `n` terms in any order err by about `n eps` of the sum of
@@ -667,7 +669,6 @@ mod tests {
         // weights in place: calls of 1 to 8 outputs per row run here, so
         // they come out bit for bit the same whatever the algorithm, stored
         // or handed to an epilogue; a longer call does not.
-        use crate::fused::RowsIn;
         let mut rng = Rng::new(5);
         let max = params(1, (40, 24, 1), 600, 11, 1, (10, 0), 1);
         let w = rng.vec(max.weight_elems(), -1.0, 1.0);
@@ -685,21 +686,9 @@ mod tests {
                     .unwrap();
                 check(&p, &x, &w, Some(&bias), &y, &format!("{a:?}, {in_len}"));
                 if conv.fuses_output() {
-                    let sink = ReluSink::new(y.len(), in_len);
-                    let fused = RowsOut::Fused(&sink);
-                    conv.run_rows(
-                        &p,
-                        RowsIn::Slice(&x),
-                        Some(&w),
-                        Some(&bias),
-                        fused,
-                        0,
-                        0,
-                        &scratch,
-                    )
-                    .unwrap();
                     let relu: Vec<f32> = y.iter().map(|v| v.max(0.0)).collect();
-                    assert_eq!(sink.into_values(), relu, "{a:?}, {in_len}");
+                    let fused = run_into_relu(&conv, &p, &x, &w, Some(&bias), &scratch);
+                    assert_eq!(fused, relu, "{a:?}, {in_len}");
                 }
                 outputs.push(y);
             }
@@ -732,21 +721,9 @@ mod tests {
                 .unwrap();
             let out_len = p.geometry().unwrap().out_len;
             assert!(Gemv::takes(&p.geometry().unwrap()));
-            let sink = ReluSink::new(y.len(), out_len);
-            let fused = RowsOut::Fused(&sink);
-            conv.run_rows(
-                &p,
-                RowsIn::Slice(&x),
-                Some(&w),
-                Some(&bias),
-                fused,
-                0,
-                0,
-                &scratch,
-            )
-            .unwrap();
             let relu: Vec<f32> = y.iter().map(|v| v.max(0.0)).collect();
-            assert_eq!(sink.into_values(), relu, "{in_len}");
+            let fused = run_into_relu(&conv, &p, &x, &w, Some(&bias), &scratch);
+            assert_eq!(fused, relu, "{in_len}");
             // The input from a prologue, computed whole into the slot:
             // the same bits, stored or through the epilogue.
             let source = Stored { x: &x, in_len };

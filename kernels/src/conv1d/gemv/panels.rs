@@ -234,8 +234,7 @@ simd_variants! {
 mod tests {
     use super::*;
     use crate::conv1d::gemv::{gather_columns, Gemv, ROWS};
-    use crate::fused::RowsOut;
-    use crate::test_support::{assert_conv_close, conv_params as params, ReluSink, Rng};
+    use crate::test_support::{assert_conv_close, conv_params as params, run_into_relu, Rng};
     use crate::{Algorithm, Choice, Conv1dParams, PreparedConv1d, Weights};
 
     fn check(p: &Conv1dParams, x: &[f32], w: &[f32], bias: Option<&[f32]>, got: &[f32], ctx: &str) {
@@ -351,20 +350,9 @@ mod tests {
                     conv.run(&p, &x, Some(&w), Some(&bias), &mut y, &scratch)
                         .unwrap();
                     check(&p, &x, &w, Some(&bias), &y, &format!("{p:?}"));
-                    let sink = ReluSink::new(y.len(), pg.out_len);
-                    conv.run_rows(
-                        &p,
-                        crate::fused::RowsIn::Slice(&x),
-                        Some(&w),
-                        Some(&bias),
-                        RowsOut::Fused(&sink),
-                        0,
-                        0,
-                        &scratch,
-                    )
-                    .unwrap();
                     let relu: Vec<f32> = y.iter().map(|v| v.max(0.0)).collect();
-                    assert_eq!(sink.into_values(), relu, "{p:?}");
+                    let fused = run_into_relu(&conv, &p, &x, &w, Some(&bias), &scratch);
+                    assert_eq!(fused, relu, "{p:?}");
                 }
             }
         }
