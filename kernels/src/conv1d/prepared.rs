@@ -259,9 +259,10 @@ impl PreparedConv1d {
     }
 
     /// Bytes of weight-derived data this preparation holds (filter spectra,
-    /// transform matrices), for memory reporting.
+    /// transform matrices, weights packed for short calls), for memory
+    /// reporting.
     pub fn prepared_bytes(&self) -> usize {
-        self.imp.prepared_bytes()
+        self.imp.prepared_bytes() + self.gemv.as_ref().map_or(0, Gemv::prepared_bytes)
     }
 
     /// Whether `run` still reads the original weights (otherwise the

@@ -148,6 +148,11 @@ impl Gemv {
         (PANELS_MIN_OUTPUTS..=MAX_OUTPUTS).contains(&max.out_len)
     }
 
+    /// Bytes of the packed weights, if any.
+    pub(crate) fn prepared_bytes(&self) -> usize {
+        self.panels.as_ref().map_or(0, Panels::bytes)
+    }
+
     /// Whether [`Self::pack`] packed the weights.
     #[cfg(test)]
     pub(crate) fn is_packed(&self) -> bool {

@@ -163,7 +163,6 @@ impl Panels {
     }
 
     /// Bytes the packed panels hold.
-    #[cfg(test)]
     pub(crate) fn bytes(&self) -> usize {
         std::mem::size_of_val(&*self.data)
     }
@@ -329,6 +328,14 @@ mod tests {
                 let conv = PreparedConv1d::new(&max, &w, Choice::Auto).unwrap();
                 assert_eq!(conv.algorithm(), Algorithm::Gemm, "{max:?}");
                 assert_eq!(conv.packed(), outputs >= 2, "{max:?}");
+                // The packed copy is reported; the GEMM reads in place.
+                let (cout, filter_len) = (g.out_per_group, g.in_per_group * k);
+                let at_least = 4 * max.groups * cout * filter_len;
+                if conv.packed() {
+                    assert!(conv.prepared_bytes() >= at_least, "{max:?}");
+                } else {
+                    assert_eq!(conv.prepared_bytes(), 0, "{max:?}");
+                }
                 let fed = PreparedConv1d::for_weights(&max, Weights::Fed, Choice::Auto).unwrap();
                 assert!(!fed.packed());
                 for shorter in [0, stride] {
