@@ -466,6 +466,21 @@ fn init(blob: &[u8]) -> Result<Delegate, DelegateError> {
     Ok(d)
 }
 
+/// Each blob is refused at init as an invalid program, with its needle in
+/// the message.
+fn assert_invalid_programs(cases: Vec<(&str, Vec<u8>)>) {
+    for (needle, blob) in cases {
+        let err = init(&blob)
+            .err()
+            .unwrap_or_else(|| panic!("accepted a graph that should fail with '{needle}'"));
+        assert_eq!(err.status(), Status::InvalidProgram, "{err}");
+        assert!(
+            err.to_string().contains(needle),
+            "expected '{needle}' in: {err}"
+        );
+    }
+}
+
 fn assert_close(got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len());
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
@@ -938,16 +953,7 @@ fn structurally_invalid_graphs_are_invalid_programs() {
             ),
         ),
     ];
-    for (needle, blob) in cases {
-        let err = init(&blob)
-            .err()
-            .unwrap_or_else(|| panic!("accepted a graph that should fail with '{needle}'"));
-        assert_eq!(err.status(), Status::InvalidProgram, "{err}");
-        assert!(
-            err.to_string().contains(needle),
-            "expected '{needle}' in: {err}"
-        );
-    }
+    assert_invalid_programs(cases);
 }
 
 /// The anchor ops' own errors (decoding, static checks, fusion), as they
@@ -1015,16 +1021,7 @@ fn anchor_op_errors_keep_their_wording() {
             ),
         ),
     ];
-    for (needle, blob) in cases {
-        let err = init(&blob)
-            .err()
-            .unwrap_or_else(|| panic!("accepted a graph that should fail with '{needle}'"));
-        assert_eq!(err.status(), Status::InvalidProgram, "{err}");
-        assert!(
-            err.to_string().contains(needle),
-            "expected '{needle}' in: {err}"
-        );
-    }
+    assert_invalid_programs(cases);
 }
 
 #[test]

@@ -631,6 +631,30 @@ mod tests {
         out
     }
 
+    /// The stored result of `gemv` on a pool of `threads`.
+    fn run_on(
+        gemv: &Gemv,
+        g: &Conv1dGeometry,
+        x: &[f32],
+        w: &[f32],
+        bias: Option<&[f32]>,
+        threads: usize,
+    ) -> Vec<f32> {
+        let scratch = Scratch::sized(
+            threads,
+            Gemv::scratch_per_thread(g, None, 0),
+            Gemv::shared_scratch(g),
+        );
+        let mut y = vec![f32::NAN; g.output_elems];
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let out = RowsOut::Slice(&mut y);
+        pool.install(|| gemv.run(g, RowsIn::Slice(x), w, bias, out, &scratch));
+        y
+    }
+
     #[test]
     fn matches_reference_on_every_backend() {
         let mut rng = Rng::new(3);
@@ -641,27 +665,8 @@ mod tests {
             let bias = rng.vec(p.bias_elems(), -1.0, 1.0);
             for backend in Backend::all_available() {
                 let gemv = Gemv::new(backend).unwrap();
-                let scratch = Scratch::sized(
-                    3,
-                    Gemv::scratch_per_thread(&g, None, 0),
-                    Gemv::shared_scratch(&g),
-                );
                 for bias in [None, Some(&bias[..])] {
-                    let mut y = vec![f32::NAN; g.output_elems];
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(3)
-                        .build()
-                        .unwrap();
-                    pool.install(|| {
-                        gemv.run(
-                            &g,
-                            RowsIn::Slice(&x),
-                            &w,
-                            bias,
-                            RowsOut::Slice(&mut y),
-                            &scratch,
-                        )
-                    });
+                    let y = run_on(&gemv, &g, &x, &w, bias, 3);
                     check(&p, &x, &w, bias, &y, &format!("{backend:?} {p:?}"));
                 }
             }
@@ -822,29 +827,7 @@ mod tests {
         let x = rng.vec(p.input_elems(), -1.0, 1.0);
         let w = rng.vec(p.weight_elems(), -1.0, 1.0);
         let gemv = Gemv::new(Backend::detect()).unwrap();
-        let run_on = |threads| {
-            let scratch = Scratch::sized(
-                threads,
-                Gemv::scratch_per_thread(&g, None, 0),
-                Gemv::shared_scratch(&g),
-            );
-            let mut y = vec![f32::NAN; g.output_elems];
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
-            pool.install(|| {
-                gemv.run(
-                    &g,
-                    RowsIn::Slice(&x),
-                    &w,
-                    None,
-                    RowsOut::Slice(&mut y),
-                    &scratch,
-                )
-            });
-            y
-        };
+        let run_on = |threads| run_on(&gemv, &g, &x, &w, None, threads);
         let single = run_on(1);
         for threads in [2, 5] {
             assert_eq!(run_on(threads), single, "{threads} threads");
