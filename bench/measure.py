@@ -186,14 +186,17 @@ def run_pte(
     extra: list[str] | None = None,
     keep_etdump: bool = False,
     env: dict[str, str] | None = None,
+    decode_steps: int | None = None,
 ) -> RunnerResult:
     """Runs pte_runner once and parses its latency, peak memory, plan lines
     and output 0; with ``etdump``, the run is traced into that file (then
     removed, unless ``keep_etdump``); ``extra``: more pte_runner arguments.
     With ``steps``, ``inputs_npz`` is not used: the calls run in that order,
     state carried (``-steps_npz_paths``), the latency is the calls' after
-    the first (decode steps) and the output the last call's. ``env``: more
-    environment variables for the run."""
+    the first (decode steps) and the output the last step's; ``decode_steps``
+    repeats the last step until there are that many (pte_runner's
+    ``-decode_steps``), their output not read. ``env``: more environment
+    variables for the run."""
     out_npz.unlink(missing_ok=True)
     args = pte_runner.runner_args(
         pte,
@@ -204,7 +207,7 @@ def run_pte(
         steps=steps,
         outputs=out_npz,
         etdump=etdump,
-        extra=extra or (),
+        extra=[*(extra or ()), *(["-decode_steps", str(decode_steps)] if decode_steps else [])],
     )
     run = pte_runner.run(args, runner=[str(runner)], timeout_s=timeout_s, env=env)
     lat = pte_runner.parse_latency(run.stdout)
@@ -213,7 +216,7 @@ def run_pte(
     written = out_npz.with_name(f"{out_npz.stem}.{len(steps) - 1}.npz") if steps else out_npz
     with np.load(written) as outputs:
         output = outputs["0"]
-    for k in range(len(steps) if steps else 0):
+    for k in range(max(len(steps), (decode_steps or 0) + 1) if steps else 0):
         out_npz.with_name(f"{out_npz.stem}.{k}.npz").unlink(missing_ok=True)
     out_npz.unlink(missing_ok=True)
     if etdump is not None:
