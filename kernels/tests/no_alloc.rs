@@ -409,6 +409,20 @@ fn main() {
         len: fn_,
     };
     let fx0 = vec![0.0; fc];
+    let mut relu = Program::default();
+    let an = relu.push(Expr::Anchor, 3);
+    relu.push(
+        Expr::Unary {
+            op: UnaryOp::Relu,
+            x: an,
+        },
+        3,
+    );
+    // Compiled before the counted calls, as the delegate's plan does at
+    // init (and before the scratch is sized: a compiled program may need
+    // more temporaries than its interpreter, for its flat form's registers).
+    let [pro, epi, coef, pair, ssm, ssm_gate, relu] =
+        [pro, epi, coef, pair, ssm, ssm_gate, relu].map(Program::compile);
     let temps = [
         pro.temporaries(),
         1 + epi.temporaries(),
@@ -416,6 +430,7 @@ fn main() {
         pair.temporaries(),
         ssm.temporaries(),
         1 + ssm_gate.temporaries(),
+        1 + relu.temporaries(),
     ]
     .into_iter()
     .max()
@@ -439,15 +454,6 @@ fn main() {
     assert!(gdense.fuses_output());
     let mut gdense_out = vec![0.0; fc * fn_];
     let mut grows_out = vec![0.0; fc * fn_];
-    let mut relu = Program::default();
-    let an = relu.push(Expr::Anchor, 3);
-    relu.push(
-        Expr::Unary {
-            op: UnaryOp::Relu,
-            x: an,
-        },
-        3,
-    );
     let fused_scratch = fdw
         .rows_scratch_per_thread(temps, temps)
         .max(fdw_fed.rows_scratch_per_thread(temps, temps))
@@ -478,10 +484,6 @@ fn main() {
             .unwrap()
             .max(fdense.shared_scratch()),
     );
-
-    // Compiled before the counted calls, as the delegate's plan does at init.
-    let [pro, epi, coef, pair, ssm, ssm_gate, relu] =
-        [pro, epi, coef, pair, ssm, ssm_gate, relu].map(Program::compile);
 
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(2)

@@ -1,6 +1,7 @@
 //! A [`Program`] compiled once, when the plan is built: the program and
 //! the recipes (`recipes.rs`, `conv_recipes.rs`, `chain_recipes.rs`) whose
-//! form it has, found by the one registry below.
+//! form it has, and its flat form (`flat.rs`) for any other line, found by
+//! the one registry below.
 //!
 //! A recipe is matched on the program's structure alone, so the match is
 //! made here, once; what depends on the call (its tensors, its lengths) is
@@ -15,6 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::chain_recipes::{Chain, ChainForm};
 use super::conv_recipes::{Product, ProductForm, SkipGate, SkipGateForm};
+use super::flat::{Flat, FlatForm};
 use super::program::views::LeafMap;
 use super::program::{Env, Expr, Line, Program};
 use super::recipes::{Discretise, DiscretiseForm, Gate, GateForm};
@@ -57,6 +59,14 @@ impl CompiledProgram {
     pub(super) fn recipes(&self) -> &Recipes {
         &self.recipes
     }
+
+    /// Line-sized temporaries evaluating the program needs: the
+    /// interpreter's, or the flat form's registers where more
+    /// (`flat.rs`).
+    pub fn temporaries(&self) -> usize {
+        let flat = self.recipes.flat.as_ref().map_or(0, FlatForm::registers);
+        self.program.temporaries().max(flat)
+    }
 }
 
 /// Reading a compiled program is reading its program.
@@ -91,6 +101,9 @@ pub(super) struct Recipes {
     /// The root is the anchor's values as they are (only the store views
     /// of an epilogue act).
     identity: bool,
+    /// The program as a list of instructions over blocks (`flat.rs`):
+    /// tried after the dedicated recipes, before the interpreter.
+    flat: Option<FlatForm>,
 }
 
 impl Recipes {
@@ -107,11 +120,12 @@ impl Recipes {
             chain: ChainForm::find(program),
             gather: program.is_leaf(root),
             identity: program.nodes()[root].expr == Expr::Anchor,
+            flat: FlatForm::find(program),
         }
     }
 
     /// The prologue recipes bound for `env`'s tensors and shapes.
-    pub(super) fn prologue<'a>(&self, program: &Program, env: &'a dyn Env) -> Prologue<'a> {
+    pub(super) fn prologue<'a>(&'a self, program: &Program, env: &'a dyn Env) -> Prologue<'a> {
         Prologue {
             discretise: self.discretise.and_then(|f| f.bind(program, env)),
             product: self.product.and_then(|f| f.bind(program, env)),
@@ -125,13 +139,18 @@ impl Recipes {
                 }
                 _ => None,
             },
+            flat: self
+                .flat
+                .as_ref()
+                .filter(|f| !f.reads_anchor())
+                .and_then(|f| f.bind(program, env)),
         }
     }
 
     /// The epilogue recipe bound for `env`'s tensors and shapes: the first
     /// whose form the program has and whose reads this call's shapes fit.
     pub(super) fn epilogue<'a>(
-        &self,
+        &'a self,
         program: &Program,
         env: &'a dyn Env,
     ) -> Option<EpilogueRecipe<'a>> {
@@ -148,6 +167,12 @@ impl Recipes {
                     .filter(ChainForm::reads_anchor)
                     .and_then(|f| f.bind(program, env))
                     .map(EpilogueRecipe::Chain)
+            })
+            .or_else(|| {
+                self.flat
+                    .as_ref()
+                    .and_then(|f| f.bind(program, env))
+                    .map(EpilogueRecipe::Flat)
             })
     }
 
@@ -170,6 +195,9 @@ pub(super) struct Prologue<'a> {
     pub(super) chain: Option<Chain<'a>>,
     /// The root only views a stored tensor.
     pub(super) gather: Option<Gather<'a>>,
+    /// Any other program without a cat, as a list of instructions over
+    /// blocks (`flat.rs`).
+    pub(super) flat: Option<Flat<'a>>,
 }
 
 /// A program that only views a stored tensor (a permute of a `[B, N, C]`
@@ -184,8 +212,9 @@ pub(super) struct Gather<'a> {
 }
 
 /// The epilogues the recipes compute in one pass: a scan's gate
-/// (`recipes.rs`), a gated convolution's (`conv_recipes.rs`) and a chain
-/// of adds and products then an activation (`chain_recipes.rs`).
+/// (`recipes.rs`), a gated convolution's (`conv_recipes.rs`), a chain
+/// of adds and products then an activation (`chain_recipes.rs`), and any
+/// other without a cat as a list of instructions (`flat.rs`).
 // The chain is twice the others' size, but a sink is built on the stack
 // once per kernel call: boxing it would allocate in `execute`.
 #[allow(clippy::large_enum_variant)]
@@ -193,27 +222,37 @@ pub(super) enum EpilogueRecipe<'a> {
     Gate(Gate<'a>),
     SkipGate(SkipGate<'a>),
     Chain(Chain<'a>),
+    Flat(Flat<'a>),
 }
 
 impl EpilogueRecipe<'_> {
     /// Writes the finished anchor values along `line` into `out` and
     /// returns true, or returns false, writing nothing, where the line's
-    /// reads do not fit the recipe.
-    pub(super) fn run(&self, line: &Line, values: &[f32], out: &mut [f32]) -> bool {
+    /// reads do not fit the recipe. `tmp`: line temporaries the recipe
+    /// may use ([`CompiledProgram::temporaries`] of them).
+    pub(super) fn run(
+        &self,
+        line: &Line,
+        values: &[f32],
+        out: &mut [f32],
+        tmp: &mut [f32],
+    ) -> bool {
         match self {
             Self::Gate(r) => r.run(line, values, out),
             Self::SkipGate(r) => r.run(line, values, out),
             Self::Chain(r) => r.run(line, values, out),
+            Self::Flat(r) => r.run(line, values, out, tmp),
         }
     }
 
     /// Finishes `values`, anchor values of any rows and places, in place
     /// and returns true where the recipe is pointwise (a conv's
     /// activation: see [`Chain::pointwise`]); else returns false,
-    /// changing nothing.
-    pub(super) fn finish_in_place(&self, values: &mut [f32]) -> bool {
+    /// changing nothing. `tmp` as for [`Self::run`].
+    pub(super) fn finish_in_place(&self, values: &mut [f32], tmp: &mut [f32]) -> bool {
         match self {
             Self::Chain(r) => r.finish_in_place(values),
+            Self::Flat(r) => r.finish_in_place(values, tmp),
             Self::Gate(_) | Self::SkipGate(_) => false,
         }
     }

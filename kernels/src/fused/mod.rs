@@ -15,6 +15,7 @@
 mod chain_recipes;
 mod compiled;
 mod conv_recipes;
+mod flat;
 mod math;
 mod ops;
 mod program;

@@ -96,6 +96,21 @@ macro_rules! elementwise_ops {
                     $($op::$variant => each(a, b, $f),)+
                 }
             }
+
+            /// [`Self::apply_generic`] with every `b` equal to `b`: the
+            /// same function of each pair, so the same values bit for bit.
+            #[inline(always)]
+            pub(super) fn apply_scalar_generic<const F: bool>(self, a: &mut [f32], b: f32) {
+                #[inline(always)]
+                fn each(a: &mut [f32], y: f32, f: impl Fn(f32, f32) -> f32) {
+                    for x in a.iter_mut() {
+                        *x = f(*x, y);
+                    }
+                }
+                match self {
+                    $($op::$variant => each(a, b, $f),)+
+                }
+            }
         }
     };
 }

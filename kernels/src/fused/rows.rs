@@ -218,6 +218,8 @@ impl RowsIn<'_> {
 /// a per-row scalar (a scan's `x0 [B, C]`), every dimension enumerates rows.
 pub struct ProgramRows<'a> {
     program: &'a Program,
+    /// [`CompiledProgram::temporaries`].
+    temporaries: usize,
     env: &'a dyn Env,
     shape: Shape,
     scalar_rows: bool,
@@ -229,9 +231,9 @@ pub struct ProgramRows<'a> {
 
 impl<'a> ProgramRows<'a> {
     /// Rows along the root's last dimension.
-    pub fn new(program: &'a CompiledProgram, env: &'a dyn Env) -> Self {
-        let recipes = program.recipes().prologue(program, env);
-        let program = program.program();
+    pub fn new(compiled: &'a CompiledProgram, env: &'a dyn Env) -> Self {
+        let recipes = compiled.recipes().prologue(compiled, env);
+        let program = compiled.program();
         let shape = env.shape(program.nodes()[program.root()].value);
         let rank = shape.rank();
         let across = rank >= 2 && {
@@ -240,6 +242,7 @@ impl<'a> ProgramRows<'a> {
             prefers_across(along, over)
         };
         ProgramRows {
+            temporaries: compiled.temporaries(),
             program,
             env,
             shape,
@@ -368,6 +371,11 @@ impl ProgramRows<'_> {
                 return;
             }
         }
+        if let Some(flat) = &self.recipes.flat {
+            if flat.run(line, &[], out, tmp) {
+                return;
+            }
+        }
         self.program.eval(self.env, &[], line, out, tmp);
     }
 }
@@ -414,7 +422,7 @@ impl RowSource for ProgramRows<'_> {
     }
 
     fn temporaries(&self) -> usize {
-        self.program.temporaries()
+        self.temporaries
     }
 
     fn col_rows(&self) -> usize {
@@ -450,13 +458,25 @@ impl RowSource for ProgramRows<'_> {
         out: &mut [f32],
         tmp: &mut [f32],
     ) {
+        let rank = self.shape.rank();
+        if let Some(flat) = &self.recipes.flat {
+            // Rows of one batch item that lie end to end in every leaf:
+            // one line ([`Flat::rows_are_one_line`]).
+            let one_item = rank >= 2 && row0 % self.shape[rank - 2] + rows <= self.shape[rank - 2];
+            if !self.scalar_rows
+                && one_item
+                && flat.rows_are_one_line(rank - 2, rank - 1, len)
+                && flat.run(&self.row_line(row0, t0), &[], &mut out[..rows * len], tmp)
+            {
+                return;
+            }
+        }
         if !(self.across || self.short_lines(row0, rows, len)) || self.scalar_rows {
             for (r, out) in out.chunks_exact_mut(len).take(rows).enumerate() {
                 self.fill(r + row0, t0, out, tmp);
             }
             return;
         }
-        let rank = self.shape.rank();
         let mut base = unravel(row0, &self.shape, rank - 1);
         if let Some(Gather { data, offset, coef }) = self.recipes.gather {
             // A transposing copy: per time step, the rows' elements (close
@@ -652,6 +672,8 @@ impl<'a> SharedOut<'a> {
 /// through `views` into `out` of shape `out_shape`.
 pub struct EpilogueSink<'a> {
     program: &'a Program,
+    /// [`CompiledProgram::temporaries`].
+    temporaries: usize,
     env: &'a dyn Env,
     /// Shape of the anchor's output (rows over all but its last dimension).
     anchor_shape: Shape,
@@ -688,6 +710,7 @@ impl<'a> EpilogueSink<'a> {
         let recipes = program.recipes();
         let mut sink = EpilogueSink {
             program: program.program(),
+            temporaries: program.temporaries(),
             env,
             anchor_shape,
             views,
@@ -739,7 +762,7 @@ impl EpilogueSink<'_> {
         buf: &mut [f32],
         tmp: &mut [f32],
     ) {
-        if !recipe.is_some_and(|r| r.run(line, values, buf)) {
+        if !recipe.is_some_and(|r| r.run(line, values, buf, tmp)) {
             self.program.eval(self.env, values, line, buf, tmp);
         }
     }
@@ -767,8 +790,8 @@ impl RowSink for EpilogueSink<'_> {
         if let (Some(r), 1) = (recipe, stride) {
             let done = if self.stream {
                 // Finished in L1, then streamed past the caches.
-                let buf = &mut tmp[..len];
-                let fits = r.run(&line, values, buf);
+                let (buf, tmp) = tmp.split_at_mut(len);
+                let fits = r.run(&line, values, buf, tmp);
                 if fits {
                     self.out
                         .with_line(start, len, |out| copy_streaming(out, buf));
@@ -777,7 +800,7 @@ impl RowSink for EpilogueSink<'_> {
             } else {
                 // Finished straight into the result: no buffer, no copy.
                 self.out
-                    .with_line(start, len, |out| r.run(&line, values, out))
+                    .with_line(start, len, |out| r.run(&line, values, out, tmp))
             };
             if done {
                 return;
@@ -791,7 +814,7 @@ impl RowSink for EpilogueSink<'_> {
     }
 
     fn temporaries(&self) -> usize {
-        1 + self.program.temporaries()
+        1 + self.temporaries
     }
 
     fn prefers_columns(&self) -> bool {
@@ -856,7 +879,7 @@ impl RowSink for EpilogueSink<'_> {
             || self
                 .recipe
                 .as_ref()
-                .is_some_and(|r| r.finish_in_place(&mut values[..rows * len]));
+                .is_some_and(|r| r.finish_in_place(&mut values[..rows * len], tmp));
         if finished && stride == 1 {
             // Each column is a contiguous run of the result (a `[C, N]`
             // result stored as `[N, C]`): the block is stored transposed,

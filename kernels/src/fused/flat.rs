@@ -1,0 +1,670 @@
+//! A program flattened, once, into a list of instructions over blocks of
+//! elements: the general form every elementwise program without a cat
+//! takes, where no dedicated recipe (`recipes.rs`, `conv_recipes.rs`,
+//! `chain_recipes.rs`) matches.
+//!
+//! The interpreter (`program/eval.rs`) walks the tree for every line: per
+//! node a match, a view mapped through the env's shapes, a pass over a
+//! line buffer, every stored operand copied into one first. On long lines
+//! that is cheap; on short ones it is most of the time. A conformer's GLU
+//! before its depthwise conv (`a * sigmoid(b)`, two slices of the
+//! pointwise conv's output) walked 128 lines of 40 elements per call at
+//! T = 32, and the walk cost more than the conv. Flattened, the tree is a
+//! list of instructions (an op, its operands, the register it writes) and
+//! its leaves are affine maps into their tensors, both found here once per
+//! program; a line costs one read of each leaf (a few multiply-adds:
+//! where it starts, whether it is one value or a contiguous run), then
+//! each block of [`BLOCK`] elements runs the list over registers of a
+//! block each, in L1, every leaf read in place. The registers are the
+//! caller's line temporaries ([`FlatForm::registers`] count in the
+//! program's, `CompiledProgram::temporaries`): a stack array zeroed per
+//! line cost a fifth of the GLU's time.
+//!
+//! Each instruction applies the interpreter's own loop for its op
+//! (`UnaryOp::apply_generic` and `BinaryOp::apply_generic`, in the same
+//! instruction-set variant), element by element, so results are the
+//! interpreter's bit for bit (the tests check this on random programs).
+//! A line where a leaf is read with a stride (a transposed operand) is
+//! left to the interpreter, which gathers it.
+
+use super::ops::{clamp, select, BinaryOp, UnaryOp};
+use super::program::views::{Leaf, LeafMap};
+use super::program::{Env, Expr, Program};
+use super::recipes::BLOCK;
+use crate::simd::isa_dispatch;
+
+/// Most instructions a flattened program has (a LayerNorm applied with
+/// its weight, bias and activation has five; a shared subtree is
+/// flattened once per use).
+const MAX_INSTRS: usize = 24;
+
+/// Most distinct leaves.
+const MAX_LEAVES: usize = 8;
+
+/// Most views between the root and one leaf.
+const MAX_VIEWS: usize = 8;
+
+/// Most registers: a tree deeper than this on its right-hand side is
+/// interpreted.
+const REGS: usize = 4;
+
+/// Elements of the widest vector (AVX-512's), a multiple of the others':
+/// registers are padded to a whole number of them where room allows.
+const LANES: usize = 16;
+
+/// Where an instruction's operand is.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Src {
+    /// A register an earlier instruction wrote.
+    Reg(u8),
+    /// A leaf, read in place.
+    Leaf(u8),
+    /// The anchor's values (an epilogue's).
+    Anchor,
+}
+
+/// What an instruction does to its register once `x` is in it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Op {
+    Unary(UnaryOp),
+    Binary(BinaryOp, Src),
+    Clamp(f32, f32),
+    /// `cond != 0 ? x : other`.
+    Where {
+        cond: Src,
+        other: Src,
+    },
+}
+
+/// `dst = op(x, ...)`. `x` is `dst` itself, a leaf or the anchor; every
+/// register operand is above `dst` (the right-hand side of a tree is
+/// computed into the registers above its left-hand side's).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Instr {
+    dst: u8,
+    x: Src,
+    op: Op,
+}
+
+/// A leaf and the view nodes between the root and it, outermost first.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct LeafPath {
+    node: usize,
+    views: [usize; MAX_VIEWS],
+    n_views: usize,
+}
+
+/// A program flattened: its instructions and leaves, found once, when the
+/// program is compiled.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct FlatForm {
+    instrs: [Instr; MAX_INSTRS],
+    len: usize,
+    leaves: [LeafPath; MAX_LEAVES],
+    n_leaves: usize,
+    /// The root reads the anchor (an epilogue).
+    reads_anchor: bool,
+    /// Registers the instructions write.
+    regs: usize,
+}
+
+/// The flattening walk's state.
+struct Builder<'p> {
+    program: &'p Program,
+    form: FlatForm,
+}
+
+impl FlatForm {
+    /// The flat form of a program of one root made of leaves, the
+    /// anchor, unary and binary ops, clamps and selects (views anywhere);
+    /// None for any other program (a cat, several roots) and for one
+    /// larger than the limits above.
+    pub(super) fn find(program: &Program) -> Option<Self> {
+        if program.nodes().is_empty() || program.named_roots().len() > 1 {
+            return None;
+        }
+        let empty = LeafPath {
+            node: 0,
+            views: [0; MAX_VIEWS],
+            n_views: 0,
+        };
+        let mut b = Builder {
+            program,
+            form: FlatForm {
+                instrs: [Instr {
+                    dst: 0,
+                    x: Src::Anchor,
+                    op: Op::Unary(UnaryOp::Identity),
+                }; MAX_INSTRS],
+                len: 0,
+                leaves: [empty; MAX_LEAVES],
+                n_leaves: 0,
+                reads_anchor: false,
+                regs: 0,
+            },
+        };
+        let root = b.node(program.root(), empty, 0)?;
+        if root != Src::Reg(0) {
+            // A leaf or the anchor as it is: copied.
+            b.emit(0, root, Op::Unary(UnaryOp::Identity))?;
+        }
+        Some(b.form)
+    }
+
+    /// Whether the program reads the anchor's values (an epilogue's).
+    pub(super) fn reads_anchor(&self) -> bool {
+        self.reads_anchor
+    }
+
+    /// Line-sized temporaries a run takes its registers from: one per
+    /// register the instructions write, and one for the anchor's values
+    /// of a run in place; twice that, so that registers padded to whole
+    /// vectors fit (at most twice a line of [`LANES`] or more elements).
+    pub(super) fn registers(&self) -> usize {
+        2 * (self.regs + 1)
+    }
+
+    /// The flat program with its leaves resolved for `env`'s current
+    /// shapes.
+    pub(super) fn bind<'a>(&'a self, program: &Program, env: &'a dyn Env) -> Option<Flat<'a>> {
+        let mut leaves = [LeafMap::Const(0.0); MAX_LEAVES];
+        for (map, path) in leaves.iter_mut().zip(&self.leaves[..self.n_leaves]) {
+            *map = program.leaf_map_through(&path.views[..path.n_views], path.node, env)?;
+        }
+        Some(Flat { form: self, leaves })
+    }
+}
+
+impl Builder<'_> {
+    /// Flattens node `i` (read through the views of `path`) into register
+    /// `r` and above: returns where its values are (`r`, or a leaf or the
+    /// anchor, which need no instruction), or None if the program has no
+    /// flat form.
+    fn node(&mut self, i: usize, path: LeafPath, r: usize) -> Option<Src> {
+        let program = self.program;
+        if program.is_leaf(i) {
+            return self.leaf(LeafPath { node: i, ..path });
+        }
+        match program.nodes()[i].expr {
+            Expr::Anchor => {
+                self.form.reads_anchor = true;
+                Some(Src::Anchor)
+            }
+            Expr::Broadcast { x } | Expr::View { x, .. } | Expr::Slice { x, .. } => {
+                let mut below = path;
+                *below.views.get_mut(below.n_views)? = i;
+                below.n_views += 1;
+                self.node(x, below, r)
+            }
+            Expr::Unary { op, x } => {
+                let x = self.node(x, path, r)?;
+                self.emit(r, x, Op::Unary(op))
+            }
+            Expr::Clamp { x, min, max } => {
+                let x = self.node(x, path, r)?;
+                self.emit(r, x, Op::Clamp(min, max))
+            }
+            Expr::Binary { op, a, b } => {
+                let a = self.node(a, path, r)?;
+                let b = self.node(b, path, r + 1)?;
+                self.emit(r, a, Op::Binary(op, b))
+            }
+            Expr::Where { cond, a, b } => {
+                let a = self.node(a, path, r)?;
+                let other = self.node(b, path, r + 1)?;
+                let cond = self.node(cond, path, r + 2)?;
+                self.emit(r, a, Op::Where { cond, other })
+            }
+            Expr::Cat { .. } | Expr::Load | Expr::Const(_) => None,
+        }
+    }
+
+    /// The leaf at `path`, added unless the same one is already there.
+    fn leaf(&mut self, path: LeafPath) -> Option<Src> {
+        let form = &mut self.form;
+        let same = |l: &LeafPath| {
+            l.node == path.node && l.views[..l.n_views] == path.views[..path.n_views]
+        };
+        let k = match form.leaves[..form.n_leaves].iter().position(same) {
+            Some(k) => k,
+            None => {
+                *form.leaves.get_mut(form.n_leaves)? = path;
+                form.n_leaves += 1;
+                form.n_leaves - 1
+            }
+        };
+        Some(Src::Leaf(k as u8))
+    }
+
+    /// Appends `r = op(x, ...)`.
+    fn emit(&mut self, r: usize, x: Src, op: Op) -> Option<Src> {
+        if r >= REGS {
+            return None;
+        }
+        let form = &mut self.form;
+        *form.instrs.get_mut(form.len)? = Instr {
+            dst: r as u8,
+            x,
+            op,
+        };
+        form.len += 1;
+        form.regs = form.regs.max(r + 1);
+        Some(Src::Reg(r as u8))
+    }
+}
+
+/// A flat program bound to one call's tensors.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Flat<'a> {
+    form: &'a FlatForm,
+    leaves: [LeafMap<'a>; MAX_LEAVES],
+}
+
+/// A leaf's elements along one line.
+#[derive(Clone, Copy, Debug)]
+enum Read<'a> {
+    Scalar(f32),
+    Slice(&'a [f32]),
+}
+
+impl<'a> Flat<'a> {
+    /// Writes the program along `line` into `out` and returns true, or
+    /// returns false, writing nothing, where a leaf is read with a stride
+    /// along this line or `tmp` holds fewer than [`FlatForm::registers`]
+    /// line-sized temporaries. `anchor`: the anchor's values along the
+    /// line (as long as `out`) where the program reads them.
+    pub(super) fn run(
+        &self,
+        line: &super::program::Line,
+        anchor: &[f32],
+        out: &mut [f32],
+        tmp: &mut [f32],
+    ) -> bool {
+        let len = out.len();
+        let Some((regs, w)) = self.registers(tmp, len) else {
+            return false;
+        };
+        let mut reads = [Read::Scalar(0.0); MAX_LEAVES];
+        for (read, leaf) in reads.iter_mut().zip(&self.leaves[..self.form.n_leaves]) {
+            *read = match leaf.read(line, len) {
+                Some(Leaf::Scalar(v)) => Read::Scalar(v),
+                Some(Leaf::Contiguous(v, _)) => Read::Slice(v),
+                None => return false,
+            };
+        }
+        flat(
+            &self.form.instrs[..self.form.len],
+            &reads[..self.form.n_leaves],
+            Some(anchor),
+            out,
+            regs,
+            w,
+        );
+        true
+    }
+
+    /// The registers for lines of `len` elements: `tmp`'s first
+    /// [`FlatForm::registers`] blocks (of `len` elements where shorter),
+    /// if it holds them,
+    /// and their width: a whole number of vectors where `tmp` has room.
+    fn registers<'t>(&self, tmp: &'t mut [f32], len: usize) -> Option<(&'t mut [f32], usize)> {
+        let n = self.form.regs + 1;
+        let w = len.min(BLOCK);
+        let padded = w.next_multiple_of(LANES);
+        [padded, w]
+            .into_iter()
+            .find(|&w| n * w <= tmp.len())
+            .map(|w| (&mut tmp[..n * w], w))
+    }
+
+    /// Whether rows of `len` elements along dimension `along` of the root,
+    /// consecutive along dimension `across`, lie end to end in every leaf
+    /// (or are one value in it): then such rows are one line, a run from
+    /// the first row's start ([`Self::run`] of that line, `rows * len`
+    /// long). A GLU of a conv's whole rows is 128 lines of 32 elements at
+    /// T = 32; as one line, its vectors are independent of each other
+    /// instead of a few dependent ones per row.
+    pub(super) fn rows_are_one_line(&self, across: usize, along: usize, len: usize) -> bool {
+        self.leaves[..self.form.n_leaves].iter().all(|l| match *l {
+            LeafMap::Const(_) => true,
+            LeafMap::Stored { coef, .. } => {
+                (coef[along], coef[across]) == (1, len) || (coef[along], coef[across]) == (0, 0)
+            }
+        })
+    }
+
+    /// Whether the program computes each element from the anchor's value
+    /// at the same place alone (every leaf a constant): a block of rows
+    /// can be finished in place at once.
+    pub(super) fn pointwise(&self) -> bool {
+        self.form.reads_anchor
+            && self.leaves[..self.form.n_leaves]
+                .iter()
+                .all(|l| matches!(l, LeafMap::Const(_)))
+    }
+
+    /// The program applied to anchor values `values` in place, for a
+    /// [`Self::pointwise`] one (returns false, changing nothing, for any
+    /// other, or where `tmp` holds fewer than [`FlatForm::registers`]
+    /// blocks): the same loops as [`Self::run`], so bit for bit its
+    /// results.
+    pub(super) fn finish_in_place(&self, values: &mut [f32], tmp: &mut [f32]) -> bool {
+        if !self.pointwise() {
+            return false;
+        }
+        let Some((regs, w)) = self.registers(tmp, values.len()) else {
+            return false;
+        };
+        let mut reads = [Read::Scalar(0.0); MAX_LEAVES];
+        for (read, leaf) in reads.iter_mut().zip(&self.leaves[..self.form.n_leaves]) {
+            if let LeafMap::Const(v) = *leaf {
+                *read = Read::Scalar(v);
+            }
+        }
+        flat(
+            &self.form.instrs[..self.form.len],
+            &reads[..self.form.n_leaves],
+            None,
+            values,
+            regs,
+            w,
+        );
+        true
+    }
+}
+
+isa_dispatch! {
+    /// The instructions over `out`, block by block; `anchor` None: `out`
+    /// holds the anchor's values, replaced by the results. `regs`: the
+    /// registers, `w` elements each (at least `min(out.len(), BLOCK)`),
+    /// the last for the anchor's values of a run in place.
+    fn flat(
+        instrs: &[Instr],
+        reads: &[Read],
+        anchor: Option<&[f32]>,
+        out: &mut [f32],
+        regs: &mut [f32],
+        w: usize,
+    ) => flat_generic
+}
+
+/// The loops, inlined into each instruction-set variant; `F` as in
+/// `UnaryOp::apply`, so every op rounds as the interpreter's.
+#[inline(always)]
+fn flat_generic<const F: bool>(
+    instrs: &[Instr],
+    reads: &[Read],
+    anchor: Option<&[f32]>,
+    out: &mut [f32],
+    regs: &mut [f32],
+    w: usize,
+) {
+    let (regs, own) = regs.split_at_mut(regs.len() - w);
+    for (b, out) in out.chunks_mut(BLOCK).enumerate() {
+        let at = b * BLOCK;
+        let n = out.len();
+        // Ops on registers alone run over whole vectors where the
+        // registers are that wide: a line's last few elements would
+        // otherwise take the loops' scalar tails (a sigmoid's division
+        // each: 8 of a 40-element line's took half its time). The lanes
+        // past `n` hold stale values, computed and never read.
+        let whole = n.next_multiple_of(LANES).min(w);
+        let anchor: &[f32] = match anchor {
+            // Empty where the program reads no anchor (a prologue's).
+            Some(a) => a.get(at..at + n).unwrap_or_default(),
+            None => {
+                own[..n].copy_from_slice(out);
+                &own[..n]
+            }
+        };
+        for ins in instrs {
+            let d = usize::from(ins.dst);
+            let (low, high) = regs.split_at_mut((d + 1) * w);
+            let dst = &mut low[d * w..][..whole];
+            // A register operand is above `dst`: in `high`.
+            let slice = |src: Src| -> Read {
+                match src {
+                    Src::Reg(r) => Read::Slice(&high[(usize::from(r) - d - 1) * w..][..whole]),
+                    Src::Leaf(k) => match reads[usize::from(k)] {
+                        Read::Slice(v) => Read::Slice(&v[at..at + n]),
+                        scalar => scalar,
+                    },
+                    Src::Anchor => Read::Slice(anchor),
+                }
+            };
+            if ins.x != Src::Reg(ins.dst) {
+                match slice(ins.x) {
+                    Read::Slice(v) => dst[..n].copy_from_slice(&v[..n]),
+                    Read::Scalar(v) => dst.fill(v),
+                }
+            }
+            match ins.op {
+                Op::Unary(UnaryOp::Identity) => {}
+                Op::Unary(op) => op.apply_generic::<F>(dst),
+                Op::Clamp(min, max) => clamp(dst, min, max),
+                Op::Binary(op, b) => match slice(b) {
+                    // A leaf or the anchor has `n` elements here.
+                    Read::Slice(v) if v.len() < whole => op.apply_generic::<F>(&mut dst[..n], v),
+                    Read::Slice(v) => op.apply_generic::<F>(dst, v),
+                    Read::Scalar(v) => op.apply_scalar_generic::<F>(dst, v),
+                },
+                Op::Where { cond, other } => {
+                    select_block(slice(cond), slice(other), &mut dst[..n], n)
+                }
+            }
+        }
+        out.copy_from_slice(&regs[..n]);
+    }
+}
+
+/// `dst = cond != 0 ? dst : other` over one block of `n` elements, either
+/// operand one value or a slice.
+#[inline(always)]
+fn select_block(cond: Read, other: Read, dst: &mut [f32], n: usize) {
+    let mut fills = [[0.0f32; BLOCK]; 2];
+    let [cf, of] = &mut fills;
+    let cond: &[f32] = match cond {
+        Read::Slice(v) => v,
+        Read::Scalar(v) => {
+            cf[..n].fill(v);
+            &cf[..n]
+        }
+    };
+    let other: &[f32] = match other {
+        Read::Slice(v) => v,
+        Read::Scalar(v) => {
+            of[..n].fill(v);
+            &of[..n]
+        }
+    };
+    select(cond, dst, other);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fused::program::Line;
+    use crate::fused::shape::MAX_RANK;
+    use crate::test_support::{Rng, TestEnv};
+
+    const B: usize = 2;
+    const C: usize = 3;
+    const N: usize = 150;
+    /// `[B, N, C]` read as `[B, C, N]`, and back.
+    const SWAP: [Option<u8>; MAX_RANK] = [Some(0), Some(2), Some(1), None];
+
+    /// The tensors random programs read, by value index.
+    struct Tensors {
+        /// `[B, C, N]`, two of them.
+        x: [usize; 2],
+        /// `[B, 2C, N]`, read as two `[B, C, N]` halves (a GLU's).
+        y: usize,
+        /// `[C, 1]`, a per-channel parameter along time.
+        p: usize,
+        /// `[B, N, C]`: strided along time once permuted.
+        xt: usize,
+        /// Shapes computed nodes take.
+        bcn: usize,
+        bnc: usize,
+    }
+
+    fn tensors(env: &mut TestEnv, rng: &mut Rng) -> Tensors {
+        let mut x = || rng.vec(B * C * N, -3.0, 3.0);
+        let x = [x(), x()];
+        Tensors {
+            x: x.map(|v| env.stored(&[B, C, N], v)),
+            y: env.stored(&[B, 2 * C, N], rng.vec(B * 2 * C * N, -3.0, 3.0)),
+            p: env.stored(&[C, 1], rng.vec(C, -2.0, 2.0)),
+            xt: env.stored(&[B, N, C], rng.vec(B * C * N, -3.0, 3.0)),
+            bcn: env.computed(&[B, C, N]),
+            bnc: env.computed(&[B, N, C]),
+        }
+    }
+
+    /// Grows a random `[B, C, N]` node of `p` of at most `depth` levels:
+    /// loads (plain, a half of `y`, a broadcast parameter, a permuted
+    /// `[B, N, C]` tensor), constants, the anchor (`anchor`), every unary
+    /// and binary op, clamps, selects, and a subtree computed in `[B, N,
+    /// C]` then permuted.
+    fn grow(p: &mut Program, t: &Tensors, rng: &mut Rng, depth: usize, anchor: bool) -> usize {
+        let pick = if depth == 0 {
+            rng.range(0, 5)
+        } else {
+            rng.range(0, 11)
+        };
+        match pick {
+            0 | 1 => p.push(Expr::Load, t.x[rng.range(0, 1)]),
+            2 => {
+                let y = p.push(Expr::Load, t.y);
+                let start = [0, C as i64, -(C as i64)][rng.range(0, 2)];
+                let slice = Expr::Slice {
+                    x: y,
+                    dim: 1,
+                    start,
+                    step: 1,
+                };
+                p.push(slice, t.bcn)
+            }
+            3 => {
+                let w = p.push(Expr::Load, t.p);
+                p.push(Expr::Broadcast { x: w }, t.bcn)
+            }
+            4 if anchor => p.push(Expr::Anchor, t.bcn),
+            4 => p.push(Expr::Const(rng.uniform(-2.0, 2.0)), t.bcn),
+            5 => {
+                let v = p.push(Expr::Load, t.xt);
+                p.push(Expr::View { x: v, map: SWAP }, t.bcn)
+            }
+            6 | 7 => {
+                let op = UnaryOp::ALL[rng.range(0, UnaryOp::ALL.len() - 1)];
+                let x = grow(p, t, rng, depth - 1, anchor);
+                p.push(Expr::Unary { op, x }, t.bcn)
+            }
+            8 | 9 => {
+                let op = BinaryOp::ALL[rng.range(0, BinaryOp::ALL.len() - 1)];
+                let a = grow(p, t, rng, depth - 1, anchor);
+                let b = grow(p, t, rng, depth - 1, anchor);
+                p.push(Expr::Binary { op, a, b }, t.bcn)
+            }
+            10 => {
+                let x = grow(p, t, rng, depth - 1, anchor);
+                let (min, max) = (rng.uniform(-2.0, 0.0), rng.uniform(0.0, 2.0));
+                p.push(Expr::Clamp { x, min, max }, t.bcn)
+            }
+            _ if rng.range(0, 1) == 0 => {
+                let cond = grow(p, t, rng, depth - 1, anchor);
+                let a = grow(p, t, rng, depth - 1, anchor);
+                let b = grow(p, t, rng, depth - 1, anchor);
+                p.push(Expr::Where { cond, a, b }, t.bcn)
+            }
+            _ => {
+                // A product computed along `[B, N, C]`, then permuted.
+                let a = p.push(Expr::Load, t.xt);
+                let x = grow(p, t, rng, depth - 1, anchor);
+                let b = p.push(Expr::View { x, map: SWAP }, t.bnc);
+                let m = p.push(
+                    Expr::Binary {
+                        op: BinaryOp::Mul,
+                        a,
+                        b,
+                    },
+                    t.bnc,
+                );
+                p.push(Expr::View { x: m, map: SWAP }, t.bcn)
+            }
+        }
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// Random programs along every row (from several starts) and across
+    /// the channels: where the flat program runs it writes the
+    /// interpreter's values bit for bit, and it runs on every row of a
+    /// program whose leaves are all read contiguously or as one value.
+    #[test]
+    fn random_programs_equal_the_interpreter_bit_for_bit() {
+        let mut rng = Rng::new(27);
+        let (mut ran, mut declined, mut unflat) = (0, 0, 0);
+        for case in 0..400 {
+            let mut env = TestEnv::default();
+            let t = tensors(&mut env, &mut rng);
+            let anchor = case % 3 == 0;
+            let mut p = Program::default();
+            grow(&mut p, &t, &mut rng, 1 + case % 4, anchor);
+            let Some(form) = FlatForm::find(&p) else {
+                unflat += 1;
+                continue;
+            };
+            assert_eq!(
+                form.reads_anchor(),
+                { p.nodes().iter().any(|n| n.expr == Expr::Anchor) } && anchor
+            );
+            let flat = form.bind(&p, &env).expect("every leaf resolves");
+            let strided = p.nodes().iter().any(|n| n.value == t.xt);
+            let values = rng.vec(N, -3.0, 3.0);
+            let mut tmp = vec![0.0; N * p.temporaries()];
+            let mut lines = Vec::new();
+            for row in 0..B * C {
+                for t0 in [0, 1, 63, 64, 100] {
+                    let mut base = [0; MAX_RANK];
+                    (base[0], base[1], base[2]) = (row / C, row % C, t0);
+                    lines.push((Line::along(base, 2), N - t0, true));
+                }
+            }
+            for (b, n) in [(0, 0), (1, 7)] {
+                let mut base = [0; MAX_RANK];
+                (base[0], base[2]) = (b, n);
+                lines.push((Line::along(base, 1), C, false));
+            }
+            for (line, len, along) in lines {
+                let mut want = vec![0.0; len];
+                let mut got = vec![f32::NAN; len];
+                p.eval(&env, &values[..len], &line, &mut want, &mut tmp);
+                // Registers of the line's length, or padded to whole
+                // vectors (their lanes past the line computed too).
+                let room = if case % 2 == 0 { len } else { len + LANES };
+                let mut regs = vec![0.0; form.registers() * room];
+                if flat.run(&line, &values[..len], &mut got, &mut regs) {
+                    assert_eq!(bits(&want), bits(&got), "case {case}, line {line:?}");
+                    ran += 1;
+                } else {
+                    assert!(strided || !along, "case {case} declined a contiguous row");
+                    assert!(
+                        got.iter().all(|v| v.is_nan()),
+                        "a declined line is unwritten"
+                    );
+                    declined += 1;
+                }
+            }
+        }
+        // The walk stays within the limits for most programs, and takes
+        // both branches.
+        assert!(unflat < 40, "{unflat} of 400 programs have no flat form");
+        assert!(
+            ran > 1000 && declined > 50,
+            "ran {ran}, declined {declined}"
+        );
+    }
+}
