@@ -1907,3 +1907,197 @@ fn pointwise_epilogues_finish_blocks_in_place_bit_for_bit() {
         }
     }
 }
+
+/// A conformer's GLU before its depthwise conv (`a * sigmoid(g)`, two
+/// halves of a `[B, 2C, N]` tensor) runs as its flat form: rows filled
+/// one by one and blocks of whole rows filled as one line (they lie end to
+/// end in both halves) give the interpreter's bits; a block of partial
+/// rows, or a program with a per-channel operand, is not one line.
+#[test]
+fn glu_prologues_fill_whole_rows_as_one_line_bit_for_bit() {
+    let mut rng = Rng::new(24);
+    for (b, c, n) in [(1, 128, 32), (2, 9, 17), (1, 5, 1), (1, 3, 100)] {
+        let mut env = TestEnv::default();
+        let y = env.stored(&[b, 2 * c, n], rng.vec(b * 2 * c * n, -3.0, 3.0));
+        let param = env.stored(&[c, 1], rng.vec(c, -1.0, 1.0));
+        let half = env.computed(&[b, c, n]);
+        let mut p = Program::default();
+        let ly = p.push(Expr::Load, y);
+        let a = p.push(
+            Expr::Slice {
+                x: ly,
+                dim: 1,
+                start: 0,
+                step: 1,
+            },
+            half,
+        );
+        let g = p.push(
+            Expr::Slice {
+                x: ly,
+                dim: 1,
+                start: c as i64,
+                step: 1,
+            },
+            half,
+        );
+        let s = p.push(
+            Expr::Unary {
+                op: UnaryOp::Sigmoid,
+                x: g,
+            },
+            half,
+        );
+        p.push(
+            Expr::Binary {
+                op: BinaryOp::Mul,
+                a,
+                b: s,
+            },
+            half,
+        );
+        // The same gate scaled per channel: its rows are not one line.
+        let mut scaled = p.clone();
+        let lp = scaled.push(Expr::Load, param);
+        let bp = scaled.push(Expr::Broadcast { x: lp }, half);
+        let root = scaled.root();
+        scaled.push(
+            Expr::Binary {
+                op: BinaryOp::Mul,
+                a: root,
+                b: bp,
+            },
+            half,
+        );
+        for (p, per_channel) in [(p, false), (scaled, true)] {
+            let p = p.compile();
+            let rows = ProgramRows::new(&p, &env);
+            let flat = p.recipes().prologue(&p, &env).flat.expect("a flat form");
+            assert_eq!(flat.rows_are_one_line(1, 2, n), !per_channel);
+            assert!(n == 1 || !flat.rows_are_one_line(1, 2, n - 1));
+            let mut tmp = vec![f32::NAN; block_tmp(p.temporaries(), n)];
+            let mut line_tmp = vec![f32::NAN; n * p.temporaries()];
+            for (row0, m) in [(0, c), (1, c - 1), (b * c - 2, 2)] {
+                let m = m.min(ROW_BLOCK);
+                for (t0, len) in [(0, n), (n / 2, n - n / 2)] {
+                    let mut want = vec![0.0; m * len];
+                    for (r, out) in want.chunks_exact_mut(len).enumerate() {
+                        let row = row0 + r;
+                        let mut base = [0; MAX_RANK];
+                        (base[0], base[1], base[2]) = (row / c, row % c, t0);
+                        p.eval(&env, &[], &Line::along(base, 2), out, &mut line_tmp);
+                    }
+                    let mut got = vec![f32::NAN; m * len];
+                    rows.fill_rows(row0, m, t0, len, &mut got, &mut tmp);
+                    let at = format!("{b}x{c}x{n} rows {row0}+{m} t {t0}+{len}");
+                    assert_eq!(bits(&got), bits(&want), "{at}");
+                    let mut one = vec![f32::NAN; len];
+                    rows.fill(row0, t0, &mut one, &mut tmp);
+                    assert_eq!(bits(&one), bits(&want[..len]), "{at}");
+                }
+            }
+        }
+    }
+}
+
+/// An epilogue no dedicated recipe takes (a PReLU: a select on the sign,
+/// its slope per channel or one constant) runs as its flat form: stored
+/// row by row, and, with a constant slope (pointwise), finished in place
+/// a block of rows at a time and stored transposed, it gives the
+/// interpreter's bits.
+#[test]
+fn select_epilogues_run_flat_bit_for_bit() {
+    let mut rng = Rng::new(25);
+    let transpose = [Some(0), Some(2), Some(1), None];
+    for (c, n) in [(128, 32), (9, 17), (5, 130)] {
+        for per_channel in [true, false] {
+            let mut env = TestEnv::default();
+            let y = env.virt(&[1, c, n]);
+            let slope = env.stored(&[c, 1], rng.vec(c, 0.0, 0.5));
+            let mut p = Program::default();
+            let an = p.push(Expr::Anchor, y);
+            let zero = p.push(Expr::Const(0.0), y);
+            let pos = p.push(
+                Expr::Binary {
+                    op: BinaryOp::Gt,
+                    a: an,
+                    b: zero,
+                },
+                y,
+            );
+            let k = if per_channel {
+                let ls = p.push(Expr::Load, slope);
+                p.push(Expr::Broadcast { x: ls }, y)
+            } else {
+                p.push(Expr::Const(0.125), y)
+            };
+            let neg = p.push(
+                Expr::Binary {
+                    op: BinaryOp::Mul,
+                    a: an,
+                    b: k,
+                },
+                y,
+            );
+            p.push(
+                Expr::Where {
+                    cond: pos,
+                    a: an,
+                    b: neg,
+                },
+                y,
+            );
+            let compiled = p.clone().compile();
+            assert!(matches!(
+                compiled.recipes().epilogue(&compiled, &env),
+                Some(compiled::EpilogueRecipe::Flat(_))
+            ));
+            let values = rng.vec(c * n, -3.0, 3.0);
+            assert_sink_is_the_interpreter(&p, &env, &values, c, n);
+            if per_channel {
+                continue;
+            }
+            // The reference, transposed by hand.
+            let mut want = vec![0.0; c * n];
+            let mut line_tmp = vec![0.0; n * p.temporaries()];
+            for r in 0..c {
+                let mut base = [0; MAX_RANK];
+                base[1] = r;
+                let mut row = vec![0.0; n];
+                p.eval(
+                    &env,
+                    &values[r * n..][..n],
+                    &Line::along(base, 2),
+                    &mut row,
+                    &mut line_tmp,
+                );
+                for (t, v) in row.into_iter().enumerate() {
+                    want[t * c + r] = v;
+                }
+            }
+            let p = p.compile();
+            let views = [StoreView {
+                map: transpose,
+                rank: 3,
+            }];
+            let mut got = vec![f32::NAN; c * n];
+            let shape = Shape::new(&[1, c, n]);
+            let mut tmp = vec![f32::NAN; block_tmp(p.temporaries() + 1, n)];
+            {
+                let sink =
+                    EpilogueSink::new(&p, &env, shape, &views, &mut got, Shape::new(&[1, n, c]));
+                let mut row0 = 0;
+                for m in [1, 7, 64, 5].into_iter().cycle() {
+                    if row0 == c {
+                        break;
+                    }
+                    let m = m.min(c - row0);
+                    let mut block = values[row0 * n..][..m * n].to_vec();
+                    sink.store_rows(row0, m, 0, n, &mut block, &mut tmp);
+                    row0 += m;
+                }
+            }
+            assert_eq!(bits(&got), bits(&want), "{c}x{n}");
+        }
+    }
+}
