@@ -30,8 +30,12 @@
 use super::ops::{clamp, select, BinaryOp, UnaryOp};
 use super::program::views::{Leaf, LeafMap};
 use super::program::{Env, Expr, Program};
-use super::recipes::BLOCK;
 use crate::simd::isa_dispatch;
+
+/// Elements per block: registers of 256 floats (1 KiB each) stay in L1,
+/// and each instruction's loop is long enough to pipeline (a sigmoid's
+/// vectors are long dependency chains).
+const BLOCK: usize = 256;
 
 /// Most instructions a flattened program has (a LayerNorm applied with
 /// its weight, bias and activation has five; a shared subtree is
@@ -458,26 +462,21 @@ fn flat_generic<const F: bool>(
 }
 
 /// `dst = cond != 0 ? dst : other` over one block of `n` elements, either
-/// operand one value or a slice.
+/// operand one value or a slice: the interpreter's select, element by
+/// element.
 #[inline(always)]
 fn select_block(cond: Read, other: Read, dst: &mut [f32], n: usize) {
-    let mut fills = [[0.0f32; BLOCK]; 2];
-    let [cf, of] = &mut fills;
-    let cond: &[f32] = match cond {
-        Read::Slice(v) => v,
-        Read::Scalar(v) => {
-            cf[..n].fill(v);
-            &cf[..n]
+    match (cond, other) {
+        (Read::Slice(c), Read::Slice(o)) => select(&c[..n], dst, &o[..n]),
+        (Read::Slice(c), Read::Scalar(o)) => {
+            for (x, &c) in dst.iter_mut().zip(&c[..n]) {
+                *x = if c != 0.0 { *x } else { o };
+            }
         }
-    };
-    let other: &[f32] = match other {
-        Read::Slice(v) => v,
-        Read::Scalar(v) => {
-            of[..n].fill(v);
-            &of[..n]
-        }
-    };
-    select(cond, dst, other);
+        (Read::Scalar(c), _) if c != 0.0 => {}
+        (Read::Scalar(_), Read::Slice(o)) => dst.copy_from_slice(&o[..n]),
+        (Read::Scalar(_), Read::Scalar(o)) => dst.fill(o),
+    }
 }
 
 #[cfg(test)]

@@ -751,6 +751,16 @@ impl<'a> EpilogueSink<'a> {
 }
 
 impl EpilogueSink<'_> {
+    /// Finished values stored from `start`, `stride` apart.
+    fn store_finished(&self, start: usize, stride: usize, values: &[f32]) {
+        if self.stream && stride == 1 {
+            self.out
+                .with_line(start, values.len(), |out| copy_streaming(out, values));
+        } else {
+            self.out.store_line(start, stride, values);
+        }
+    }
+
     /// The epilogue of the anchor's `values` along `line` into `buf`: by
     /// `recipe` where it fits the line, else interpreted (`tmp` holds the
     /// interpreter's temporaries).
@@ -778,12 +788,7 @@ impl RowSink for EpilogueSink<'_> {
         let len = values.len();
         if self.identity {
             // Nothing to finish: stored as they are.
-            if self.stream && stride == 1 {
-                self.out
-                    .with_line(start, len, |out| copy_streaming(out, values));
-            } else {
-                self.out.store_line(start, stride, values);
-            }
+            self.store_finished(start, stride, values);
             return;
         }
         let mut recipe = self.recipe.as_ref();
@@ -857,8 +862,25 @@ impl RowSink for EpilogueSink<'_> {
         tmp: &mut [f32],
     ) {
         if !self.stores_across(row0, rows, len) {
+            // A pointwise epilogue (a conv's activation) finishes the block
+            // in place, a few long loops rather than a short line per row
+            // (a GELU over 64 outputs is 4 dependent vector chains, bound
+            // by their latency); then the rows are stored as they are.
+            let rank = self.anchor_shape.rank();
+            let pointwise = !self.identity
+                && self
+                    .recipe
+                    .as_ref()
+                    .is_some_and(|r| r.finish_in_place(&mut values[..rows * len], tmp));
             for (r, values) in values.chunks_exact(len).take(rows).enumerate() {
-                self.store(row0 + r, t0, values, tmp);
+                if pointwise {
+                    let mut base = unravel(row0 + r, &self.anchor_shape, rank - 1);
+                    base[rank - 1] = t0;
+                    let (start, stride) = self.store_at(&Line::along(base, rank - 1));
+                    self.store_finished(start, stride, values);
+                } else {
+                    self.store(row0 + r, t0, values, tmp);
+                }
             }
             return;
         }

@@ -545,9 +545,11 @@ unsafe fn tile_generic<S: Simd, const MR: usize, const NR: usize>(
         }
         if let Some(done) = done.as_deref_mut() {
             // SAFETY: the panel's rows were just written (columns 0 .. n
-            // of `rows` rows, y_stride apart) and nothing writes them while
-            // `done` reads them.
-            let values = unsafe { std::slice::from_raw_parts(y, (rows - 1) * a.y_stride + a.n) };
+            // of `rows` rows, y_stride apart, valid for reads and writes by
+            // our contract) and nothing else reads or writes them while
+            // `done` has them (the next panel is computed after it returns).
+            let values =
+                unsafe { std::slice::from_raw_parts_mut(y, (rows - 1) * a.y_stride + a.n) };
             done(r0, rows, values);
         }
     }
@@ -583,8 +585,9 @@ unsafe fn block<S: Simd, const MR: usize, const NR: usize>(
 }
 
 /// Called with each finished panel: its first row (of the tile), its rows,
-/// and their values (`rows` rows of `n`, `y_stride` apart).
-pub(crate) type PanelDone<'a> = dyn FnMut(usize, usize, &[f32]) + 'a;
+/// and their values (`rows` rows of `n`, `y_stride` apart), which it may
+/// change in place (an epilogue finishing them).
+pub(crate) type PanelDone<'a> = dyn FnMut(usize, usize, &mut [f32]) + 'a;
 
 /// The inputs of one micro-kernel call that do not depend on where its
 /// output goes: window, its channel stride, the taps' offsets, the input

@@ -450,10 +450,10 @@ impl GemmConv {
                                 sink.store_rows(row0 + r, m, cols.start, n, values, tmp);
                             }
                         } else {
-                            let mut done = |r: usize, m: usize, values: &[f32]| {
-                                for (i, row) in values.chunks(n).take(m).enumerate() {
-                                    sink.store(row0 + r + i, cols.start, &row[..n], tmp);
-                                }
+                            // The panel's rows are `n` apart (`y_stride`):
+                            // one block, finished by the sink.
+                            let mut done = |r: usize, m: usize, values: &mut [f32]| {
+                                sink.store_rows(row0 + r, m, cols.start, n, values, tmp);
                             };
                             // SAFETY: `args.y` addresses `MR × n` floats of
                             // this thread's own scratch slot (`tile`),
