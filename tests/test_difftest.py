@@ -23,11 +23,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from difftest import speed  # noqa: E402
-from difftest.check import Checker, compare  # noqa: E402
+from difftest.check import Checker, Failure, Result, compare  # noqa: E402
 from difftest.generate import generate_graph, generate_program  # noqa: E402
 from difftest.shrink import shrink, size  # noqa: E402
 from difftest.spec import n_calls, single  # noqa: E402
-from difftest.triage import error_class, known_or_repaired  # noqa: E402
+from difftest.triage import _explained_by_baseline, error_class, known_or_repaired  # noqa: E402
 
 REGRESSIONS = Path(__file__).resolve().parent / "difftest" / "regressions"
 
@@ -154,6 +154,25 @@ def test_compare_tolerance():
     nan = eager.clone()
     nan[0, 0, 0] = float("nan")
     assert compare(nan.numpy(), eager, ref, "float32")["index"] == [0, 0, 0]
+
+
+def test_triage_compares_a_shrunk_program_with_its_own_baseline():
+    """A mismatch shrunk to a smaller error whose baseline fails as badly as
+    the shrunk program is not ours, though the baseline's error is under
+    half the original failure's; a baseline far below ours, or none, leaves
+    it ours."""
+
+    def mismatch(err: float) -> Failure:
+        return Failure("mismatch", "edge", "runtime", graph=0, numbers={"max_err": err})
+
+    original = mismatch(0.0725)
+    wanted = error_class(original)
+    shrunk, base = Result({}, [mismatch(0.031)]), Result({}, [mismatch(0.030)])
+    assert not _explained_by_baseline(original, base, wanted)
+    assert _explained_by_baseline(original, base, wanted, mine=shrunk)
+    far_below = Result({}, [mismatch(0.001)])
+    assert not _explained_by_baseline(original, far_below, wanted, mine=shrunk)
+    assert not _explained_by_baseline(original, Result({}), wanted, mine=shrunk)
 
 
 def test_generator_is_deterministic_and_covers_every_op_kind():
