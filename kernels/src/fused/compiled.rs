@@ -112,7 +112,7 @@ impl Recipes {
             return Recipes::default();
         }
         let root = program.root();
-        Recipes {
+        let mut recipes = Recipes {
             discretise: DiscretiseForm::find(program, program.named_roots()),
             product: ProductForm::find(program),
             gate: GateForm::find(program),
@@ -120,8 +120,22 @@ impl Recipes {
             chain: ChainForm::find(program),
             gather: program.is_leaf(root),
             identity: program.nodes()[root].expr == Expr::Anchor,
-            flat: FlatForm::find(program),
+            flat: None,
+        };
+        // The flat form runs where no dedicated recipe matched: they
+        // decline a line for the reason it would (an operand read with a
+        // stride), and binding its leaves as well costs a decode step's
+        // call a fifth of its time. A root that only views a tensor is
+        // the interpreter's one copy (or the gather's), not two.
+        let dedicated = recipes.product.is_some()
+            || recipes.gate.is_some()
+            || recipes.skip_gate.is_some()
+            || recipes.chain.is_some()
+            || recipes.gather;
+        if !dedicated {
+            recipes.flat = FlatForm::find(program);
         }
+        recipes
     }
 
     /// The prologue recipes bound for `env`'s tensors and shapes.

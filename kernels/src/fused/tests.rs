@@ -582,7 +582,10 @@ fn check_fused_scan(b: usize, c: usize, n: usize) {
     );
     let pj = pj.compile();
     let joint = ProgramRows::new(&pj, &env);
-    let temps = pj.temporaries().max(sink.temporaries());
+    let temps = pj
+        .temporaries()
+        .max(sink.temporaries())
+        .max(sx0.temporaries());
     let scratch = Scratch::new(2, scan_rows_scratch(temps));
     pool.install(|| {
         linear_scan_rows_pair(
@@ -1958,9 +1961,9 @@ fn glu_prologues_fill_whole_rows_as_one_line_bit_for_bit() {
         );
         // The same gate scaled per channel: its rows are not one line.
         let mut scaled = p.clone();
+        let root = scaled.root();
         let lp = scaled.push(Expr::Load, param);
         let bp = scaled.push(Expr::Broadcast { x: lp }, half);
-        let root = scaled.root();
         scaled.push(
             Expr::Binary {
                 op: BinaryOp::Mul,

@@ -9,19 +9,25 @@ impl Program {
     /// The line a view node (broadcast, permute / squeeze, slice) reads of
     /// its operand when asked for `line`; any other node's `line` itself.
     pub(crate) fn view_line(&self, i: usize, env: &dyn Env, line: &Line) -> Line {
+        self.view_map(i, env).apply(line)
+    }
+
+    /// How view node `i` maps its lines to its operand's, for `env`'s
+    /// current shapes: asked of the env once, then applied to any number
+    /// of lines (a leaf's base and one unit step per dimension).
+    fn view_map(&self, i: usize, env: &dyn Env) -> ViewMap {
         let node = &self.nodes[i];
         match node.expr {
             Expr::Broadcast { x } => {
                 let (to, from) = (env.shape(node.value), env.shape(self.nodes[x].value));
+                let mut keep = [None; MAX_RANK];
                 let lead = to.rank() - from.rank();
-                let mut child = Line::default();
-                for d in 0..from.rank() {
+                for (d, k) in keep.iter_mut().enumerate().take(from.rank()) {
                     if from[d] != 1 {
-                        child.base[d] = line.base[d + lead];
-                        child.step[d] = line.step[d + lead];
+                        *k = Some((d + lead) as u8);
                     }
                 }
-                child
+                ViewMap::Gather(keep)
             }
             Expr::Slice {
                 x,
@@ -30,22 +36,23 @@ impl Program {
                 step,
             } => {
                 let size = env.shape(self.nodes[x].value)[dim];
-                let mut child = *line;
-                child.base[dim] = resolve_start(start, size) + step * line.base[dim];
-                child.step[dim] = step * line.step[dim];
-                child
+                ViewMap::Slice {
+                    dim,
+                    start: resolve_start(start, size),
+                    step,
+                }
             }
             Expr::View { map, .. } => {
-                let mut child = Line::default();
+                // Child dimension `m` is this node's `d` where `map[d] = m`.
+                let mut keep = [None; MAX_RANK];
                 for (d, m) in map.iter().enumerate().take(env.shape(node.value).rank()) {
                     if let Some(m) = *m {
-                        child.base[m as usize] = line.base[d];
-                        child.step[m as usize] = line.step[d];
+                        keep[m as usize] = Some(d as u8);
                     }
                 }
-                child
+                ViewMap::Gather(keep)
             }
-            _ => *line,
+            _ => ViewMap::Same,
         }
     }
 
@@ -68,42 +75,44 @@ impl Program {
     /// root's dimensions. `None` for other nodes.
     pub(crate) fn leaf_map<'e>(&self, i: usize, env: &'e dyn Env) -> Option<LeafMap<'e>> {
         // Offset and stride of the line `line` of node `i`, down to a load.
-        let resolve = |line: Line| -> Option<(usize, usize, usize)> {
-            let (mut i, mut line) = (i, line);
-            loop {
-                let node = &self.nodes[i];
-                match node.expr {
-                    Expr::Load => {
-                        let shape = env.shape(node.value);
-                        let strides = shape.strides();
-                        let rank = shape.rank();
-                        let start = (0..rank).map(|d| line.base[d] * strides[d]).sum();
-                        let stride = (0..rank).map(|d| line.step[d] * strides[d]).sum();
-                        return Some((node.value, start, stride));
-                    }
-                    Expr::Broadcast { x } | Expr::View { x, .. } | Expr::Slice { x, .. } => {
-                        line = self.view_line(i, env, &line);
-                        i = x;
-                    }
-                    _ => return None,
-                }
-            }
-        };
         if let Some(c) = self.leaf_const(i) {
             return Some(LeafMap::Const(c));
         }
-        let (value, offset, _) = resolve(Line::default())?;
-        let mut coef = [0; MAX_RANK];
-        for (d, c) in coef.iter_mut().enumerate() {
-            let mut unit = Line::default();
-            unit.step[d] = 1;
-            *c = resolve(unit)?.2;
+        // The origin and a unit step along each dimension, mapped down to
+        // the load together: each view's shapes are asked once.
+        let mut base = Line::default();
+        let mut units = [Line::default(); MAX_RANK];
+        for (d, u) in units.iter_mut().enumerate() {
+            u.step[d] = 1;
         }
-        Some(LeafMap::Stored {
-            data: env.data(value),
-            offset,
-            coef,
-        })
+        let mut i = i;
+        loop {
+            let node = &self.nodes[i];
+            match node.expr {
+                Expr::Load => {
+                    let shape = env.shape(node.value);
+                    let strides = shape.strides();
+                    let rank = shape.rank();
+                    let at = |v: &[usize; MAX_RANK]| -> usize {
+                        (0..rank).map(|d| v[d] * strides[d]).sum()
+                    };
+                    return Some(LeafMap::Stored {
+                        data: env.data(node.value),
+                        offset: at(&base.base),
+                        coef: units.map(|u| at(&u.step)),
+                    });
+                }
+                Expr::Broadcast { x } | Expr::View { x, .. } | Expr::Slice { x, .. } => {
+                    let map = self.view_map(i, env);
+                    base = map.apply(&base);
+                    for u in &mut units {
+                        *u = map.apply(u);
+                    }
+                    i = x;
+                }
+                _ => return None,
+            }
+        }
     }
 
     /// [`Self::leaf_map`] of leaf `i` for lines of another node's
@@ -149,6 +158,47 @@ impl Program {
                 Expr::Broadcast { x } | Expr::View { x, .. } | Expr::Slice { x, .. } => i = x,
                 _ => return None,
             }
+        }
+    }
+}
+
+/// A view node's map of lines to its operand's, its shapes resolved
+/// ([`Program::view_line`]).
+#[derive(Clone, Copy, Debug)]
+enum ViewMap {
+    /// Child dimension `d` is this node's `keep[d]` (its base and step), or
+    /// 0 where `None` (a broadcast dimension, a squeezed one).
+    Gather([Option<u8>; MAX_RANK]),
+    /// Along `dim`, from `start`, every `step`-th element.
+    Slice {
+        dim: usize,
+        start: usize,
+        step: usize,
+    },
+    /// Not a view.
+    Same,
+}
+
+impl ViewMap {
+    fn apply(&self, line: &Line) -> Line {
+        match *self {
+            ViewMap::Gather(keep) => {
+                let mut child = Line::default();
+                for (d, k) in keep.iter().enumerate() {
+                    if let Some(k) = *k {
+                        child.base[d] = line.base[k as usize];
+                        child.step[d] = line.step[k as usize];
+                    }
+                }
+                child
+            }
+            ViewMap::Slice { dim, start, step } => {
+                let mut child = *line;
+                child.base[dim] = start + step * line.base[dim];
+                child.step[dim] = step * line.step[dim];
+                child
+            }
+            ViewMap::Same => *line,
         }
     }
 }
