@@ -99,7 +99,7 @@ type DotsFn = unsafe fn(&[f32], &[f32], &mut [f32], &[f32]);
 
 /// Takes a task's outputs: its rows' values (`rows × n`, row after row)
 /// and the rest of the slot (the epilogue's temporaries).
-type TaskOut<'a> = &'a mut dyn FnMut(&[f32], &mut [f32]);
+type TaskOut<'a> = &'a mut dyn FnMut(&mut [f32], &mut [f32]);
 
 /// The dot products for one backend, chosen at prepare.
 pub(crate) struct Gemv {
@@ -186,7 +186,9 @@ impl Gemv {
         x_temps: Option<usize>,
         y_temps: usize,
     ) -> usize {
-        let out_tmp = ROWS + col_tmp(y_temps, ROWS);
+        // A column for a decode step's epilogue, or a task's rows whole.
+        let out_tmp =
+            (ROWS + col_tmp(y_temps, ROWS)).max(block_tmp(y_temps, Self::most_outputs(g)));
         let (stage, tmp) = match x_temps {
             Some(x_temps) => (
                 g.in_per_group * Self::stage_len(g),
@@ -399,11 +401,16 @@ impl Gemv {
                     });
                 }
                 RowsOut::Fused(sink) => {
-                    // Each output position's column of the task's rows (one
-                    // batch item's consecutive channels) to the epilogue at
-                    // once: finishing row by row walked its program once per
-                    // row for one to four values (SileroVAD's 128 -> 1 and
-                    // 64 -> 128 convs of one step, ReLU after).
+                    // A decode step's outputs: each output position's column
+                    // of the task's rows (one batch item's consecutive
+                    // channels) to the epilogue at once: finishing row by
+                    // row walked its program once per row for one to four
+                    // values (SileroVAD's 128 -> 1 and 64 -> 128 convs of
+                    // one step, ReLU after). Longer calls hand over the
+                    // task's rows whole, as the GEMM does: a column per
+                    // output position walked the program 32 times per task
+                    // for a FastConformer's 32-frame calls, into a
+                    // transpose (16 -> 11 µs of that 128-channel conv).
                     let sink: &dyn RowSink = sink;
                     let blocks = cout.div_ceil(ROWS);
                     crate::par::for_each(p.batch * p.groups * blocks, |t| {
@@ -412,6 +419,16 @@ impl Gemv {
                         let (b, group) = (bg / p.groups, bg % p.groups);
                         let row0 = b * p.out_channels + group * cout + r0;
                         task(bg, r0, rows, &mut |values, tmp| {
+                            if n > DECODE_OUTPUTS {
+                                if sink.stores_across(row0, rows, n) {
+                                    sink.store_rows(row0, rows, 0, n, values, tmp);
+                                } else {
+                                    for (r, row) in values.chunks_exact(n).enumerate() {
+                                        sink.store(row0 + r, 0, row, tmp);
+                                    }
+                                }
+                                return;
+                            }
                             let (col, tmp) = tmp.split_at_mut(ROWS);
                             let col = &mut col[..rows];
                             for t in 0..n {

@@ -290,7 +290,7 @@ simd_variants! {
 mod tests {
     use super::*;
     use crate::conv1d::gemv::{gather_columns, pointwise, Gemv, ROWS};
-    use crate::fused::{RowSource, RowsIn, RowsOut};
+    use crate::fused::{RowSink, RowSource, RowsIn, RowsOut};
     use crate::test_support::{assert_conv_close, conv_params as params, run_into_relu, Rng};
     use crate::{Algorithm, Choice, Conv1dParams, PreparedConv1d, Weights};
 
@@ -404,6 +404,42 @@ mod tests {
         }
     }
 
+    /// An epilogue storing across rows (as a transposed result does): it
+    /// takes a call's rows in blocks, and counts them.
+    struct Across {
+        out: std::sync::Mutex<Vec<f32>>,
+        out_len: usize,
+        blocks: std::sync::atomic::AtomicUsize,
+    }
+
+    impl RowSink for Across {
+        fn store(&self, row: usize, t0: usize, values: &[f32], _tmp: &mut [f32]) {
+            let mut out = self.out.lock().unwrap();
+            out[row * self.out_len + t0..][..values.len()].copy_from_slice(values);
+        }
+        fn temporaries(&self) -> usize {
+            0
+        }
+        fn store_rows(
+            &self,
+            row0: usize,
+            rows: usize,
+            t0: usize,
+            len: usize,
+            values: &mut [f32],
+            tmp: &mut [f32],
+        ) {
+            self.blocks
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            for (r, values) in values.chunks_exact(len).take(rows).enumerate() {
+                self.store(row0 + r, t0, values, tmp);
+            }
+        }
+        fn stores_across(&self, _row0: usize, _rows: usize, _len: usize) -> bool {
+            true
+        }
+    }
+
     #[test]
     fn prepared_short_convs_pack_and_run_stored_or_fused() {
         let mut rng = Rng::new(37);
@@ -454,6 +490,29 @@ mod tests {
                         let relu: Vec<f32> = y.iter().map(|v| v.max(0.0)).collect();
                         let fused = run_into_relu(&conv, &p, &x, &w, Some(&bias), &scratch);
                         assert_eq!(fused, relu, "{p:?}");
+                        // Calls of more than 4 outputs hand a sink that
+                        // stores across rows each task's rows whole.
+                        let across = Across {
+                            out: std::sync::Mutex::new(vec![f32::NAN; pg.output_elems]),
+                            out_len: pg.out_len,
+                            blocks: Default::default(),
+                        };
+                        conv.run_rows(
+                            &p,
+                            RowsIn::Slice(&x),
+                            Some(&w),
+                            Some(&bias),
+                            RowsOut::Fused(&across),
+                            0,
+                            0,
+                            &scratch,
+                        )
+                        .unwrap();
+                        let blocks = across.blocks.into_inner();
+                        assert_eq!(across.out.into_inner().unwrap(), y, "{p:?}");
+                        if conv.packed() && pg.out_len > 4 {
+                            assert!(blocks > 0, "{p:?}");
+                        }
                     }
                     // The input from a prologue (into the shared region
                     // where a pointwise conv's panels read it).
