@@ -204,9 +204,15 @@ impl Panels {
                         &mut block[..nb * w],
                     )
                 };
-                for (r, values) in values.chunks_exact_mut(n).enumerate() {
-                    for (t, v) in values[t0..t0 + nb].iter_mut().enumerate() {
-                        *v = block[t * w + r];
+                match (w, nb) {
+                    (32, BLOCK_OUTPUTS) => transpose_block::<32>(&block, values, n, t0),
+                    (8, BLOCK_OUTPUTS) => transpose_block::<8>(&block, values, n, t0),
+                    _ => {
+                        for (r, values) in values.chunks_exact_mut(n).enumerate() {
+                            for (t, v) in values[t0..t0 + nb].iter_mut().enumerate() {
+                                *v = block[t * w + r];
+                            }
+                        }
                     }
                 }
             }
@@ -216,6 +222,26 @@ impl Panels {
     /// Bytes the packed panels hold.
     pub(crate) fn bytes(&self) -> usize {
         std::mem::size_of_val(&*self.data)
+    }
+}
+
+/// `values[r · n + t0 + t] = block[t · W + r]` for a whole block of
+/// [`BLOCK_OUTPUTS`] outputs of a `W`-channel panel (the rows of `values`
+/// being its channels, at most `W`): with `W` known, the copies go
+/// without bounds checks, 8 outputs of a channel at once.
+fn transpose_block<const W: usize>(
+    block: &[f32; MAX_BLOCK],
+    values: &mut [f32],
+    n: usize,
+    t0: usize,
+) {
+    let block: &[[f32; W]] = block.as_chunks::<W>().0;
+    let block: &[[f32; W]; BLOCK_OUTPUTS] = block[..BLOCK_OUTPUTS].try_into().expect("a block");
+    for (r, values) in values.chunks_exact_mut(n).take(W).enumerate() {
+        let out: &mut [f32; BLOCK_OUTPUTS] = (&mut values[t0..t0 + BLOCK_OUTPUTS])
+            .try_into()
+            .expect("a block of outputs");
+        *out = std::array::from_fn(|t| block[t][r % W]);
     }
 }
 
