@@ -505,6 +505,12 @@ mod tests {
                 "depthwise long K 33",
                 depthwise_params(1, 6, 200, 33, (32, 0), 1),
             ),
+            // A FastConformer's: rows of 32, K = 9, "same" padding; more
+            // rows than one task of a fused call takes (114 of them).
+            (
+                "depthwise short rows, K 9",
+                depthwise_params(1, 130, 32, 9, (4, 4), 1),
+            ),
             ("dense", conv_params(2, (6, 5, 1), 40, 3, 1, (2, 0), 1)),
             (
                 "dense wide",

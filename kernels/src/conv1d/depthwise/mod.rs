@@ -344,54 +344,60 @@ impl DepthwiseConv {
             RowsOut::Slice(y) => (Some(y), None),
             RowsOut::Fused(sink) => (None, Some(sink)),
         };
-        // Outputs `l0 .. l0 + n` of `row`, into `y_part` when stored as is.
-        let task = |row: usize, l0: usize, n: usize, mut y_part: Option<&mut [f32]>| {
-            let c = row % channels;
-            let taps = &w[c * k..][..k];
-            let b = bias.map_or(0.0, |b| b[c]);
-            scratch.with_slot(|slot| {
-                let (x_win, rest) = slot.split_at_mut(window);
-                let (y_buf, tmp) = rest.split_at_mut(FUSED_CHUNK);
-                for l in (l0..l0 + n).step_by(FUSED_CHUNK) {
-                    let m = FUSED_CHUNK.min(l0 + n - l);
-                    let (x_row, geom, at): (&[f32], RowGeom, usize) = match x {
-                        RowsIn::Slice(x) => (
-                            &x[row * in_len..][..in_len],
-                            RowGeom {
-                                in_len,
-                                pad_left: p.pad_left,
-                                dilation: p.dilation,
-                            },
-                            l,
-                        ),
-                        RowsIn::Fused(source) => {
-                            // Inputs `s .. e` feed outputs `l .. l + m`.
-                            let s = l.saturating_sub(p.pad_left).min(in_len);
-                            let e = (l + m + span).saturating_sub(p.pad_left).min(in_len).max(s);
-                            source.fill(row, s, &mut x_win[..e - s], tmp);
-                            (
-                                &x_win[..e - s],
+        // Outputs `l0 .. l0 + n` of `row`, into `y_part` when stored as is,
+        // in the thread's scratch `slot`.
+        let in_slot =
+            |slot: &mut [f32], row: usize, l0: usize, n: usize, mut y_part: Option<&mut [f32]>| {
+                let c = row % channels;
+                let taps = &w[c * k..][..k];
+                let b = bias.map_or(0.0, |b| b[c]);
+                {
+                    let (x_win, rest) = slot.split_at_mut(window);
+                    let (y_buf, tmp) = rest.split_at_mut(FUSED_CHUNK);
+                    for l in (l0..l0 + n).step_by(FUSED_CHUNK) {
+                        let m = FUSED_CHUNK.min(l0 + n - l);
+                        let (x_row, geom, at): (&[f32], RowGeom, usize) = match x {
+                            RowsIn::Slice(x) => (
+                                &x[row * in_len..][..in_len],
                                 RowGeom {
-                                    in_len: e - s,
+                                    in_len,
                                     pad_left: p.pad_left,
                                     dilation: p.dilation,
                                 },
-                                l - s,
-                            )
+                                l,
+                            ),
+                            RowsIn::Fused(source) => {
+                                // Inputs `s .. e` feed outputs `l .. l + m`.
+                                let s = l.saturating_sub(p.pad_left).min(in_len);
+                                let e =
+                                    (l + m + span).saturating_sub(p.pad_left).min(in_len).max(s);
+                                source.fill(row, s, &mut x_win[..e - s], tmp);
+                                (
+                                    &x_win[..e - s],
+                                    RowGeom {
+                                        in_len: e - s,
+                                        pad_left: p.pad_left,
+                                        dilation: p.dilation,
+                                    },
+                                    l - s,
+                                )
+                            }
+                        };
+                        match (&mut y_part, sink) {
+                            (Some(part), _) => {
+                                kernel.row(&geom, x_row, taps, b, at, &mut part[l - l0..][..m])
+                            }
+                            (None, Some(sink)) => {
+                                kernel.row(&geom, x_row, taps, b, at, &mut y_buf[..m]);
+                                sink.store(row, l, &y_buf[..m], tmp);
+                            }
+                            (None, None) => unreachable!("stored outputs come with their row"),
                         }
-                    };
-                    match (&mut y_part, sink) {
-                        (Some(part), _) => {
-                            kernel.row(&geom, x_row, taps, b, at, &mut part[l - l0..][..m])
-                        }
-                        (None, Some(sink)) => {
-                            kernel.row(&geom, x_row, taps, b, at, &mut y_buf[..m]);
-                            sink.store(row, l, &y_buf[..m], tmp);
-                        }
-                        (None, None) => unreachable!("stored outputs come with their row"),
                     }
                 }
-            })
+            };
+        let task = |row: usize, l0: usize, n: usize, y_part: Option<&mut [f32]>| {
+            scratch.with_slot(|slot| in_slot(slot, row, l0, n, y_part))
         };
         let chunk = time_chunk(rows, out_len, crate::par::threads(), FUSED_CHUNK);
         let min_rows = (MIN_TASK_MACS / k).max(1).div_ceil(out_len);
@@ -415,10 +421,17 @@ impl DepthwiseConv {
                 // BLOCK_CHUNK, whose per-line set-up cost a transformers
                 // FastConformer module's GLU and SiLU (128 rows of 256)
                 // ten times their arithmetic.
+                // The slot taken once per task, not per row: short rows
+                // (a FastConformer's 32 frames) paid for its checks per row.
                 let per_row = out_len.div_ceil(chunk);
-                crate::par::for_each_min(rows * per_row, min_rows, |t| {
-                    let (row, l0) = (t / per_row, t % per_row * chunk);
-                    task(row, l0, chunk.min(out_len - l0), None)
+                let (pieces, min) = (rows * per_row, min_rows.max(1));
+                crate::par::for_each(pieces.div_ceil(min), |group| {
+                    scratch.with_slot(|slot| {
+                        for t in group * min..pieces.min((group + 1) * min) {
+                            let (row, l0) = (t / per_row, t % per_row * chunk);
+                            in_slot(slot, row, l0, chunk.min(out_len - l0), None)
+                        }
+                    })
                 })
             }
         }

@@ -16,8 +16,9 @@
 //! * left and right **edges**, the outputs where some tap reads padding (at
 //!   most `span = (K - 1) * dilation` on each side, or the whole row when
 //!   it is shorter than the filter): for short spans, scalar over exactly
-//!   each output's valid taps; for longer ones, the interior kernel run on
-//!   a zero-padded copy of the input window in a small stack buffer.
+//!   each output's valid taps; for longer ones, and for every span of the
+//!   grouped AVX-512 kernel (`K >= 9`), the interior kernel run on a
+//!   zero-padded copy of the input window in a small stack buffer.
 //!
 //! Every output is `bias`, then one multiply-add per tap in ascending tap
 //! order (in the scalar edges, per valid tap only), with the same rounding
@@ -286,7 +287,7 @@ unsafe fn row_generic<S: Simd, const K: usize, const R: usize, const Q: usize>(
 
     let has_edges = a - c0 + c1 - b > 0;
     if has_edges
-        && span > SCALAR_EDGE_SPAN
+        && !scalar_edges(span, Q)
         && y.len() <= WINDOWED_ROW
         && !edge_window_too_small(span + y.len())
     {
@@ -324,8 +325,20 @@ unsafe fn row_generic<S: Simd, const K: usize, const R: usize, const Q: usize>(
 
 /// Floats of the on-stack window that edges are computed in.
 const EDGE_BUF: usize = 512;
-/// Tap spans up to this compute edges scalar (few, short outputs).
+/// Tap spans up to this compute edges scalar (few, short outputs), outside
+/// the grouped kernel.
 const SCALAR_EDGE_SPAN: usize = 8;
+
+/// Whether edges of a filter spanning `span` samples run scalar, for the
+/// interior kernel of `Q` tap groups: short spans do, except in the
+/// grouped kernel (`Q > 0`, from `K = 9`), whose vector window beats `K - 1`
+/// scalar edge outputs of up to `K - 1` taps each. Measured, one AVX-512
+/// thread, C = 128, K = 9, "same" padding, windowed against scalar: N = 16
+/// 11.5 -> 4.7 µs, 32 8.5 -> 4.9, 64 9.4 -> 6.3, 256 17.0 -> 13.8; at K =
+/// 6 (not grouped) the window lost from N = 64 (4.9 -> 5.6 µs).
+fn scalar_edges(span: usize, q: usize) -> bool {
+    q == 0 && span <= SCALAR_EDGE_SPAN
+}
 /// Rows (or parts) of at most this many outputs whose edges are windowed
 /// are computed whole in one window. Measured on one AVX-512 core, C = 512,
 /// K = 32: 35 -> 77 GFLOP/s at N = 64, 128 -> 139 at N = 256. (With scalar
@@ -366,7 +379,7 @@ unsafe fn edges<S: Simd, const K: usize, const R: usize, const Q: usize>(
         return;
     }
     let span = (taps.len() - 1) * geom.dilation;
-    if span <= SCALAR_EDGE_SPAN || edge_window_too_small(span) {
+    if scalar_edges(span, Q) || edge_window_too_small(span) {
         for (l, out) in (e0..).zip(y) {
             // SAFETY: S's features are present (our caller's contract).
             *out = unsafe { edge::<S>(geom, x, taps, bias, l) };

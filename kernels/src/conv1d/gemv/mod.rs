@@ -29,11 +29,13 @@
 //!
 //! [`PreparedConv1d`](super::PreparedConv1d) sends every call of at most
 //! four outputs per row of a dense or grouped conv here, whatever
-//! algorithm it prepared, and calls of up to [`MAX_OUTPUTS`] where their
-//! columns stay in L1 ([`Gemv::takes`]), in passes of four outputs. A conv
-//! whose every call is that short, with several outputs and constant
-//! weights, packs them at prepare instead and runs output channels in the
-//! lanes (`panels.rs`), whatever the columns' size. Each output is its bias plus one sum in a fixed
+//! algorithm it prepared, and calls of up to [`UNPACKED_OUTPUTS`] where
+//! their columns stay in L1 ([`Gemv::takes`]), in passes of four outputs.
+//! A conv whose every call has at most [`MAX_OUTPUTS`] outputs, several,
+//! with constant weights, packs them at prepare instead and runs output
+//! channels in the lanes (`panels.rs`), whatever the columns' size; a
+//! pointwise conv's panels read its input rows where they lie. Each
+//! output is its bias plus one sum in a fixed
 //! order (accumulators pairwise, their lanes as a tree, then the tail), so
 //! results do not depend on the number of threads; they differ from the
 //! other algorithms' by rounding.
@@ -43,19 +45,26 @@
 
 mod panels;
 
-use self::panels::{Panels, PANELS_MIN_OUTPUTS};
+use self::panels::{Cols, Panels, PANELS_MIN_OUTPUTS};
 use super::params::Conv1dGeometry;
 use crate::fused::{block_tmp, col_tmp, RowSink, RowsIn, RowsOut, ROW_BLOCK};
 use crate::scratch::Scratch;
 use crate::simd::{simd_variants, Backend, Simd};
 
-/// Most outputs per row a call may have to run here: a decode step has
-/// one, a streaming encoder's chunk a few (voxtral's stem: 8 mel frames a
-/// call). Below a vector of outputs the GEMM computes a whole vector of
-/// positions per block of output channels. Calls of more than
-/// [`DECODE_OUTPUTS`] come here only where their columns stay in L1
-/// ([`L1_COLS`]; see [`Gemv::takes`]).
+/// Most outputs per row a call may have to run here, with weights packed
+/// ([`Gemv::packs`]): a conv of short calls (the subsampled encoder of a
+/// FastConformer, 32 frames a call in the zoo's small config) streams
+/// each weight once per block of outputs instead of once per row of the
+/// GEMM's blocks (see `panels.rs`).
 pub(crate) const MAX_OUTPUTS: usize = panels::MAX_OUTPUTS;
+
+/// Most outputs per row a call of unpacked weights may have here: a
+/// decode step has one, a streaming encoder's chunk a few (voxtral's
+/// stem: 8 mel frames a call). Below a vector of outputs the GEMM computes
+/// a whole vector of positions per block of output channels. Calls of
+/// more than [`DECODE_OUTPUTS`] come here only where their columns stay in
+/// L1 ([`L1_COLS`]; see [`Gemv::takes`]).
+const UNPACKED_OUTPUTS: usize = 8;
 
 /// Outputs per row every call of a dense or grouped conv up to which runs
 /// here, whatever its size: decode steps.
@@ -90,7 +99,7 @@ type DotsFn = unsafe fn(&[f32], &[f32], &mut [f32], &[f32]);
 
 /// Takes a task's outputs: its rows' values (`rows × n`, row after row)
 /// and the rest of the slot (the epilogue's temporaries).
-type TaskOut<'a> = &'a mut dyn FnMut(&[f32], &mut [f32]);
+type TaskOut<'a> = &'a mut dyn FnMut(&mut [f32], &mut [f32]);
 
 /// The dot products for one backend, chosen at prepare.
 pub(crate) struct Gemv {
@@ -177,7 +186,9 @@ impl Gemv {
         x_temps: Option<usize>,
         y_temps: usize,
     ) -> usize {
-        let out_tmp = ROWS + col_tmp(y_temps, ROWS);
+        // A column for a decode step's epilogue, or a task's rows whole.
+        let out_tmp =
+            (ROWS + col_tmp(y_temps, ROWS)).max(block_tmp(y_temps, Self::most_outputs(g)));
         let (stage, tmp) = match x_temps {
             Some(x_temps) => (
                 g.in_per_group * Self::stage_len(g),
@@ -192,7 +203,7 @@ impl Gemv {
     /// with unpacked weights: [`MAX_OUTPUTS`] where their columns stay in
     /// L1, else [`DECODE_OUTPUTS`].
     fn unpacked_outputs(g: &Conv1dGeometry) -> usize {
-        (DECODE_OUTPUTS + 1..=MAX_OUTPUTS)
+        (DECODE_OUTPUTS + 1..=UNPACKED_OUTPUTS)
             .rev()
             .find(|&n| Self::cols_len(g, n) <= L1_COLS)
             .unwrap_or(DECODE_OUTPUTS)
@@ -272,15 +283,33 @@ impl Gemv {
         }
         let filter_len = cin * p.kernel_size;
         let cols_len = Self::cols_len(g, n);
+        // A pointwise conv's input rows are its columns: the panels read
+        // them where they lie (a stored input) or where a prologue
+        // computed them, with no gather.
+        let direct = self.panels.is_some() && pointwise(g);
         scratch.with_shared(|shared| {
             let all_cols = &mut shared[..p.batch * p.groups * cols_len];
-            // The columns of batch item and group `bg`.
-            crate::par::for_each_chunk_mut(all_cols, cols_len, |bg, cols| {
+            // The columns of batch item and group `bg` (nothing to do for
+            // a stored input read where it lies).
+            let gathers = !(direct && matches!(x, RowsIn::Slice(_)));
+            let gathered = if gathers { cols_len } else { 0 };
+            let filled = &mut all_cols[..gathered * p.batch * p.groups];
+            crate::par::for_each_chunk_mut(filled, cols_len, |bg, cols| {
                 let (b, group) = (bg / p.groups, bg % p.groups);
                 let row0 = b * p.in_channels + group * cin;
                 match x {
+                    RowsIn::Slice(_) if direct => {}
                     RowsIn::Slice(x) => {
                         gather_columns(g, &x[row0 * p.in_len..][..cin * p.in_len], n, cols)
+                    }
+                    RowsIn::Fused(source) if direct => {
+                        // The group's rows, `cin × in_len` as `cols_len` is.
+                        for (k, block) in cols.chunks_mut(ROW_BLOCK * p.in_len).enumerate() {
+                            let m = block.len() / p.in_len;
+                            scratch.with_slot(|tmp| {
+                                source.fill_rows(row0 + k * ROW_BLOCK, m, 0, p.in_len, block, tmp)
+                            });
+                        }
                     }
                     RowsIn::Fused(source) => scratch.with_slot(|slot| {
                         // The group's rows computed whole (they are
@@ -305,13 +334,34 @@ impl Gemv {
             let task = |bg: usize, r0: usize, rows: usize, out: TaskOut<'_>| {
                 let group = bg % p.groups;
                 let cols = &all_cols[bg * cols_len..][..cols_len];
+                let panel_cols = match x {
+                    RowsIn::Slice(x) if direct => {
+                        let (b, group) = (bg / p.groups, bg % p.groups);
+                        let row0 = b * p.in_channels + group * cin;
+                        Cols {
+                            data: &x[row0 * p.in_len..][..cin * p.in_len],
+                            t_stride: 1,
+                            j_stride: p.in_len,
+                        }
+                    }
+                    _ if direct => Cols {
+                        data: cols,
+                        t_stride: 1,
+                        j_stride: p.in_len,
+                    },
+                    _ => Cols {
+                        data: cols,
+                        t_stride: filter_len,
+                        j_stride: 1,
+                    },
+                };
                 scratch.with_slot(|slot| {
                     let (values, tmp) = slot.split_at_mut(ROWS * MAX_OUTPUTS);
                     let values = &mut values[..rows * n];
                     if let Some(panels) = &self.panels {
                         let o = group * cout + r0;
                         let bias = bias.map(|bias| &bias[o..o + rows]);
-                        panels.outputs(group, r0..r0 + rows, n, cols, bias, values);
+                        panels.outputs(group, r0..r0 + rows, n, panel_cols, bias, values);
                         out(values, tmp);
                         return;
                     }
@@ -351,11 +401,16 @@ impl Gemv {
                     });
                 }
                 RowsOut::Fused(sink) => {
-                    // Each output position's column of the task's rows (one
-                    // batch item's consecutive channels) to the epilogue at
-                    // once: finishing row by row walked its program once per
-                    // row for one to four values (SileroVAD's 128 -> 1 and
-                    // 64 -> 128 convs of one step, ReLU after).
+                    // A decode step's outputs: each output position's column
+                    // of the task's rows (one batch item's consecutive
+                    // channels) to the epilogue at once: finishing row by
+                    // row walked its program once per row for one to four
+                    // values (SileroVAD's 128 -> 1 and 64 -> 128 convs of
+                    // one step, ReLU after). Longer calls hand over the
+                    // task's rows whole, as the GEMM does: a column per
+                    // output position walked the program 32 times per task
+                    // for a FastConformer's 32-frame calls, into a
+                    // transpose (16 -> 11 µs of that 128-channel conv).
                     let sink: &dyn RowSink = sink;
                     let blocks = cout.div_ceil(ROWS);
                     crate::par::for_each(p.batch * p.groups * blocks, |t| {
@@ -364,6 +419,16 @@ impl Gemv {
                         let (b, group) = (bg / p.groups, bg % p.groups);
                         let row0 = b * p.out_channels + group * cout + r0;
                         task(bg, r0, rows, &mut |values, tmp| {
+                            if n > DECODE_OUTPUTS {
+                                if sink.stores_across(row0, rows, n) {
+                                    sink.store_rows(row0, rows, 0, n, values, tmp);
+                                } else {
+                                    for (r, row) in values.chunks_exact(n).enumerate() {
+                                        sink.store(row0 + r, 0, row, tmp);
+                                    }
+                                }
+                                return;
+                            }
                             let (col, tmp) = tmp.split_at_mut(ROWS);
                             let col = &mut col[..rows];
                             for t in 0..n {
@@ -378,6 +443,14 @@ impl Gemv {
             }
         });
     }
+}
+
+/// Whether `g` is a pointwise conv (one tap, stride 1, no padding), whose
+/// input rows are its columns channel after channel: `cols(t, c) = x[c ·
+/// in_len + t]`.
+fn pointwise(g: &Conv1dGeometry) -> bool {
+    let p = &g.params;
+    p.kernel_size == 1 && p.stride == 1 && p.pad_left == 0 && p.pad_right == 0
 }
 
 /// The columns of a call's `n` outputs, `cols[t][c][k]` = padded input
@@ -704,7 +777,7 @@ mod tests {
             }
             let same = outputs.windows(2).all(|pair| pair[0] == pair[1]);
             let taken = Gemv::takes(&p.geometry().unwrap());
-            assert_eq!(taken, in_len <= MAX_OUTPUTS, "{in_len} outputs");
+            assert_eq!(taken, in_len <= UNPACKED_OUTPUTS, "{in_len} outputs");
             assert_eq!(same, taken, "{in_len} outputs");
         }
     }

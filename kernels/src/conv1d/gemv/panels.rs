@@ -30,12 +30,22 @@ use crate::simd::{simd_variants, Backend, Simd};
 /// which the GEMM ran, 267 -> 134 µs (XNNPACK 191).
 pub(crate) const PANELS_MIN_OUTPUTS: usize = 2;
 
-/// Most outputs per row a block of panels computes: the matrix-vector
-/// kernel's bound (its `MAX_OUTPUTS` is this).
-pub(super) const MAX_OUTPUTS: usize = 8;
+/// Most outputs per row a call of packed weights may have: the
+/// matrix-vector kernel's bound (its `MAX_OUTPUTS` is this). Against the
+/// GEMM, pointwise convs, one AVX-512 thread (kernel alone, median of
+/// 15 × 50 calls): 128 -> 256 channels, 16 outputs 17.0 -> 10.4 µs, 32
+/// outputs 19.0 -> 20.0; 512 -> 512, 16 outputs 121 -> 61 µs, 32 outputs
+/// 135 -> 120. At 64 outputs the GEMM was as fast or faster (38 vs 40 µs
+/// at 128 -> 256).
+pub(super) const MAX_OUTPUTS: usize = 32;
+
+/// Outputs per row one block of a panel computes ([`panel_generic`]'s
+/// `T`): longer calls run blocks of this many in turn over the same panel
+/// (in L1 or L2 by the second block).
+const BLOCK_OUTPUTS: usize = 8;
 
 /// Most floats of a panel block [`panel_generic`] writes: `T · W`.
-const MAX_BLOCK: usize = MAX_OUTPUTS * MAX_WIDTH;
+const MAX_BLOCK: usize = BLOCK_OUTPUTS * MAX_WIDTH;
 
 /// Widest panel of any backend; every width divides it, so a task of a
 /// multiple of it output channels is whole panels.
@@ -44,7 +54,36 @@ pub(super) const MAX_WIDTH: usize = 32;
 /// `f(panel, cols, filter_len, bias, out)`: one block of a call's outputs
 /// by one panel's channels; unsafe for the CPU features it is compiled
 /// for.
-type PanelFn = unsafe fn(&[f32], &[f32], usize, &[f32], &mut [f32]);
+type PanelFn = unsafe fn(&[f32], Cols, usize, &[f32], &mut [f32]);
+
+/// A call's columns: the value output `t` multiplies with tap `j` of a
+/// filter is `data[t · t_stride + j · j_stride]`. Gathered columns lie
+/// output after output (`t_stride` the filter's length, `j_stride` 1); a
+/// pointwise conv's input rows are its columns as they lie (`t_stride` 1,
+/// `j_stride` the row length), with no gather.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Cols<'a> {
+    pub data: &'a [f32],
+    pub t_stride: usize,
+    pub j_stride: usize,
+}
+
+impl<'a> Cols<'a> {
+    /// The columns of outputs `t0 ..`.
+    fn starting_at(self, t0: usize) -> Self {
+        Cols {
+            data: &self.data[(t0 * self.t_stride).min(self.data.len())..],
+            ..self
+        }
+    }
+
+    /// Whether the values of `t < outputs`, `j < len` lie inside `data`.
+    fn holds(&self, outputs: usize, len: usize) -> bool {
+        outputs == 0
+            || len == 0
+            || (outputs - 1) * self.t_stride + (len - 1) * self.j_stride < self.data.len()
+    }
+}
 
 /// A conv's weights packed into panels, and the kernels that read them.
 pub(crate) struct Panels {
@@ -56,11 +95,11 @@ pub(crate) struct Panels {
     filter_len: usize,
     /// Panels per group.
     per_group: usize,
-    /// Indexed by the number of outputs minus one.
-    kernels: [PanelFn; MAX_OUTPUTS],
+    /// Indexed by the number of outputs of a block minus one.
+    kernels: [PanelFn; BLOCK_OUTPUTS],
 }
 
-/// `$f::<T, V>` for `T` in `1 ..= MAX_OUTPUTS`.
+/// `$f::<T, V>` for `T` in `1 ..= BLOCK_OUTPUTS`.
 macro_rules! per_outputs {
     ($f:ident, $v:literal) => {
         [
@@ -75,7 +114,7 @@ macro_rules! per_outputs {
         ]
     };
 }
-const _: () = assert!(MAX_OUTPUTS == 8, "per_outputs! lists 8 kernels");
+const _: () = assert!(BLOCK_OUTPUTS == 8, "per_outputs! lists 8 kernels");
 
 impl Panels {
     /// `w` (`[out_channels][cin][K]`) packed for `backend`, or `None` where
@@ -122,14 +161,14 @@ impl Panels {
 
     /// Outputs `values[r · n + t]` (`r < rows.len()`, `t < n`) of output
     /// channels `rows` of `group` (starting at a multiple of the width),
-    /// from the call's columns `cols` (`n · cin · K`, output after output)
+    /// from the call's columns `cols` (`n` outputs of `cin · K` values)
     /// and the bias of those channels.
     pub(crate) fn outputs(
         &self,
         group: usize,
         rows: std::ops::Range<usize>,
         n: usize,
-        cols: &[f32],
+        cols: Cols,
         bias: Option<&[f32]>,
         values: &mut [f32],
     ) {
@@ -140,8 +179,8 @@ impl Panels {
             "{r0} {n}"
         );
         assert!(values.len() >= rows * n, "values");
-        let panel_len = self.filter_len * w;
-        let kernel = self.kernels[n - 1];
+        let (len, panel_len) = (self.filter_len, self.filter_len * w);
+        let mut block = [0.0f32; MAX_BLOCK];
         for first in (0..rows).step_by(w) {
             let panel = group * self.per_group + (r0 + first) / w;
             let panel = &self.data[panel * panel_len..][..panel_len];
@@ -150,13 +189,31 @@ impl Panels {
             if let Some(bias) = bias {
                 b[..m].copy_from_slice(&bias[first..first + m]);
             }
-            let mut block = [0.0f32; MAX_BLOCK];
-            // SAFETY: `new` chose `kernel` for a backend whose features
-            // this CPU has; it checks its bounds.
-            unsafe { kernel(panel, cols, self.filter_len, &b[..w], &mut block[..n * w]) };
-            for (r, values) in values[first * n..][..m * n].chunks_exact_mut(n).enumerate() {
-                for (t, v) in values.iter_mut().enumerate() {
-                    *v = block[t * w + r];
+            let values = &mut values[first * n..][..m * n];
+            for t0 in (0..n).step_by(BLOCK_OUTPUTS) {
+                let nb = BLOCK_OUTPUTS.min(n - t0);
+                let kernel = self.kernels[nb - 1];
+                // SAFETY: `new` chose `kernel` for a backend whose
+                // features this CPU has; it checks its bounds.
+                unsafe {
+                    kernel(
+                        panel,
+                        cols.starting_at(t0),
+                        len,
+                        &b[..w],
+                        &mut block[..nb * w],
+                    )
+                };
+                match (w, nb) {
+                    (32, BLOCK_OUTPUTS) => transpose_block::<32>(&block, values, n, t0),
+                    (8, BLOCK_OUTPUTS) => transpose_block::<8>(&block, values, n, t0),
+                    _ => {
+                        for (r, values) in values.chunks_exact_mut(n).enumerate() {
+                            for (t, v) in values[t0..t0 + nb].iter_mut().enumerate() {
+                                *v = block[t * w + r];
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -168,28 +225,49 @@ impl Panels {
     }
 }
 
-/// `out[t · W + c] = bias[c] + Σ_j cols[t · len + j] · panel[j · W + c]`
-/// for `t < T`, `c < W = V · LANES`: the taps in ascending order, one
-/// multiply-add each.
+/// `values[r · n + t0 + t] = block[t · W + r]` for a whole block of
+/// [`BLOCK_OUTPUTS`] outputs of a `W`-channel panel (the rows of `values`
+/// being its channels, at most `W`): with `W` known, the copies go
+/// without bounds checks, 8 outputs of a channel at once.
+fn transpose_block<const W: usize>(
+    block: &[f32; MAX_BLOCK],
+    values: &mut [f32],
+    n: usize,
+    t0: usize,
+) {
+    let block: &[[f32; W]] = block.as_chunks::<W>().0;
+    let block: &[[f32; W]; BLOCK_OUTPUTS] = block[..BLOCK_OUTPUTS].try_into().expect("a block");
+    for (r, values) in values.chunks_exact_mut(n).take(W).enumerate() {
+        let out: &mut [f32; BLOCK_OUTPUTS] = (&mut values[t0..t0 + BLOCK_OUTPUTS])
+            .try_into()
+            .expect("a block of outputs");
+        *out = std::array::from_fn(|t| block[t][r % W]);
+    }
+}
+
+/// `out[t · W + c] = bias[c] + Σ_j col(t, j) · panel[j · W + c]` for `t <
+/// T`, `c < W = V · LANES`, `col(t, j)` the value of [`Cols`]: the taps in
+/// ascending order, one multiply-add each.
 ///
 /// # Safety
 /// `S`'s features are present. Bounds are checked (panics).
 #[inline(always)]
 unsafe fn panel_generic<S: Simd, const T: usize, const V: usize>(
     panel: &[f32],
-    cols: &[f32],
+    cols: Cols,
     len: usize,
     bias: &[f32],
     out: &mut [f32],
 ) {
     let w = V * S::LANES;
-    assert!(panel.len() == len * w && cols.len() >= T * len);
+    assert!(panel.len() == len * w && cols.holds(T, len));
     assert!(bias.len() == w && out.len() == T * w);
     // SAFETY: features by our contract; every load reads LANES values at
     // j · w + v · LANES + LANES <= len · w of `panel`, or v · LANES +
     // LANES <= w of `bias`; every store writes LANES values at t · w +
-    // v · LANES + LANES <= T · w of `out`; every scalar read is
-    // cols[t · len + j], t < T, j < len (all asserted above).
+    // v · LANES + LANES <= T · w of `out`; every scalar read is the
+    // column value of t < T, j < len, inside `cols.data` (all asserted
+    // above).
     unsafe {
         let mut acc = [[S::splat(0.0); V]; T];
         for v in 0..V {
@@ -204,7 +282,12 @@ unsafe fn panel_generic<S: Simd, const T: usize, const V: usize>(
                 *wv = S::load(panel.as_ptr().add(j * w + v * S::LANES));
             }
             for (t, acc) in acc.iter_mut().enumerate() {
-                let x = S::splat(*cols.as_ptr().add(t * len + j));
+                let x = S::splat(
+                    *cols
+                        .data
+                        .as_ptr()
+                        .add(t * cols.t_stride + j * cols.j_stride),
+                );
                 for v in 0..V {
                     acc[v] = S::mul_add(acc[v], wv[v], x);
                 }
@@ -222,7 +305,7 @@ simd_variants! {
     /// [`panel_generic`] on one backend.
     unsafe fn [panel_portable, panel_avx2, panel_avx512, panel_neon]<const T: usize, const V: usize>(
         panel: &[f32],
-        cols: &[f32],
+        cols: Cols,
         len: usize,
         bias: &[f32],
         out: &mut [f32],
@@ -232,7 +315,8 @@ simd_variants! {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conv1d::gemv::{gather_columns, Gemv, ROWS};
+    use crate::conv1d::gemv::{gather_columns, pointwise, Gemv, ROWS};
+    use crate::fused::{RowSink, RowSource, RowsIn, RowsOut};
     use crate::test_support::{assert_conv_close, conv_params as params, run_into_relu, Rng};
     use crate::{Algorithm, Choice, Conv1dParams, PreparedConv1d, Weights};
 
@@ -255,8 +339,12 @@ mod tests {
     /// fill panels and ragged ones, more than one task's rows.
     /// The last one's columns pass L1: unpacked, its longer calls would
     /// stay with the GEMM.
-    const SHAPES: [Shape; 6] = [
+    /// Pointwise ones too (one tap, stride 1, no padding), whose panels
+    /// read the input rows where they lie.
+    const SHAPES: [Shape; 8] = [
         (1, (128, 128, 1), 3, 1, (2, 0), 1),
+        (1, (40, 70, 1), 1, 1, (0, 0), 1),
+        (2, (12, 8, 4), 1, 1, (0, 0), 1),
         (2, (12, 8, 4), 3, 2, (1, 1), 2),
         (1, (3, 70, 1), 3, 1, (1, 1), 1),
         (1, (16, 40, 2), 5, 1, (0, 0), 1),
@@ -294,12 +382,25 @@ mod tests {
                             let xg = &x[row0 * in_len..][..cin * in_len];
                             let mut cols = vec![f32::NAN; outputs * cin * k];
                             gather_columns(&g, xg, outputs, &mut cols);
+                            let cols = if pointwise(&g) {
+                                Cols {
+                                    data: xg,
+                                    t_stride: 1,
+                                    j_stride: in_len,
+                                }
+                            } else {
+                                Cols {
+                                    data: &cols,
+                                    t_stride: cin * k,
+                                    j_stride: 1,
+                                }
+                            };
                             for r0 in (0..cout).step_by(ROWS) {
                                 let rows = ROWS.min(cout - r0);
                                 let o = group * cout + r0;
                                 let bias = bias.map(|bias| &bias[o..o + rows]);
                                 let values = &mut y[r0 * outputs..][..rows * outputs];
-                                panels.outputs(group, r0..r0 + rows, outputs, &cols, bias, values);
+                                panels.outputs(group, r0..r0 + rows, outputs, cols, bias, values);
                             }
                         }
                         let ctx = format!("{backend:?} {p:?} bias {}", bias.is_some());
@@ -314,20 +415,74 @@ mod tests {
     /// weights, and its calls (that length, and shorter ones of a dynamic
     /// length) come out right, stored or handed to an epilogue; a conv of
     /// one output per call, or fed weights, does not pack.
+    /// A stored input handed over as a prologue's, with one temporary.
+    struct Copied<'a> {
+        x: &'a [f32],
+        in_len: usize,
+    }
+
+    impl RowSource for Copied<'_> {
+        fn fill(&self, row: usize, t0: usize, out: &mut [f32], _tmp: &mut [f32]) {
+            out.copy_from_slice(&self.x[row * self.in_len + t0..][..out.len()]);
+        }
+        fn temporaries(&self) -> usize {
+            1
+        }
+    }
+
+    /// An epilogue storing across rows (as a transposed result does): it
+    /// takes a call's rows in blocks, and counts them.
+    struct Across {
+        out: std::sync::Mutex<Vec<f32>>,
+        out_len: usize,
+        blocks: std::sync::atomic::AtomicUsize,
+    }
+
+    impl RowSink for Across {
+        fn store(&self, row: usize, t0: usize, values: &[f32], _tmp: &mut [f32]) {
+            let mut out = self.out.lock().unwrap();
+            out[row * self.out_len + t0..][..values.len()].copy_from_slice(values);
+        }
+        fn temporaries(&self) -> usize {
+            0
+        }
+        fn store_rows(
+            &self,
+            row0: usize,
+            rows: usize,
+            t0: usize,
+            len: usize,
+            values: &mut [f32],
+            tmp: &mut [f32],
+        ) {
+            self.blocks
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            for (r, values) in values.chunks_exact(len).take(rows).enumerate() {
+                self.store(row0 + r, t0, values, tmp);
+            }
+        }
+        fn stores_across(&self, _row0: usize, _rows: usize, _len: usize) -> bool {
+            true
+        }
+    }
+
     #[test]
     fn prepared_short_convs_pack_and_run_stored_or_fused() {
         let mut rng = Rng::new(37);
         for (b, ch, k, stride, pad, dil) in SHAPES {
-            for outputs in [1, 2, 5, 8] {
+            for outputs in [1, 2, 5, 8, 9, 16, 31, 32, 33] {
                 let in_len = (outputs - 1) * stride + (k - 1) * dil + 1 - pad.0 - pad.1;
                 let max = params(b, ch, in_len, k, stride, pad, dil);
                 let g = max.geometry().unwrap();
                 let w = rng.vec(max.weight_elems(), -1.0, 1.0);
                 let bias = rng.vec(max.bias_elems(), -1.0, 1.0);
-                assert_eq!(Gemv::packs(&g), outputs >= 2, "{max:?}");
+                let packs = (2..=MAX_OUTPUTS).contains(&outputs);
+                assert_eq!(Gemv::packs(&g), packs, "{max:?}");
                 let conv = PreparedConv1d::new(&max, &w, Choice::Auto).unwrap();
-                assert_eq!(conv.algorithm(), Algorithm::Gemm, "{max:?}");
-                assert_eq!(conv.packed(), outputs >= 2, "{max:?}");
+                if packs {
+                    assert_eq!(conv.algorithm(), Algorithm::Gemm, "{max:?}");
+                }
+                assert_eq!(conv.packed(), packs, "{max:?}");
                 // The packed copy is reported; the GEMM reads in place.
                 let (cout, filter_len) = (g.out_per_group, g.in_per_group * k);
                 let at_least = 4 * max.groups * cout * filter_len;
@@ -357,9 +512,60 @@ mod tests {
                     conv.run(&p, &x, Some(&w), Some(&bias), &mut y, &scratch)
                         .unwrap();
                     check(&p, &x, &w, Some(&bias), &y, &format!("{p:?}"));
-                    let relu: Vec<f32> = y.iter().map(|v| v.max(0.0)).collect();
-                    let fused = run_into_relu(&conv, &p, &x, &w, Some(&bias), &scratch);
-                    assert_eq!(fused, relu, "{p:?}");
+                    if conv.fuses_output() {
+                        let relu: Vec<f32> = y.iter().map(|v| v.max(0.0)).collect();
+                        let fused = run_into_relu(&conv, &p, &x, &w, Some(&bias), &scratch);
+                        assert_eq!(fused, relu, "{p:?}");
+                        // Calls of more than 4 outputs hand a sink that
+                        // stores across rows each task's rows whole.
+                        let across = Across {
+                            out: std::sync::Mutex::new(vec![f32::NAN; pg.output_elems]),
+                            out_len: pg.out_len,
+                            blocks: Default::default(),
+                        };
+                        conv.run_rows(
+                            &p,
+                            RowsIn::Slice(&x),
+                            Some(&w),
+                            Some(&bias),
+                            RowsOut::Fused(&across),
+                            0,
+                            0,
+                            &scratch,
+                        )
+                        .unwrap();
+                        let blocks = across.blocks.into_inner();
+                        assert_eq!(across.out.into_inner().unwrap(), y, "{p:?}");
+                        if conv.packed() && pg.out_len > 4 {
+                            assert!(blocks > 0, "{p:?}");
+                        }
+                    }
+                    // The input from a prologue (into the shared region
+                    // where a pointwise conv's panels read it).
+                    if conv.fuses_input() {
+                        let source = Copied {
+                            x: &x,
+                            in_len: p.in_len,
+                        };
+                        let mut from_source = vec![f32::NAN; pg.output_elems];
+                        let scratch = crate::Scratch::sized(
+                            3,
+                            conv.rows_scratch_per_thread(1, 0),
+                            conv.shared_scratch(),
+                        );
+                        conv.run_rows(
+                            &p,
+                            RowsIn::Fused(&source),
+                            Some(&w),
+                            Some(&bias),
+                            RowsOut::Slice(&mut from_source),
+                            1,
+                            0,
+                            &scratch,
+                        )
+                        .unwrap();
+                        assert_eq!(from_source, y, "fused input, {p:?}");
+                    }
                 }
             }
         }
