@@ -58,6 +58,18 @@ use crate::simd::{simd_variants, Backend, Simd};
 /// GEMM's blocks (see `panels.rs`).
 pub(crate) const MAX_OUTPUTS: usize = panels::MAX_OUTPUTS;
 
+/// Outputs per call up to which any conv packs (the panels' first reach,
+/// one block of outputs per panel).
+const SHORT_BLOCK_OUTPUTS: usize = 8;
+
+/// Longest filter (input channels per group × taps) of a conv whose
+/// calls have more than [`SHORT_BLOCK_OUTPUTS`] outputs and still packs:
+/// a 32-channel panel of 128 KiB. wav2letter's 250 -> 2000 K = 32 layer
+/// (1 MiB panels, 32 outputs a call) and its 250-channel K = 7 ones
+/// took the whole model from 12.7 to 25 ms in panels (1 thread), against
+/// the GEMM, which reads each weight once per call.
+const LONG_CALL_FILTER_LEN: usize = 1024;
+
 /// Most outputs per row a call of unpacked weights may have here: a
 /// decode step has one, a streaming encoder's chunk a few (voxtral's
 /// stem: 8 mel frames a call). Below a vector of outputs the GEMM computes
@@ -153,8 +165,14 @@ impl Gemv {
     /// and several. Packed, every call runs here whatever the columns'
     /// size: the panels read each column value once per panel, not once
     /// per output channel.
+    /// Calls of more than [`SHORT_BLOCK_OUTPUTS`] outputs pack only
+    /// filters of at most [`LONG_CALL_FILTER_LEN`] values: their blocks of
+    /// outputs take turns over each panel, which must stay in cache.
     pub(crate) fn packs(max: &Conv1dGeometry) -> bool {
+        let p = &max.params;
+        let filter_len = p.in_channels / p.groups.max(1) * p.kernel_size;
         (PANELS_MIN_OUTPUTS..=MAX_OUTPUTS).contains(&max.out_len)
+            && (max.out_len <= SHORT_BLOCK_OUTPUTS || filter_len <= LONG_CALL_FILTER_LEN)
     }
 
     /// Bytes of the packed weights, if any.
@@ -744,6 +762,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Calls of up to 8 outputs pack any filter; longer calls (up to 32)
+    /// only filters whose panels stay in cache (wav2letter's 250-channel
+    /// K = 32 layer ran twice as slow packed as in the GEMM).
+    #[test]
+    fn long_calls_pack_only_short_filters() {
+        let packs = |cin: usize, k: usize, outputs: usize| {
+            let p = params(1, (cin, 64, 1), outputs + k - 1, k, 1, (0, 0), 1);
+            Gemv::packs(&p.geometry().unwrap())
+        };
+        assert!(packs(128, 1, 32) && packs(512, 1, 16) && packs(128, 8, 32));
+        assert!(packs(250, 32, 8) && packs(2000, 1, 4));
+        assert!(!packs(250, 32, 32) && !packs(250, 7, 16) && !packs(2000, 1, 9));
+        assert!(!packs(128, 1, 1) && !packs(128, 1, 33));
     }
 
     #[test]
