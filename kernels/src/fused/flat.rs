@@ -1,7 +1,8 @@
 //! A program flattened, once, into a list of instructions over blocks of
-//! elements: the general form every elementwise program without a cat
-//! takes, where no dedicated recipe (`recipes.rs`, `conv_recipes.rs`,
-//! `chain_recipes.rs`) matches.
+//! elements: the general form an elementwise program without a cat takes
+//! where no dedicated recipe (`recipes.rs`, `conv_recipes.rs`,
+//! `chain_recipes.rs`) matches and it is more than a view of a stored
+//! tensor (which the interpreter copies once; `compiled.rs` decides).
 //!
 //! The interpreter (`program/eval.rs`) walks the tree for every line: per
 //! node a match, a view mapped through the env's shapes, a pass over a
