@@ -64,7 +64,7 @@ impl CompiledProgram {
     /// interpreter's, or the flat form's registers where more
     /// (`flat.rs`).
     pub fn temporaries(&self) -> usize {
-        let flat = self.recipes.flat.as_ref().map_or(0, FlatForm::registers);
+        let flat = self.recipes.flat.as_ref().map_or(0, FlatForm::temporaries);
         self.program.temporaries().max(flat)
     }
 }

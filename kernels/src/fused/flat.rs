@@ -17,7 +17,7 @@
 //! where it starts, whether it is one value or a contiguous run), then
 //! each block of [`BLOCK`] elements runs the list over registers of a
 //! block each, in L1, every leaf read in place. The registers are the
-//! caller's line temporaries ([`FlatForm::registers`] count in the
+//! caller's line temporaries ([`FlatForm::temporaries`] count in the
 //! program's, `CompiledProgram::temporaries`): a stack array zeroed per
 //! line cost a fifth of the GLU's time.
 //!
@@ -165,7 +165,7 @@ impl FlatForm {
     /// register the instructions write, and one for the anchor's values
     /// of a run in place; twice that, so that registers padded to whole
     /// vectors fit (at most twice a line of [`LANES`] or more elements).
-    pub(super) fn registers(&self) -> usize {
+    pub(super) fn temporaries(&self) -> usize {
         2 * (self.regs + 1)
     }
 
@@ -275,7 +275,7 @@ enum Read<'a> {
 impl<'a> Flat<'a> {
     /// Writes the program along `line` into `out` and returns true, or
     /// returns false, writing nothing, where a leaf is read with a stride
-    /// along this line or `tmp` holds fewer than [`FlatForm::registers`]
+    /// along this line or `tmp` holds fewer than [`FlatForm::temporaries`]
     /// line-sized temporaries. `anchor`: the anchor's values along the
     /// line (as long as `out`) where the program reads them.
     pub(super) fn run(
@@ -309,7 +309,7 @@ impl<'a> Flat<'a> {
     }
 
     /// The registers for lines of `len` elements: `tmp`'s first
-    /// [`FlatForm::registers`] blocks (of `len` elements where shorter),
+    /// [`FlatForm::temporaries`] blocks (of `len` elements where shorter),
     /// if it holds them,
     /// and their width: a whole number of vectors where `tmp` has room.
     fn registers<'t>(&self, tmp: &'t mut [f32], len: usize) -> Option<(&'t mut [f32], usize)> {
@@ -350,7 +350,7 @@ impl<'a> Flat<'a> {
 
     /// The program applied to anchor values `values` in place, for a
     /// [`Self::pointwise`] one (returns false, changing nothing, for any
-    /// other, or where `tmp` holds fewer than [`FlatForm::registers`]
+    /// other, or where `tmp` holds fewer than [`FlatForm::temporaries`]
     /// blocks): the same loops as [`Self::run`], so bit for bit its
     /// results.
     pub(super) fn finish_in_place(&self, values: &mut [f32], tmp: &mut [f32]) -> bool {
@@ -645,7 +645,7 @@ mod tests {
                 // Registers of the line's length, or padded to whole
                 // vectors (their lanes past the line computed too).
                 let room = if case % 2 == 0 { len } else { len + LANES };
-                let mut regs = vec![0.0; form.registers() * room];
+                let mut regs = vec![0.0; form.temporaries() * room];
                 if flat.run(&line, &values[..len], &mut got, &mut regs) {
                     assert_eq!(bits(&want), bits(&got), "case {case}, line {line:?}");
                     ran += 1;

@@ -751,6 +751,14 @@ impl<'a> EpilogueSink<'a> {
 }
 
 impl EpilogueSink<'_> {
+    /// The line of the anchor's row `row` from element `t0`.
+    fn row_line(&self, row: usize, t0: usize) -> Line {
+        let rank = self.anchor_shape.rank();
+        let mut base = unravel(row, &self.anchor_shape, rank - 1);
+        base[rank - 1] = t0;
+        Line::along(base, rank - 1)
+    }
+
     /// Finished values stored from `start`, `stride` apart.
     fn store_finished(&self, start: usize, stride: usize, values: &[f32]) {
         if self.stream && stride == 1 {
@@ -780,10 +788,7 @@ impl EpilogueSink<'_> {
 
 impl RowSink for EpilogueSink<'_> {
     fn store(&self, row: usize, t0: usize, values: &[f32], tmp: &mut [f32]) {
-        let rank = self.anchor_shape.rank();
-        let mut base = unravel(row, &self.anchor_shape, rank - 1);
-        base[rank - 1] = t0;
-        let line = Line::along(base, rank - 1);
+        let line = self.row_line(row, t0);
         let (start, stride) = self.store_at(&line);
         let len = values.len();
         if self.identity {
@@ -866,7 +871,6 @@ impl RowSink for EpilogueSink<'_> {
             // in place, a few long loops rather than a short line per row
             // (a GELU over 64 outputs is 4 dependent vector chains, bound
             // by their latency); then the rows are stored as they are.
-            let rank = self.anchor_shape.rank();
             let pointwise = !self.identity
                 && self
                     .recipe
@@ -874,9 +878,7 @@ impl RowSink for EpilogueSink<'_> {
                     .is_some_and(|r| r.finish_in_place(&mut values[..rows * len], tmp));
             for (r, values) in values.chunks_exact(len).take(rows).enumerate() {
                 if pointwise {
-                    let mut base = unravel(row0 + r, &self.anchor_shape, rank - 1);
-                    base[rank - 1] = t0;
-                    let (start, stride) = self.store_at(&Line::along(base, rank - 1));
+                    let (start, stride) = self.store_at(&self.row_line(row0 + r, t0));
                     self.store_finished(start, stride, values);
                 } else {
                     self.store(row0 + r, t0, values, tmp);

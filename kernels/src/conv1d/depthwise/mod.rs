@@ -351,48 +351,45 @@ impl DepthwiseConv {
                 let c = row % channels;
                 let taps = &w[c * k..][..k];
                 let b = bias.map_or(0.0, |b| b[c]);
-                {
-                    let (x_win, rest) = slot.split_at_mut(window);
-                    let (y_buf, tmp) = rest.split_at_mut(FUSED_CHUNK);
-                    for l in (l0..l0 + n).step_by(FUSED_CHUNK) {
-                        let m = FUSED_CHUNK.min(l0 + n - l);
-                        let (x_row, geom, at): (&[f32], RowGeom, usize) = match x {
-                            RowsIn::Slice(x) => (
-                                &x[row * in_len..][..in_len],
+                let (x_win, rest) = slot.split_at_mut(window);
+                let (y_buf, tmp) = rest.split_at_mut(FUSED_CHUNK);
+                for l in (l0..l0 + n).step_by(FUSED_CHUNK) {
+                    let m = FUSED_CHUNK.min(l0 + n - l);
+                    let (x_row, geom, at): (&[f32], RowGeom, usize) = match x {
+                        RowsIn::Slice(x) => (
+                            &x[row * in_len..][..in_len],
+                            RowGeom {
+                                in_len,
+                                pad_left: p.pad_left,
+                                dilation: p.dilation,
+                            },
+                            l,
+                        ),
+                        RowsIn::Fused(source) => {
+                            // Inputs `s .. e` feed outputs `l .. l + m`.
+                            let s = l.saturating_sub(p.pad_left).min(in_len);
+                            let e = (l + m + span).saturating_sub(p.pad_left).min(in_len).max(s);
+                            source.fill(row, s, &mut x_win[..e - s], tmp);
+                            (
+                                &x_win[..e - s],
                                 RowGeom {
-                                    in_len,
+                                    in_len: e - s,
                                     pad_left: p.pad_left,
                                     dilation: p.dilation,
                                 },
-                                l,
-                            ),
-                            RowsIn::Fused(source) => {
-                                // Inputs `s .. e` feed outputs `l .. l + m`.
-                                let s = l.saturating_sub(p.pad_left).min(in_len);
-                                let e =
-                                    (l + m + span).saturating_sub(p.pad_left).min(in_len).max(s);
-                                source.fill(row, s, &mut x_win[..e - s], tmp);
-                                (
-                                    &x_win[..e - s],
-                                    RowGeom {
-                                        in_len: e - s,
-                                        pad_left: p.pad_left,
-                                        dilation: p.dilation,
-                                    },
-                                    l - s,
-                                )
-                            }
-                        };
-                        match (&mut y_part, sink) {
-                            (Some(part), _) => {
-                                kernel.row(&geom, x_row, taps, b, at, &mut part[l - l0..][..m])
-                            }
-                            (None, Some(sink)) => {
-                                kernel.row(&geom, x_row, taps, b, at, &mut y_buf[..m]);
-                                sink.store(row, l, &y_buf[..m], tmp);
-                            }
-                            (None, None) => unreachable!("stored outputs come with their row"),
+                                l - s,
+                            )
                         }
+                    };
+                    match (&mut y_part, sink) {
+                        (Some(part), _) => {
+                            kernel.row(&geom, x_row, taps, b, at, &mut part[l - l0..][..m])
+                        }
+                        (None, Some(sink)) => {
+                            kernel.row(&geom, x_row, taps, b, at, &mut y_buf[..m]);
+                            sink.store(row, l, &y_buf[..m], tmp);
+                        }
+                        (None, None) => unreachable!("stored outputs come with their row"),
                     }
                 }
             };

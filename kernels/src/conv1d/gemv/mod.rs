@@ -165,12 +165,12 @@ impl Gemv {
     /// and several. Packed, every call runs here whatever the columns'
     /// size: the panels read each column value once per panel, not once
     /// per output channel.
+    ///
     /// Calls of more than [`SHORT_BLOCK_OUTPUTS`] outputs pack only
     /// filters of at most [`LONG_CALL_FILTER_LEN`] values: their blocks of
     /// outputs take turns over each panel, which must stay in cache.
     pub(crate) fn packs(max: &Conv1dGeometry) -> bool {
-        let p = &max.params;
-        let filter_len = p.in_channels / p.groups.max(1) * p.kernel_size;
+        let filter_len = max.in_per_group * max.params.kernel_size;
         (PANELS_MIN_OUTPUTS..=MAX_OUTPUTS).contains(&max.out_len)
             && (max.out_len <= SHORT_BLOCK_OUTPUTS || filter_len <= LONG_CALL_FILTER_LEN)
     }
