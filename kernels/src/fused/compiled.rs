@@ -259,6 +259,16 @@ impl EpilogueRecipe<'_> {
         }
     }
 
+    /// Whether the recipe computes each element from the anchor's value at
+    /// the same place alone (see [`Self::finish_in_place`]).
+    pub(super) fn pointwise(&self) -> bool {
+        match self {
+            Self::Chain(r) => r.pointwise(),
+            Self::Flat(r) => r.pointwise(),
+            Self::Gate(_) | Self::SkipGate(_) => false,
+        }
+    }
+
     /// Finishes `values`, anchor values of any rows and places, in place
     /// and returns true where the recipe is pointwise (a conv's
     /// activation: see [`Chain::pointwise`]); else returns false,

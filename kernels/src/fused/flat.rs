@@ -338,6 +338,15 @@ impl<'a> Flat<'a> {
         })
     }
 
+    /// Whether every leaf is read contiguously (or as one value) along
+    /// dimension `along` of the root: lines along it run flat.
+    pub(super) fn contiguous_along(&self, along: usize) -> bool {
+        self.leaves[..self.form.n_leaves].iter().all(|l| match *l {
+            LeafMap::Const(_) => true,
+            LeafMap::Stored { coef, .. } => coef[along] <= 1,
+        })
+    }
+
     /// Whether the program computes each element from the anchor's value
     /// at the same place alone (every leaf a constant): a block of rows
     /// can be finished in place at once.

@@ -68,6 +68,14 @@ pub trait RowSource: Sync {
     fn prefers_columns(&self) -> bool {
         false
     }
+
+    /// Whether whole rows of one batch item, `len` elements each, lie end
+    /// to end in every operand, so that [`Self::fill_rows`] of whole rows
+    /// computes them as one line. False by default.
+    fn whole_rows_one_line(&self, len: usize) -> bool {
+        let _ = len;
+        false
+    }
 }
 
 /// Scratch elements [`RowSource::fill_col`], [`PairSource::fill_pair_col`]
@@ -151,6 +159,13 @@ pub trait RowSink: Sync {
     /// Whether this result is stored better a column at a time than a row
     /// at a time (as [`RowSource::prefers_columns`]).
     fn prefers_columns(&self) -> bool {
+        false
+    }
+
+    /// Whether [`Self::store_rows`] finishes a block of rows at once, in
+    /// place (an identity, or a pointwise epilogue: a conv's activation),
+    /// at less cost than row by row. False by default.
+    fn finishes_blocks(&self) -> bool {
         false
     }
 
@@ -396,7 +411,20 @@ const ACROSS_EXTRA: usize = 4;
 /// streaming stem (a conv state cat into 8 new frames, GELU after) 128
 /// of 10 and 128 of 8.
 pub(crate) fn short_rows(rows: usize, len: usize) -> bool {
-    LINE_SETUP * rows.saturating_sub(len) > ACROSS_EXTRA * rows * len
+    short_rows_with(LINE_SETUP, rows, len)
+}
+
+/// A flat program's set-up per line ([`super::flat`]: its leaves
+/// resolved, no walk of nodes) costs about as much as this many elements.
+/// With the interpreter's [`LINE_SETUP`], a FastConformer's GLU before a
+/// depthwise conv of 16 frames, filled 16 rows of 12 at a time (the FFT's
+/// blocks), went across the rows, through the interpreter (a flat program
+/// takes no strided line): 34 µs a call, against 8 along them.
+const FLAT_LINE_SETUP: usize = 32;
+
+/// [`short_rows`] for lines whose set-up costs `setup` elements.
+fn short_rows_with(setup: usize, rows: usize, len: usize) -> bool {
+    setup * rows.saturating_sub(len) > ACROSS_EXTRA * rows * len
 }
 
 /// Whether rows `row0 .. row0 + rows` of a `shape` read as rows along its
@@ -412,7 +440,19 @@ impl ProgramRows<'_> {
     /// is better read across the rows: short lines ([`short_rows`]), all
     /// on one line across.
     fn short_lines(&self, row0: usize, rows: usize, len: usize) -> bool {
-        short_rows(rows, len) && one_line_across(&self.shape, row0, rows)
+        let rank = self.shape.rank();
+        let flat_rows = rank >= 1
+            && self
+                .recipes
+                .flat
+                .as_ref()
+                .is_some_and(|f| f.contiguous_along(rank - 1));
+        let setup = if flat_rows {
+            FLAT_LINE_SETUP
+        } else {
+            LINE_SETUP
+        };
+        short_rows_with(setup, rows, len) && one_line_across(&self.shape, row0, rows)
     }
 }
 
@@ -436,6 +476,18 @@ impl RowSource for ProgramRows<'_> {
 
     fn prefers_columns(&self) -> bool {
         self.across && !self.scalar_rows
+    }
+
+    fn whole_rows_one_line(&self, len: usize) -> bool {
+        let rank = self.shape.rank();
+        !self.scalar_rows
+            && rank >= 2
+            && len == self.shape[rank - 1]
+            && self
+                .recipes
+                .flat
+                .as_ref()
+                .is_some_and(|f| f.rows_are_one_line(rank - 2, rank - 1, len))
     }
 
     fn fill_col(&self, row0: usize, t: usize, out: &mut [f32], tmp: &mut [f32]) {
@@ -831,11 +883,19 @@ impl RowSink for EpilogueSink<'_> {
         self.across
     }
 
+    fn finishes_blocks(&self) -> bool {
+        !self.across && (self.identity || self.recipe.as_ref().is_some_and(|r| r.pointwise()))
+    }
+
     fn stores_across(&self, row0: usize, rows: usize, len: usize) -> bool {
         // An identity epilogue walks no program: its rows are stored as
         // they are, whatever their length.
+        // Nor does a pointwise one, which finishes the whole block in place
+        // and stores it row by row: across the rows, it would store a
+        // column per step instead.
         self.across
             || (!self.identity
+                && !self.recipe.as_ref().is_some_and(|r| r.pointwise())
                 && short_rows(rows, len)
                 && one_line_across(&self.anchor_shape, row0, rows))
     }
@@ -959,6 +1019,15 @@ pub fn materialise(
         return;
     }
     let run = source.col_rows();
+    let rows = out.len() / row_len;
+    if row_len <= SHORT_ROW
+        && run > 1
+        && rows.is_multiple_of(run)
+        && source.whole_rows_one_line(row_len)
+    {
+        materialise_whole_rows(source, out, row_len, run, scratch);
+        return;
+    }
     // Short rows (a decode step's state update: `K - 1` elements per
     // channel) are computed a column at a time.
     if run > 1
@@ -996,7 +1065,6 @@ pub fn materialise(
         }
         return;
     }
-    let rows = out.len() / row_len;
     if source.prefers_columns() && run > 1 && rows.is_multiple_of(run) {
         materialise_across(source, out, row_len, run, scratch);
         return;
@@ -1007,6 +1075,40 @@ pub fn materialise(
             for (i, chunk) in out.chunks_mut(LINE_CHUNK).enumerate() {
                 source.fill(row, i * LINE_CHUNK, chunk, tmp);
             }
+        })
+    });
+}
+
+/// Rows at most this long are materialised or drained in blocks of rows
+/// when their program allows ([`materialise_whole_rows`], [`drain`]); the
+/// scratch [`line_scratch`] sizes holds such a block's temporaries
+/// ([`block_tmp`]).
+const SHORT_ROW: usize = ROW_BLOCK;
+
+/// [`materialise`] of whole rows that lie end to end in every operand (a
+/// GLU staged before a conv of a few frames): per task, a block of rows of
+/// one batch item, one line ([`RowSource::fill_rows`]). Row by row, a
+/// FastConformer's GLU before a depthwise conv of 16 frames was 128 lines
+/// of 16 elements, each paying a line's set-up.
+fn materialise_whole_rows(
+    source: &dyn RowSource,
+    out: &mut [f32],
+    row_len: usize,
+    run: usize,
+    scratch: &crate::scratch::Scratch,
+) {
+    let block = run.min(MIN_TASK_ELEMS.div_ceil(row_len)).max(1);
+    let blocks = run.div_ceil(block);
+    let items = out.len() / row_len / run;
+    let out = SharedOut::new(out);
+    crate::par::for_each(items * blocks, |task| {
+        let (item, b) = (task / blocks, task % blocks);
+        let row0 = item * run + b * block;
+        let rows = block.min(run - b * block);
+        scratch.with_slot(|tmp| {
+            out.with_line(row0 * row_len, rows * row_len, |dst| {
+                source.fill_rows(row0, rows, 0, row_len, dst, tmp)
+            })
         })
     });
 }
@@ -1062,6 +1164,11 @@ fn materialise_across(
     });
 }
 
+/// Elements of a block [`drain`] copies into scratch for a sink that
+/// finishes blocks: with [`block_tmp`] of rows up to [`SHORT_ROW`] long,
+/// within what [`line_scratch`] sizes.
+const DRAIN_BLOCK: usize = 2048;
+
 /// Hands stored rows of a kernel's output (`row_len` elements each) to
 /// `sink`: the epilogue of a kernel that cannot run it in its own loops.
 pub fn drain(
@@ -1074,6 +1181,24 @@ pub fn drain(
         return;
     }
     let rows = values.len().div_ceil(row_len);
+    if row_len <= SHORT_ROW && sink.finishes_blocks() && values.len().is_multiple_of(row_len) {
+        // Blocks of rows finished at once: a copy in scratch, which the
+        // sink finishes in place ([`RowSink::store_rows`]).
+        let block = (DRAIN_BLOCK / row_len).max(1);
+        crate::par::for_each_min(
+            rows.div_ceil(block),
+            MIN_TASK_ELEMS.div_ceil(DRAIN_BLOCK),
+            |b| {
+                let (row0, n) = (b * block, block.min(rows - b * block));
+                scratch.with_slot(|slot| {
+                    let (buf, tmp) = slot.split_at_mut(n * row_len);
+                    buf.copy_from_slice(&values[row0 * row_len..][..n * row_len]);
+                    sink.store_rows(row0, n, 0, row_len, buf, tmp);
+                })
+            },
+        );
+        return;
+    }
     crate::par::for_each_min(rows, MIN_TASK_ELEMS.div_ceil(row_len), |row| {
         let values = &values[row * row_len..values.len().min((row + 1) * row_len)];
         scratch.with_slot(|tmp| {

@@ -209,6 +209,11 @@ fn fused_depthwise_matches_the_plain_kernel() {
         (2, 300, 100, 3, (2, 0), 1),
         (1, 37, 70, 5, (3, 5), 2),
         (1, 20, 200, 17, (16, 0), 1),
+        // Short rows (a FastConformer's 16 to 64 frames): whole rows in
+        // blocks of channels, one block and several per item.
+        (1, 128, 16, 9, (4, 4), 1),
+        (2, 300, 32, 9, (4, 4), 1),
+        (1, 24, 64, 31, (15, 15), 1),
     ]
     .iter()
     // Input and output transposed or not; `silu(y) * c` (interpreted) or
@@ -1178,6 +1183,140 @@ fn transposed_programs_materialise_across_their_rows() {
                 bits(&want),
                 "b={b} c={c} n={n}, {threads} threads"
             );
+        }
+    }
+}
+
+/// A GLU staged before a conv of a few frames (`x[:, :C] *
+/// sigmoid(x[:, C:])` over `[B, 2C, N]`): its whole rows lie end to end in
+/// both operands, so `materialise` computes blocks of rows as one line.
+/// Every element, on 1 and 3 threads, the same bits as the interpreter row
+/// by row; longer rows (past `SHORT_ROW`) take the row-by-row path.
+#[test]
+fn whole_rows_materialise_in_blocks_bit_for_bit() {
+    let mut rng = Rng::new(31);
+    for (b, c, n) in [
+        (1, 128, 16),
+        (2, 7, 9),
+        (1, 300, 40),
+        (3, 1, 5),
+        (1, 64, 300),
+    ] {
+        let mut env = TestEnv::default();
+        let x = env.stored(&[b, 2 * c, n], rng.vec(b * 2 * c * n, -3.0, 3.0));
+        let t = env.virt(&[b, c, n]);
+        let mut p = Program::default();
+        let l = p.push(Expr::Load, x);
+        let half = |p: &mut Program, start| {
+            p.push(
+                Expr::Slice {
+                    x: l,
+                    dim: 1,
+                    start,
+                    step: 1,
+                },
+                t,
+            )
+        };
+        let a = half(&mut p, 0);
+        let g = half(&mut p, c as i64);
+        let s = p.push(
+            Expr::Unary {
+                op: UnaryOp::Sigmoid,
+                x: g,
+            },
+            t,
+        );
+        p.push(
+            Expr::Binary {
+                op: BinaryOp::Mul,
+                a,
+                b: s,
+            },
+            t,
+        );
+        let p = p.compile();
+        let rows = ProgramRows::new(&p, &env);
+        assert!(rows.whole_rows_one_line(n), "{b}x{c}x{n}");
+        assert!(!rows.whole_rows_one_line(n - 1), "{b}x{c}x{n}: part rows");
+        let want = eval_all(&p, &env);
+        for threads in [1, 3] {
+            let scratch = Scratch::new(threads, line_scratch(p.temporaries()));
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let mut out = vec![f32::NAN; b * c * n];
+            pool.install(|| materialise(&rows, &mut out, n, &scratch));
+            assert_eq!(bits(&out), bits(&want), "{b}x{c}x{n}, {threads} threads");
+        }
+    }
+}
+
+/// `drain` through a pointwise epilogue (a staged conv's activation, after
+/// a scale by a constant) finishes blocks of short rows in place: every
+/// element, on 1 and 3 threads, the same bits as storing row by row; a
+/// per-channel operand makes the epilogue not pointwise (stored row by
+/// row, the same values).
+#[test]
+fn pointwise_epilogues_drain_in_blocks_bit_for_bit() {
+    let mut rng = Rng::new(32);
+    for (b, c, n) in [(1, 128, 16), (2, 9, 7), (1, 300, 3), (1, 40, 300)] {
+        for per_channel in [false, true] {
+            let mut env = TestEnv::default();
+            let y = env.virt(&[b, c, n]);
+            let scale = env.stored(&[c, 1], rng.vec(c, 0.5, 2.0));
+            let mut p = Program::default();
+            let an = p.push(Expr::Anchor, y);
+            let k = if per_channel {
+                let l = p.push(Expr::Load, scale);
+                p.push(Expr::Broadcast { x: l }, y)
+            } else {
+                p.push(Expr::Const(0.5), y)
+            };
+            let x = p.push(
+                Expr::Binary {
+                    op: BinaryOp::Mul,
+                    a: an,
+                    b: k,
+                },
+                y,
+            );
+            p.push(
+                Expr::Unary {
+                    op: UnaryOp::Silu,
+                    x,
+                },
+                y,
+            );
+            let p = p.compile();
+            let shape = Shape::new(&[b, c, n]);
+            let values = rng.vec(b * c * n, -4.0, 4.0);
+            let mut want = vec![-7.0; b * c * n];
+            {
+                let sink = EpilogueSink::new(&p, &env, shape, &[], &mut want, shape);
+                assert_eq!(sink.finishes_blocks(), !per_channel, "{b}x{c}x{n}");
+                let mut tmp = vec![f32::NAN; block_tmp(sink.temporaries(), n)];
+                for (r, v) in values.chunks_exact(n).enumerate() {
+                    sink.store(r, 0, v, &mut tmp);
+                }
+            }
+            for threads in [1, 3] {
+                let mut got = vec![-7.0; b * c * n];
+                let scratch = Scratch::new(threads, line_scratch(p.temporaries() + 1));
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let sink = EpilogueSink::new(&p, &env, shape, &[], &mut got, shape);
+                pool.install(|| drain(&sink, &values, n, &scratch));
+                drop(sink);
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "{b}x{c}x{n} per channel {per_channel}, {threads} threads"
+                );
+            }
         }
     }
 }

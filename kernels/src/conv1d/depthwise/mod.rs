@@ -410,7 +410,10 @@ impl DepthwiseConv {
             None => {
                 let sink = sink.expect("a fused output has a sink");
                 let source_across = matches!(x, RowsIn::Fused(source) if source.prefers_columns());
-                if sink.prefers_columns() || source_across {
+                // Rows no longer than a block's chunk are whole in it: the
+                // blocks' one walk over all their rows' prologue and
+                // epilogue beats a short walk per row.
+                if sink.prefers_columns() || source_across || out_len <= BLOCK_CHUNK {
                     return self.run_blocks(g, x, w, bias, sink, scratch);
                 }
                 // Rows of both operands lie along time: whole rows (up to

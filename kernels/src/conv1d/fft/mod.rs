@@ -121,6 +121,15 @@ pub(crate) fn cost(g: &Conv1dGeometry) -> f64 {
     plan::choose(g).map_or(f64::INFINITY, |p| p.seconds)
 }
 
+/// The shortest FFT whose engine loops run a prologue and an epilogue.
+/// Shorter ones read and store a few samples per row and block, each a
+/// program line whose set-up outweighs it: a FastConformer's GLU and SiLU
+/// around a depthwise conv of 16 frames (K = 9, C = 128, FFTs of 16) took
+/// 34 µs a call fused, against about 4 stored by a pass of their own
+/// around the 2 µs FFT.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const MIN_FUSED_FFT_LEN: usize = 64;
+
 /// A depthwise convolution prepared for overlap-save FFTs of one length.
 pub(crate) struct FftConv {
     /// FFT length `M`.
@@ -239,13 +248,14 @@ impl FftConv {
     }
 
     /// Whether [`Self::run_rows`] runs a prologue in the engine's input
-    /// loop and an epilogue in its output loop (the AVX-512 lanes engine);
-    /// otherwise the input and output are stored.
+    /// loop and an epilogue in its output loop (the AVX-512 lanes engine,
+    /// at FFT lengths of at least [`MIN_FUSED_FFT_LEN`]); otherwise the
+    /// input and output are stored.
     pub(crate) fn fuses(&self) -> bool {
         match &self.engine {
             Engine::Real(_) => false,
             #[cfg(target_arch = "x86_64")]
-            Engine::Lanes(_) => true,
+            Engine::Lanes(_) => self.fft_len >= MIN_FUSED_FFT_LEN,
         }
     }
 
