@@ -890,12 +890,8 @@ impl RowSink for EpilogueSink<'_> {
     fn stores_across(&self, row0: usize, rows: usize, len: usize) -> bool {
         // An identity epilogue walks no program: its rows are stored as
         // they are, whatever their length.
-        // Nor does a pointwise one, which finishes the whole block in place
-        // and stores it row by row: across the rows, it would store a
-        // column per step instead.
         self.across
             || (!self.identity
-                && !self.recipe.as_ref().is_some_and(|r| r.pointwise())
                 && short_rows(rows, len)
                 && one_line_across(&self.anchor_shape, row0, rows))
     }
@@ -969,6 +965,14 @@ impl RowSink for EpilogueSink<'_> {
             // result stored as `[N, C]`): the block is stored transposed,
             // a vector at a time.
             self.out.store_transposed(start, step, rows, len, values);
+            return;
+        }
+        if finished && step == 1 {
+            // Each row is a contiguous run of the result (`stride` apart):
+            // stored as they are, not a column (a strided store) per step.
+            for (r, values) in values.chunks_exact(len).take(rows).enumerate() {
+                self.store_finished(start + r * stride, 1, values);
+            }
             return;
         }
         let (anchor, tmp) = tmp.split_at_mut(rows);
