@@ -24,8 +24,10 @@
 //! not depend on the thread count: every output's sum runs in a fixed
 //! order.
 
+use super::compiled::CompiledProgram;
 use super::program::views::{Leaf, LeafMap};
-use super::program::{Env, Line, Program};
+use super::program::{Env, Line};
+use super::rows::ProgramRows;
 // The fewest elements one task reduces: the fused loops' one task grain.
 use super::rows::{SharedOut, LINE_CHUNK, MIN_TASK_ELEMS};
 use super::shape::{Shape, MAX_RANK};
@@ -99,7 +101,7 @@ enum Walk {
 /// scratch; [`KernelError::NotFusable`] for a program reading an anchor;
 /// [`KernelError::InvalidParam`] for an op asked for twice.
 pub fn reduce(
-    program: &Program,
+    program: &CompiledProgram,
     env: &dyn Env,
     dims: &[bool; MAX_RANK],
     stats: &mut [Statistic],
@@ -149,6 +151,7 @@ pub fn reduce(
             .is_leaf(program.root())
             .then(|| program.leaf_map(program.root(), env))
             .flatten(),
+        rows: ProgramRows::new(program, env),
     };
     let [a, b, c] = split_stats(stats);
     let outs = [a, b, c].map(|s| s.map(|(op, out)| (op, SharedOut::new(out))));
@@ -180,7 +183,7 @@ fn split_stats<'a>(stats: &'a mut [Statistic]) -> [Option<(ReduceOp, &'a mut [f3
 }
 
 struct Run<'a> {
-    program: &'a Program,
+    program: &'a CompiledProgram,
     env: &'a dyn Env,
     shape: Shape,
     out_shape: Shape,
@@ -191,17 +194,23 @@ struct Run<'a> {
     var: bool,
     /// The program's root, where it is a stored tensor (through views).
     leaf: Option<LeafMap<'a>>,
+    /// The program's lines, by its recipes where one fits (a flat list of
+    /// instructions, a chain), else interpreted.
+    rows: ProgramRows<'a>,
 }
 
 impl<'a> Run<'a> {
     /// The program's values along `line` (as long as `buf`): read in place
     /// where the program is a stored tensor read contiguously, else
-    /// computed into `buf` (`tmp` holding the program's temporaries).
+    /// computed into `buf` (`tmp` holding the program's temporaries) by
+    /// the recipes the program compiled to, as a kernel's prologue is:
+    /// interpreted, a LayerNorm's input (a residual sum) cost a
+    /// FastConformer block's statistics a walk of the tree per row.
     fn line<'s>(&'s self, line: &Line, buf: &'s mut [f32], tmp: &mut [f32]) -> &'s [f32] {
         if let Some(Leaf::Contiguous(v, _)) = self.leaf.and_then(|l| l.read(line, buf.len())) {
             return v;
         }
-        self.program.eval(self.env, &[], line, buf, tmp);
+        self.rows.eval_line(line, buf, tmp);
         buf
     }
     /// Rows where the loads are no less contiguous along the best reduced
@@ -459,7 +468,7 @@ fn add_dev(dev: &mut [f32], sq: &mut [f32], v: &[f32], mean: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fused::{BinaryOp, Expr};
+    use crate::fused::{BinaryOp, Expr, Program};
     use crate::test_support::{Rng, TestEnv};
 
     fn mask(dims: &[usize]) -> [bool; MAX_RANK] {
@@ -513,6 +522,7 @@ mod tests {
             .map(|d| if dims.contains(&d) { 1 } else { shape[d] })
             .product();
         let (mut s, mut m, mut v) = (vec![f32::NAN; n], vec![f32::NAN; n], vec![f32::NAN; n]);
+        let p = p.clone().compile();
         let scratch = Scratch::new(threads, reduce_scratch(p.temporaries()));
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -533,7 +543,7 @@ mod tests {
                     out: &mut v,
                 },
             ];
-            reduce(p, env, &mask(dims), &mut stats, &scratch).unwrap();
+            reduce(&p, env, &mask(dims), &mut stats, &scratch).unwrap();
         });
         [s, m, v]
     }
@@ -606,8 +616,9 @@ mod tests {
         let direct = permuted(&mut env, x, &[0, 1, 2]);
         let transposed = permuted(&mut env, x, &[0, 2, 1]);
         let walk = |p: &Program, dims: &[usize]| {
+            let p = p.clone().compile();
             Run {
-                program: p,
+                program: &p,
                 env: &env,
                 shape: env.shape(p.nodes()[p.root()].value),
                 out_shape: Shape::default(),
@@ -615,6 +626,7 @@ mod tests {
                 count: 1,
                 var: false,
                 leaf: None,
+                rows: ProgramRows::new(&p, &env),
             }
             .walk()
         };
@@ -623,6 +635,57 @@ mod tests {
         assert_eq!(walk(&transposed, &[2]), Walk::Columns { dim: 1 });
         assert_eq!(walk(&transposed, &[1]), Walk::Rows { dim: 1 });
         assert_eq!(walk(&direct, &[1, 2]), Walk::Rows { dim: 2 });
+    }
+
+    /// A LayerNorm's input as FastConformer blocks write it, a residual
+    /// sum times a gate (`(x + r) * sigmoid(r)`, `[B, N, C]`), reduced over
+    /// the channels (rows) and over time (columns): the program's flat
+    /// form computes the lines, the statistics those of the f64 reference.
+    #[test]
+    fn compiled_inputs_reduce_as_the_reference() {
+        use crate::fused::UnaryOp;
+        let mut rng = Rng::new(4);
+        let dims = [2usize, 33, 128];
+        let n: usize = dims.iter().product();
+        let mut env = TestEnv::default();
+        let x = env.stored(&dims, rng.vec(n, -2.0, 2.0));
+        let r = env.stored(&dims, rng.vec(n, -2.0, 2.0));
+        let v = env.computed(&dims);
+        let mut p = Program::default();
+        let lx = p.push(Expr::Load, x);
+        let lr = p.push(Expr::Load, r);
+        let sum = p.push(
+            Expr::Binary {
+                op: BinaryOp::Add,
+                a: lx,
+                b: lr,
+            },
+            v,
+        );
+        let g = p.push(
+            Expr::Unary {
+                op: UnaryOp::Sigmoid,
+                x: lr,
+            },
+            v,
+        );
+        p.push(
+            Expr::Binary {
+                op: BinaryOp::Mul,
+                a: sum,
+                b: g,
+            },
+            v,
+        );
+        let (xs, rs) = (env.data[x].clone(), env.data[r].clone());
+        for over in [[2usize], [1]] {
+            let want = reference(&dims, &over, |idx| {
+                let i = (idx[0] * dims[1] + idx[1]) * dims[2] + idx[2];
+                let (a, b) = (f64::from(xs[i]), f64::from(rs[i]));
+                (a + b) / (1.0 + (-b).exp())
+            });
+            check(&run(&p, &env, &over, 2), &want, &format!("over {over:?}"));
+        }
     }
 
     /// A computed input (`2 x + 1`, read through a transpose), on pools of
@@ -731,7 +794,13 @@ mod tests {
             out: &mut out,
         }];
         assert!(matches!(
-            reduce(&p, &env, &mask(&[1]), &mut stats, &scratch),
+            reduce(
+                &p.clone().compile(),
+                &env,
+                &mask(&[1]),
+                &mut stats,
+                &scratch
+            ),
             Err(KernelError::BufferLen {
                 expected: 2,
                 actual: 3,
@@ -745,7 +814,7 @@ mod tests {
         }];
         let small = Scratch::new(1, 8);
         assert!(matches!(
-            reduce(&p, &env, &mask(&[1]), &mut stats, &small),
+            reduce(&p.clone().compile(), &env, &mask(&[1]), &mut stats, &small),
             Err(KernelError::BufferLen {
                 which: "scratch",
                 ..
@@ -754,7 +823,7 @@ mod tests {
         let mut anchored = Program::default();
         anchored.push(Expr::Anchor, x);
         assert!(matches!(
-            reduce(&anchored, &env, &mask(&[1]), &mut stats, &scratch),
+            reduce(&anchored.compile(), &env, &mask(&[1]), &mut stats, &scratch),
             Err(KernelError::NotFusable { .. })
         ));
         let (mut a, mut b) = (vec![0.0; 2], vec![0.0; 2]);
@@ -769,7 +838,7 @@ mod tests {
             },
         ];
         assert!(matches!(
-            reduce(&p, &env, &mask(&[1]), &mut twice, &scratch),
+            reduce(&p.compile(), &env, &mask(&[1]), &mut twice, &scratch),
             Err(KernelError::InvalidParam { .. })
         ));
         assert_eq!(out, [0.0; 2], "nothing written");

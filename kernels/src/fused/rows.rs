@@ -375,7 +375,7 @@ impl PairSource for ProgramRows<'_> {
 impl ProgramRows<'_> {
     /// The program along `line` into `out`: by its recipe where one fits
     /// the line, else interpreted.
-    fn eval_line(&self, line: &Line, out: &mut [f32], tmp: &mut [f32]) {
+    pub(super) fn eval_line(&self, line: &Line, out: &mut [f32], tmp: &mut [f32]) {
         if let Some(recipe) = &self.recipes.product {
             if recipe.run(line, out) {
                 return;

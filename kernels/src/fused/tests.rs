@@ -1308,9 +1308,10 @@ fn pointwise_epilogues_drain_in_blocks_bit_for_bit() {
                     .num_threads(threads)
                     .build()
                     .unwrap();
-                let sink = EpilogueSink::new(&p, &env, shape, &[], &mut got, shape);
-                pool.install(|| drain(&sink, &values, n, &scratch));
-                drop(sink);
+                {
+                    let sink = EpilogueSink::new(&p, &env, shape, &[], &mut got, shape);
+                    pool.install(|| drain(&sink, &values, n, &scratch));
+                }
                 assert_eq!(
                     bits(&got),
                     bits(&want),
