@@ -172,6 +172,12 @@ class Context:
     ram_bytes: int | None
     planned_inputs: bool = False
     bandwidth: float | None = None  # bytes/s, for the blocks' I/O floor
+    rounds: int = 1  # interleaved rounds (bench/rounds.py): each gets budget_s / rounds
+
+    @property
+    def round_budget_s(self) -> float:
+        """Seconds of timed calls for one round's measurement."""
+        return self.budget_s / self.rounds
 
 
 def new_row(setting: Setting, alt: str) -> dict:
@@ -404,7 +410,9 @@ class SettingBench:
                     self._fill_runner_row(row, alt, probe)
                     row["note"] = f"one call only: it took {projected:.1f} s (> budget)"
                     return row
-            warm, reps = measure.plan_repeats(projected, ctx.warmup, ctx.repeats, ctx.budget_s)
+            warm, reps = measure.plan_repeats(
+                projected, ctx.warmup, ctx.repeats, ctx.round_budget_s
+            )
             timeout = 4 * (warm + reps) * max(projected, 0.05) + 120
             result = measure.run_pte(
                 runner, lowered.pte, self.npz, out_npz, warm, reps, ctx.threads, timeout, etdump
@@ -597,7 +605,7 @@ class SettingBench:
             with measure.PeakMemory() as mem:
                 call = self._build(alt)
                 timing, output = measure.time_calls(
-                    call, ctx.warmup, ctx.repeats, ctx.time_limit_s, ctx.budget_s
+                    call, ctx.warmup, ctx.repeats, ctx.time_limit_s, ctx.round_budget_s
                 )
                 del call
         except Exception as e:
