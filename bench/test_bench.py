@@ -82,6 +82,7 @@ def test_end_to_end_tiny(tmp_path):
         assert float(row["median_ms"]) > 0, key
         assert float(row["max_abs_err"]) <= 1e-3, key
         assert row["peak_mib"] != "", key
+    assert rows[("conv", "ours")]["rounds"] == "1"  # conv and scan: one round by default
     assert rows[("scan", "xnnpack")]["status"] == "n/a"
     assert rows[("scan", "et_cpu")]["status"] == "n/a"
     assert "RustConvBackend" in rows[("conv", "ours")]["delegated"]
@@ -261,6 +262,11 @@ def test_end_to_end_zoo_tiny(tmp_path):
         row = rows[alt]
         assert row["status"] == "ok", (alt, row["status"], row["note"])
         assert float(row["median_ms"]) > 0 and float(row["max_abs_err"]) <= 1e-4, alt
+    # Three interleaved rounds by default for the zoo: the fastest kept.
+    for alt in ("ours", "xnnpack", "onnxruntime"):
+        medians = [float(m) for m in rows[alt]["round_medians_ms"].split(";")]
+        assert rows[alt]["rounds"] == "3" and len(medians) == 3, alt
+        assert float(rows[alt]["median_ms"]) == pytest.approx(min(medians), rel=1e-5), alt
     zoo_models, _ = zoo.modules()
     expected = zoo_models.MODELS["et_silero_vad"].build(False).rustconv_calls
     assert int(rows["ours"]["rustconv_calls"]) == expected
@@ -268,6 +274,7 @@ def test_end_to_end_zoo_tiny(tmp_path):
     summary = (out / "summary.md").read_text()
     assert "## Zoo" in summary and "### Goals (zoo)" in summary
     assert "every zoo model at least as fast as ONNX Runtime" in summary
+    assert "- **Rounds:** 3 for zoo." in summary
 
 
 def test_zoo_filters():
