@@ -251,6 +251,10 @@ class SettingBench:
         self.reference_tried = False
         self.ours_plan: measure.PlanLine | None = None
         self.ours_row: dict | None = None
+        # This setting's own last measured call per alternative (s), at any
+        # thread count: what plans the timed calls where the projection was
+        # not measured on this setting at this count.
+        self.call_s: dict[str, float] = {}
 
     # Entry point --------------------------------------------------------------
     def run(self, alt: str) -> list[dict]:
@@ -392,9 +396,17 @@ class SettingBench:
         projected = proj.seconds
         if s.kind == "zoo" and self.data.zoo.decode:
             return self._run_decode_in_runner(row, alt, runner, lowered, out_npz, etdump)
+        known = self.call_s.get(alt)
+        if known is not None and not proj.measured:
+            # Measured at another thread count: a far better guess than a
+            # projection from other settings or the prior (the zoo's is a
+            # nominal 0.5 s at 2 threads, which planned 4 timed calls of 1 ms).
+            projected = known
         try:
-            if not proj.measured and projected > 0.5:
-                # A rough projection: time one call before planning the repeats.
+            if known is None and not proj.measured and (projected > 0.5 or s.kind == "zoo"):
+                # A rough projection (a zoo model's is only a nominal guard
+                # against the time limit): time one call before planning the
+                # repeats.
                 probe = measure.run_pte(
                     runner, lowered.pte, self.npz, out_npz, 0, 1, ctx.threads,
                     timeout_s=2 * ctx.time_limit_s + 120, etdump=etdump,
@@ -466,6 +478,7 @@ class SettingBench:
         row["warmup"] = result.timing.warmup
         row["iters"] = row["iters"] or 1
         row["peak_mib"] = result.peak_mib
+        self.call_s[alt] = result.timing.median_ms / 1e3
         self.ctx.projector.record(
             alt, work_model(alt, s.kind), s, result.timing.median_ms / 1e3, measured=True
         )

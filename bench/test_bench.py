@@ -2,12 +2,15 @@
 projections. Run: .venv/bin/python -m pytest -q bench (with pte_runner built)."""
 
 import csv
+import dataclasses
 import json
 import math
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -498,3 +501,40 @@ def test_rounds_interleave_alternatives(tmp_path, monkeypatch):
     assert {c[2] for c in calls} == {3.0}
     assert float(rows[("ours", "1")]["median_ms"]) == 3.0
     assert rows[("ours", "1")]["spread"] == ""
+
+
+def test_runner_calls_planned_from_this_settings_own_time(tmp_path, monkeypatch):
+    """A zoo model's first call is probed (its projection is only a nominal
+    guard); at a second thread count its timed calls are planned from the
+    first count's time, not the prior (which planned 4 timed calls of a 1 ms
+    program at 2 threads)."""
+    s = workload.Setting("zoo", 0, 0, None, None, "m", "small")
+    data = SimpleNamespace(setting=s, zoo=SimpleNamespace(decode=False, module=object()))
+    lowered = SimpleNamespace(
+        pte=tmp_path / "m.pte", lower_s=1.0, describe=lambda: "RustConvBackend x1",
+        calls=lambda backend: 1, delegated_to=lambda backend: True,
+    )  # fmt: skip
+    runs = []
+
+    def run_pte(runner, pte, npz, out, warmup, iters, threads, timeout_s, *args, **kw):
+        runs.append((iters, threads))
+        timing = measure.Timing([1.0], warmup)
+        return measure.RunnerResult(timing, 0.9, 1.1, 1.0, [], np.zeros(1), "")
+
+    monkeypatch.setattr(alternatives, "inputs_npz", lambda data, seed, cache: tmp_path / "in.npz")
+    monkeypatch.setattr(alternatives, "lowered_pte", lambda *a: lowered)
+    monkeypatch.setattr(measure, "run_pte", run_pte)
+    ctx = alternatives.Context(
+        runner=Path("pte_runner"), baseline_runner=None, threads=1, warmup=2, repeats=7,
+        time_limit_s=60.0, budget_s=2.0, seed=0, cache_dir=tmp_path, work_dir=tmp_path,
+        native=None, projector=projection.Projector(1), ram_bytes=None, rounds=2,
+    )  # fmt: skip
+    bench = alternatives.SettingBench(ctx, data)
+    (row,) = bench.run("xnnpack")
+    # A probe call, then the plan for 1 ms calls in a second of budget per round.
+    assert runs == [(1, 1), (measure.plan_repeats(1e-3, 2, 7, 1.0)[1], 1)]
+    assert row["status"] == "ok" and row["iters"] == runs[1][0] >= 100
+    runs.clear()
+    bench.ctx = dataclasses.replace(ctx, threads=2, projector=projection.Projector(2))
+    bench.run("xnnpack")
+    assert runs == [(measure.plan_repeats(1e-3, 2, 7, 1.0)[1], 2)]
