@@ -172,6 +172,12 @@ class Context:
     ram_bytes: int | None
     planned_inputs: bool = False
     bandwidth: float | None = None  # bytes/s, for the blocks' I/O floor
+    rounds: int = 1  # interleaved rounds (bench/rounds.py): each gets budget_s / rounds
+
+    @property
+    def round_budget_s(self) -> float:
+        """Seconds of timed calls for one round's measurement."""
+        return self.budget_s / self.rounds
 
 
 def new_row(setting: Setting, alt: str) -> dict:
@@ -245,6 +251,10 @@ class SettingBench:
         self.reference_tried = False
         self.ours_plan: measure.PlanLine | None = None
         self.ours_row: dict | None = None
+        # This setting's own last measured call per alternative (s), at any
+        # thread count: what plans the timed calls where the projection was
+        # not measured on this setting at this count.
+        self.call_s: dict[str, float] = {}
 
     # Entry point --------------------------------------------------------------
     def run(self, alt: str) -> list[dict]:
@@ -386,9 +396,17 @@ class SettingBench:
         projected = proj.seconds
         if s.kind == "zoo" and self.data.zoo.decode:
             return self._run_decode_in_runner(row, alt, runner, lowered, out_npz, etdump)
+        known = self.call_s.get(alt)
+        if known is not None and not proj.measured:
+            # Measured at another thread count: a far better guess than a
+            # projection from other settings or the prior (the zoo's is a
+            # nominal 0.5 s at 2 threads, which planned 4 timed calls of 1 ms).
+            projected = known
         try:
-            if not proj.measured and projected > 0.5:
-                # A rough projection: time one call before planning the repeats.
+            if known is None and not proj.measured and (projected > 0.5 or s.kind == "zoo"):
+                # A rough projection (a zoo model's is only a nominal guard
+                # against the time limit): time one call before planning the
+                # repeats.
                 probe = measure.run_pte(
                     runner, lowered.pte, self.npz, out_npz, 0, 1, ctx.threads,
                     timeout_s=2 * ctx.time_limit_s + 120, etdump=etdump,
@@ -404,7 +422,9 @@ class SettingBench:
                     self._fill_runner_row(row, alt, probe)
                     row["note"] = f"one call only: it took {projected:.1f} s (> budget)"
                     return row
-            warm, reps = measure.plan_repeats(projected, ctx.warmup, ctx.repeats, ctx.budget_s)
+            warm, reps = measure.plan_repeats(
+                projected, ctx.warmup, ctx.repeats, ctx.round_budget_s
+            )
             timeout = 4 * (warm + reps) * max(projected, 0.05) + 120
             result = measure.run_pte(
                 runner, lowered.pte, self.npz, out_npz, warm, reps, ctx.threads, timeout, etdump
@@ -458,6 +478,7 @@ class SettingBench:
         row["warmup"] = result.timing.warmup
         row["iters"] = row["iters"] or 1
         row["peak_mib"] = result.peak_mib
+        self.call_s[alt] = result.timing.median_ms / 1e3
         self.ctx.projector.record(
             alt, work_model(alt, s.kind), s, result.timing.median_ms / 1e3, measured=True
         )
@@ -597,7 +618,7 @@ class SettingBench:
             with measure.PeakMemory() as mem:
                 call = self._build(alt)
                 timing, output = measure.time_calls(
-                    call, ctx.warmup, ctx.repeats, ctx.time_limit_s, ctx.budget_s
+                    call, ctx.warmup, ctx.repeats, ctx.time_limit_s, ctx.round_budget_s
                 )
                 del call
         except Exception as e:

@@ -18,7 +18,8 @@ from bench.measure import MAX_REPEATS
 COLUMNS = [
     "kind", "C", "N", "K", "K_label", "block", "size", "threads", "setting", "alternative",
     "status",
-    "median_ms", "p10_ms", "p90_ms", "warmup", "iters", "peak_mib",
+    "median_ms", "p10_ms", "p90_ms", "warmup", "iters", "rounds", "round_medians_ms", "spread",
+    "peak_mib",
     "max_abs_err", "reference", "chosen_kernel", "estimate_ms", "prepared_mib",
     "estimates", "delegated", "rustconv_calls", "xnnpack_calls", "io_bytes",
     "projected_s", "projection_basis", "lower_s", "note",
@@ -78,6 +79,8 @@ def _json_value(v):
 def _csv_value(v):
     if isinstance(v, float):
         return f"{v:.6g}"
+    if isinstance(v, list):  # round_medians_ms: one cell, the rounds in order
+        return ";".join(_csv_value(x) for x in v)
     return "" if v is None else v
 
 
@@ -233,7 +236,11 @@ def goals(results: list[SettingResult], geomean: float | None) -> list[Goal]:
         if r.speedup_best is None:
             fails.append(f"{r.name} (no comparison: {_ours_status(r)})")
         elif r.speedup_best < GOAL_SPEEDUP_EACH:
-            fails.append(f"{r.name} ({r.speedup_best:.2f}x vs {LABELS[r.best_alt]})")
+            noise = (
+                "" if r.best_projected
+                else noise_note(r, r.best_alt, r.speedup_best, GOAL_SPEEDUP_EACH)
+            )  # fmt: skip
+            fails.append(f"{r.name} ({r.speedup_best:.2f}x vs {LABELS[r.best_alt]}{noise})")
     projected = [r.name for r in conv if r.best_projected and r.speedup_best]
     detail = f"{checked - len(fails)}/{checked} settings pass"
     if fails:
@@ -372,7 +379,7 @@ def block_goals(blocks: list[SettingResult]) -> list[Goal]:
                     if got is None:
                         fails.append(f"no comparison with {alt} ({_ours_status(r)})")
                     elif got[0] < want:
-                        fails.append(f"{_x(got[0])} vs {alt}")
+                        fails.append(f"{_x(got[0])} vs {alt}{noise_note(r, alt, got[0], want)}")
                     else:
                         note = " (vs a projected time)" if got[1] else ""
                         parts[-1] += f" ({_x(got[0])}{note})"
@@ -409,6 +416,55 @@ def block_goals(blocks: list[SettingResult]) -> list[Goal]:
             )
         )
     return out
+
+
+def _rounds_line(meta: dict) -> str:
+    by_kind = meta.get("rounds") or {}
+    counts = sorted(set(by_kind.values()))
+    if not counts or counts == [1]:
+        return (
+            "- **Rounds:** 1: each alternative measured once, one after the other "
+            "(`--rounds R` interleaves them)"
+        )
+    which = "; ".join(
+        f"{n} for {', '.join(k for k, v in by_kind.items() if v == n)}" for n in counts
+    )
+    return (
+        f"- **Rounds:** {which}. Per setting and thread count, every alternative is measured "
+        "once per round, in turn (A B C, A B C, ...); a row is the round with the lowest "
+        "median (throttling only ever slows a run down), and *spread* is its slowest round's "
+        "median over its fastest. Output error and peak memory are the worst of any round, "
+        "and an error in any round is the row's. An alternative whose first round did not "
+        "finish, or whose call is longer than the whole budget, is not repeated. Ratio goals "
+        "keep their bar; a failure whose gap to the bar is no larger than the spread of "
+        "ours' or the alternative's rounds is marked *within measured noise*"
+    )
+
+
+def noise_note(r: SettingResult, alt: str, x: float, bar: float) -> str:
+    """For a ratio goal that failed (``x`` = alt's median / ours < ``bar``):
+    " (within measured noise: ...)" when the gap, bar / x, is no larger than
+    the spread of ours' or the alternative's round medians (bench/rounds.py),
+    i.e. the rounds of one of them alone varied by as much; else ""."""
+    spreads = {"ours": _spread(r.ours), alt: _spread(r.rows.get(alt))}
+    worst = max((v for v in spreads.values() if v), default=None)
+    if worst is None or bar / x > worst:
+        return ""
+    text = ", ".join(f"{name} {_spread_pct(v)}" for name, v in spreads.items())
+    return f" (within measured noise: round spread {text})"
+
+
+def _spread(row: dict | None) -> float | None:
+    return row.get("spread") if row else None
+
+
+def _spread_pct(spread: float | None) -> str:
+    """max / min of a row's round medians, as the percentage the slowest
+    round took over the fastest."""
+    if spread is None:
+        return "–"
+    pct = (spread - 1) * 100
+    return f"{pct:.1f}%" if pct < 10 else f"{pct:.0f}%"
 
 
 def _ours_status(r: SettingResult) -> str:
@@ -460,6 +516,18 @@ def cell(row: dict | None) -> str:
     return status.split(":")[0] if status.startswith("error") else status
 
 
+def _spread_cell(row: dict | None) -> str:
+    """cell(row) with its round spread in brackets, where it had several rounds."""
+    text = cell(row)
+    if row and row["status"] == "ok" and row.get("spread"):
+        text += f" [{_spread_pct(row['spread'])}]"
+    return text
+
+
+def _spreads(r: SettingResult, alts: tuple[str, ...]) -> str:
+    return " / ".join(_spread_pct(_spread(r.ours if a == "ours" else r.rows.get(a))) for a in alts)
+
+
 def _speedup_cell(r: SettingResult, alt: str) -> str:
     if alt in r.speedups:
         x, projected = r.speedups[alt]
@@ -498,9 +566,12 @@ def markdown(meta: dict, analysis: dict, rows: list[dict], images: list[str]) ->
         f"- **Run:** `{meta['command']}` ({meta['mode']}); commit {meta['git']}; "
         f"torch {meta['torch']}, executorch {meta['executorch']}",
         f"- **Timing:** {meta['warmup']} warm-up + {meta['repeats']} timed calls per "
-        f"alternative; short calls get more (up to {MAX_REPEATS} in a quarter of the budget, "
-        f"with a tenth as many extra warm-ups), slow calls fewer (about {meta['budget_s']:g} s "
-        f"of timed calls, at least 3); time limit {meta['time_limit_s']:g} s per call",
+        f"alternative and round; short calls get more (up to {MAX_REPEATS} in a quarter of the "
+        f"round's budget, with a tenth as many extra warm-ups), slow calls fewer (about "
+        f"{meta['budget_s']:g} s of timed calls per alternative, split evenly over its rounds; "
+        f"at least 3 a round, 1 for a call longer than the round's share); time limit "
+        f"{meta['time_limit_s']:g} s per call",
+        _rounds_line(meta),
         f"- **Other load:** {_pct(meta.get('others_busy_start'))} of the CPUs busy with other "
         f"processes at the start, {_pct(meta.get('others_busy_end'))} at the end (1 s samples)",
         "",
@@ -622,10 +693,14 @@ def markdown(meta: dict, analysis: dict, rows: list[dict], images: list[str]) ->
         lines += _table(header, body) + [""]
 
     lines += ["## All measurements (median per call)", ""]
+    if any(row.get("spread") for row in rows):
+        lines += ["In brackets: the round spread (slowest round's median over the fastest's).", ""]
     order = [a for a in LABELS if a in {row["alternative"] for row in rows}]
     body = []
-    for r in results + analysis["blocks"]:
-        body.append([r.name] + [cell(r.ours if a == "ours" else r.rows.get(a)) for a in order])
+    for r in results + analysis["blocks"] + analysis["zoo"]:
+        body.append(
+            [r.name] + [_spread_cell(r.ours if a == "ours" else r.rows.get(a)) for a in order]
+        )
     lines += _table(["setting", *[LABELS[a] for a in order]], body) + [""]
     xnn = [
         row["setting"]
@@ -766,6 +841,9 @@ def _blocks_markdown(analysis: dict) -> list[str]:
     header = ["block", "ours", *[f"vs {LABELS[a]}" for a in alts], "I/O floor", "ours / floor"]
     header += ["calls ours", "calls fusion off", "calls XNNPACK"]
     header += ["peak MiB ours / fusion off / XNNPACK", "max err"]
+    spreads = any(_spread(r.ours) for r in blocks)
+    if spreads:
+        header.append("round spread ours / fusion off / XNNPACK")
     body = []
     for r in blocks:
         floor = r.rows.get("io_floor")
@@ -786,6 +864,7 @@ def _blocks_markdown(analysis: dict) -> list[str]:
                 " / ".join(peaks),
                 _err(r.ours, r.rows.get("xnnpack")),
             ]
+            + ([_spreads(r, ("ours", *alts[:2]))] if spreads else [])
         )
     lines += _table(header, body) + [""]
     lines += ["### Goals (blocks)", ""]
@@ -808,20 +887,28 @@ def zoo_goals(zoo: list[SettingResult]) -> list[Goal]:
     tests' bar; here the absolute error is reported against the scale)."""
     goals = []
     for alt in ("xnnpack", "onnxruntime"):
-        checked, failures = 0, []
+        checked, failures, noisy = 0, [], 0
+        bar = 1 - ZOO_NOISE_MARGIN
         for r in zoo:
             x = r.speedups.get(alt)
             if x is None or x[1]:
                 continue
             checked += 1
-            if x[0] < 1 - ZOO_NOISE_MARGIN:
-                failures.append(f"{r.name} {_x(x[0])}")
+            if x[0] < bar:
+                note = noise_note(r, alt, x[0], bar)
+                noisy += bool(note)
+                failures.append(f"{r.name} {_x(x[0])}{note}")
+        detail = f"{checked} compared"
+        if failures:
+            detail += f"; slower: {', '.join(failures)}"
+        if noisy:
+            detail += f"; {noisy} of the {len(failures)} within measured noise"
         goals.append(
             Goal(
                 f"every zoo model at least as fast as {LABELS[alt]} "
                 f"(noise margin {ZOO_NOISE_MARGIN:.0%})",
                 _verdict(checked, failures),
-                f"{checked} compared" + (f"; slower: {', '.join(failures)}" if failures else ""),
+                detail,
             )
         )
     return goals
@@ -845,6 +932,9 @@ def _zoo_markdown(analysis: dict) -> list[str]:
     alts = BASELINES["zoo"]
     header = ["model", "ours", *[f"vs {LABELS[a]}" for a in alts]]
     header += ["calls ours", "calls XNNPACK", "peak MiB ours / XNNPACK", "max err"]
+    spreads = any(_spread(r.ours) or _spread(r.rows.get("xnnpack")) for r in zoo)
+    if spreads:
+        header.append("round spread ours / XNNPACK")
     body = []
     for r in zoo:
         peaks = [
@@ -861,6 +951,7 @@ def _zoo_markdown(analysis: dict) -> list[str]:
                 " / ".join(peaks),
                 _err(r.ours, r.rows.get("xnnpack")),
             ]
+            + ([_spreads(r, ("ours", "xnnpack"))] if spreads else [])
         )
     lines += _table(header, body) + [""]
     notes = [

@@ -45,7 +45,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "partitioner_py")]
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from bench import alternatives, measure, report, workload  # noqa: E402
+from bench import alternatives, measure, report, rounds, workload  # noqa: E402
 from bench.native import Native  # noqa: E402
 from bench.projection import Projector  # noqa: E402
 
@@ -200,7 +200,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         "of the inputs in planned memory); default: inputs are read in place",
     )
     p.add_argument(
-        "--rounds", type=int, default=5, help="interference: interleaved rounds (default 5)"
+        "--rounds",
+        type=int,
+        default=None,
+        help="interleaved rounds: each alternative of a setting measured once per round, in "
+        "turn, with budget/R each; the row is the round with the lowest median (default 3 "
+        "for blocks, decode and zoo settings, 1 for conv and scan; interference: 5)",
     )
     p.add_argument(
         "--rustconv-threads",
@@ -214,6 +219,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.budget = args.budget if args.budget is not None else (10.0 if args.full else 2.0)
     if min(args.threads) < 1 or args.repeats < 1 or args.warmup < 0:
         p.error("--threads and --repeats must be >= 1, --warmup >= 0")
+    if args.rounds is not None and args.rounds < 1:
+        p.error("--rounds must be >= 1")
     return args
 
 
@@ -322,6 +329,7 @@ def main(argv=None) -> int:
     if interference:
         from bench import interference as interference_bench
 
+        args.rounds = args.rounds or 5
         try:
             return interference_bench.main(args, meta, out, work_dir)
         finally:
@@ -347,38 +355,57 @@ def main(argv=None) -> int:
     )
 
     # Every setting's data is built once; each thread count then runs its
-    # alternatives (a context, with its own projections, per count).
+    # alternatives (a context, with its own projections, per count) in
+    # interleaved rounds (bench/rounds.py): every alternative once per round,
+    # in turn, each round with budget / R of timed calls.
+    meta["rounds"] = {
+        kind: rounds.rounds_for(kind, args.rounds)
+        for kind in dict.fromkeys(s.kind for s in settings)
+    }
     contexts = {t: dataclasses.replace(ctx, threads=t, projector=Projector(t)) for t in threads}
-    steps = [(s, t, a) for s in settings for t in threads for a in alternatives.steps_for(s, alts)]
+    total = sum(
+        rounds.rounds_for(s.kind, args.rounds) * len(alternatives.steps_for(s, alts))
+        for s in settings
+    ) * len(threads)
     rows: list[dict] = []
-    bar = tqdm(total=len(steps), unit="run", dynamic_ncols=True, file=sys.stderr)
-    current = None
-    bench = None
-    for setting, count, alt in steps:
-        bar.set_postfix_str(f"{setting.name} {alt}" + (f" {count}T" if len(threads) > 1 else ""))
-        if setting is not current:
-            if bench is not None:
-                report.write_rows(out, meta, rows)  # partial results survive a crash
-            current, bench = setting, None
-            try:
-                bench = alternatives.SettingBench(ctx, workload.make_data(setting, args.seed))
-            except Exception as e:
-                error = f"error: inputs: {alternatives.one_line(e)}"
-        if bench is None:
-            new = [alternatives.new_row(setting, alt)]
-            new[0]["status"] = error
-        else:
-            bench.ctx = contexts[count]
-            torch.set_num_threads(count)
-            new = bench.run(alt)
-        for row in new:
-            row["threads"] = count
-            if len(threads) > 1:
-                row["setting"] = f"{row['setting']} @ {count} threads"
-        rows.extend(new)
-        bar.update()
+    bar = tqdm(total=total, unit="run", dynamic_ncols=True, file=sys.stderr)
+    for setting in settings:
+        try:
+            bench = alternatives.SettingBench(ctx, workload.make_data(setting, args.seed))
+        except Exception as e:
+            bench, error = None, f"error: inputs: {alternatives.one_line(e)}"
+        steps = alternatives.steps_for(setting, alts)
+        count_rounds = rounds.rounds_for(setting.kind, args.rounds)
+        for count in threads:
+            runs: dict[str, list[list[dict]]] = {alt: [] for alt in steps}
+            count_ctx = dataclasses.replace(contexts[count], rounds=count_rounds)
+            for k in range(count_rounds):
+                for alt in steps:
+                    suffix = f" {count}T" if len(threads) > 1 else ""
+                    if count_rounds > 1:
+                        suffix += f" round {k + 1}/{count_rounds}"
+                    bar.set_postfix_str(f"{setting.name} {alt}{suffix}")
+                    if k and not rounds.repeatable(runs[alt][0], args.budget):
+                        bar.update()  # its first round stands (bench/rounds.py)
+                        continue
+                    if bench is None:
+                        new = [alternatives.new_row(setting, alt)]
+                        new[0]["status"] = error
+                    else:
+                        bench.ctx = count_ctx
+                        torch.set_num_threads(count)
+                        new = bench.run(alt)
+                    runs[alt].append(new)
+                    bar.update()
+            for alt in steps:
+                for row in rounds.merge(runs[alt]):
+                    row["threads"] = count
+                    if len(threads) > 1:
+                        row["setting"] = f"{row['setting']} @ {count} threads"
+                    rows.append(row)
+        bench = None
+        report.write_rows(out, meta, rows)  # partial results survive a crash
     bar.close()
-    bench = None
 
     meta["elapsed_s"] = time.perf_counter() - started
     meta["others_busy_end"] = measure.others_cpu_busy()

@@ -71,8 +71,9 @@ DECODE_BLOCKS = {
 }
 DECODE_K = 4  # the conv step's filter
 #: A zoo model's work for the projections, which only guard against calls
-#: over the time limit: a nominal GFLOP (about half a second at the prior
-#: rate, so the first call is not probed).
+#: over the time limit: a nominal GFLOP (a second a thread at the prior
+#: rate). The timed calls are planned from a probe call instead
+#: (SettingBench.run_in_runner).
 ZOO_NOMINAL_FLOPS = 1e9
 CONV_STACK_K, CONV_STACK_LAYERS, LFM2_K = 11, 12, 3
 BYTES_PER_ELEMENT = 4  # float32
