@@ -420,10 +420,10 @@ pub(crate) fn short_rows(rows: usize, len: usize) -> bool {
 
 /// A flat program's set-up per line ([`super::flat`]: its leaves
 /// resolved, no walk of nodes) costs about as much as this many elements.
-/// With the interpreter's [`LINE_SETUP`], a FastConformer's GLU before a
-/// depthwise conv of 16 frames, filled 16 rows of 12 at a time (the FFT's
-/// blocks), went across the rows, through the interpreter (a flat program
-/// takes no strided line): 34 µs a call, against 8 along them.
+/// Priced as the interpreter's [`LINE_SETUP`], a FastConformer's GLU filled
+/// 16 rows of 12 at a time went across the rows, and so through the
+/// interpreter (a flat program takes no strided line), instead of a flat
+/// line per row.
 const FLAT_LINE_SETUP: usize = 32;
 
 /// [`short_rows`] for lines whose set-up costs `setup` elements.
