@@ -299,6 +299,9 @@ impl<'a> Run<'a> {
             }
         };
         let kept = |d: usize| !self.dims[d];
+        if outer == 1 && self.rows_in_lines(dim, len) {
+            return self.row_blocks(dim, len, outs, scratch);
+        }
         let per_task = MIN_TASK_ELEMS.div_ceil(self.count.max(1));
         crate::par::for_each_min(self.out_shape.numel(), per_task, |e| {
             scratch.with_slot(|slot| {
@@ -318,6 +321,67 @@ impl<'a> Run<'a> {
                 let at = self.out_offset(&base);
                 for (op, out) in outs.iter().flatten() {
                     out.store_line(at, 1, &[self.finish(*op, sum, mean, dev, sq)]);
+                }
+            })
+        });
+    }
+
+    /// Whether each output of a [`Walk::Rows`] along `dim` reduces one row
+    /// of `len` elements along the last dimension, several of which fit a
+    /// line, and consecutive rows lie end to end in everything the program
+    /// reads ([`Program::rows_end_to_end`](super::program::Program)): the
+    /// case of [`Self::row_blocks`].
+    fn rows_in_lines(&self, dim: usize, len: usize) -> bool {
+        let rank = self.shape.rank();
+        rank >= 2
+            && dim == rank - 1
+            && !self.dims[rank - 2]
+            && self.shape[rank - 2] > 1
+            && (1..=LINE_CHUNK / 2).contains(&len)
+            && self
+                .program
+                .rows_end_to_end(self.program.root(), self.env, rank - 2, rank - 1, len)
+    }
+
+    /// [`Self::rows`] for [`Self::rows_in_lines`]: per task, blocks of rows
+    /// of one batch item, each block computed as one line and each row's
+    /// statistics taken from it, the line read once for both passes. Row
+    /// by row, a LayerNorm over the 128 channels of a FastConformer block's
+    /// 32 frames computed its input (a residual sum) twice per row, paying
+    /// a line's set-up each time. The sums are those of [`Self::rows`]
+    /// (one line per output), so the results are bit for bit the same.
+    fn row_blocks(&self, dim: usize, len: usize, outs: &Outs, scratch: &Scratch) {
+        let rank = self.shape.rank();
+        let per_item = self.shape[rank - 2];
+        let block = (LINE_CHUNK / len).min(per_item);
+        let blocks = per_item.div_ceil(block);
+        let items = self.out_shape.numel() / per_item;
+        let temps = self.program.temporaries();
+        let kept = |d: usize| !self.dims[d];
+        let per_task = MIN_TASK_ELEMS.div_ceil(block * len);
+        crate::par::for_each_min(items * blocks, per_task, |task| {
+            let (item, b) = (task / blocks, task % blocks);
+            let row0 = item * per_item + b * block;
+            let n = block.min(per_item - b * block) * len;
+            scratch.with_slot(|slot| {
+                let (buf, tmp) = slot.split_at_mut(LINE_CHUNK);
+                let base = Self::unravel(&self.out_shape, kept, row0);
+                let line = Line::along(base, dim);
+                let values = self.line(&line, &mut buf[..n], &mut tmp[..temps * n]);
+                // Rows of one item are consecutive outputs.
+                let at = self.out_offset(&base);
+                for (r, v) in values.chunks_exact(len).enumerate() {
+                    let sum = f64::from(sum_line(v));
+                    let mean = (sum / self.count as f64) as f32;
+                    let (dev, sq) = if self.var {
+                        let (d, s) = sum_dev(v, mean);
+                        (f64::from(d), f64::from(s))
+                    } else {
+                        (0.0, 0.0)
+                    };
+                    for (op, out) in outs.iter().flatten() {
+                        out.store_line(at + r, 1, &[self.finish(*op, sum, mean, dev, sq)]);
+                    }
                 }
             })
         });
@@ -685,6 +749,70 @@ mod tests {
                 (a + b) / (1.0 + (-b).exp())
             });
             check(&run(&p, &env, &over, 2), &want, &format!("over {over:?}"));
+        }
+    }
+
+    /// `x + r` over the channels of `[B, N, C]`, with `x` stored once with
+    /// its rows end to end (blocks of rows read as one line,
+    /// `Run::row_blocks`) and once as the first `C` of rows of `C + 1`
+    /// (a slice: a line per row): the same values, so the same bits, on 1
+    /// and 3 threads; items of 33 rows cross the 8-row blocks.
+    #[test]
+    fn rows_read_as_one_line_give_the_bits_of_rows_read_one_by_one() {
+        let mut rng = Rng::new(5);
+        let dims = [2usize, 33, 128];
+        let n: usize = dims.iter().product();
+        let xs = rng.vec(n, -2.0, 2.0);
+        let mut env = TestEnv::default();
+        let r = env.stored(&dims, rng.vec(n, -2.0, 2.0));
+        let v = env.computed(&dims);
+        let sum = |p: &mut Program, x: usize| {
+            let lr = p.push(Expr::Load, r);
+            p.push(
+                Expr::Binary {
+                    op: BinaryOp::Add,
+                    a: x,
+                    b: lr,
+                },
+                v,
+            );
+        };
+        let x = env.stored(&dims, xs.clone());
+        let mut whole = Program::default();
+        let lx = whole.push(Expr::Load, x);
+        sum(&mut whole, lx);
+        let padded: Vec<f32> = xs
+            .chunks_exact(128)
+            .flat_map(|row| row.iter().copied().chain([f32::NAN]))
+            .collect();
+        let wide = env.stored(&[2, 33, 129], padded);
+        let mut sliced = Program::default();
+        let lw = sliced.push(Expr::Load, wide);
+        let s = sliced.push(
+            Expr::Slice {
+                x: lw,
+                dim: 2,
+                start: 0,
+                step: 1,
+            },
+            v,
+        );
+        sum(&mut sliced, s);
+        let (root, rank) = (whole.root(), dims.len());
+        assert!(whole.rows_end_to_end(root, &env, rank - 2, rank - 1, 128));
+        let root = sliced.root();
+        assert!(!sliced.rows_end_to_end(root, &env, rank - 2, rank - 1, 128));
+        for threads in [1, 3] {
+            let (a, b) = (
+                run(&whole, &env, &[2], threads),
+                run(&sliced, &env, &[2], threads),
+            );
+            for (what, (a, b)) in ["sum", "mean", "var"].iter().zip(a.iter().zip(&b)) {
+                assert!(
+                    a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{what}, {threads} thread(s): one line per block differs from one per row"
+                );
+            }
         }
     }
 

@@ -150,6 +150,38 @@ impl Program {
         })
     }
 
+    /// Whether rows of `len` elements along dimension `along` of node `i`,
+    /// consecutive along `across`, lie end to end in every leaf `i` reads
+    /// through elementwise ops (or are one value of it): then one line of
+    /// several such rows, from the first one's start, is those rows in
+    /// order. False where `i` reads anything else (a cat, a view of a
+    /// computed value, the anchor).
+    pub(crate) fn rows_end_to_end(
+        &self,
+        i: usize,
+        env: &dyn Env,
+        across: usize,
+        along: usize,
+        len: usize,
+    ) -> bool {
+        if self.is_leaf(i) {
+            return match self.leaf_map(i, env) {
+                Some(LeafMap::Const(_)) => true,
+                Some(LeafMap::Stored { coef, .. }) => {
+                    (coef[along], coef[across]) == (1, len) || (coef[along], coef[across]) == (0, 0)
+                }
+                None => false,
+            };
+        }
+        let ok = |x: usize| self.rows_end_to_end(x, env, across, along, len);
+        match self.nodes[i].expr {
+            Expr::Unary { x, .. } | Expr::Clamp { x, .. } => ok(x),
+            Expr::Binary { a, b, .. } => ok(a) && ok(b),
+            Expr::Where { cond, a, b } => ok(cond) && ok(a) && ok(b),
+            _ => false,
+        }
+    }
+
     /// The constant leaf `i` is, if it is one (through views).
     fn leaf_const(&self, mut i: usize) -> Option<f32> {
         loop {
