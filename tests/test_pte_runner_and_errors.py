@@ -79,8 +79,11 @@ def _corrupt(pte_bytes: bytes, offset: int, value: bytes) -> bytes:
         (0, b"XXXX", "not a RustConv delegate blob"),
         (24, (10**9).to_bytes(8, "little"), "flatbuffer graph spans bytes"),
         (52, b"\xff\xff\xff\xff", "flatbuffer graph"),  # the flatbuffer's identifier
+        # A graph too short to hold a flatbuffer's root offset and identifier:
+        # flatbuffers' identifier check asserted (a panic) rather than failing.
+        (24, (4).to_bytes(8, "little"), "graph is 4 bytes, too short for a flatbuffer"),
     ],
-    ids=["newer-version", "bad-magic", "truncated-graph", "corrupt-graph"],
+    ids=["newer-version", "bad-magic", "truncated-graph", "corrupt-graph", "graph-under-8-bytes"],
 )
 def test_corrupt_blob_fails_init_with_a_clear_log_line(pte_bytes, tmp_path, offset, value, message):
     pte = tmp_path / "bad.pte"

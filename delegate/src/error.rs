@@ -29,6 +29,8 @@ pub enum BlobError {
     },
     #[error("constant segment offset {0} is not 64-byte aligned")]
     MisalignedSegment(u64),
+    #[error("flatbuffer graph is {0} bytes, too short for a flatbuffer (at least 8)")]
+    GraphTooShort(usize),
     #[error("flatbuffer graph does not carry the \"RCG1\" identifier")]
     Identifier,
     #[error("flatbuffer graph fails verification: {0}")]
