@@ -153,3 +153,25 @@ def test_missing_files_bad_npz_and_bad_flags(pte_bytes, tmp_path):
     garbage.write_bytes(b"\x00" * 64)
     assert "loading program" in error_line(runner("-model_path", str(garbage)))
     assert runner("-help").returncode == 0
+
+
+def test_a_programs_thread_count_is_lowered_to_the_machines(tmp_path):
+    """A compile spec of 100000 threads (the program's bytes set it): the
+    delegate runs on at most 8 per core instead of starting up to 65535
+    rayon threads (minutes and gigabytes, or a failure to start them)."""
+    from rustconv.compile_specs import num_threads
+
+    torch.manual_seed(0)
+    # Large enough (6M multiply-adds) to run on a pool, not the caller alone.
+    conv = torch.nn.Conv1d(32, 32, 3, padding=1).eval()
+    ep = export(conv, (torch.randn(1, 32, 2048),))
+    partitioner = RustConvPartitioner(compile_specs=[num_threads(100000)])
+    pte = tmp_path / "threads.pte"
+    pte.write_bytes(to_edge(ep).to_backend(partitioner).to_executorch().buffer)
+    run = subprocess.run(
+        [str(pte_runner_path()), "-model_path", str(pte)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
