@@ -2,11 +2,12 @@
 corrupt delegate blobs, wrong inputs, missing files, bad npz files."""
 
 import subprocess
+import zipfile
 
 import numpy as np
 import pytest
 import torch
-from conftest import pte_runner_path, run_runtime
+from conftest import ROOT, pte_runner_path, run_runtime
 from executorch.exir import to_edge
 from rustconv import RustConvPartitioner
 from torch.export import export
@@ -175,3 +176,34 @@ def test_a_programs_thread_count_is_lowered_to_the_machines(tmp_path):
         timeout=60,
     )
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+FIXTURE_PTE = ROOT / "tests" / "fixtures" / "v1_causal_conv_scan.pte"
+
+
+def _npy_v1(header: str, data: bytes) -> bytes:
+    text = header
+    while (10 + len(text) + 1) % 64:
+        text += " "
+    text += "\n"
+    return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text.encode() + data
+
+
+@pytest.mark.parametrize(
+    "shape,data_len,message",
+    [
+        ("(1, 4, 2000000000)", 320, "needs 32000000000 bytes of data but the array has 320"),
+        ("(4611686018427387904, 4)", 0, "exceeds ExecuTorch's sizes (int32)"),
+    ],
+    ids=["32-GB-claimed", "wrapping-size"],
+)
+def test_npz_sizes_are_checked_before_allocating(tmp_path, shape, data_len, message):
+    """A 1 KB npz claiming 32 GB aborted pte_runner (an allocation of the
+    claimed size); a shape whose size wraps read as an empty array."""
+    npz = tmp_path / "in.npz"
+    with zipfile.ZipFile(npz, "w") as z:
+        header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}"
+        z.writestr("0.npy", _npy_v1(header, bytes(data_len)))
+    run = runner("-model_path", str(FIXTURE_PTE), "-inputs_npz_path", str(npz))
+    line = error_line(run)
+    assert 'array "0" of' in line and message in line, line
