@@ -1,6 +1,7 @@
 """pte_runner's command line, its ETDump, and how bad input is reported:
 corrupt delegate blobs, wrong inputs, missing files, bad npz files."""
 
+import os
 import subprocess
 import zipfile
 
@@ -207,3 +208,15 @@ def test_npz_sizes_are_checked_before_allocating(tmp_path, shape, data_len, mess
     run = runner("-model_path", str(FIXTURE_PTE), "-inputs_npz_path", str(npz))
     line = error_line(run)
     assert 'array "0" of' in line and message in line, line
+
+
+@pytest.mark.parametrize("flag", ["-num_threads", "-rustconv_threads"])
+def test_thread_counts_beyond_the_machine_are_refused_before_any_pool(flag):
+    """100000 threads: a clean error, then a segfault at exit in
+    pthreadpool_destroy (and 20000 a failed panic elsewhere). Refused at
+    parse time now, with the bound in the message."""
+    cap = 8 * os.cpu_count()
+    for n in (100000, cap + 1):
+        run = runner("-model_path", str(FIXTURE_PTE), flag, str(n))
+        assert f"{flag} must be between 1 and {cap}" in error_line(run)
+    assert runner("-model_path", str(FIXTURE_PTE), flag, "3").returncode == 0
