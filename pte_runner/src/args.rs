@@ -20,6 +20,10 @@ usage: pte_runner -model_path FILE [options]
                           (at most 8 per core this machine has)
   -rustconv_threads N     threads for RustConvBackend alone (after -num_threads),
                           e.g. to compare its pool's size at XNNPACK's fixed
+  -minimal_verification   check only the program's header at load, not the
+                          whole flatbuffer (ExecuTorch's InternalConsistency,
+                          the default): faster loads of trusted programs;
+                          a corrupt one may then crash the runner
   -seed N                 seed for random inputs (default: 0)
   -steps_npz_paths A,B,.. a streaming sequence: each iteration runs the method
                           once per file, in order (inputs named as for
@@ -60,6 +64,7 @@ pub struct Args {
     pub steps_npz_paths: Vec<PathBuf>,
     pub decode_steps: Option<usize>,
     pub reset_state: bool,
+    pub minimal_verification: bool,
     pub kernel_libs: Vec<PathBuf>,
     pub llm_ops: LlmOps,
     pub help: bool,
@@ -87,6 +92,10 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
         }
         if name == "reset_state" {
             args.reset_state = true;
+            continue;
+        }
+        if name == "minimal_verification" {
+            args.minimal_verification = true;
             continue;
         }
         let mut value = || {
@@ -239,6 +248,16 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn verification_is_full_unless_asked_otherwise() {
+        assert!(!parse_str("-model_path m").unwrap().minimal_verification);
+        assert!(
+            parse_str("-model_path m --minimal_verification")
+                .unwrap()
+                .minimal_verification
+        );
     }
 
     #[test]

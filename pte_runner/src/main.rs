@@ -105,7 +105,14 @@ fn run(argv: impl IntoIterator<Item = String>) -> Result<(), String> {
         reason = "declared here for its drop order"
     )]
     let inputs: Vec<Array>;
-    let open = || et::open_session(model, &args.method, args.etdump_path.is_some());
+    let open = || {
+        et::open_session(
+            model,
+            &args.method,
+            args.etdump_path.is_some(),
+            args.minimal_verification,
+        )
+    };
     let mut session = match open() {
         Ok(session) => session,
         Err(e) if args.llm_ops == LlmOps::Auto && e.what().contains("Error::OperatorMissing") => {
