@@ -1,7 +1,9 @@
 """pte_runner's command line, its ETDump, and how bad input is reported:
 corrupt delegate blobs, corrupt programs, wrong inputs, missing files, bad
-npz files, thread counts no machine can start."""
+npz files, thread counts no machine can start; and the state ExecuTorch owns
+starting at zero."""
 
+import copy
 import os
 import random
 import subprocess
@@ -10,8 +12,8 @@ import zipfile
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, pte_runner_path, run_runtime
-from executorch.exir import to_edge
+from conftest import ATOL, ROOT, assert_close, pte_runner_path, run_runtime
+from executorch.exir import to_edge, to_edge_transform_and_lower
 from rustconv import RustConvPartitioner
 from torch.export import export
 
@@ -32,11 +34,11 @@ def pte_bytes() -> bytes:
     return to_edge(ep).to_backend(RustConvPartitioner()).to_executorch().buffer
 
 
-def runner(*args: str) -> subprocess.CompletedProcess:
+def runner(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         # errors="replace": a corrupt program's names reach the log as they are.
         [str(pte_runner_path()), *args], capture_output=True, text=True, errors="replace",
-        timeout=120,
+        timeout=120, env=None if env is None else {**os.environ, **env},
     )  # fmt: skip
 
 
@@ -267,3 +269,79 @@ def test_a_programs_thread_count_is_lowered_to_the_machines(tmp_path):
         timeout=60,
     )
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+class ConvStep(torch.nn.Module):
+    """A causal depthwise conv that streams, its last K - 1 inputs in a
+    state buffer that starts at zero (the decode step the benchmark lowers
+    with XNNPACK alone)."""
+
+    def __init__(self, c: int = 16, k: int = 4):
+        super().__init__()
+        self.k = k
+        self.conv = torch.nn.Conv1d(c, c, k, groups=c, bias=False)
+        self.register_buffer("state", torch.zeros(1, c, k - 1))
+
+    def forward(self, x):
+        xs = torch.cat([self.state, x], dim=-1)
+        with torch.no_grad():
+            self.state.copy_(xs[..., -(self.k - 1) :])
+        return self.conv(xs)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_state_that_executorch_owns_starts_at_zero(tmp_path, threads):
+    """An XNNPACK-only decode program whose state is a mutable buffer in
+    ExecuTorch's planned memory, exported without InitializedMutableBufferPass:
+    pte_runner's planned memory is zeroed, so its calls equal eager's from
+    the zero state. MALLOC_PERTURB_ fills fresh heap memory with garbage, as
+    the uninitialised buffers it allocated before held (7e29 and the like)."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    torch.manual_seed(0)
+    model = ConvStep().eval()
+    steps = [torch.randn(1, 16, 1) for _ in range(3)]
+    program = to_edge_transform_and_lower(
+        export(copy.deepcopy(model), (steps[0],)), partitioner=[XnnpackPartitioner()]
+    ).to_executorch()
+    pte = tmp_path / "step.pte"
+    pte.write_bytes(program.buffer)
+    files = []
+    for k, x in enumerate(steps):
+        files.append(tmp_path / f"in{k}.npz")
+        np.savez(files[-1], **{"0": x.numpy()})
+    out = tmp_path / "out.npz"
+    run = runner("-model_path", str(pte), "-steps_npz_paths", ",".join(map(str, files)),
+                 "-output_npz_path", str(out), "-num_threads", str(threads),
+                 env={"MALLOC_PERTURB_": "165"})  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    with torch.no_grad():
+        for k, x in enumerate(steps):
+            got = np.load(tmp_path / f"out.{k}.npz")["0"]
+            assert_close(got, model(x), f"call {k}", ATOL)
+
+
+def test_initialized_mutable_buffer_pass_values_replace_the_zeros(tmp_path):
+    """The other convention, which the zeros leave intact: a state exported
+    with InitializedMutableBufferPass starts at its exported values (0.5
+    here), which load_method copies over the zeroed planned memory."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
+
+    torch.manual_seed(0)
+    model = ConvStep().eval()
+    model.state.fill_(0.5)
+    x = torch.randn(1, 16, 1)
+    config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(["state"])])
+    program = to_edge_transform_and_lower(
+        export(copy.deepcopy(model), (x,)), partitioner=[XnnpackPartitioner()]
+    ).to_executorch(config)
+    pte, in_npz, out = tmp_path / "init.pte", tmp_path / "in.npz", tmp_path / "out.npz"
+    pte.write_bytes(program.buffer)
+    np.savez(in_npz, **{"0": x.numpy()})
+    run = runner("-model_path", str(pte), "-inputs_npz_path", str(in_npz),
+                 "-output_npz_path", str(out))  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    with torch.no_grad():
+        assert_close(np.load(out)["0"], model(x), "first call", ATOL)

@@ -104,7 +104,12 @@ class SessionImpl {
     for (size_t i = 0; i < meta.num_memory_planned_buffers(); ++i) {
       const size_t size =
           take(meta.memory_planned_buffer_size(i), "planned buffer size");
-      planned_buffers_.emplace_back(new std::uint8_t[size]);
+      // Value-initialised, so zeroed: a mutable buffer (a model's state)
+      // that ExecuTorch owns starts as the zeros it was registered with,
+      // unless InitializedMutableBufferPass ran at export, in which case
+      // load_method copies the exported values over these zeros. Left
+      // uninitialised, such a state started as whatever the heap held.
+      planned_buffers_.emplace_back(new std::uint8_t[size]());
       planned_spans_.emplace_back(planned_buffers_.back().get(), size);
     }
     planned_memory_ = std::make_unique<HierarchicalAllocator>(
