@@ -29,6 +29,8 @@ pub enum BlobError {
     },
     #[error("constant segment offset {0} is not 64-byte aligned")]
     MisalignedSegment(u64),
+    #[error("flatbuffer graph is {0} bytes, too short for a flatbuffer (at least 8)")]
+    GraphTooShort(usize),
     #[error("flatbuffer graph does not carry the \"RCG1\" identifier")]
     Identifier,
     #[error("flatbuffer graph fails verification: {0}")]
@@ -79,14 +81,16 @@ pub enum ConfigError {
         len: usize,
         expected: usize,
     },
-    #[error("num_threads must be at least 1, got {0}")]
-    NumThreads(i64),
+    #[error("num_threads must be between 1 and {max} (8 per core), got {got}")]
+    NumThreads { got: i64, max: usize },
     #[error(
         "compile spec conv1d_algorithm='{0}' is not one of auto, measure, {names}",
         names = algorithm_names()
     )]
     Algorithm(String),
-    #[error("environment variable RUSTCONV_NUM_THREADS='{0}' is not a positive integer")]
+    #[error(
+        "environment variable RUSTCONV_NUM_THREADS='{0}' is not a thread count from 1 to 8 per core"
+    )]
     EnvThreads(String),
     #[error("environment variable RUSTCONV_THREADPOOL='{0}' is not 'executorch' or 'own'")]
     EnvThreadpool(String),

@@ -184,6 +184,11 @@ impl GraphDesc {
     /// Verifies and decodes the graph of `blob` laid out as `layout`.
     pub fn decode(blob: &[u8], layout: &BlobLayout) -> Result<Self, DelegateError> {
         let bytes = &blob[layout.graph.clone()];
+        // flatbuffers' identifier check asserts that the root offset and the
+        // identifier are there rather than failing.
+        if bytes.len() < flatbuffers::SIZE_UOFFSET + flatbuffers::FILE_IDENTIFIER_LENGTH {
+            return Err(BlobError::GraphTooShort(bytes.len()).into());
+        }
         if !fb::graph_buffer_has_identifier(bytes) {
             return Err(BlobError::Identifier.into());
         }

@@ -33,7 +33,10 @@ impl CompileOptions {
                 })?;
                 let n = u32::from_le_bytes(bytes);
                 if n == 0 {
-                    return Err(ConfigError::NumThreads(0));
+                    return Err(ConfigError::NumThreads {
+                        got: 0,
+                        max: crate::threads::max_threads(),
+                    });
                 }
                 self.num_threads = Some(n as usize);
             }

@@ -3,7 +3,8 @@
 //! Precedence of the count, highest first: the runtime option
 //! (`set_option("num_threads")`, which `pte_runner -num_threads` uses), the
 //! `RUSTCONV_NUM_THREADS` environment variable, the `num_threads` compile
-//! spec, the size of ExecuTorch's threadpool, the machine's cores.
+//! spec, the size of ExecuTorch's threadpool, the machine's cores. A count asked
+//! for is at most [`max_threads`] (8 per core).
 //!
 //! # ExecuTorch's threadpool, shared
 //!
@@ -58,9 +59,21 @@ pub const POOL_ENV_VAR: &str = "RUSTCONV_THREADPOOL";
 /// 0 when unset.
 static RUNTIME_THREADS: AtomicUsize = AtomicUsize::new(0);
 
+/// Threads per core beyond which a count is refused (the runtime option,
+/// the environment) or lowered (a program's compile spec).
+pub const MAX_THREADS_PER_CORE: usize = 8;
+
+/// The most threads a call runs on: 8 per core. More only slows the
+/// kernels, and a count in the tens of thousands (rayon starts up to 65535)
+/// takes minutes and gigabytes to start, or fails to.
+pub fn max_threads() -> usize {
+    machine_threads().saturating_mul(MAX_THREADS_PER_CORE)
+}
+
 pub fn set_runtime_threads(n: i32) -> Result<(), ConfigError> {
-    if n < 1 {
-        return Err(ConfigError::NumThreads(n.into()));
+    let max = max_threads();
+    if n < 1 || n as usize > max {
+        return Err(ConfigError::NumThreads { got: n.into(), max });
     }
     RUNTIME_THREADS.store(n as usize, Ordering::Relaxed);
     Ok(())
@@ -73,7 +86,7 @@ fn env_threads() -> Result<Option<usize>, ConfigError> {
     ENV.get_or_init(|| match std::env::var(ENV_VAR) {
         Err(_) => Ok(None),
         Ok(s) => match s.trim().parse::<usize>() {
-            Ok(n) if n >= 1 => Ok(Some(n)),
+            Ok(n) if (1..=max_threads()).contains(&n) => Ok(Some(n)),
             _ => Err(s),
         },
     })
@@ -88,7 +101,15 @@ fn requested(compile_spec: Option<usize>) -> Result<Option<usize>, ConfigError> 
         0 => {}
         n => return Ok(Some(n)),
     }
-    Ok(env_threads()?.or(compile_spec))
+    Ok(env_threads()?.or(compile_spec.map(spec_threads)))
+}
+
+/// A compile spec's count, lowered to [`max_threads`]: the program was
+/// exported for some machine, maybe one with more cores than this, and is
+/// not to be refused for it; nor is its count, which the program's bytes
+/// set, to start more threads than this machine has use for.
+fn spec_threads(n: usize) -> usize {
+    n.min(max_threads())
 }
 
 /// Whether `RUSTCONV_THREADPOOL=own` keeps the kernels off ExecuTorch's
@@ -412,13 +433,26 @@ mod tests {
 
     #[test]
     fn runtime_option_is_validated() {
-        assert!(matches!(
-            set_runtime_threads(0),
-            Err(ConfigError::NumThreads(0))
-        ));
-        assert!(matches!(
-            set_runtime_threads(-3),
-            Err(ConfigError::NumThreads(-3))
-        ));
+        let max = max_threads();
+        for n in [0, -3, max as i32 + 1, 100_000, i32::MAX] {
+            let err = set_runtime_threads(n).unwrap_err();
+            assert!(
+                matches!(err, ConfigError::NumThreads { got, max: m } if got == i64::from(n) && m == max),
+                "{n}: {err}"
+            );
+            assert!(
+                err.to_string().contains(&format!("between 1 and {max}")),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_compile_spec_asks_for_at_most_max_threads() {
+        let max = max_threads();
+        assert!(max >= MAX_THREADS_PER_CORE);
+        assert_eq!(spec_threads(2), 2);
+        assert_eq!(spec_threads(max), max);
+        assert_eq!(spec_threads(u32::MAX as usize), max);
     }
 }

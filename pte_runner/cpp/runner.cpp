@@ -77,20 +77,39 @@ constexpr std::size_t kSegmentAlignment = 64;
 
 class SessionImpl {
  public:
-  SessionImpl(const std::string& path, const std::string& method_name, bool trace)
+  SessionImpl(
+      const std::string& path,
+      const std::string& method_name,
+      bool trace,
+      bool minimal_verification)
       // Segments loaded 64-byte aligned, so delegates (ours, XNNPACK) can
       // read constants in place instead of copying them.
       : loader_(take(
             FileDataLoader::from(path.c_str(), kSegmentAlignment),
             "opening " + path)),
-        program_(take(Program::load(&loader_), "loading program " + path)) {
+        // InternalConsistency runs the flatbuffer verifier over the whole
+        // program before anything reads it: with Minimal, a few changed bytes
+        // crash the load inside ExecuTorch (parseTensor) instead of failing.
+        // It costs time at load only, never per execute.
+        program_(take(
+            Program::load(
+                &loader_,
+                minimal_verification
+                    ? Program::Verification::Minimal
+                    : Program::Verification::InternalConsistency),
+            "loading program " + path)) {
     MethodMeta meta = take(
         program_.method_meta(method_name.c_str()),
         "reading method '" + method_name + "'");
     for (size_t i = 0; i < meta.num_memory_planned_buffers(); ++i) {
       const size_t size =
           take(meta.memory_planned_buffer_size(i), "planned buffer size");
-      planned_buffers_.emplace_back(new std::uint8_t[size]);
+      // Value-initialised, so zeroed: a mutable buffer (a model's state)
+      // that ExecuTorch owns starts as the zeros it was registered with,
+      // unless InitializedMutableBufferPass ran at export, in which case
+      // load_method copies the exported values over these zeros. Left
+      // uninitialised, such a state started as whatever the heap held.
+      planned_buffers_.emplace_back(new std::uint8_t[size]());
       planned_spans_.emplace_back(planned_buffers_.back().get(), size);
     }
     planned_memory_ = std::make_unique<HierarchicalAllocator>(
@@ -104,6 +123,16 @@ class SessionImpl {
         program_.load_method(
             method_name.c_str(), memory_manager_.get(), etdump_.get()),
         "loading method '" + method_name + "'"));
+    // load_method leaves the plan's input and output value indices
+    // unchecked, and Method's accessors of them abort (ET_CHECK) on one out
+    // of range; MethodMeta's check it and return an error.
+    const MethodMeta loaded = method_->method_meta();
+    for (std::size_t i = 0; i < method_->inputs_size(); ++i) {
+      take(loaded.input_tag(i), "reading input " + std::to_string(i));
+    }
+    for (std::size_t i = 0; i < method_->outputs_size(); ++i) {
+      take(loaded.output_tag(i), "reading output " + std::to_string(i));
+    }
     inputs_.resize(method_->inputs_size());
   }
 
@@ -266,9 +295,13 @@ void Session::write_etdump(rust::Str path) {
 std::unique_ptr<Session> open_session(
     rust::Str model_path,
     rust::Str method_name,
-    bool trace) {
+    bool trace,
+    bool minimal_verification) {
   return std::make_unique<Session>(std::make_unique<SessionImpl>(
-      std::string(model_path), std::string(method_name), trace));
+      std::string(model_path),
+      std::string(method_name),
+      trace,
+      minimal_verification));
 }
 
 void set_num_threads(std::uint32_t num_threads) {

@@ -40,10 +40,13 @@ class Session {
   std::unique_ptr<SessionImpl> impl_;
 };
 
+// Verifies the program with ExecuTorch's InternalConsistency unless
+// minimal_verification (for timing runs of trusted programs).
 std::unique_ptr<Session> open_session(
     rust::Str model_path,
     rust::Str method_name,
-    bool trace);
+    bool trace,
+    bool minimal_verification);
 
 // Thread count for ExecuTorch's shared thread pool (XNNPACK and the
 // optimized CPU kernels) and, through set_option, for RustConvBackend.

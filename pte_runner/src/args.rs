@@ -17,8 +17,13 @@ usage: pte_runner -model_path FILE [options]
   -etdump_path FILE       write an ETDump with one Method::execute event per iteration
   -output_npz_path FILE   write the outputs of the last iteration
   -num_threads N          threads for RustConvBackend, XNNPACK and the CPU kernels
+                          (at most 8 per core this machine has)
   -rustconv_threads N     threads for RustConvBackend alone (after -num_threads),
                           e.g. to compare its pool's size at XNNPACK's fixed
+  -minimal_verification   check only the program's header at load, not the
+                          whole flatbuffer (ExecuTorch's InternalConsistency,
+                          the default): faster loads of trusted programs;
+                          a corrupt one may then crash the runner
   -seed N                 seed for random inputs (default: 0)
   -steps_npz_paths A,B,.. a streaming sequence: each iteration runs the method
                           once per file, in order (inputs named as for
@@ -59,6 +64,7 @@ pub struct Args {
     pub steps_npz_paths: Vec<PathBuf>,
     pub decode_steps: Option<usize>,
     pub reset_state: bool,
+    pub minimal_verification: bool,
     pub kernel_libs: Vec<PathBuf>,
     pub llm_ops: LlmOps,
     pub help: bool,
@@ -88,6 +94,10 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
             args.reset_state = true;
             continue;
         }
+        if name == "minimal_verification" {
+            args.minimal_verification = true;
+            continue;
+        }
         let mut value = || {
             inline
                 .clone()
@@ -102,20 +112,8 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
             "warmup" => args.warmup = number(name, &value()?)?,
             "etdump_path" => args.etdump_path = Some(value()?.into()),
             "output_npz_path" => args.output_npz_path = Some(value()?.into()),
-            "num_threads" => {
-                let n: u32 = number(name, &value()?)?;
-                if n == 0 {
-                    return Err("-num_threads must be at least 1".into());
-                }
-                args.num_threads = Some(n);
-            }
-            "rustconv_threads" => {
-                let n: u32 = number(name, &value()?)?;
-                if n == 0 {
-                    return Err("-rustconv_threads must be at least 1".into());
-                }
-                args.rustconv_threads = Some(n);
-            }
+            "num_threads" => args.num_threads = Some(threads(name, &value()?)?),
+            "rustconv_threads" => args.rustconv_threads = Some(threads(name, &value()?)?),
             "seed" => args.seed = number(name, &value()?)?,
             "steps_npz_paths" => {
                 args.steps_npz_paths = value()?.split(',').map(PathBuf::from).collect()
@@ -151,6 +149,32 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
         }
     }
     Ok(args)
+}
+
+/// Threads per core beyond which a thread count is refused.
+const MAX_THREADS_PER_CORE: u32 = 8;
+
+/// The most threads `-num_threads` and `-rustconv_threads` accept: 8 per
+/// core. More only slows a run down, and counts in the tens of thousands
+/// exhaust the process's threads or memory inside the pools (ExecuTorch's
+/// pthreadpool then crashes at exit), so they are refused before any pool
+/// is created.
+pub fn max_threads() -> u32 {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    u32::try_from(cores)
+        .unwrap_or(u32::MAX)
+        .saturating_mul(MAX_THREADS_PER_CORE)
+}
+
+fn threads(flag: &str, s: &str) -> Result<u32, String> {
+    let n: u32 = number(flag, s)?;
+    let max = max_threads();
+    if n == 0 || n > max {
+        return Err(format!(
+            "-{flag} must be between 1 and {max} ({MAX_THREADS_PER_CORE} per core), got {n}"
+        ));
+    }
+    Ok(n)
 }
 
 fn number<T: std::str::FromStr>(flag: &str, s: &str) -> Result<T, String> {
@@ -195,6 +219,9 @@ mod tests {
             .contains("needs a value"));
         assert!(parse_str("-model_path m -num_threads 0").is_err());
         assert!(parse_str("-model_path m -rustconv_threads 0").is_err());
+        assert!(parse_str("-model_path m -num_threads 4294967296")
+            .unwrap_err()
+            .contains("-num_threads expects"));
         let a = parse_str("-model_path m -num_threads 2 -rustconv_threads=1").unwrap();
         assert_eq!((a.num_threads, a.rustconv_threads), (Some(2), Some(1)));
         assert!(parse_str("stray").is_err());
@@ -204,6 +231,33 @@ mod tests {
         assert!(parse_str("-model_path m -llm_ops maybe")
             .unwrap_err()
             .contains("auto, on or off"));
+    }
+
+    #[test]
+    fn thread_counts_are_capped_per_core() {
+        let max = max_threads();
+        assert!(max >= MAX_THREADS_PER_CORE);
+        for flag in ["num_threads", "rustconv_threads"] {
+            let a = parse_str(&format!("-model_path m -{flag} {max}")).unwrap();
+            assert_eq!(a.num_threads.or(a.rustconv_threads), Some(max));
+            for n in [max + 1, 20_000, 100_000, u32::MAX] {
+                let err = parse_str(&format!("-model_path m -{flag} {n}")).unwrap_err();
+                assert!(
+                    err.contains(&format!("-{flag} must be between 1 and {max}")),
+                    "{err}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn verification_is_full_unless_asked_otherwise() {
+        assert!(!parse_str("-model_path m").unwrap().minimal_verification);
+        assert!(
+            parse_str("-model_path m --minimal_verification")
+                .unwrap()
+                .minimal_verification
+        );
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod bridge {
             model_path: &str,
             method_name: &str,
             trace: bool,
+            minimal_verification: bool,
         ) -> Result<UniquePtr<Session>>;
         fn num_inputs(self: &Session) -> usize;
         fn input_info(self: &Session, i: usize) -> Result<TensorInfo>;

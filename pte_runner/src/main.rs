@@ -105,7 +105,14 @@ fn run(argv: impl IntoIterator<Item = String>) -> Result<(), String> {
         reason = "declared here for its drop order"
     )]
     let inputs: Vec<Array>;
-    let open = || et::open_session(model, &args.method, args.etdump_path.is_some());
+    let open = || {
+        et::open_session(
+            model,
+            &args.method,
+            args.etdump_path.is_some(),
+            args.minimal_verification,
+        )
+    };
     let mut session = match open() {
         Ok(session) => session,
         Err(e) if args.llm_ops == LlmOps::Auto && e.what().contains("Error::OperatorMissing") => {
@@ -332,27 +339,46 @@ fn random_inputs(session: &et::Session, seed: u64) -> Result<Vec<Array>, String>
                     info.dtype
                 )
             })?;
-            let shape: Vec<usize> = info.sizes.iter().map(|&d| d as usize).collect();
-            let numel: usize = shape.iter().product();
-            let mut data = Vec::with_capacity(numel * dtype.size());
-            for _ in 0..numel {
-                let x: f64 = rng.gen_range(-1.0..1.0);
-                match dtype {
-                    ElemType::F32 => data.extend_from_slice(&(x as f32).to_le_bytes()),
-                    ElemType::F64 => data.extend_from_slice(&x.to_le_bytes()),
-                    ElemType::F16 => data.extend_from_slice(&half::f16::from_f64(x).to_le_bytes()),
-                    ElemType::Bool => data.push((x > 0.0) as u8),
-                    // Non-negative: integer inputs are mostly indices
-                    // (token ids, positions), and a negative one is refused.
-                    int => {
-                        let v = (x.abs() * 4.0).round() as i64;
-                        data.extend_from_slice(&v.to_le_bytes()[..int.size()]);
-                    }
-                }
-            }
-            Ok(Array { dtype, shape, data })
+            random_array(dtype, &info.sizes, &mut rng).map_err(|e| format!("input {i}: {e}"))
         })
         .collect()
+}
+
+/// An array of `sizes`, which come from the program: checked, and its
+/// buffer reserved fallibly, so corrupt sizes are an error, not an abort.
+/// (ExecuTorch refuses the corrupt sizes tried so far when it loads the
+/// method; this does not rely on it.)
+fn random_array(dtype: ElemType, sizes: &[i32], rng: &mut SmallRng) -> Result<Array, String> {
+    let bad_sizes = || format!("sizes {sizes:?} do not make an array");
+    let shape = sizes
+        .iter()
+        .map(|&d| usize::try_from(d))
+        .collect::<Result<Vec<usize>, _>>()
+        .map_err(|_| bad_sizes())?;
+    let numel = shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(bad_sizes)?;
+    let bytes = numel.checked_mul(dtype.size()).ok_or_else(bad_sizes)?;
+    let mut data = Vec::new();
+    data.try_reserve_exact(bytes)
+        .map_err(|e| format!("sizes {sizes:?}: cannot allocate {bytes} bytes: {e}"))?;
+    for _ in 0..numel {
+        let x: f64 = rng.gen_range(-1.0..1.0);
+        match dtype {
+            ElemType::F32 => data.extend_from_slice(&(x as f32).to_le_bytes()),
+            ElemType::F64 => data.extend_from_slice(&x.to_le_bytes()),
+            ElemType::F16 => data.extend_from_slice(&half::f16::from_f64(x).to_le_bytes()),
+            ElemType::Bool => data.push((x > 0.0) as u8),
+            // Non-negative: integer inputs are mostly indices
+            // (token ids, positions), and a negative one is refused.
+            int => {
+                let v = (x.abs() * 4.0).round() as i64;
+                data.extend_from_slice(&v.to_le_bytes()[..int.size()]);
+            }
+        }
+    }
+    Ok(Array { dtype, shape, data })
 }
 
 fn read_outputs(session: &et::Session) -> Result<Vec<Array>, String> {
@@ -372,4 +398,23 @@ fn read_outputs(session: &et::Session) -> Result<Vec<Array>, String> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn random_arrays_refuse_sizes_that_make_no_array() {
+        let mut rng = SmallRng::seed_from_u64(0);
+        let a = random_array(ElemType::I64, &[2, 3], &mut rng).unwrap();
+        assert_eq!((a.shape, a.data.len()), (vec![2, 3], 48));
+        for sizes in [&[-1, 4][..], &[i32::MAX, i32::MAX, i32::MAX]] {
+            let err = random_array(ElemType::F32, sizes, &mut rng).unwrap_err();
+            assert!(err.contains("do not make an array"), "{err}");
+        }
+        // Representable but not allocatable: an error, not an abort.
+        let err = random_array(ElemType::F64, &[i32::MAX, 1 << 20], &mut rng).unwrap_err();
+        assert!(err.contains("cannot allocate"), "{err}");
+    }
 }

@@ -763,6 +763,26 @@ fn truncated_blobs_fail_cleanly_at_every_length() {
 }
 
 #[test]
+fn graphs_too_short_for_a_flatbuffer_root_are_invalid_programs() {
+    // A flatbuffer starts with its root offset and identifier (8 bytes);
+    // flatbuffers' identifier check asserts on fewer, so each of these
+    // sizes must be refused before it is called.
+    let blob = conv_scan_blob();
+    for size in 0..8u64 {
+        let mut bad = blob.clone();
+        bad[24..32].copy_from_slice(&size.to_le_bytes());
+        let err = init(&bad)
+            .err()
+            .unwrap_or_else(|| panic!("{size}-byte graph accepted"));
+        assert_eq!(err.status(), Status::InvalidProgram, "{size}: {err}");
+        assert!(
+            err.to_string().contains("too short for a flatbuffer"),
+            "{size}: {err}"
+        );
+    }
+}
+
+#[test]
 fn corrupted_bytes_never_panic() {
     let blob = conv_scan_blob();
     let mut rng = 0x2545_f491_4f6c_dd1du64;
