@@ -305,6 +305,14 @@ impl Gemv {
         // them where they lie (a stored input) or where a prologue
         // computed them, with no gather.
         let direct = self.panels.is_some() && pointwise(g);
+        // A prologue whose rows lie across (a `[B, N, C]` projection read
+        // as the conv's `[B, C, N]`, a LayerNorm over its channels applied
+        // on the way) computes the columns themselves, `[t][c]`: a
+        // contiguous line across the channels per output, which the panels
+        // read as they read gathered columns. As rows, FastConformer's
+        // first pointwise conv (128 channels, 32 frames) computed 64-channel
+        // lines per frame and transposed them into its rows.
+        let as_columns = direct && matches!(x, RowsIn::Fused(s) if s.prefers_columns());
         scratch.with_shared(|shared| {
             let all_cols = &mut shared[..p.batch * p.groups * cols_len];
             // The columns of batch item and group `bg` (nothing to do for
@@ -320,6 +328,13 @@ impl Gemv {
                     RowsIn::Slice(x) => {
                         gather_columns(g, &x[row0 * p.in_len..][..cin * p.in_len], n, cols)
                     }
+                    RowsIn::Fused(source) if as_columns => scratch.with_slot(|tmp| {
+                        for (t, col) in cols.chunks_exact_mut(cin).enumerate() {
+                            for (k, part) in col.chunks_mut(ROW_BLOCK).enumerate() {
+                                source.fill_col(row0 + k * ROW_BLOCK, t, part, tmp);
+                            }
+                        }
+                    }),
                     RowsIn::Fused(source) if direct => {
                         // The group's rows, `cin × in_len` as `cols_len` is.
                         for (k, block) in cols.chunks_mut(ROW_BLOCK * p.in_len).enumerate() {
@@ -362,6 +377,11 @@ impl Gemv {
                             j_stride: p.in_len,
                         }
                     }
+                    _ if as_columns => Cols {
+                        data: cols,
+                        t_stride: cin,
+                        j_stride: 1,
+                    },
                     _ if direct => Cols {
                         data: cols,
                         t_stride: 1,

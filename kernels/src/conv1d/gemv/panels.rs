@@ -419,6 +419,22 @@ mod tests {
     struct Copied<'a> {
         x: &'a [f32],
         in_len: usize,
+        /// [`RowSource::prefers_columns`]: a pointwise conv's panels then
+        /// have it fill their columns (`[t][c]`) a column at a time.
+        across: bool,
+        /// Columns filled ([`RowSource::fill_col`] calls).
+        columns: std::sync::atomic::AtomicUsize,
+    }
+
+    impl<'a> Copied<'a> {
+        fn new(x: &'a [f32], in_len: usize, across: bool) -> Self {
+            Copied {
+                x,
+                in_len,
+                across,
+                columns: Default::default(),
+            }
+        }
     }
 
     impl RowSource for Copied<'_> {
@@ -427,6 +443,16 @@ mod tests {
         }
         fn temporaries(&self) -> usize {
             1
+        }
+        fn prefers_columns(&self) -> bool {
+            self.across
+        }
+        fn fill_col(&self, row0: usize, t: usize, out: &mut [f32], _tmp: &mut [f32]) {
+            self.columns
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            for (r, o) in out.iter_mut().enumerate() {
+                *o = self.x[(row0 + r) * self.in_len + t];
+            }
         }
     }
 
@@ -541,12 +567,10 @@ mod tests {
                         }
                     }
                     // The input from a prologue (into the shared region
-                    // where a pointwise conv's panels read it).
-                    if conv.fuses_input() {
-                        let source = Copied {
-                            x: &x,
-                            in_len: p.in_len,
-                        };
+                    // where a pointwise conv's panels read it), as rows or,
+                    // where the prologue's rows lie across, as columns.
+                    for across in [false, true].into_iter().filter(|_| conv.fuses_input()) {
+                        let source = Copied::new(&x, p.in_len, across);
                         let mut from_source = vec![f32::NAN; pg.output_elems];
                         let scratch = crate::Scratch::sized(
                             3,
@@ -564,7 +588,13 @@ mod tests {
                             &scratch,
                         )
                         .unwrap();
-                        assert_eq!(from_source, y, "fused input, {p:?}");
+                        assert_eq!(from_source, y, "fused input, across {across}, {p:?}");
+                        // Pointwise convs of packed weights (panels reading
+                        // the prologue's values in place) take columns.
+                        let columns = source.columns.into_inner();
+                        let pointwise = (k, stride, pad) == (1, 1, (0, 0));
+                        let as_columns = across && conv.packed() && pointwise;
+                        assert_eq!(columns > 0, as_columns, "across {across}, {p:?}");
                     }
                 }
             }
