@@ -70,7 +70,9 @@ fn main() {
         runner_libs.push_str(&format!(",-l{lib}"));
     }
     runner_libs.push_str(",--pop-state");
-    println!("cargo:rustc-link-arg-bin=pte_runner={runner_libs}");
+    // Every binary of this package: pte_runner, and the library's own tests,
+    // which run on the same ExecuTorch (kernel_libs.rs finds it mapped).
+    println!("cargo:rustc-link-arg={runner_libs}");
 
     for path in ["cpp/runner.cpp", "cpp/runner.h"] {
         println!("cargo:rerun-if-changed={path}");

@@ -25,7 +25,7 @@ cargo clippy --release --workspace --all-targets --quiet -- -D warnings
 
 build_all
 
-log "Rust tests"
+log "Rust tests (with fuzz/: every corpus file replayed through its fuzz target)"
 cargo test --release --workspace --quiet
 
 if [ "${RUSTCONV_SKIP_AARCH64:-0}" = 1 ]; then

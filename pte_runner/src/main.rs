@@ -6,10 +6,6 @@
 //!
 //! Any failure exits non-zero with one line on stderr.
 
-mod args;
-mod ffi;
-mod kernel_libs;
-mod npz;
 mod stats;
 
 use std::path::PathBuf;
@@ -18,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use rand::{rngs::SmallRng, Rng, SeedableRng};
 
-use args::Args;
-use ffi::bridge as et;
-use kernel_libs::LlmOps;
-use npz::{Array, ElemType};
+use rustconv_pte_runner::args::{self, Args};
+use rustconv_pte_runner::ffi::bridge as et;
+use rustconv_pte_runner::kernel_libs::{self, LlmOps};
+use rustconv_pte_runner::npz::{self, Array, ElemType};
 
 fn main() -> ExitCode {
     match run(std::env::args().skip(1)) {
