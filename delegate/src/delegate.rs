@@ -93,7 +93,7 @@ impl Delegate {
             Constants::Retained(buf) => buf.as_ptr(),
             Constants::InBlob(blob) => blob.as_slice()[layout.constants].as_ptr(),
         };
-        let state = ExecState::new(&plan, base);
+        let state = ExecState::new(&plan, base)?;
         self.loaded = Some(Loaded {
             plan,
             constants,

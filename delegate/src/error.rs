@@ -203,6 +203,8 @@ pub enum DelegateError {
         name: String,
         source: KernelError,
     },
+    #[error("the {what} needs {bytes} bytes, which could not be allocated")]
+    OutOfMemory { what: &'static str, bytes: usize },
     #[error("internal error (panic): {0}")]
     Panic(String),
 }

@@ -72,9 +72,13 @@ impl ExecState {
     /// `constants` is the start of the buffer the plan's Constant offsets
     /// point into: the blob's segment (whose bounds were checked when the
     /// graph was decoded) or the copy `Plan::retain_constants` made.
-    pub fn new(plan: &Plan, constants: *const u8) -> Self {
+    pub fn new(plan: &Plan, constants: *const u8) -> Result<Self, DelegateError> {
         let converted = plan.converted.as_ptr();
-        let mut arena = AlignedBuf::zeroed(plan.arena_bytes);
+        let mut arena =
+            AlignedBuf::try_zeroed(plan.arena_bytes).map_err(|_| DelegateError::OutOfMemory {
+                what: "arena",
+                bytes: plan.arena_bytes,
+            })?;
         let arena_base = arena.as_mut_ptr();
         let mut states = AlignedBuf::zeroed(std::mem::size_of_val(plan.state_init.as_slice()));
         let states_base = states.as_mut_ptr();
@@ -117,7 +121,7 @@ impl ExecState {
             events: KernelEvents::new(plan.steps.len()),
         };
         exec.reset_states(plan);
-        exec
+        Ok(exec)
     }
 
     /// Puts every delegate-owned state back to its initial value.

@@ -75,6 +75,7 @@ impl DelegateError {
             DelegateError::Unsupported(_) => Status::NotSupported,
             DelegateError::Prepare { .. } => Status::InvalidProgram,
             DelegateError::NotInitialized | DelegateError::Busy => Status::InvalidState,
+            DelegateError::OutOfMemory { .. } => Status::MemoryAllocationFailed,
             DelegateError::Panic(_) => Status::Internal,
         }
     }

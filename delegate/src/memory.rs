@@ -63,6 +63,17 @@ impl AlignedBuf {
         }
     }
 
+    /// [`Self::zeroed`], or an error where the allocation fails: a blob
+    /// may declare an arena larger than the device's memory (a fuzzed one
+    /// asked for 4 TiB), which `vec!` would answer by aborting the process.
+    pub fn try_zeroed(len: usize) -> Result<Self, std::collections::TryReserveError> {
+        let mut lines = Vec::new();
+        let n = len.div_ceil(ARENA_ALIGNMENT);
+        lines.try_reserve_exact(n)?;
+        lines.resize(n, CacheLine([0; ARENA_ALIGNMENT]));
+        Ok(AlignedBuf { lines, len })
+    }
+
     pub fn from_bytes(bytes: &[u8]) -> Self {
         let mut buf = Self::zeroed(bytes.len());
         buf.as_mut_slice().copy_from_slice(bytes);
@@ -135,6 +146,13 @@ mod tests {
     #[test]
     fn empty_plan_needs_no_arena() {
         assert_eq!(place(&[]), (vec![], 0));
+    }
+
+    #[test]
+    fn an_arena_larger_than_memory_is_an_error() {
+        assert!(AlignedBuf::try_zeroed(1 << 50).is_err());
+        let mut buf = AlignedBuf::try_zeroed(100).unwrap();
+        assert_eq!(buf.as_mut_slice(), &[0; 100]);
     }
 
     #[test]

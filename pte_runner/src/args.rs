@@ -143,6 +143,9 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
         return Err("-steps_npz_paths and -inputs_npz_path exclude each other".into());
     }
     if let Some(n) = args.decode_steps {
+        if n > MAX_DECODE_STEPS {
+            return Err(format!("-decode_steps must be at most {MAX_DECODE_STEPS}"));
+        }
         let last = args.steps_npz_paths.last().cloned().unwrap_or_default();
         while args.steps_npz_paths.len() < n + 1 {
             args.steps_npz_paths.push(last.clone());
@@ -150,6 +153,11 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
     }
     Ok(args)
 }
+
+/// The most decode steps `-decode_steps` accepts: each is a path kept for
+/// the run (a fuzzed count of 10^12 exhausted memory while they were
+/// listed, and `usize::MAX` overflowed the count of calls).
+const MAX_DECODE_STEPS: usize = 1_000_000;
 
 /// Threads per core beyond which a thread count is refused.
 const MAX_THREADS_PER_CORE: u32 = 8;
@@ -270,6 +278,16 @@ mod tests {
         );
         assert_eq!(a.llm_ops, LlmOps::Off);
         assert_eq!(parse_str("-model_path m").unwrap().llm_ops, LlmOps::Auto);
+    }
+
+    #[test]
+    fn decode_steps_beyond_a_million_are_refused() {
+        for n in ["1000001", "1000000000000", "18446744073709551615"] {
+            let line = format!("-model_path m -steps_npz_paths p.npz -decode_steps {n}");
+            assert!(parse_str(&line).is_err(), "{n}");
+        }
+        let a = parse_str("-model_path m -steps_npz_paths p.npz -decode_steps 1000000").unwrap();
+        assert_eq!(a.steps_npz_paths.len(), 1_000_001);
     }
 
     #[test]
