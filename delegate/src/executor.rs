@@ -191,13 +191,15 @@ impl Executable<'_> {
         for node in &plan.nodes {
             let out = node.op.output();
             let rank = plan.values[out].dims.len();
-            let shape =
-                ops::infer_shape(&node.op, rank, |v| state.shapes[v]).map_err(|reason| {
-                    ArgError::Node {
-                        id: node.id,
-                        name: node.name.clone(),
-                        reason,
-                    }
+            let shape = ops::infer_shape(&node.op, rank, |v| state.shapes[v])
+                .and_then(|shape| {
+                    ops::check_unbroadcast(&node.op, &plan.values, shape, |v| state.shapes[v])
+                        .map(|()| shape)
+                })
+                .map_err(|reason| ArgError::Node {
+                    id: node.id,
+                    name: node.name.clone(),
+                    reason,
                 })?;
             state.shapes[out] = shape;
             if let Role::Output(position) = plan.values[out].role {

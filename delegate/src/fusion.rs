@@ -607,7 +607,7 @@ impl ProgramBuilder<'_> {
             Operand::Scalar(c) => self.push(Expr::Const(c), out),
             Operand::Value(v) => {
                 let x = self.value(v)?;
-                if self.ctx.graph.values[v].dims == self.ctx.graph.values[out].dims {
+                if crate::ops::declared_same_shape(&self.ctx.graph.values, v, out) {
                     Ok(x)
                 } else {
                     self.push(Expr::Broadcast { x }, out)

@@ -113,6 +113,45 @@ pub fn check_static(op: &OpDesc, values: &[ValueDesc]) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether elementwise operand `v` was exported with the shape of the
+/// node's result `out` (the same declared dims, static sizes and dynamic
+/// bounds alike): fusion then reads it with no broadcast, so every call
+/// must give it the result's shape ([`check_unbroadcast`]).
+pub fn declared_same_shape(values: &[ValueDesc], v: usize, out: usize) -> bool {
+    values[v].dims == values[out].dims
+}
+
+/// Refuses a call whose elementwise operand broadcasts where the exported
+/// program had none: an operand exported with its result's shape
+/// ([`declared_same_shape`]) given another one, such as a length of 1
+/// against 64 along a dimension both share as one dynamic size. NumPy's
+/// rules would accept it, but the fused programs read such an operand
+/// element for element (a fuzzed call read past its end).
+pub fn check_unbroadcast(
+    op: &OpDesc,
+    values: &[ValueDesc],
+    shape: Shape,
+    shape_of: impl Fn(usize) -> Shape,
+) -> Result<(), String> {
+    let (out, operands) = match *op {
+        OpDesc::Binary { a, b, output, .. } => (output, [a, b, Operand::Scalar(0.0)]),
+        OpDesc::Where { cond, a, b, output } => (output, [Operand::Value(cond), a, b]),
+        _ => return Ok(()),
+    };
+    for v in operands.into_iter().filter_map(Operand::value) {
+        if declared_same_shape(values, v, out) && shape_of(v) != shape {
+            return Err(format!(
+                "operand '{}' has shape {:?} where the exported program has its result's {:?} \
+                 (a broadcast the export did not have)",
+                values[v].name,
+                shape_of(v).dims(),
+                shape.dims()
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// NumPy broadcasting of `shapes` (trailing dimensions aligned) into a
 /// result of rank `rank`.
 fn broadcast(rank: usize, shapes: impl Iterator<Item = Shape>) -> Result<Shape, String> {
