@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use rustconv_backend::threads::MAX_THREADS_PER_CORE;
+
 use crate::kernel_libs::LlmOps;
 
 pub const USAGE: &str = "\
@@ -159,19 +161,14 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
 /// listed, and `usize::MAX` overflowed the count of calls).
 const MAX_DECODE_STEPS: usize = 1_000_000;
 
-/// Threads per core beyond which a thread count is refused.
-const MAX_THREADS_PER_CORE: u32 = 8;
-
-/// The most threads `-num_threads` and `-rustconv_threads` accept: 8 per
-/// core. More only slows a run down, and counts in the tens of thousands
+/// The most threads `-num_threads` and `-rustconv_threads` accept: the
+/// backend's own cap ([`rustconv_backend::threads::max_threads`], 8 per
+/// core). More only slows a run down, and counts in the tens of thousands
 /// exhaust the process's threads or memory inside the pools (ExecuTorch's
 /// pthreadpool then crashes at exit), so they are refused before any pool
 /// is created.
 pub fn max_threads() -> u32 {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    u32::try_from(cores)
-        .unwrap_or(u32::MAX)
-        .saturating_mul(MAX_THREADS_PER_CORE)
+    u32::try_from(rustconv_backend::threads::max_threads()).unwrap_or(u32::MAX)
 }
 
 fn threads(flag: &str, s: &str) -> Result<u32, String> {
@@ -244,7 +241,7 @@ mod tests {
     #[test]
     fn thread_counts_are_capped_per_core() {
         let max = max_threads();
-        assert!(max >= MAX_THREADS_PER_CORE);
+        assert!(max as usize >= MAX_THREADS_PER_CORE);
         for flag in ["num_threads", "rustconv_threads"] {
             let a = parse_str(&format!("-model_path m -{flag} {max}")).unwrap();
             assert_eq!(a.num_threads.or(a.rustconv_threads), Some(max));
