@@ -167,7 +167,7 @@ def test_end_to_end_blocks_tiny(tmp_path):
             row = rows[(block, alt)]
             assert row["status"] == "ok", (block, alt, row["status"], row["note"])
             assert float(row["median_ms"]) > 0 and row["peak_mib"] != "", (block, alt)
-            assert float(row["max_abs_err"]) <= 1e-3, (block, alt)
+            assert float(row["max_abs_err"]) <= 1e-5, (block, alt)
         floor = rows[(block, "io_floor")]
         assert float(floor["median_ms"]) > 0 and int(floor["io_bytes"]) > 0
         assert int(rows[(block, "ours")]["rustconv_calls"]) >= 1
@@ -221,8 +221,9 @@ def test_overheads_tiny(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not RUNNER.is_file(), reason="pte_runner not built (scripts/setup.sh)")
 def test_end_to_end_decode_tiny(tmp_path):
-    """One-token calls with state carried: every alternative runs and agrees
-    with eager (the steps' inputs make repeated calls settle), ours is one
+    """One-token calls with state carried: every alternative runs and its
+    first call from a fresh state agrees with eager's (the timed calls'
+    counts differ between alternatives, so their last outputs do), ours is one
     RustConv call with no state buffer left to copy back, and the goals are
     checked."""
     out = tmp_path / "out"
@@ -239,7 +240,7 @@ def test_end_to_end_decode_tiny(tmp_path):
             row = rows[(block, alt)]
             assert row["status"] == "ok", (block, alt, row["status"], row["note"])
             assert float(row["median_ms"]) > 0, (block, alt)
-            assert float(row["max_abs_err"]) <= 1e-3, (block, alt)
+            assert float(row["max_abs_err"]) <= 1e-5, (block, alt)
         assert rows[(block, "ours")]["N"] == "1"
         assert int(rows[(block, "ours")]["rustconv_calls"]) == 1, block
     summary = (out / "summary.md").read_text()

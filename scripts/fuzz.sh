@@ -54,6 +54,10 @@ log "fuzzing $target for $seconds s under AddressSanitizer"
 # to see a panic's message).
 # -timeout=10: an input that takes longer is a hang (the slowest seed,
 # `measure` timing every algorithm, takes well under a second).
+# allocator_may_return_null=1: an allocation a blob asks for that cannot be
+# had is an error the delegate returns (`try_reserve`, as in a release build
+# where the allocator returns null), not an ASan abort at its 1 TiB cap.
+export ASAN_OPTIONS=allocator_may_return_null=1${ASAN_OPTIONS:+:$ASAN_OPTIONS}
 status=0
 cargo +nightly fuzz run --features libfuzzer --sanitizer address "$target" \
     "$corpus" "fuzz/corpus/$target" -- \
