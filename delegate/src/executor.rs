@@ -188,12 +188,12 @@ impl Executable<'_> {
         }
 
         // Every value's shape, stored or not, from the actual inputs.
-        for node in &plan.nodes {
+        for (node, unbroadcast) in plan.nodes.iter().zip(&plan.unbroadcast) {
             let out = node.op.output();
             let rank = plan.values[out].dims.len();
             let shape = ops::infer_shape(&node.op, rank, |v| state.shapes[v])
                 .and_then(|shape| {
-                    ops::check_unbroadcast(&node.op, &plan.values, shape, |v| state.shapes[v])
+                    ops::check_unbroadcast(unbroadcast, &plan.values, shape, |v| state.shapes[v])
                         .map(|()| shape)
                 })
                 .map_err(|reason| ArgError::Node {

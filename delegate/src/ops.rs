@@ -121,35 +121,45 @@ pub fn declared_same_shape(values: &[ValueDesc], v: usize, out: usize) -> bool {
     values[v].dims == values[out].dims
 }
 
+/// The operands of an elementwise node that every call must give its
+/// result's shape: those exported with it ([`declared_same_shape`]), which
+/// fusion reads element for element. Decided once, when the plan is built
+/// ([`check_unbroadcast`] runs on every call).
+pub fn unbroadcast_operands(op: &OpDesc, values: &[ValueDesc]) -> Vec<usize> {
+    let (out, operands) = match *op {
+        OpDesc::Binary { a, b, output, .. } => (output, [a, b, Operand::Scalar(0.0)]),
+        OpDesc::Where { cond, a, b, output } => (output, [Operand::Value(cond), a, b]),
+        _ => return Vec::new(),
+    };
+    operands
+        .into_iter()
+        .filter_map(Operand::value)
+        .filter(|&v| declared_same_shape(values, v, out))
+        .collect()
+}
+
 /// Refuses a call whose elementwise operand broadcasts where the exported
-/// program had none: an operand exported with its result's shape
-/// ([`declared_same_shape`]) given another one, such as a length of 1
-/// against 64 along a dimension both share as one dynamic size. NumPy's
-/// rules would accept it, but the fused programs read such an operand
-/// element for element (a fuzzed call read past its end).
+/// program had none: one of the node's [`unbroadcast_operands`] given
+/// another shape than the result's, such as a length of 1 against 64 along
+/// a dimension both share as one dynamic size. NumPy's rules would accept
+/// it, but the fused programs read such an operand element for element (a
+/// fuzzed call read past its end).
 pub fn check_unbroadcast(
-    op: &OpDesc,
+    operands: &[usize],
     values: &[ValueDesc],
     shape: Shape,
     shape_of: impl Fn(usize) -> Shape,
 ) -> Result<(), String> {
-    let (out, operands) = match *op {
-        OpDesc::Binary { a, b, output, .. } => (output, [a, b, Operand::Scalar(0.0)]),
-        OpDesc::Where { cond, a, b, output } => (output, [Operand::Value(cond), a, b]),
-        _ => return Ok(()),
-    };
-    for v in operands.into_iter().filter_map(Operand::value) {
-        if declared_same_shape(values, v, out) && shape_of(v) != shape {
-            return Err(format!(
-                "operand '{}' has shape {:?} where the exported program has its result's {:?} \
-                 (a broadcast the export did not have)",
-                values[v].name,
-                shape_of(v).dims(),
-                shape.dims()
-            ));
-        }
+    match operands.iter().find(|&&v| shape_of(v) != shape) {
+        None => Ok(()),
+        Some(&v) => Err(format!(
+            "operand '{}' has shape {:?} where the exported program has its result's {:?} \
+             (a broadcast the export did not have)",
+            values[v].name,
+            shape_of(v).dims(),
+            shape.dims()
+        )),
     }
-    Ok(())
 }
 
 /// NumPy broadcasting of `shapes` (trailing dimensions aligned) into a

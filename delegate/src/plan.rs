@@ -99,6 +99,9 @@ pub struct Plan {
     pub outputs: Vec<usize>,
     /// Every node, in order: `execute` derives every value's shape from them.
     pub nodes: Vec<NodeDesc>,
+    /// Per node, the operands each call must give the node's result shape
+    /// ([`ops::unbroadcast_operands`]).
+    pub unbroadcast: Vec<Vec<usize>>,
     pub steps: Vec<Step>,
     pub arena_bytes: usize,
     /// Step at which each arena value is written and last read (for plans
@@ -287,7 +290,13 @@ impl Plan {
             .max()
             .unwrap_or(0);
         let shared_scratch = steps.iter().map(Step::shared_scratch).max().unwrap_or(0);
+        let unbroadcast = graph
+            .nodes
+            .iter()
+            .map(|node| ops::unbroadcast_operands(&node.op, &graph.values))
+            .collect();
         Ok(Plan {
+            unbroadcast,
             values: graph.values,
             locations,
             inputs: graph.inputs,
