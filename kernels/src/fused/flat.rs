@@ -324,18 +324,15 @@ impl<'a> Flat<'a> {
 
     /// Whether rows of `len` elements along dimension `along` of the root,
     /// consecutive along dimension `across`, lie end to end in every leaf
-    /// (or are one value in it): then such rows are one line, a run from
-    /// the first row's start ([`Self::run`] of that line, `rows * len`
+    /// ([`LeafMap::rows_end_to_end`]): then such rows are one line, a run
+    /// from the first row's start ([`Self::run`] of that line, `rows * len`
     /// long). A GLU of a conv's whole rows is 128 lines of 32 elements at
     /// T = 32; as one line, its vectors are independent of each other
     /// instead of a few dependent ones per row.
     pub(super) fn rows_are_one_line(&self, across: usize, along: usize, len: usize) -> bool {
-        self.leaves[..self.form.n_leaves].iter().all(|l| match *l {
-            LeafMap::Const(_) => true,
-            LeafMap::Stored { coef, .. } => {
-                (coef[along], coef[across]) == (1, len) || (coef[along], coef[across]) == (0, 0)
-            }
-        })
+        self.leaves[..self.form.n_leaves]
+            .iter()
+            .all(|l| l.rows_end_to_end(across, along, len))
     }
 
     /// Whether every leaf is read contiguously (or as one value) along

@@ -151,11 +151,10 @@ impl Program {
     }
 
     /// Whether rows of `len` elements along dimension `along` of node `i`,
-    /// consecutive along `across`, lie end to end in every leaf `i` reads
-    /// through elementwise ops (or are one value of it): then one line of
-    /// several such rows, from the first one's start, is those rows in
-    /// order. False where `i` reads anything else (a cat, a view of a
-    /// computed value, the anchor).
+    /// consecutive along `across`, lie end to end
+    /// ([`LeafMap::rows_end_to_end`]) in every leaf `i` reads through
+    /// elementwise ops. False where `i` reads anything else (a cat, a view
+    /// of a computed value, the anchor).
     pub(crate) fn rows_end_to_end(
         &self,
         i: usize,
@@ -165,13 +164,9 @@ impl Program {
         len: usize,
     ) -> bool {
         if self.is_leaf(i) {
-            return match self.leaf_map(i, env) {
-                Some(LeafMap::Const(_)) => true,
-                Some(LeafMap::Stored { coef, .. }) => {
-                    (coef[along], coef[across]) == (1, len) || (coef[along], coef[across]) == (0, 0)
-                }
-                None => false,
-            };
+            return self
+                .leaf_map(i, env)
+                .is_some_and(|l| l.rows_end_to_end(across, along, len));
         }
         let ok = |x: usize| self.rows_end_to_end(x, env, across, along, len);
         match self.nodes[i].expr {
@@ -250,6 +245,21 @@ pub(crate) enum LeafMap<'a> {
 }
 
 impl<'a> LeafMap<'a> {
+    /// Whether rows of `len` elements along root dimension `along`,
+    /// consecutive along `across`, lie end to end in this leaf (or are one
+    /// value of it): then one line of several such rows, from the first
+    /// one's start, reads those rows in order. The one test behind
+    /// [`Program::rows_end_to_end`] and the flat form's
+    /// `rows_are_one_line`.
+    pub(crate) fn rows_end_to_end(&self, across: usize, along: usize, len: usize) -> bool {
+        match *self {
+            LeafMap::Const(_) => true,
+            LeafMap::Stored { coef, .. } => {
+                (coef[along], coef[across]) == (1, len) || (coef[along], coef[across]) == (0, 0)
+            }
+        }
+    }
+
     /// The `len` elements along `line` when they need no copy: one value
     /// repeated (a constant, or a stored tensor read with stride 0, such
     /// as a per-channel parameter along time) or a contiguous run of a
