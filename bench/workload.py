@@ -62,7 +62,7 @@ BLOCKS = {
 #: The decode workload: name -> (class, widths C), one token (N = 1) per
 #: call. Classes are ``rustconv.examples.blocks``' or this module's (the steps).
 DECODE_BLOCKS = {
-    "decode_conv": ("DepthwiseConvStep", (1024, 2048, 4096)),
+    "decode_conv": ("CausalDepthwiseConvStreaming", (1024, 2048, 4096)),
     "decode_scan": ("ScanStep", (1024, 2048, 4096)),
     "decode_lfm2_core": ("Lfm2ShortConvExampleCore", (1024, 2048)),
     "decode_lfm2": ("Lfm2ShortConvExample", (1024, 2048)),
@@ -352,27 +352,6 @@ class SettingData:
         return total
 
 
-class DepthwiseConvStep(torch.nn.Module):
-    """A causal depthwise conv that streams: its last ``K - 1`` inputs in a
-    state buffer prepended with ``cat`` (LFM2's pattern, no gating)."""
-
-    def __init__(self, c: int, k: int = DECODE_K):
-        super().__init__()
-        self.k = k
-        self.conv = torch.nn.Conv1d(c, c, k, groups=c, bias=False)
-        self.register_buffer("state", torch.zeros(1, c, k - 1))
-
-    def forward(self, x):
-        xs = torch.cat([self.state, x], dim=-1)
-        with torch.no_grad():
-            self.state.copy_(xs[..., -(self.k - 1) :])
-        return self.conv(xs)
-
-    def make_inputs(self, seq: int = 1, seed: int = 0) -> tuple[torch.Tensor, ...]:
-        gen = torch.Generator().manual_seed(seed)
-        return (torch.randn(1, self.conv.in_channels, seq, generator=gen),)
-
-
 class ScanStep(torch.nn.Module):
     """A linear scan from a state buffer, its last step copied back."""
 
@@ -431,6 +410,8 @@ def make_block(setting: Setting, seed: int) -> torch.nn.Module:
                 return _ssm_step(setting.C).eval()
             if cls_name == "ConvStackStep":
                 return _conv_stack_step(setting.C).eval()
+            if cls_name == "CausalDepthwiseConvStreaming":
+                return blocks.CausalDepthwiseConvStreaming(setting.C, DECODE_K).eval()
             cls = globals().get(cls_name) or getattr(blocks, cls_name)
             return cls(setting.C).eval()
     cls_name, _, _ = BLOCKS[setting.block]

@@ -15,6 +15,7 @@ import torch
 from conftest import ATOL, ROOT, assert_close, pte_runner_path, run_runtime
 from executorch.exir import to_edge, to_edge_transform_and_lower
 from rustconv import RustConvPartitioner
+from rustconv.examples.blocks import CausalDepthwiseConvStreaming
 from torch.export import export
 
 
@@ -271,24 +272,6 @@ def test_a_programs_thread_count_is_lowered_to_the_machines(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
 
 
-class ConvStep(torch.nn.Module):
-    """A causal depthwise conv that streams, its last K - 1 inputs in a
-    state buffer that starts at zero (the decode step the benchmark lowers
-    with XNNPACK alone)."""
-
-    def __init__(self, c: int = 16, k: int = 4):
-        super().__init__()
-        self.k = k
-        self.conv = torch.nn.Conv1d(c, c, k, groups=c, bias=False)
-        self.register_buffer("state", torch.zeros(1, c, k - 1))
-
-    def forward(self, x):
-        xs = torch.cat([self.state, x], dim=-1)
-        with torch.no_grad():
-            self.state.copy_(xs[..., -(self.k - 1) :])
-        return self.conv(xs)
-
-
 @pytest.mark.parametrize("threads", [1, 3])
 def test_state_that_executorch_owns_starts_at_zero(tmp_path, threads):
     """An XNNPACK-only decode program whose state is a mutable buffer in
@@ -299,7 +282,7 @@ def test_state_that_executorch_owns_starts_at_zero(tmp_path, threads):
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
     torch.manual_seed(0)
-    model = ConvStep().eval()
+    model = CausalDepthwiseConvStreaming(16).eval()
     steps = [torch.randn(1, 16, 1) for _ in range(3)]
     program = to_edge_transform_and_lower(
         export(copy.deepcopy(model), (steps[0],)), partitioner=[XnnpackPartitioner()]
@@ -330,7 +313,7 @@ def test_initialized_mutable_buffer_pass_values_replace_the_zeros(tmp_path):
     from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
 
     torch.manual_seed(0)
-    model = ConvStep().eval()
+    model = CausalDepthwiseConvStreaming(16).eval()
     model.state.fill_(0.5)
     x = torch.randn(1, 16, 1)
     config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(["state"])])

@@ -32,6 +32,7 @@ __all__ = [
     "DiagonalSSMStreaming",
     "ConvStack",
     "CausalConvStackStreaming",
+    "CausalDepthwiseConvStreaming",
     "Lfm2LikeLM",
     "generate",
     "seq_dim",
@@ -339,6 +340,30 @@ class CausalConvStackStreaming(nn.Module):
 
     def dynamic_shapes(self, seq: Dim | None = None) -> tuple:
         return ({2: seq or seq_dim()},)
+
+
+class CausalDepthwiseConvStreaming(nn.Module):
+    """A causal depthwise ``Conv1d(c, c, k, groups=c)`` that streams: its last
+    ``k - 1`` inputs in a registered buffer ``state [1, c, k - 1]`` (zero at
+    first) prepended with ``torch.cat`` (LFM2's pattern, no gating). Input
+    ``[1, c, seq]``; a decode step is ``seq`` = 1."""
+
+    def __init__(self, c: int, k: int = 4) -> None:
+        super().__init__()
+        self.k = k
+        self.conv = nn.Conv1d(c, c, k, groups=c, bias=False)
+        self.register_buffer("state", torch.zeros(1, c, k - 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xs = torch.cat([self.state, x], dim=-1)
+        with torch.no_grad():
+            self.state.copy_(xs[..., -(self.k - 1) :])
+        return self.conv(xs)
+
+    def make_inputs(
+        self, seq: int = 1, seed: int = 0, dtype: torch.dtype = torch.float32
+    ) -> tuple[torch.Tensor, ...]:
+        return (_randn((1, self.conv.in_channels, seq), seed, dtype),)
 
 
 class _RMSNorm(nn.Module):
