@@ -15,14 +15,17 @@ from rustconv import RustConvPartitioner, blocks
 from torch.export import export
 
 ITERATIONS = 2000
+#: A call of the wide method splits across threads (its minimum latency
+#: halves at 2 threads): the pools' paths run concurrently too.
+WIDE_ITERATIONS = 50
 
 
 class Conv(torch.nn.Module):
     """No state: every call gives the same outputs for the same inputs."""
 
-    def __init__(self):
+    def __init__(self, channels=8, groups=1):
         super().__init__()
-        self.conv = torch.nn.Conv1d(8, 8, 3, padding=1)
+        self.conv = torch.nn.Conv1d(channels, channels, 3, padding=1, groups=groups)
 
     def forward(self, x):
         return torch.nn.functional.silu(self.conv(x))
@@ -30,14 +33,15 @@ class Conv(torch.nn.Module):
 
 @pytest.fixture(scope="module")
 def pte(tmp_path_factory):
-    """One program of three methods: a conv without state, and a causal conv
-    stack and a diagonal SSM whose conv and scan states the delegate owns
-    (each one RustConvBackend call)."""
+    """One program of four methods: a conv without state, a wide depthwise
+    one, and a causal conv stack and a diagonal SSM whose conv and scan
+    states the delegate owns (each one RustConvBackend call)."""
     torch.manual_seed(0)
     stack = blocks.CausalConvStackStreaming(8, k=3, layers=3).eval()
     ssm = blocks.DiagonalSSMStreaming(8).eval()
     programs = {
         "stateless": export(Conv().eval(), (torch.randn(1, 8, 16),)),
+        "wide": export(Conv(1024, groups=1024).eval(), (torch.randn(1, 1024, 2048),)),
         "conv_state": export(stack, stack.make_inputs(seq=4)),
         "scan_state": export(ssm, ssm.make_inputs(seq=4)),
     }
@@ -48,7 +52,7 @@ def pte(tmp_path_factory):
         assert not program.exported_program(name).graph_signature.buffers_to_mutate, name
         plan = next(p for p in program.executorch_program.execution_plan if p.name == name)
         assert [d.id for d in plan.delegates] == ["RustConvBackend"], name
-    path = tmp_path_factory.mktemp("concurrency") / "three_methods.pte"
+    path = tmp_path_factory.mktemp("concurrency") / "four_methods.pte"
     path.write_bytes(program.buffer)
     return path
 
@@ -87,12 +91,27 @@ def test_concurrent_lanes_match_the_single_threaded_run(pte, methods, threads):
     assert counts["overlapping calls"] > 0, run.stdout
 
 
+def test_two_loads_whose_calls_use_the_pool(pte):
+    run, counts, lanes = concurrent(
+        pte, "wide,wide", "-num_threads", "2", iterations=WIDE_ITERATIONS
+    )
+    assert run.returncode == 0, run.stdout + run.stderr[-3000:]
+    assert [(int(i), int(m)) for _, i, m, _ in lanes] == [(WIDE_ITERATIONS, 0)] * 2
+    assert counts["mismatches"] == 0 and counts["overlapping calls"] > 0, run.stdout
+
+
 def test_reset_from_a_third_thread_restarts_states_and_nothing_else(pte):
     """Each call of a lane gives the single-threaded run's next outputs or,
     after a reset, its first: a state is carried or restarted whole, never
     torn, and nothing crashes."""
     run, counts, lanes = concurrent(
-        pte, "conv_state,scan_state,stateless", "-num_threads", "1", "-reset_concurrently"
+        pte,
+        "conv_state,scan_state,stateless",
+        "-num_threads",
+        "1",
+        "-reset_concurrently",
+        # Long enough for a few hundred resets (0 to 2 ms apart).
+        iterations=10 * ITERATIONS,
     )
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     assert counts["mismatches"] == 0 and counts["resets from another thread"] > 0, run.stdout
