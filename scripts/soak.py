@@ -9,11 +9,12 @@ N=256, the decode steps at the benchmark's widths (C=250 to 4096), and
 every zoo model and LFM2 recipe at the tests' small size. The time is
 shared equally between them; each runs in one pte_runner process with
 ``-reset_state -check_outputs``, so every iteration must give the first
-iteration's outputs bit for bit (a RustConv state restarts at every
-iteration). A program whose state
-ExecuTorch owns (a buffer it mutates, ``aten::copy_`` outside any
-delegate, as the LFM2 recipes' KV cache) cannot be reset from outside, so
-its outputs are not compared (the report says so) and only its memory is.
+iteration's outputs bit for bit: a state RustConv owns restarts at every
+iteration, and the state ExecuTorch owns in these programs (the LFM2
+recipes' KV cache, Voxtral's streaming caches) is written at the positions
+each call names, so every iteration writes it over with the same values.
+A program whose own state carries over from one iteration to the next
+fails the check; soak it without (``--no-check``).
 
 Memory: VmRSS from ``/proc/PID/status`` every ``--sample-s`` seconds. The
 first ``WARMUP_FRACTION`` of a run (at least ``MIN_WARMUP_S``) is warm-up
@@ -53,9 +54,6 @@ class Program:
     #: -inputs_npz_path, the calls of -steps_npz_paths, or none (pte_runner's
     #: random inputs).
     inputs: list[Path]
-    #: Outputs compared across iterations; else why not.
-    checked: bool = True
-    why_unchecked: str = ""
 
 
 @dataclass
@@ -71,7 +69,6 @@ class Result:
     growth_kib: int = 0
     bound_kib: int = 0
     error: str = ""
-    why_unchecked: str = ""
 
     @property
     def ok(self) -> bool:
@@ -107,49 +104,60 @@ def memory_verdict(times: list[float], samples: list[int]) -> tuple[int, int, in
     return warm, end, growth, error
 
 
-def runner_command(runner: Path, program: Program, iterations: int, threads: int | None):
+def runner_command(
+    runner: Path, program: Program, iterations: int, threads: int | None, check: bool
+):
     cmd = [str(runner), "-model_path", str(program.pte), "-iter", str(iterations)]
     if len(program.inputs) == 1:
         cmd += ["-inputs_npz_path", str(program.inputs[0])]
     elif program.inputs:
         cmd += ["-steps_npz_paths", ",".join(map(str, program.inputs))]
-    if program.checked:
+    if check:
         cmd += ["-reset_state", "-check_outputs"]
     if threads:
         cmd += ["-num_threads", str(threads)]
     return cmd
 
 
-def seconds_per_iteration(runner: Path, program: Program, threads: int | None) -> float:
-    """An iteration's time from a short run's averages (pte_runner's
+def seconds_per_iteration(
+    runner: Path, program: Program, threads: int | None, check: bool
+) -> float:
+    """An iteration's time from a short run's medians (pte_runner's
     ``latency:`` line; with several calls, the first call's and the
-    others')."""
-    cmd = runner_command(runner, program, 5, threads) + ["-warmup", "1"]
+    others'). It leaves out what pte_runner does between calls (inputs
+    copied in, outputs compared): calls of microseconds run longer than
+    planned."""
+    cmd = runner_command(runner, program, 5, threads, check) + ["-warmup", "1"]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if run.returncode != 0:
         raise RuntimeError(" ".join(run.stderr.strip().splitlines()[-1:]))
-    avg = dict(re.findall(r"^(latency|first call latency):.* avg ([0-9.]+) ms", run.stdout, re.M))
-    if "latency" not in avg:
+    # Medians: a short run's averages carry its first calls' outliers (pools
+    # starting, pages faulted in), which made runs end with too few samples.
+    line = r"^(latency|first call latency): p10 [0-9.]+ ms, p50 ([0-9.]+) ms"
+    p50 = {name: float(ms) / 1e3 for name, ms in re.findall(line, run.stdout, re.M)}
+    if "latency" not in p50:
         raise RuntimeError(f"no latency line in {run.stdout!r}")
     if len(program.inputs) > 1:
-        return (
-            float(avg["first call latency"]) + (len(program.inputs) - 1) * float(avg["latency"])
-        ) / 1e3
-    return float(avg["latency"]) / 1e3
+        return p50["first call latency"] + (len(program.inputs) - 1) * p50["latency"]
+    return p50["latency"]
 
 
 def soak_one(
-    runner: Path, program: Program, seconds: float, threads: int | None, sample_s: float
+    runner: Path,
+    program: Program,
+    seconds: float,
+    threads: int | None,
+    sample_s: float,
+    check: bool = True,
 ) -> Result:
     """Runs `program` for about `seconds` and samples its memory."""
     try:
-        per_iteration = seconds_per_iteration(runner, program, threads)
+        per_iteration = seconds_per_iteration(runner, program, threads, check)
     except (RuntimeError, subprocess.TimeoutExpired) as e:
-        return Result(program.name, 0, 0.0, program.checked, error=f"probe run failed: {e}")
+        return Result(program.name, 0, 0.0, check, error=f"probe run failed: {e}")
     iterations = max(10, int(seconds / max(per_iteration, 1e-6)))
-    cmd = runner_command(runner, program, iterations, threads)
-    result = Result(program.name, iterations, 0.0, program.checked)
-    result.why_unchecked = program.why_unchecked
+    cmd = runner_command(runner, program, iterations, threads, check)
+    result = Result(program.name, iterations, 0.0, check)
     start = time.perf_counter()
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         # Sampled until the process exits; its output is small, read after.
@@ -169,22 +177,13 @@ def soak_one(
     if proc.returncode != 0 and not result.error:
         last = stderr.strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
         result.error = last[0]
-    if not result.error and program.checked and "outputs checked:" not in stdout:
+    if not result.error and check and "outputs checked:" not in stdout:
         result.error = "pte_runner did not report its output check"
     warm, end, growth, memory_error = memory_verdict(result.sample_s, result.rss_kib)
     result.warm_kib, result.end_kib, result.growth_kib = warm, end, growth
     result.bound_kib = int(GROWTH_BOUND_KIB + GROWTH_BOUND_FRACTION * warm)
     result.error = result.error or memory_error
     return result
-
-
-def state_owned_by_executorch(pte: Path) -> bool:
-    """Whether the program mutates a buffer outside any delegate (ExecuTorch
-    writes a mutated buffer back with ``aten::copy_``)."""
-    from executorch.exir._serialize._program import deserialize_pte_binary
-
-    program = deserialize_pte_binary(pte.read_bytes()).program
-    return any(op.name == "aten::copy_" for plan in program.execution_plan for op in plan.operators)
 
 
 def bench_programs(groups: list[str], cache_dir: Path, seed: int) -> list[Program]:
@@ -204,18 +203,8 @@ def bench_programs(groups: list[str], cache_dir: Path, seed: int) -> list[Progra
                 inputs = lowering.steps_npz(data, seed, cache_dir)
             else:
                 inputs = [lowering.inputs_npz(data, seed, cache_dir)]
-            programs.append(with_check(Program(setting.name, lowered.pte, inputs)))
+            programs.append(Program(setting.name, lowered.pte, inputs))
     return programs
-
-
-def with_check(program: Program) -> Program:
-    """Outputs are compared unless ExecuTorch owns some of the state."""
-    if state_owned_by_executorch(program.pte):
-        program.checked = False
-        program.why_unchecked = (
-            "state ExecuTorch owns (a buffer mutated outside any delegate), which no option resets"
-        )
-    return program
 
 
 def describe(result: Result) -> str:
@@ -251,6 +240,12 @@ def main(argv=None) -> int:
         help="soak this program alone (random inputs unless --inputs), instead of bench's",
     )
     p.add_argument("--inputs", type=Path, help="with --pte: its inputs npz")
+    p.add_argument(
+        "--no-check",
+        dest="check",
+        action="store_false",
+        help="memory only: no -reset_state -check_outputs (a program whose own state carries over)",
+    )
     p.add_argument("--threads", type=int, help="pte_runner -num_threads (default: its own)")
     p.add_argument("--sample-s", type=float, default=0.25, help="RSS sampling period (0.25 s)")
     p.add_argument("--seed", type=int, default=0)
@@ -261,7 +256,7 @@ def main(argv=None) -> int:
 
     if args.pte:
         inputs = [args.inputs] if args.inputs else []
-        programs = [with_check(Program(args.pte.stem, args.pte, inputs))]
+        programs = [Program(args.pte.stem, args.pte, inputs)]
     else:
         programs = bench_programs(args.groups or list(DEFAULT_GROUPS), args.cache_dir, args.seed)
     each = args.seconds / len(programs)
@@ -271,7 +266,7 @@ def main(argv=None) -> int:
     )
     results = []
     for program in programs:
-        result = soak_one(args.runner, program, each, args.threads, args.sample_s)
+        result = soak_one(args.runner, program, each, args.threads, args.sample_s, args.check)
         print(describe(result), flush=True)
         results.append(result)
     out = args.out or ROOT / "out" / "soak" / time.strftime("%Y%m%d-%H%M%S") / "report.json"

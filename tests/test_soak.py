@@ -51,7 +51,9 @@ def test_check_outputs_fails_on_a_carried_state_and_holds_when_reset(stateful):
     assert "-check_outputs: iteration 1 (call 0) gave other outputs" in run.stderr, run.stderr
     run = runner(*single, "-check_outputs", "-reset_state")
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "outputs checked: 20 iteration(s), all equal to the first" in run.stdout
+    assert (
+        "outputs checked: 20 iteration(s), warm-ups included, all equal to the first" in run.stdout
+    )
     # A sequence: each iteration's call k against the first iteration's.
     steps = ["-model_path", str(pte), "-steps_npz_paths", ",".join(map(str, calls)), "-iter", "20"]
     assert runner(*steps, "-check_outputs").returncode == 1

@@ -62,13 +62,14 @@ pub mod bridge {
 
 // SAFETY: a Session is one load of one method (cpp/runner.cpp's
 // SessionImpl): its Method, planned memory, inputs and delegate instances
-// belong to it alone, and what it shares with other sessions is only read
-// once they are loaded (the LoadedProgram, through a std::shared_ptr whose
-// count is atomic, which a session frees last on whichever thread drops it;
-// ExecuTorch's operator and backend registries) or locks itself (ExecuTorch's thread pool, pthreadpool; our kernels' pools). So it
-// may move to another thread, and sessions may run on different threads at
-// once; `execute` takes it by `Pin<&mut>`, so one session is never run from
-// two threads at once. concurrent.rs does exactly this, and its test
-// (tests/test_concurrency.py) and the ThreadSanitizer run of it
+// belong to it alone. What it shares with other sessions is only read once
+// they are loaded (the LoadedProgram, held through a std::shared_ptr whose
+// count is atomic, so the last session dropped frees it on any thread;
+// ExecuTorch's operator and backend registries) or locks itself
+// (ExecuTorch's pthreadpool, our kernels' pools, the delegate's state
+// mutex). So a session may move to another thread and sessions may run on
+// different threads at once; `execute` takes it by `Pin<&mut>`, so one
+// session never runs on two threads at once. concurrent.rs does exactly
+// this; tests/test_concurrency.py and its ThreadSanitizer run
 // (scripts/sanitize.sh --thread) exercise it.
 unsafe impl Send for bridge::Session {}

@@ -364,7 +364,7 @@ impl OutputCheck {
     fn report(&self) {
         if self.first.is_some() {
             println!(
-                "outputs checked: {} iteration(s), all equal to the first",
+                "outputs checked: {} iteration(s), warm-ups included, all equal to the first",
                 self.iterations
             );
         }
