@@ -75,31 +75,48 @@ constexpr std::size_t kSegmentAlignment = 64;
 
 } // namespace
 
-class SessionImpl {
- public:
-  SessionImpl(
-      const std::string& path,
-      const std::string& method_name,
-      bool trace,
-      bool minimal_verification)
+// The data loader and the program it reads: the program points into the
+// loader, so both live here, behind LoadedProgram's pointer (never moved).
+struct LoadedProgram::Impl {
+  Impl(const std::string& path, bool minimal_verification)
       // Segments loaded 64-byte aligned, so delegates (ours, XNNPACK) can
       // read constants in place instead of copying them.
-      : loader_(take(
+      : loader(take(
             FileDataLoader::from(path.c_str(), kSegmentAlignment),
             "opening " + path)),
         // InternalConsistency runs the flatbuffer verifier over the whole
         // program before anything reads it: with Minimal, a few changed bytes
         // crash the load inside ExecuTorch (parseTensor) instead of failing.
         // It costs time at load only, never per execute.
-        program_(take(
+        program(take(
             Program::load(
-                &loader_,
+                &loader,
                 minimal_verification
                     ? Program::Verification::Minimal
                     : Program::Verification::InternalConsistency),
-            "loading program " + path)) {
+            "loading program " + path)) {}
+
+  FileDataLoader loader;
+  Program program;
+};
+
+LoadedProgram::LoadedProgram(std::unique_ptr<Impl> impl)
+    : impl_(std::move(impl)) {}
+LoadedProgram::~LoadedProgram() = default;
+LoadedProgram::Impl& LoadedProgram::impl() const {
+  return *impl_;
+}
+
+class SessionImpl {
+ public:
+  SessionImpl(
+      std::shared_ptr<LoadedProgram> program,
+      const std::string& method_name,
+      bool trace)
+      : program_(std::move(program)) {
+    Program& program_ref = program_->impl().program;
     MethodMeta meta = take(
-        program_.method_meta(method_name.c_str()),
+        program_ref.method_meta(method_name.c_str()),
         "reading method '" + method_name + "'");
     for (size_t i = 0; i < meta.num_memory_planned_buffers(); ++i) {
       const size_t size =
@@ -120,7 +137,7 @@ class SessionImpl {
       etdump_ = std::make_unique<executorch::etdump::ETDumpGen>();
     }
     method_ = std::make_unique<Method>(take(
-        program_.load_method(
+        program_ref.load_method(
             method_name.c_str(), memory_manager_.get(), etdump_.get()),
         "loading method '" + method_name + "'"));
     // load_method leaves the plan's input and output value indices
@@ -244,8 +261,8 @@ class SessionImpl {
     return value.toTensor();
   }
 
-  FileDataLoader loader_;
-  Program program_;
+  // Declared first, so destroyed last: the method reads the program.
+  std::shared_ptr<LoadedProgram> program_;
   MallocMemoryAllocator method_allocator_;
   MallocMemoryAllocator temp_allocator_;
   std::vector<std::unique_ptr<std::uint8_t[]>> planned_buffers_;
@@ -292,16 +309,22 @@ void Session::write_etdump(rust::Str path) {
   impl_->write_etdump(path);
 }
 
-std::unique_ptr<Session> open_session(
+std::shared_ptr<LoadedProgram> open_program(
     rust::Str model_path,
-    rust::Str method_name,
-    bool trace,
     bool minimal_verification) {
-  return std::make_unique<Session>(std::make_unique<SessionImpl>(
-      std::string(model_path),
-      std::string(method_name),
-      trace,
-      minimal_verification));
+  return std::make_shared<LoadedProgram>(std::make_unique<LoadedProgram::Impl>(
+      std::string(model_path), minimal_verification));
+}
+
+std::unique_ptr<Session> load_method(
+    const std::shared_ptr<LoadedProgram>& program,
+    rust::Str method_name,
+    bool trace) {
+  if (!program) {
+    throw std::runtime_error("no program");
+  }
+  return std::make_unique<Session>(
+      std::make_unique<SessionImpl>(program, std::string(method_name), trace));
 }
 
 void set_num_threads(std::uint32_t num_threads) {

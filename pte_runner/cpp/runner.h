@@ -16,6 +16,20 @@ namespace runner {
 struct TensorInfo;
 class SessionImpl;
 
+// A program file loaded and verified once; any number of methods (the same
+// one several times included) are loaded from it, each a Session that keeps
+// it alive. Only read once loaded, so sessions on different threads share it.
+class LoadedProgram {
+ public:
+  struct Impl;
+  explicit LoadedProgram(std::unique_ptr<Impl> impl);
+  ~LoadedProgram();
+  Impl& impl() const;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
 // One loaded method of one program, with its inputs and memory.
 class Session {
  public:
@@ -42,11 +56,16 @@ class Session {
 
 // Verifies the program with ExecuTorch's InternalConsistency unless
 // minimal_verification (for timing runs of trusted programs).
-std::unique_ptr<Session> open_session(
+std::shared_ptr<LoadedProgram> open_program(
     rust::Str model_path,
-    rust::Str method_name,
-    bool trace,
     bool minimal_verification);
+
+// A new load of one method: its own planned memory, inputs and delegate
+// instances (so its own delegate-owned state).
+std::unique_ptr<Session> load_method(
+    const std::shared_ptr<LoadedProgram>& program,
+    rust::Str method_name,
+    bool trace);
 
 // Thread count for ExecuTorch's shared thread pool (XNNPACK and the
 // optimized CPU kernels) and, through set_option, for RustConvBackend.

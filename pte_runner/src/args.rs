@@ -11,7 +11,8 @@ pub const USAGE: &str = "\
 usage: pte_runner -model_path FILE [options]
 
   -model_path FILE        the .pte to run (required)
-  -method NAME            method to run (default: forward)
+  -method NAME            method to run (default: forward); with -concurrent,
+                          a list A,B,.. (a name twice: two loads of it)
   -inputs_npz_path FILE   inputs as arrays named \"0\", \"1\", ... in input order;
                           without it, random inputs of the method's shapes
   -iter N                 timed iterations (default: 1)
@@ -37,7 +38,21 @@ usage: pte_runner -model_path FILE [options]
                           N + 1 calls per iteration (a prefill and N decode steps)
   -reset_state            reset RustConv's delegate-owned state (the backend
                           option reset_state) before every iteration but the
-                          first, so each replays the sequence from the start
+                          first, so each replays the call or the sequence
+                          from the start
+  -check_outputs          fail unless every iteration's outputs equal the first's
+                          bit for bit (with -steps_npz_paths, call k's those of
+                          the first iteration's call k): a method without state,
+                          or with RustConv's state and -reset_state
+  -concurrent N           run each method of -method (A,B,.. ; a name twice is two
+                          loads of it) N times on its own thread, all at once,
+                          with random inputs (-seed plus its position), and fail
+                          unless every iteration's outputs equal those of a
+                          single-threaded run of the same loads, bit for bit
+  -reset_concurrently     with -concurrent: another thread sets the backend option
+                          reset_state at random moments meanwhile; each iteration
+                          must then give the single-threaded run's next outputs
+                          or its first (the state restarted)
   -kernel_lib A,B,..      shared libraries to load before the program, whose
                           static initialisers register ExecuTorch kernels
                           (a model's own custom operators)
@@ -66,6 +81,9 @@ pub struct Args {
     pub steps_npz_paths: Vec<PathBuf>,
     pub decode_steps: Option<usize>,
     pub reset_state: bool,
+    pub check_outputs: bool,
+    pub concurrent: Option<usize>,
+    pub reset_concurrently: bool,
     pub minimal_verification: bool,
     pub kernel_libs: Vec<PathBuf>,
     pub llm_ops: LlmOps,
@@ -100,6 +118,14 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
             args.minimal_verification = true;
             continue;
         }
+        if name == "check_outputs" {
+            args.check_outputs = true;
+            continue;
+        }
+        if name == "reset_concurrently" {
+            args.reset_concurrently = true;
+            continue;
+        }
         let mut value = || {
             inline
                 .clone()
@@ -121,6 +147,7 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
                 args.steps_npz_paths = value()?.split(',').map(PathBuf::from).collect()
             }
             "decode_steps" => args.decode_steps = Some(number(name, &value()?)?),
+            "concurrent" => args.concurrent = Some(number(name, &value()?)?),
             "kernel_lib" => args.kernel_libs.extend(
                 value()?
                     .split(',')
@@ -144,6 +171,7 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
     if !args.steps_npz_paths.is_empty() && args.inputs_npz_path.is_some() {
         return Err("-steps_npz_paths and -inputs_npz_path exclude each other".into());
     }
+    check_concurrent(&args)?;
     if let Some(n) = args.decode_steps {
         if n > MAX_DECODE_STEPS {
             return Err(format!("-decode_steps must be at most {MAX_DECODE_STEPS}"));
@@ -154,6 +182,50 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Args, String> {
         }
     }
     Ok(args)
+}
+
+/// What `-concurrent` runs with: random inputs, nothing written, at most
+/// [`max_threads`] lanes; and a list of methods needs it.
+fn check_concurrent(args: &Args) -> Result<(), String> {
+    let lanes = args.method.split(',').count();
+    let Some(n) = args.concurrent else {
+        if lanes > 1 {
+            return Err(format!(
+                "-method {} names {lanes} methods: only -concurrent runs several",
+                args.method
+            ));
+        }
+        if args.reset_concurrently {
+            return Err("-reset_concurrently needs -concurrent".into());
+        }
+        return Ok(());
+    };
+    if n == 0 {
+        return Err("-concurrent must be at least 1".into());
+    }
+    if args.method.split(',').any(str::is_empty) {
+        return Err(format!("-method {} has an empty name", args.method));
+    }
+    if lanes > max_threads() as usize {
+        return Err(format!(
+            "-concurrent runs at most {} methods at once, -method names {lanes}",
+            max_threads()
+        ));
+    }
+    let excluded = [
+        ("-inputs_npz_path", args.inputs_npz_path.is_some()),
+        ("-steps_npz_paths", !args.steps_npz_paths.is_empty()),
+        ("-output_npz_path", args.output_npz_path.is_some()),
+        ("-etdump_path", args.etdump_path.is_some()),
+        ("-check_outputs", args.check_outputs),
+        ("-reset_state", args.reset_state),
+    ];
+    match excluded.iter().find(|(_, set)| *set) {
+        Some((flag, _)) => Err(format!(
+            "-concurrent makes its own random inputs and compares every output: {flag} does not apply"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// The most decode steps `-decode_steps` accepts: each is a path kept for
@@ -275,6 +347,40 @@ mod tests {
         );
         assert_eq!(a.llm_ops, LlmOps::Off);
         assert_eq!(parse_str("-model_path m").unwrap().llm_ops, LlmOps::Auto);
+    }
+
+    #[test]
+    fn concurrent_runs_take_method_lists_and_nothing_they_do_not_use() {
+        let a =
+            parse_str("-model_path m -concurrent 100 -method a,b,a -reset_concurrently").unwrap();
+        assert_eq!((a.concurrent, a.method.as_str()), (Some(100), "a,b,a"));
+        assert!(a.reset_concurrently);
+        for (line, why) in [
+            ("-method a,b", "only -concurrent runs several"),
+            ("-reset_concurrently", "needs -concurrent"),
+            ("-concurrent 0", "at least 1"),
+            ("-concurrent 5 -method a,,b", "has an empty name"),
+            (
+                "-concurrent 5 -inputs_npz_path x.npz",
+                "-inputs_npz_path does not apply",
+            ),
+            (
+                "-concurrent 5 -check_outputs",
+                "-check_outputs does not apply",
+            ),
+            ("-concurrent 5 -reset_state", "-reset_state does not apply"),
+        ] {
+            let err = parse_str(&format!("-model_path m {line}")).unwrap_err();
+            assert!(err.contains(why), "{line}: {err}");
+        }
+        let many = vec!["a"; max_threads() as usize + 1].join(",");
+        let err = parse_str(&format!("-model_path m -concurrent 5 -method {many}")).unwrap_err();
+        assert!(err.contains("at most"), "{err}");
+        assert!(
+            parse_str("-model_path m -check_outputs")
+                .unwrap()
+                .check_outputs
+        );
     }
 
     #[test]

@@ -12,12 +12,16 @@ pub mod bridge {
     unsafe extern "C++" {
         include!("rustconv-pte-runner/cpp/runner.h");
 
+        type LoadedProgram;
         type Session;
-        fn open_session(
+        fn open_program(
             model_path: &str,
+            minimal_verification: bool,
+        ) -> Result<SharedPtr<LoadedProgram>>;
+        fn load_method(
+            program: &SharedPtr<LoadedProgram>,
             method_name: &str,
             trace: bool,
-            minimal_verification: bool,
         ) -> Result<UniquePtr<Session>>;
         fn num_inputs(self: &Session) -> usize;
         fn input_info(self: &Session, i: usize) -> Result<TensorInfo>;
@@ -55,3 +59,17 @@ pub mod bridge {
         fn has_operator(name: &str) -> bool;
     }
 }
+
+// SAFETY: a Session is one load of one method (cpp/runner.cpp's
+// SessionImpl): its Method, planned memory, inputs and delegate instances
+// belong to it alone. What it shares with other sessions is only read once
+// they are loaded (the LoadedProgram, held through a std::shared_ptr whose
+// count is atomic, so the last session dropped frees it on any thread;
+// ExecuTorch's operator and backend registries) or locks itself
+// (ExecuTorch's pthreadpool, our kernels' pools, the delegate's state
+// mutex). So a session may move to another thread and sessions may run on
+// different threads at once; `execute` takes it by `Pin<&mut>`, so one
+// session never runs on two threads at once. concurrent.rs does exactly
+// this; tests/test_concurrency.py and its ThreadSanitizer run
+// (scripts/sanitize.sh --thread) exercise it.
+unsafe impl Send for bridge::Session {}

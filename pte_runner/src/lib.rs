@@ -3,6 +3,7 @@
 //! without starting a runner.
 
 pub mod args;
+pub mod concurrent;
 // Public for main.rs. The unsafe functions' contracts are in the bridge's
 // docs; clippy still finds the code cxx generates from it undocumented.
 #[allow(
@@ -12,3 +13,4 @@ pub mod args;
 pub mod ffi;
 pub mod kernel_libs;
 pub mod npz;
+pub mod tensors;

@@ -12,12 +12,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use rand::{rngs::SmallRng, Rng, SeedableRng};
-
 use rustconv_pte_runner::args::{self, Args};
+use rustconv_pte_runner::concurrent;
 use rustconv_pte_runner::ffi::bridge as et;
 use rustconv_pte_runner::kernel_libs::{self, LlmOps};
-use rustconv_pte_runner::npz::{self, Array, ElemType};
+use rustconv_pte_runner::npz::{self, Array};
+use rustconv_pte_runner::tensors::{self, random_inputs, read_outputs};
 
 fn main() -> ExitCode {
     match run(std::env::args().skip(1)) {
@@ -76,6 +76,14 @@ fn run(argv: impl IntoIterator<Item = String>) -> Result<(), String> {
     if let Some(n) = args.rustconv_threads {
         et::set_rustconv_threads(n).map_err(|e| e.what().to_owned())?;
     }
+    if let Some(iterations) = args.concurrent {
+        let report = concurrent::run(&args, iterations)?;
+        println!("{}", concurrent::describe(&args, &report));
+        return match report.mismatches() {
+            0 => Ok(()),
+            n => Err(format!("{n} output(s) differ from the single-threaded run")),
+        };
+    }
     let model = args
         .model_path
         .to_str()
@@ -102,12 +110,8 @@ fn run(argv: impl IntoIterator<Item = String>) -> Result<(), String> {
     )]
     let inputs: Vec<Array>;
     let open = || {
-        et::open_session(
-            model,
-            &args.method,
-            args.etdump_path.is_some(),
-            args.minimal_verification,
-        )
+        let program = et::open_program(model, args.minimal_verification)?;
+        et::load_method(&program, &args.method, args.etdump_path.is_some())
     };
     let mut session = match open() {
         Ok(session) => session,
@@ -146,25 +150,9 @@ fn run(argv: impl IntoIterator<Item = String>) -> Result<(), String> {
         Some((path, arrays)) => npz::select_inputs(arrays, path, session.num_inputs())?,
         None => random_inputs(&session, args.seed)?,
     };
-    for (i, array) in inputs.iter().enumerate() {
-        let expected = session.input_info(i).map_err(|e| e.what().to_owned())?;
-        if expected.dtype != array.dtype.scalar_type() {
-            return Err(format!(
-                "input {i} is {:?} but the method expects {:?}",
-                array.dtype,
-                ElemType::from_scalar_type(expected.dtype)
-            ));
-        }
-        let sizes: Vec<i32> = array.shape.iter().map(|&d| d as i32).collect();
-        // SAFETY: `inputs` is never modified after this loop and is dropped
-        // after `session` (declared before it).
-        unsafe {
-            session
-                .pin_mut()
-                .set_input(i, array.dtype.scalar_type(), &sizes, &array.data)
-        }
-        .map_err(|e| format!("input {i} with shape {:?}: {}", array.shape, e.what()))?;
-    }
+    // SAFETY: `inputs` is never modified after this and is dropped after
+    // `session` (declared before it).
+    unsafe { tensors::bind_inputs(&mut session, &inputs) }?;
 
     let times = time_iterations(&mut session, &args)?;
     println!(
@@ -209,28 +197,36 @@ fn run_sequence(
             inputs.as_slice()
         })
         .collect();
-    let mut times = vec![Vec::with_capacity(args.iter); calls.len()];
+    let mut times = (0..calls.len())
+        .map(|_| iteration_times(args.iter))
+        .collect::<Result<Vec<_>, _>>()?;
     let mut outputs = Vec::new();
+    let mut check = OutputCheck::new(args, calls.len());
     for i in 0..args.warmup + args.iter {
         if i > 0 && args.reset_state {
             et::reset_state().map_err(|e| e.what().to_owned())?;
         }
         let last = i + 1 == args.warmup + args.iter;
         for (k, inputs) in calls.iter().enumerate() {
-            set_inputs(session, inputs)?;
+            // SAFETY: the input sets (`sets` in `run`) are never modified
+            // and outlive every execute of the session: `run` returns right
+            // after the sequence, and dropping the session reads no input.
+            unsafe { tensors::bind_inputs(session, inputs) }?;
             let start = Instant::now();
             session
                 .pin_mut()
                 .execute()
                 .map_err(|e| format!("call {k}: {}", e.what()))?;
             if i >= args.warmup {
-                times[k].push(start.elapsed());
+                times[k][i - args.warmup] = start.elapsed();
             }
             if last && args.output_npz_path.is_some() {
                 outputs.push(read_outputs(session)?);
             }
+            check.check(session, i, k)?;
         }
     }
+    check.report();
     println!(
         "pte_runner: {} '{}': {} iteration(s) of {} call(s), {} thread(s)",
         args.model_path.display(),
@@ -282,28 +278,16 @@ fn step_path(path: &std::path::Path, k: usize) -> PathBuf {
     path.with_file_name(format!("{stem}.{k}.npz"))
 }
 
-fn set_inputs(session: &mut cxx::UniquePtr<et::Session>, inputs: &[Array]) -> Result<(), String> {
-    for (i, array) in inputs.iter().enumerate() {
-        let sizes: Vec<i32> = array.shape.iter().map(|&d| d as i32).collect();
-        // SAFETY: the input sets (`sets` in `run`) are never modified and
-        // outlive every execute of the session: `run` returns right after
-        // the sequence, and dropping the session reads no input.
-        unsafe {
-            session
-                .pin_mut()
-                .set_input(i, array.dtype.scalar_type(), &sizes, &array.data)
-        }
-        .map_err(|e| format!("input {i} with shape {:?}: {}", array.shape, e.what()))?;
-    }
-    Ok(())
-}
-
 fn time_iterations(
     session: &mut cxx::UniquePtr<et::Session>,
     args: &Args,
 ) -> Result<Vec<Duration>, String> {
-    let mut times = Vec::with_capacity(args.iter);
+    let mut times = iteration_times(args.iter)?;
+    let mut check = OutputCheck::new(args, 1);
     for i in 0..args.warmup + args.iter {
+        if i > 0 && args.reset_state {
+            et::reset_state().map_err(|e| e.what().to_owned())?;
+        }
         // Untimed: the memory plan may have reused input buffers last time.
         session
             .pin_mut()
@@ -315,102 +299,74 @@ fn time_iterations(
             .execute()
             .map_err(|e| e.what().to_owned())?;
         if i >= args.warmup {
-            times.push(start.elapsed());
+            times[i - args.warmup] = start.elapsed();
         }
+        check.check(session, i, 0)?;
     }
+    check.report();
     Ok(times)
 }
 
-/// Uniform in [-1, 1) for floats, small non-negative values for integers (0
-/// to 4), of the shapes the method declares (the upper bounds for dynamic
-/// dimensions).
-fn random_inputs(session: &et::Session, seed: u64) -> Result<Vec<Array>, String> {
-    let mut rng = SmallRng::seed_from_u64(seed);
-    (0..session.num_inputs())
-        .map(|i| {
-            let info = session.input_info(i).map_err(|e| e.what().to_owned())?;
-            let dtype = ElemType::from_scalar_type(info.dtype).ok_or_else(|| {
-                format!(
-                    "input {i} has ScalarType {}, unsupported for random inputs",
-                    info.dtype
-                )
-            })?;
-            random_array(dtype, &info.sizes, &mut rng).map_err(|e| format!("input {i}: {e}"))
-        })
-        .collect()
+/// Room for `n` iterations' times, every page written now: a vector filled
+/// as the iterations go touches new pages as it grows, which made a long
+/// run's resident memory climb 16 bytes an iteration (scripts/soak.py took it
+/// for a leak). Reserved fallibly: a huge `-iter` is an error, not an abort.
+fn iteration_times(n: usize) -> Result<Vec<Duration>, String> {
+    let mut times = Vec::new();
+    times
+        .try_reserve_exact(n)
+        .map_err(|e| format!("cannot keep the times of {n} iterations: {e}"))?;
+    times.resize(n, Duration::ZERO);
+    Ok(times)
 }
 
-/// An array of `sizes`, which come from the program: checked, and its
-/// buffer reserved fallibly, so corrupt sizes are an error, not an abort.
-/// (ExecuTorch refuses the corrupt sizes tried so far when it loads the
-/// method; this does not rely on it.)
-fn random_array(dtype: ElemType, sizes: &[i32], rng: &mut SmallRng) -> Result<Array, String> {
-    let bad_sizes = || format!("sizes {sizes:?} do not make an array");
-    let shape = sizes
-        .iter()
-        .map(|&d| usize::try_from(d))
-        .collect::<Result<Vec<usize>, _>>()
-        .map_err(|_| bad_sizes())?;
-    let numel = shape
-        .iter()
-        .try_fold(1usize, |n, &d| n.checked_mul(d))
-        .ok_or_else(bad_sizes)?;
-    let bytes = numel.checked_mul(dtype.size()).ok_or_else(bad_sizes)?;
-    let mut data = Vec::new();
-    data.try_reserve_exact(bytes)
-        .map_err(|e| format!("sizes {sizes:?}: cannot allocate {bytes} bytes: {e}"))?;
-    for _ in 0..numel {
-        let x: f64 = rng.gen_range(-1.0..1.0);
-        match dtype {
-            ElemType::F32 => data.extend_from_slice(&(x as f32).to_le_bytes()),
-            ElemType::F64 => data.extend_from_slice(&x.to_le_bytes()),
-            ElemType::F16 => data.extend_from_slice(&half::f16::from_f64(x).to_le_bytes()),
-            ElemType::Bool => data.push((x > 0.0) as u8),
-            // Non-negative: integer inputs are mostly indices
-            // (token ids, positions), and a negative one is refused.
-            int => {
-                let v = (x.abs() * 4.0).round() as i64;
-                data.extend_from_slice(&v.to_le_bytes()[..int.size()]);
-            }
+/// `-check_outputs`: every iteration's outputs (of each call position)
+/// against the first iteration's, bit for bit.
+struct OutputCheck {
+    first: Option<Vec<Option<Vec<Array>>>>,
+    iterations: usize,
+}
+
+impl OutputCheck {
+    fn new(args: &Args, calls: usize) -> Self {
+        OutputCheck {
+            first: args.check_outputs.then(|| vec![None; calls]),
+            iterations: 0,
         }
     }
-    Ok(Array { dtype, shape, data })
-}
 
-fn read_outputs(session: &et::Session) -> Result<Vec<Array>, String> {
-    (0..session.num_outputs())
-        .map(|i| {
-            let info = session.output_info(i).map_err(|e| e.what().to_owned())?;
-            let dtype = ElemType::from_scalar_type(info.dtype)
-                .ok_or_else(|| format!("output {i} has unsupported ScalarType {}", info.dtype))?;
-            let data = session
-                .output_data(i)
-                .map_err(|e| e.what().to_owned())?
-                .to_vec();
-            Ok(Array {
-                dtype,
-                shape: info.sizes.iter().map(|&d| d as usize).collect(),
-                data,
-            })
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn random_arrays_refuse_sizes_that_make_no_array() {
-        let mut rng = SmallRng::seed_from_u64(0);
-        let a = random_array(ElemType::I64, &[2, 3], &mut rng).unwrap();
-        assert_eq!((a.shape, a.data.len()), (vec![2, 3], 48));
-        for sizes in [&[-1, 4][..], &[i32::MAX, i32::MAX, i32::MAX]] {
-            let err = random_array(ElemType::F32, sizes, &mut rng).unwrap_err();
-            assert!(err.contains("do not make an array"), "{err}");
+    fn check(
+        &mut self,
+        session: &et::Session,
+        iteration: usize,
+        call: usize,
+    ) -> Result<(), String> {
+        let Some(first) = &mut self.first else {
+            return Ok(());
+        };
+        match &first[call] {
+            None => first[call] = Some(read_outputs(session)?),
+            Some(want) => {
+                if !tensors::outputs_equal(session, want)? {
+                    return Err(format!(
+                        "-check_outputs: iteration {iteration} (call {call}) gave other outputs \
+                         than the first iteration"
+                    ));
+                }
+            }
         }
-        // Representable but not allocatable: an error, not an abort.
-        let err = random_array(ElemType::F64, &[i32::MAX, 1 << 20], &mut rng).unwrap_err();
-        assert!(err.contains("cannot allocate"), "{err}");
+        if call == 0 {
+            self.iterations += 1;
+        }
+        Ok(())
+    }
+
+    fn report(&self) {
+        if self.first.is_some() {
+            println!(
+                "outputs checked: {} iteration(s), warm-ups included, all equal to the first",
+                self.iterations
+            );
+        }
     }
 }
