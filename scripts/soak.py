@@ -10,11 +10,10 @@ every zoo model and LFM2 recipe at the tests' small size. The time is
 shared equally between them; each runs in one pte_runner process with
 ``-reset_state -check_outputs``, so every iteration must give the first
 iteration's outputs bit for bit: a state RustConv owns restarts at every
-iteration, and the state ExecuTorch owns in these programs (the LFM2
-recipes' KV cache, Voxtral's streaming caches) is written at the positions
-each call names, so every iteration writes it over with the same values.
-A program whose own state carries over from one iteration to the next
-fails the check; soak it without (``--no-check``).
+iteration, and so does the state ExecuTorch owns (the LFM2 recipes' KV
+cache, Voxtral's streaming caches): ``-reset_state`` also puts pte_runner's
+planned memory back as the method loaded it. ``--no-check`` soaks a
+program's memory alone.
 
 Memory: VmRSS from ``/proc/PID/status`` every ``--sample-s`` seconds. The
 first ``WARMUP_FRACTION`` of a run (at least ``MIN_WARMUP_S``) is warm-up
@@ -244,7 +243,7 @@ def main(argv=None) -> int:
         "--no-check",
         dest="check",
         action="store_false",
-        help="memory only: no -reset_state -check_outputs (a program whose own state carries over)",
+        help="memory only: no -reset_state -check_outputs",
     )
     p.add_argument("--threads", type=int, help="pte_runner -num_threads (default: its own)")
     p.add_argument("--sample-s", type=float, default=0.25, help="RSS sampling period (0.25 s)")

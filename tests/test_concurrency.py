@@ -72,6 +72,20 @@ def concurrent(pte, methods, *extra, iterations=ITERATIONS):
     return run, {k: int(v) for k, v in counts.items()}, lanes
 
 
+def overlapping(pte, methods, *extra, iterations=ITERATIONS):
+    """``concurrent`` until its calls overlapped, at most three runs: a
+    lane of small calls (2000 of a few microseconds) can finish inside one
+    time slice on a loaded 2-core machine before the other starts. Every
+    run's outputs are checked (the caller checks the last; the earlier ones
+    here)."""
+    for _ in range(3):
+        run, counts, lanes = concurrent(pte, methods, *extra, iterations=iterations)
+        if run.returncode != 0 or counts.get("overlapping calls", 0) > 0:
+            break
+        assert counts["mismatches"] == 0, run.stdout
+    return run, counts, lanes
+
+
 @pytest.mark.parametrize(
     "methods",
     ["stateless,conv_state", "conv_state,scan_state", "conv_state,conv_state",
@@ -81,7 +95,7 @@ def concurrent(pte, methods, *extra, iterations=ITERATIONS):
 )  # fmt: skip
 @pytest.mark.parametrize("threads", ["1", "2"])
 def test_concurrent_lanes_match_the_single_threaded_run(pte, methods, threads):
-    run, counts, lanes = concurrent(pte, methods, "-num_threads", threads)
+    run, counts, lanes = overlapping(pte, methods, "-num_threads", threads)
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     assert [lane[0] for lane in lanes] == methods.split(",")
     for _, iterations, mismatches, restarts in lanes:
@@ -92,7 +106,7 @@ def test_concurrent_lanes_match_the_single_threaded_run(pte, methods, threads):
 
 
 def test_two_loads_whose_calls_use_the_pool(pte):
-    run, counts, lanes = concurrent(
+    run, counts, lanes = overlapping(
         pte, "wide,wide", "-num_threads", "2", iterations=WIDE_ITERATIONS
     )
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]

@@ -304,6 +304,35 @@ def test_state_that_executorch_owns_starts_at_zero(tmp_path, threads):
             assert_close(got, model(x), f"call {k}", ATOL)
 
 
+def test_reset_state_restarts_state_that_executorch_owns(tmp_path):
+    """-reset_state puts ExecuTorch's planned memory back as loaded, so an
+    XNNPACK-only decode program (its state a mutable buffer that XNNPACK
+    updates) replays its sequence from the start each iteration: every
+    iteration's outputs equal the first's (-check_outputs). Before, it reset
+    RustConv's delegate-owned state only and the second iteration continued
+    from the first's state."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    torch.manual_seed(0)
+    model = CausalDepthwiseConvStreaming(16).eval()
+    steps = [torch.randn(1, 16, 1) for _ in range(3)]
+    program = to_edge_transform_and_lower(
+        export(copy.deepcopy(model), (steps[0],)), partitioner=[XnnpackPartitioner()]
+    ).to_executorch()
+    pte = tmp_path / "step.pte"
+    pte.write_bytes(program.buffer)
+    files = []
+    for k, x in enumerate(steps):
+        files.append(tmp_path / f"in{k}.npz")
+        np.savez(files[-1], **{"0": x.numpy()})
+    args = ["-model_path", str(pte), "-steps_npz_paths", ",".join(map(str, files)),
+            "-warmup", "0", "-iter", "3", "-check_outputs"]  # fmt: skip
+    carried = runner(*args)
+    assert carried.returncode != 0, "without -reset_state the state carries over"
+    reset = runner(*args, "-reset_state")
+    assert reset.returncode == 0, reset.stderr[-2000:]
+
+
 def test_initialized_mutable_buffer_pass_values_replace_the_zeros(tmp_path):
     """The other convention, which the zeros leave intact: a state exported
     with InitializedMutableBufferPass starts at its exported values (0.5

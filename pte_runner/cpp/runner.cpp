@@ -6,6 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include <executorch/devtools/etdump/etdump_flatcc.h>
 #include <executorch/extension/data_loader/file_data_loader.h>
@@ -208,6 +209,27 @@ class SessionImpl {
     }
   }
 
+  // A copy of planned memory as load_method left it: the zeros above, with
+  // any InitializedMutableBufferPass values copied in. Restoring it puts the
+  // state that ExecuTorch owns (mutable buffers) back at its start, as the
+  // backend option reset_state does for RustConv's own.
+  void keep_initial_memory() {
+    initial_planned_.clear();
+    for (const auto& span : planned_spans_) {
+      initial_planned_.emplace_back(span.data(), span.data() + span.size());
+    }
+  }
+
+  void restore_initial_memory() {
+    if (initial_planned_.size() != planned_spans_.size()) {
+      throw std::runtime_error("restore_initial_memory before keep_initial_memory");
+    }
+    for (std::size_t i = 0; i < planned_spans_.size(); ++i) {
+      std::memcpy(
+          planned_spans_[i].data(), initial_planned_[i].data(), planned_spans_[i].size());
+    }
+  }
+
   void execute() {
     const Error err = method_->execute();
     if (err != Error::Ok) {
@@ -267,6 +289,7 @@ class SessionImpl {
   MallocMemoryAllocator temp_allocator_;
   std::vector<std::unique_ptr<std::uint8_t[]>> planned_buffers_;
   std::vector<Span<std::uint8_t>> planned_spans_;
+  std::vector<std::vector<std::uint8_t>> initial_planned_;
   std::unique_ptr<HierarchicalAllocator> planned_memory_;
   std::unique_ptr<MemoryManager> memory_manager_;
   std::unique_ptr<executorch::etdump::ETDumpGen> etdump_;
@@ -292,6 +315,12 @@ void Session::set_input(
 }
 void Session::reload_inputs() {
   impl_->reload_inputs();
+}
+void Session::keep_initial_memory() {
+  impl_->keep_initial_memory();
+}
+void Session::restore_initial_memory() {
+  impl_->restore_initial_memory();
 }
 void Session::execute() {
   impl_->execute();

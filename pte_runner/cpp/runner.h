@@ -44,6 +44,10 @@ class Session {
       rust::Slice<const std::int32_t> sizes,
       rust::Slice<const std::uint8_t> data);
   void reload_inputs();
+  // Copies planned memory as loaded, for restore_initial_memory: what
+  // -reset_state puts back so ExecuTorch-owned state restarts too.
+  void keep_initial_memory();
+  void restore_initial_memory();
   void execute();
   std::size_t num_outputs() const;
   TensorInfo output_info(std::size_t i) const;

@@ -36,14 +36,15 @@ usage: pte_runner -model_path FILE [options]
                           call k's outputs to FILE with .k before .npz
   -decode_steps N         repeat the last of -steps_npz_paths until there are
                           N + 1 calls per iteration (a prefill and N decode steps)
-  -reset_state            reset RustConv's delegate-owned state (the backend
-                          option reset_state) before every iteration but the
-                          first, so each replays the call or the sequence
-                          from the start
+  -reset_state            before every iteration but the first, reset
+                          RustConv's delegate-owned state (the backend option
+                          reset_state) and put ExecuTorch's planned memory (its
+                          mutable buffers) back as loaded, so each iteration
+                          replays the call or the sequence from the start
   -check_outputs          fail unless every iteration's outputs equal the first's
                           bit for bit (with -steps_npz_paths, call k's those of
                           the first iteration's call k): a method without state,
-                          or with RustConv's state and -reset_state
+                          or any with -reset_state
   -concurrent N           run each method of -method (A,B,.. ; a name twice is two
                           loads of it) N times on its own thread, all at once,
                           with random inputs (-seed plus its position), and fail

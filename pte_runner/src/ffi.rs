@@ -37,6 +37,8 @@ pub mod bridge {
             data: &[u8],
         ) -> Result<()>;
         fn reload_inputs(self: Pin<&mut Session>) -> Result<()>;
+        fn keep_initial_memory(self: Pin<&mut Session>);
+        fn restore_initial_memory(self: Pin<&mut Session>) -> Result<()>;
         fn execute(self: Pin<&mut Session>) -> Result<()>;
         fn num_outputs(self: &Session) -> usize;
         fn output_info(self: &Session, i: usize) -> Result<TensorInfo>;

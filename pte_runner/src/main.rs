@@ -134,6 +134,9 @@ fn run(argv: impl IntoIterator<Item = String>) -> Result<(), String> {
         }
         Err(e) => return Err(e.what().to_owned()),
     };
+    if args.reset_state {
+        session.pin_mut().keep_initial_memory();
+    }
     if !args.steps_npz_paths.is_empty() {
         // The calls' inputs, one set per distinct file, alive as long as the
         // session (set_input reads them in place).
@@ -204,7 +207,7 @@ fn run_sequence(
     let mut check = OutputCheck::new(args, calls.len());
     for i in 0..args.warmup + args.iter {
         if i > 0 && args.reset_state {
-            et::reset_state().map_err(|e| e.what().to_owned())?;
+            reset_state(session)?;
         }
         let last = i + 1 == args.warmup + args.iter;
         for (k, inputs) in calls.iter().enumerate() {
@@ -278,6 +281,18 @@ fn step_path(path: &std::path::Path, k: usize) -> PathBuf {
     path.with_file_name(format!("{stem}.{k}.npz"))
 }
 
+/// `-reset_state`: RustConv's delegate-owned state restarts at its next
+/// call (the backend option), and ExecuTorch's own (mutable buffers in
+/// planned memory, which XNNPACK and the portable kernels update) is put
+/// back as the method loaded it.
+fn reset_state(session: &mut cxx::UniquePtr<et::Session>) -> Result<(), String> {
+    et::reset_state().map_err(|e| e.what().to_owned())?;
+    session
+        .pin_mut()
+        .restore_initial_memory()
+        .map_err(|e| e.what().to_owned())
+}
+
 fn time_iterations(
     session: &mut cxx::UniquePtr<et::Session>,
     args: &Args,
@@ -286,7 +301,7 @@ fn time_iterations(
     let mut check = OutputCheck::new(args, 1);
     for i in 0..args.warmup + args.iter {
         if i > 0 && args.reset_state {
-            et::reset_state().map_err(|e| e.what().to_owned())?;
+            reset_state(session)?;
         }
         // Untimed: the memory plan may have reused input buffers last time.
         session
