@@ -229,11 +229,17 @@ impl Executable<'_> {
 
         let workers = threads::Workers::choose(self.spec_threads)?;
         // Allocates only when the thread count grows (a new runtime option).
-        state.scratch.reserve(
-            workers.threads(),
-            plan.scratch_per_thread,
-            plan.shared_scratch,
-        );
+        state
+            .scratch
+            .reserve(
+                workers.threads(),
+                plan.scratch_per_thread,
+                plan.shared_scratch,
+            )
+            .map_err(|_| DelegateError::OutOfMemory {
+                what: "scratch",
+                bytes: scratch_bytes(workers.threads(), plan),
+            })?;
         // The spans leave the state for the call: the steps see the state
         // only through a shared reference. Moving a Vec allocates nothing.
         let mut spans = std::mem::take(&mut state.events.spans);
@@ -515,4 +521,15 @@ fn describe_dims(value: &ValueDesc) -> String {
         })
         .collect();
     format!("[{}]", dims.join(", "))
+}
+
+/// The bytes of scratch a call on `threads` pool threads asks for (for the
+/// error when they cannot be had; saturating, as a blob's sizes may
+/// overflow).
+fn scratch_bytes(threads: usize, plan: &Plan) -> usize {
+    threads
+        .saturating_add(1)
+        .saturating_mul(plan.scratch_per_thread)
+        .saturating_add(plan.shared_scratch)
+        .saturating_mul(std::mem::size_of::<f32>())
 }

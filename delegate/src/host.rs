@@ -9,6 +9,7 @@
 //! names [`Status`] through `type Status = crate::host::Status`.
 
 use crate::error::{BlobError, ConfigError, DelegateError, GraphError};
+use rustconv_kernels::KernelError;
 
 #[cxx::bridge(namespace = "rustconv::ffi")]
 pub(crate) mod bridge {
@@ -73,6 +74,10 @@ impl DelegateError {
             DelegateError::Config(ConfigError::ThreadPool { .. }) => Status::Internal,
             DelegateError::Config(_) | DelegateError::Arg(_) => Status::InvalidArgument,
             DelegateError::Unsupported(_) => Status::NotSupported,
+            DelegateError::Prepare {
+                source: KernelError::OutOfMemory { .. },
+                ..
+            } => Status::MemoryAllocationFailed,
             DelegateError::Prepare { .. } => Status::InvalidProgram,
             DelegateError::NotInitialized | DelegateError::Busy => Status::InvalidState,
             DelegateError::OutOfMemory { .. } => Status::MemoryAllocationFailed,

@@ -92,6 +92,16 @@ pub enum KernelError {
         /// The quantity being computed, e.g. `"input element count"`.
         what: &'static str,
     },
+
+    /// Memory a plan asks for could not be allocated (a program may declare
+    /// sizes larger than the device's memory).
+    #[error("cannot allocate {elements} f32 values for {what}")]
+    OutOfMemory {
+        /// What the memory is for, e.g. `"scratch"`.
+        what: &'static str,
+        /// How many `f32` values were asked for.
+        elements: usize,
+    },
 }
 
 /// Returns `BufferLen` unless `actual == expected`.

@@ -5,8 +5,11 @@
 
 #![allow(unsafe_code)]
 
+use std::alloc::Layout;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use crate::KernelError;
 
 /// One slot of `per_thread` `f32`s for each thread of a rayon pool of
 /// `threads` threads, plus one for a caller outside any pool.
@@ -42,13 +45,38 @@ struct Slot {
 // time per slot (guarded by `busy`).
 unsafe impl Sync for Scratch {}
 
+/// `n` zeroed `f32`s, or [`KernelError::OutOfMemory`] where the allocator
+/// has none to give: sizes come from a plan, and so from a blob, which may
+/// ask for terabytes (`vec!` would abort the process). Zeroed by the
+/// allocator, as `vec![0.0; n]` is: pages a kernel never touches are never
+/// made resident.
+pub(crate) fn zeroed_floats(n: usize, what: &'static str) -> Result<Box<[f32]>, KernelError> {
+    let too_large = || KernelError::OutOfMemory { what, elements: n };
+    if n == 0 {
+        return Ok(Box::default());
+    }
+    let layout = Layout::array::<f32>(n).map_err(|_| too_large())?;
+    // SAFETY: `layout` has a non-zero size (`n > 0`).
+    let data = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<f32>();
+    if data.is_null() {
+        return Err(too_large());
+    }
+    // SAFETY: `data` is a fresh allocation of `layout`, `n` f32s (all bits
+    // zero is 0.0), owned by nothing else; a `Box<[f32]>` of `n` frees it
+    // with that same layout (`Layout::for_value` of `[f32; n]`).
+    Ok(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(data, n)) })
+}
+
 impl Slot {
-    fn new(len: usize) -> Self {
-        Slot {
+    fn new(len: usize) -> Result<Self, KernelError> {
+        let total = len
+            .checked_add(ALIGN_FLOATS)
+            .ok_or(KernelError::Overflow { what: "scratch" })?;
+        Ok(Slot {
             busy: AtomicBool::new(false),
             len,
-            data: UnsafeCell::new(vec![0.0; len + ALIGN_FLOATS].into_boxed_slice()),
-        }
+            data: UnsafeCell::new(zeroed_floats(total, "scratch")?),
+        })
     }
 
     /// Runs `f` with the slot's data; panics with `what` if it is lent.
@@ -82,34 +110,59 @@ impl Default for Scratch {
 impl Scratch {
     /// Slots for a pool of `threads` threads (plus the caller), `per_thread`
     /// elements each, and no shared region.
+    ///
+    /// # Panics
+    /// If the memory cannot be had: for sizes a kernel chose itself (tests,
+    /// small fixed sizes). Sizes from a plan go through [`Scratch::try_sized`].
     pub fn new(threads: usize, per_thread: usize) -> Self {
         Self::sized(threads, per_thread, 0)
     }
 
     /// As [`Scratch::new`], with a shared region of `shared` elements.
+    ///
+    /// # Panics
+    /// As [`Scratch::new`].
     pub fn sized(threads: usize, per_thread: usize, shared: usize) -> Self {
-        let slots = (0..threads + 1).map(|_| Slot::new(per_thread)).collect();
-        Scratch {
+        Self::try_sized(threads, per_thread, shared).expect("scratch allocated")
+    }
+
+    /// As [`Scratch::sized`], or [`KernelError::OutOfMemory`] where the
+    /// memory cannot be had.
+    pub fn try_sized(
+        threads: usize,
+        per_thread: usize,
+        shared: usize,
+    ) -> Result<Self, KernelError> {
+        let slots = (0..threads.saturating_add(1))
+            .map(|_| Slot::new(per_thread))
+            .collect::<Result<_, _>>()?;
+        Ok(Scratch {
             slots,
             per_thread,
-            shared: Slot::new(shared),
-        }
+            shared: Slot::new(shared)?,
+        })
     }
 
     /// Grows (never shrinks) to `threads` pool threads of `per_thread`
     /// elements each and a shared region of `shared`; allocates only when
-    /// it grows.
-    pub fn reserve(&mut self, threads: usize, per_thread: usize, shared: usize) {
-        if threads + 1 > self.slots.len()
+    /// it grows. Where that memory cannot be had, it is left as it was.
+    pub fn reserve(
+        &mut self,
+        threads: usize,
+        per_thread: usize,
+        shared: usize,
+    ) -> Result<(), KernelError> {
+        if threads.saturating_add(1) > self.slots.len()
             || per_thread > self.per_thread
             || shared > self.shared_len()
         {
-            *self = Scratch::sized(
+            *self = Scratch::try_sized(
                 threads.max(self.slots.len() - 1),
                 per_thread.max(self.per_thread),
                 shared.max(self.shared_len()),
-            );
+            )?;
         }
+        Ok(())
     }
 
     /// Elements in each slot.
@@ -222,7 +275,7 @@ mod tests {
     #[test]
     fn reserve_grows_only() {
         let mut scratch = Scratch::sized(2, 8, 6);
-        scratch.reserve(1, 4, 2);
+        scratch.reserve(1, 4, 2).unwrap();
         assert_eq!(
             (
                 scratch.slots.len(),
@@ -231,7 +284,7 @@ mod tests {
             ),
             (3, 8, 6)
         );
-        scratch.reserve(4, 32, 0);
+        scratch.reserve(4, 32, 0).unwrap();
         assert_eq!(
             (
                 scratch.slots.len(),
@@ -240,7 +293,7 @@ mod tests {
             ),
             (5, 32, 6)
         );
-        scratch.reserve(1, 4, 100);
+        scratch.reserve(1, 4, 100).unwrap();
         assert_eq!(
             (
                 scratch.slots.len(),
@@ -278,5 +331,32 @@ mod tests {
     fn nested_shared_borrow_panics_instead_of_aliasing() {
         let scratch = Scratch::sized(1, 4, 4);
         scratch.with_shared(|_| scratch.with_shared(|_| ()));
+    }
+
+    #[test]
+    fn scratch_that_cannot_be_had_is_an_error_and_leaves_it_as_it_was() {
+        let mut scratch = Scratch::sized(1, 8, 8);
+        // Fuzzed blobs asked for 1.5 and 6.2 TiB: here 4 PiB (past any
+        // process's address space, so the allocator refuses it whatever the
+        // overcommit policy), more than `Layout::array` takes, and an
+        // overflow.
+        for per_thread in [1 << 50, usize::MAX / 8, usize::MAX] {
+            let err = scratch.reserve(1, per_thread, 0).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    KernelError::OutOfMemory {
+                        what: "scratch",
+                        ..
+                    } | KernelError::Overflow { what: "scratch" }
+                ),
+                "{err:?}"
+            );
+            assert_eq!((scratch.per_thread(), scratch.shared_len()), (8, 8));
+        }
+        // What is lent is the allocator's zeroed memory, whole.
+        scratch.reserve(2, 1 << 16, 0).unwrap();
+        assert!(scratch.with_slot(|s| s.len() == 1 << 16 && s.iter().all(|&v| v == 0.0)));
+        assert!(zeroed_floats(0, "nothing").unwrap().is_empty());
     }
 }

@@ -25,7 +25,7 @@ use super::registry::Algorithm;
 use super::weights::Weights;
 use crate::error::{check_len, KernelError};
 use crate::fused::{RowsIn, RowsOut};
-use crate::scratch::Scratch;
+use crate::scratch::{zeroed_floats, Scratch};
 use crate::simd::Backend;
 
 /// How [`PreparedConv1d::new`] picks the algorithm.
@@ -181,30 +181,33 @@ impl PreparedConv1d {
 
     fn measure(g: Conv1dGeometry, weights: Weights) -> Result<Self, KernelError> {
         let threads = crate::par::threads();
-        let x: Vec<f32> = (0..g.input_elems)
-            .map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5)
-            .collect();
+        // The sizes are the plan's (a blob's): allocated fallibly.
+        let mut x = zeroed_floats(g.input_elems, "measuring input")?;
+        for (i, v) in x.iter_mut().enumerate() {
+            *v = ((i * 7919) % 97) as f32 / 97.0 - 0.5;
+        }
         // Fed weights are timed on stand-in values: only the time matters.
-        let stand_in;
+        let mut stand_in;
         let w = match weights {
             Weights::Constant(w) => w,
             Weights::Fed => {
-                stand_in = vec![0.5; g.weight_elems];
+                stand_in = zeroed_floats(g.weight_elems, "measuring weights")?;
+                stand_in.fill(0.5);
                 &stand_in
             }
         };
-        let mut y = vec![0.0; g.output_elems];
+        let mut y = zeroed_floats(g.output_elems, "measuring output")?;
         let mut best: Option<(f64, PreparedConv1d)> = None;
         for a in Algorithm::ALL
             .into_iter()
             .filter(|&a| usable(a, &g, &weights))
         {
             let candidate = Self::with(a, g, weights)?;
-            let scratch = Scratch::sized(
+            let scratch = Scratch::try_sized(
                 threads,
                 candidate.scratch_per_thread(),
                 candidate.shared_scratch(),
-            );
+            )?;
             let start = Instant::now();
             candidate.run(&g.params, &x, Some(w), None, &mut y, &scratch)?;
             let seconds = start.elapsed().as_secs_f64();

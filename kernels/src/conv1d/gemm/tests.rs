@@ -318,6 +318,11 @@ fn window_rows_per_phase() {
     assert_eq!(&*w.offsets, &[0, 32, 64]);
     assert_eq!(&*w.phases, &[0, 1, 2]);
     assert_eq!(w.channel_stride(), 96);
+    // A stride of 4e9 and 8 taps (a fuzzed blob's; finding the phases by
+    // scanning every residue below the stride took minutes): 8 phases.
+    let w = Window::new(8, 4_000_000_000, 1, 20, 16);
+    assert_eq!(&*w.phases, &[0, 1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!((w.halo, w.offsets[7]), (0, 7 * w.pitch));
 }
 
 #[test]
