@@ -272,13 +272,10 @@ def test_a_programs_thread_count_is_lowered_to_the_machines(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
 
 
-@pytest.mark.parametrize("threads", [1, 3])
-def test_state_that_executorch_owns_starts_at_zero(tmp_path, threads):
+def xnnpack_decode_steps(tmp_path):
     """An XNNPACK-only decode program whose state is a mutable buffer in
-    ExecuTorch's planned memory, exported without InitializedMutableBufferPass:
-    pte_runner's planned memory is zeroed, so its calls equal eager's from
-    the zero state. MALLOC_PERTURB_ fills fresh heap memory with garbage, as
-    the uninitialised buffers it allocated before held (7e29 and the like)."""
+    ExecuTorch's planned memory (exported without InitializedMutableBufferPass),
+    and three one-token calls: the model, the steps, the .pte and the npz files."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
     torch.manual_seed(0)
@@ -293,6 +290,16 @@ def test_state_that_executorch_owns_starts_at_zero(tmp_path, threads):
     for k, x in enumerate(steps):
         files.append(tmp_path / f"in{k}.npz")
         np.savez(files[-1], **{"0": x.numpy()})
+    return model, steps, pte, files
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_state_that_executorch_owns_starts_at_zero(tmp_path, threads):
+    """An XNNPACK-only decode program (xnnpack_decode_steps):
+    pte_runner's planned memory is zeroed, so its calls equal eager's from
+    the zero state. MALLOC_PERTURB_ fills fresh heap memory with garbage, as
+    the uninitialised buffers it allocated before held (7e29 and the like)."""
+    model, steps, pte, files = xnnpack_decode_steps(tmp_path)
     out = tmp_path / "out.npz"
     run = runner("-model_path", str(pte), "-steps_npz_paths", ",".join(map(str, files)),
                  "-output_npz_path", str(out), "-num_threads", str(threads),
@@ -311,20 +318,7 @@ def test_reset_state_restarts_state_that_executorch_owns(tmp_path):
     iteration's outputs equal the first's (-check_outputs). Before, it reset
     RustConv's delegate-owned state only and the second iteration continued
     from the first's state."""
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-
-    torch.manual_seed(0)
-    model = CausalDepthwiseConvStreaming(16).eval()
-    steps = [torch.randn(1, 16, 1) for _ in range(3)]
-    program = to_edge_transform_and_lower(
-        export(copy.deepcopy(model), (steps[0],)), partitioner=[XnnpackPartitioner()]
-    ).to_executorch()
-    pte = tmp_path / "step.pte"
-    pte.write_bytes(program.buffer)
-    files = []
-    for k, x in enumerate(steps):
-        files.append(tmp_path / f"in{k}.npz")
-        np.savez(files[-1], **{"0": x.numpy()})
+    _, _, pte, files = xnnpack_decode_steps(tmp_path)
     args = ["-model_path", str(pte), "-steps_npz_paths", ",".join(map(str, files)),
             "-warmup", "0", "-iter", "3", "-check_outputs"]  # fmt: skip
     carried = runner(*args)
