@@ -75,7 +75,7 @@ impl ExecState {
     pub fn new(plan: &Plan, constants: *const u8) -> Result<Self, DelegateError> {
         let converted = plan.converted.as_ptr();
         let mut arena =
-            AlignedBuf::try_zeroed(plan.arena_bytes).map_err(|_| DelegateError::OutOfMemory {
+            AlignedBuf::try_zeroed(plan.arena_bytes).ok_or(DelegateError::OutOfMemory {
                 what: "arena",
                 bytes: plan.arena_bytes,
             })?;

@@ -1,6 +1,8 @@
 //! The delegate's own memory: a lifetime-based placement of intermediates in
 //! one arena, and the 64-byte aligned buffer that backs it.
 
+use std::alloc::Layout;
+
 /// Alignment of every arena offset (a cache line; also what SIMD kernels want).
 pub const ARENA_ALIGNMENT: usize = 64;
 
@@ -56,22 +58,41 @@ pub struct AlignedBuf {
 }
 
 impl AlignedBuf {
+    /// # Panics
+    /// Where the memory cannot be had (sizes the delegate holds already,
+    /// such as a copy of constants it read); a blob's declared sizes go
+    /// through [`Self::try_zeroed`].
     pub fn zeroed(len: usize) -> Self {
-        AlignedBuf {
-            lines: vec![CacheLine([0; ARENA_ALIGNMENT]); len.div_ceil(ARENA_ALIGNMENT)],
-            len,
-        }
+        Self::try_zeroed(len).expect("memory for an aligned buffer")
     }
 
-    /// [`Self::zeroed`], or an error where the allocation fails: a blob
-    /// may declare an arena larger than the device's memory (a fuzzed one
-    /// asked for 4 TiB), which `vec!` would answer by aborting the process.
-    pub fn try_zeroed(len: usize) -> Result<Self, std::collections::TryReserveError> {
-        let mut lines = Vec::new();
+    /// `len` zero bytes, or None where the allocation fails: a blob may
+    /// declare an arena larger than the device's memory (a fuzzed one
+    /// asked for 4 TiB, which `vec!` would answer by aborting the process).
+    /// Zeroed by the allocator (`calloc`'s fresh pages), not written: the
+    /// pages of a 16 GiB arena a blob declares are not made resident until
+    /// a kernel writes them (written zeros took a fuzzed blob's `init` to
+    /// 9 GB).
+    pub fn try_zeroed(len: usize) -> Option<Self> {
         let n = len.div_ceil(ARENA_ALIGNMENT);
-        lines.try_reserve_exact(n)?;
-        lines.resize(n, CacheLine([0; ARENA_ALIGNMENT]));
-        Ok(AlignedBuf { lines, len })
+        if n == 0 {
+            return Some(AlignedBuf {
+                lines: Vec::new(),
+                len,
+            });
+        }
+        let layout = Layout::array::<CacheLine>(n).ok()?;
+        // SAFETY: `layout` has a non-zero size (`n > 0`).
+        let data = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<CacheLine>();
+        if data.is_null() {
+            return None;
+        }
+        // SAFETY: `data` comes from the global allocator with the layout of
+        // `n` CacheLines (a Vec's for capacity `n`, which it frees with),
+        // holds `n` initialised ones (a CacheLine is plain bytes; all zero
+        // is a value) and is owned by nothing else.
+        let lines = unsafe { Vec::from_raw_parts(data, n, n) };
+        Some(AlignedBuf { lines, len })
     }
 
     pub fn from_bytes(bytes: &[u8]) -> Self {
@@ -150,9 +171,37 @@ mod tests {
 
     #[test]
     fn an_arena_larger_than_memory_is_an_error() {
-        assert!(AlignedBuf::try_zeroed(1 << 50).is_err());
+        assert!(AlignedBuf::try_zeroed(1 << 60).is_none());
+        assert!(AlignedBuf::try_zeroed(usize::MAX).is_none());
+        assert!(AlignedBuf::try_zeroed(0).unwrap().is_empty());
         let mut buf = AlignedBuf::try_zeroed(100).unwrap();
         assert_eq!(buf.as_mut_slice(), &[0; 100]);
+    }
+
+    /// Resident memory of this process, from /proc (Linux).
+    #[cfg(target_os = "linux")]
+    fn rss_bytes() -> usize {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<usize>()
+            .unwrap()
+            * 1024
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_large_arena_is_not_resident_until_written() {
+        let before = rss_bytes();
+        let mut buf = AlignedBuf::try_zeroed(2 << 30).unwrap();
+        let grown = rss_bytes().saturating_sub(before);
+        assert!(grown < 256 << 20, "2 GiB arena made {grown} bytes resident");
+        // Zero where read, writable at both ends.
+        let bytes = buf.as_mut_slice();
+        assert_eq!((bytes[0], bytes[(2 << 30) - 1]), (0, 0));
+        bytes[(2 << 30) - 1] = 1;
     }
 
     #[test]
