@@ -9,7 +9,7 @@ use std::alloc::Layout;
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::KernelError;
+use crate::error::KernelError;
 
 /// One slot of `per_thread` `f32`s for each thread of a rayon pool of
 /// `threads` threads, plus one for a caller outside any pool.
