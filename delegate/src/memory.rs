@@ -197,7 +197,9 @@ mod tests {
         let before = rss_bytes();
         let mut buf = AlignedBuf::try_zeroed(2 << 30).unwrap();
         let grown = rss_bytes().saturating_sub(before);
-        assert!(grown < 256 << 20, "2 GiB arena made {grown} bytes resident");
+        // Written zeros would make all 2 GiB resident; half is room for a
+        // sanitizer's shadow of the range (an eighth) and other tests.
+        assert!(grown < 1 << 30, "2 GiB arena made {grown} bytes resident");
         // Zero where read, writable at both ends.
         let bytes = buf.as_mut_slice();
         assert_eq!((bytes[0], bytes[(2 << 30) - 1]), (0, 0));
