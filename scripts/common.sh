@@ -12,7 +12,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE=${RUSTCONV_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/rustconv}
 VENV="$CACHE/venv-$(sha256sum "$ROOT/requirements.txt" | cut -c1-16)"
 
-log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+# Each line carries the seconds since the script started, so a slow step shows.
+log() { printf '\033[1m==> [%4ds] %s\033[0m\n' "$SECONDS" "$*" >&2; }
 
 ensure_venv() {
     mkdir -p "$CACHE"
