@@ -2,7 +2,7 @@
 //! from the actual inputs, sizes the outputs and runs the kernels, without
 //! heap allocation (everything per-call lives in [`ExecState`], sized at init).
 
-use rustconv_kernels::fused::{materialise, reduce, ProgramRows, Statistic};
+use rustconv_kernels::fused::{materialise, reduce, ProgramRows, ShapeGeneration, Statistic};
 use rustconv_kernels::{self as kernels, par, KernelError, Scratch};
 
 use crate::error::{ArgError, DelegateError};
@@ -38,6 +38,13 @@ pub trait CallArgs {
 /// Per-call scratch, allocated once at init and reused by every call.
 pub struct ExecState {
     shapes: Vec<Shape>,
+    /// The number of `shapes` as the last call left them, where every
+    /// check of them passed: a call whose inputs have the same shapes
+    /// skips shape inference and its checks, and the steps derive what
+    /// depends on shapes alone once per generation (see
+    /// `rustconv_kernels::fused::ShapeGeneration`). None: not yet bound, or
+    /// the last call's shapes were refused.
+    generation: Option<ShapeGeneration>,
     /// Where kernels read and write each value as f32 this call.
     data: Vec<*mut u8>,
     /// The call's own tensor for each input and output value (for float16
@@ -112,6 +119,7 @@ impl ExecState {
             .collect();
         let mut exec = ExecState {
             shapes,
+            generation: None,
             args: vec![std::ptr::null_mut(); data.len()],
             data,
             _arena: arena,
@@ -178,53 +186,37 @@ impl Executable<'_> {
             }
             .into());
         }
+        let mut same_shapes = state.generation.is_some();
         for (position, &v) in plan.inputs.iter().enumerate() {
-            state.shapes[v] = self.bind_arg(state, args, "input", position, v)?;
+            let shape = self.bind_arg(state, args, "input", position, v)?;
+            if shape != state.shapes[v] {
+                // Until every shape below is derived and checked again.
+                state.generation = None;
+                same_shapes = false;
+                state.shapes[v] = shape;
+            }
         }
+        if !same_shapes {
+            self.derive_shapes(state)?;
+            state.generation = Some(ShapeGeneration::fresh());
+        }
+        for (position, &out) in plan.outputs.iter().enumerate() {
+            let (sizes, rank) = crate::shape::to_i32(state.shapes[out]);
+            if !args.resize(n_in + position, &sizes[..rank]) {
+                return Err(ArgError::Resize {
+                    index: position,
+                    name: plan.values[out].name.clone(),
+                    shape: state.shapes[out].dims().iter().map(|&d| d as i64).collect(),
+                }
+                .into());
+            }
+            self.bind_arg(state, args, "output", position, out)?;
+        }
+        self.check_outputs_disjoint(state)?;
         let epoch = crate::state::epoch();
         if epoch != state.state_epoch {
             state.reset_states(plan);
             state.state_epoch = epoch;
-        }
-
-        // Every value's shape, stored or not, from the actual inputs.
-        for (node, unbroadcast) in plan.nodes.iter().zip(&plan.unbroadcast) {
-            let out = node.op.output();
-            let rank = plan.values[out].dims.len();
-            let shape = ops::infer_shape(&node.op, rank, |v| state.shapes[v])
-                .and_then(|shape| {
-                    ops::check_unbroadcast(unbroadcast, &plan.values, shape, |v| state.shapes[v])
-                        .map(|()| shape)
-                })
-                .map_err(|reason| ArgError::Node {
-                    id: node.id,
-                    name: node.name.clone(),
-                    reason,
-                })?;
-            state.shapes[out] = shape;
-            if let Role::Output(position) = plan.values[out].role {
-                let (sizes, rank) = crate::shape::to_i32(shape);
-                if !args.resize(n_in + position, &sizes[..rank]) {
-                    return Err(ArgError::Resize {
-                        index: position,
-                        name: plan.values[out].name.clone(),
-                        shape: shape.dims().iter().map(|&d| d as i64).collect(),
-                    }
-                    .into());
-                }
-                self.bind_arg(state, args, "output", position, out)?;
-            }
-        }
-        self.check_outputs_disjoint(state)?;
-        for slot in &plan.states {
-            if state.shapes[slot.update] != state.shapes[slot.value] {
-                return Err(ArgError::StateShape {
-                    state: plan.values[slot.value].name.clone(),
-                    got: state.shapes[slot.update].dims().to_vec(),
-                    expected: state.shapes[slot.value].dims().to_vec(),
-                }
-                .into());
-            }
         }
 
         let workers = threads::Workers::choose(self.spec_threads)?;
@@ -249,6 +241,36 @@ impl Executable<'_> {
         };
         state.events.spans = spans;
         result?
+    }
+
+    /// Every value's shape, stored or not, from the inputs' (already in
+    /// `state.shapes`), each checked as the plan requires.
+    fn derive_shapes(&self, state: &mut ExecState) -> Result<(), ArgError> {
+        let plan = self.plan;
+        for (node, unbroadcast) in plan.nodes.iter().zip(&plan.unbroadcast) {
+            let out = node.op.output();
+            let rank = plan.values[out].dims.len();
+            state.shapes[out] = ops::infer_shape(&node.op, rank, |v| state.shapes[v])
+                .and_then(|shape| {
+                    ops::check_unbroadcast(unbroadcast, &plan.values, shape, |v| state.shapes[v])
+                        .map(|()| shape)
+                })
+                .map_err(|reason| ArgError::Node {
+                    id: node.id,
+                    name: node.name.clone(),
+                    reason,
+                })?;
+        }
+        for slot in &plan.states {
+            if state.shapes[slot.update] != state.shapes[slot.value] {
+                return Err(ArgError::StateShape {
+                    state: plan.values[slot.value].name.clone(),
+                    got: state.shapes[slot.update].dims().to_vec(),
+                    expected: state.shapes[slot.value].dims().to_vec(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Checks argument `position` of kind `which` against value `v` and
@@ -434,7 +456,8 @@ impl Executable<'_> {
         // released constants no step reads; the plan keeps what a step
         // writes apart from what it reads (fusion.rs, plan.rs,
         // `check_outputs_disjoint`).
-        let call = unsafe { Call::new(&state.shapes, &state.data, &state.scratch) };
+        let call =
+            unsafe { Call::new(&state.shapes, &state.data, &state.scratch, state.generation) };
         // Each group's slices are dropped before a later group's or the main
         // loop's programs read them.
         for s in &step.statistics {

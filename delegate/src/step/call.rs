@@ -1,6 +1,6 @@
 //! What a step sees of one call: the values' shapes and data.
 
-use rustconv_kernels::fused::Env;
+use rustconv_kernels::fused::{Env, ShapeGeneration};
 use rustconv_kernels::Scratch;
 
 use crate::shape::Shape;
@@ -10,6 +10,8 @@ pub struct Call<'a> {
     shapes: &'a [Shape],
     data: &'a [*mut u8],
     pub scratch: &'a Scratch,
+    /// The number of this call's shapes (see [`Env::generation`]).
+    generation: Option<ShapeGeneration>,
 }
 
 impl<'a> Call<'a> {
@@ -23,11 +25,19 @@ impl<'a> Call<'a> {
     /// (fusion.rs) except the statistics, which the step writes first; and
     /// the planner keeps values live at the same step apart (arguments:
     /// `check_outputs_disjoint`).
-    pub unsafe fn new(shapes: &'a [Shape], data: &'a [*mut u8], scratch: &'a Scratch) -> Self {
+    ///
+    /// `generation` numbers `shapes`: every call given it has these shapes.
+    pub unsafe fn new(
+        shapes: &'a [Shape],
+        data: &'a [*mut u8],
+        scratch: &'a Scratch,
+        generation: Option<ShapeGeneration>,
+    ) -> Self {
         Call {
             shapes,
             data,
             scratch,
+            generation,
         }
     }
 
@@ -77,5 +87,9 @@ impl Env for Call<'_> {
         // SAFETY: `ptr` points to `n` f32s and no step writes a value while
         // a program of the same step reads it (see `new`).
         unsafe { std::slice::from_raw_parts(ptr as *const f32, n) }
+    }
+
+    fn generation(&self) -> Option<ShapeGeneration> {
+        self.generation
     }
 }

@@ -601,6 +601,41 @@ fn conv_then_scan_matches_reference_at_every_dynamic_length() {
     }
 }
 
+/// Calls of unchanged shapes skip shape inference and its checks
+/// (`ExecState::generation`): new data at the same shapes is still read, a
+/// refused call is refused again at the same shapes, and a change of
+/// length after either derives the shapes again.
+#[test]
+fn calls_of_unchanged_shapes_reuse_their_shapes_and_nothing_else() {
+    let blob = conv_scan_blob();
+    let d = init(&blob).unwrap();
+    let check = |args: &Args, n: usize| {
+        let want = conv_scan_reference(&args.0[0].data, &args.0[1].data, &args.0[2].data, n);
+        assert_close(&args.0[3].data[..C_OUT * n], &want);
+        assert_eq!(args.0[3].sizes, vec![1, C_OUT as i32, n as i32]);
+    };
+    let mut args = conv_scan_args(8);
+    d.execute(&mut args).unwrap();
+    check(&args, 8);
+    // Same shapes, other data and a fresh output tensor.
+    let mut other = conv_scan_args(8);
+    other.0[0].data.iter_mut().for_each(|x| *x = -*x);
+    d.execute(&mut other).unwrap();
+    check(&other, 8);
+    // A scan input one step short: refused, and refused again.
+    let mut bad = conv_scan_args(8);
+    bad.0[2].sizes = vec![1, C_OUT as i32, 7];
+    for _ in 0..2 {
+        let err = d.execute(&mut bad).expect_err("mismatched lengths accepted");
+        assert!(err.to_string().contains("differ in shape"), "{err}");
+    }
+    for n in [8, 9, 9, 8] {
+        let mut args = conv_scan_args(n);
+        d.execute(&mut args).unwrap();
+        check(&args, n);
+    }
+}
+
 #[test]
 fn plan_places_intermediates_in_the_arena() {
     let blob = conv_scan_blob();

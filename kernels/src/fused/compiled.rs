@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::chain_recipes::{Chain, ChainForm};
 use super::conv_recipes::{Product, ProductForm, SkipGate, SkipGateForm};
 use super::flat::{Flat, FlatForm};
+use super::generation::ShapeMemo;
 use super::program::views::LeafMap;
 use super::program::{Env, Expr, Line, Program};
 use super::recipes::{Discretise, DiscretiseForm, Gate, GateForm};
@@ -37,6 +38,12 @@ pub struct CompiledProgram {
     /// Boxed: the forms hold fixed arrays (a chain's steps and views), and
     /// a plan's steps hold several programs.
     recipes: Box<Recipes>,
+    /// Whether blocks of rows are read across them, as rows of a kernel's
+    /// prologue ([`ProgramRows`](super::ProgramRows)) and as its epilogue
+    /// ([`EpilogueSink`](super::EpilogueSink)), per shape generation: the
+    /// views' strides are walked once per set of shapes, not per call.
+    pub(super) rows_across: ShapeMemo,
+    pub(super) sink_across: ShapeMemo,
 }
 
 impl Program {
@@ -46,6 +53,8 @@ impl Program {
         CompiledProgram {
             recipes: Box::new(Recipes::find(&self)),
             program: self,
+            rows_across: ShapeMemo::default(),
+            sink_across: ShapeMemo::default(),
         }
     }
 }

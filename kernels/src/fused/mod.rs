@@ -16,6 +16,7 @@ mod chain_recipes;
 mod compiled;
 mod conv_recipes;
 mod flat;
+mod generation;
 mod math;
 mod ops;
 mod program;
@@ -26,6 +27,7 @@ mod shape;
 mod strided;
 
 pub use compiled::{programs_compiled, CompiledProgram};
+pub use generation::ShapeGeneration;
 pub(crate) use ops::{prefetch, STREAM_OUTPUT_BYTES};
 pub use ops::{BinaryOp, UnaryOp};
 pub use program::{resolve_start, Env, Expr, Line, Node, Program, MAX_SHARED};

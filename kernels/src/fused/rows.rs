@@ -255,11 +255,12 @@ impl<'a> ProgramRows<'a> {
         let program = compiled.program();
         let shape = env.shape(program.nodes()[program.root()].value);
         let rank = shape.rank();
-        let across = rank >= 2 && {
-            let along = program.max_load_stride(env, &Line::along([0; MAX_RANK], rank - 1));
-            let over = program.max_load_stride(env, &Line::along([0; MAX_RANK], rank - 2));
-            prefers_across(along, over)
-        };
+        let across = rank >= 2
+            && compiled.rows_across.get(env.generation(), || {
+                let along = program.max_load_stride(env, &Line::along([0; MAX_RANK], rank - 1));
+                let over = program.max_load_stride(env, &Line::along([0; MAX_RANK], rank - 2));
+                prefers_across(along, over)
+            });
         ProgramRows {
             temporaries: compiled.temporaries(),
             program,
@@ -785,13 +786,15 @@ impl<'a> EpilogueSink<'a> {
         sink.stream = std::mem::size_of::<f32>() * sink.out.len >= STREAM_OUTPUT_BYTES;
         let rank = anchor_shape.rank();
         if rank >= 2 {
-            let stride = |dim: usize| {
-                let line = Line::along([0; MAX_RANK], dim);
-                sink.store_at(&line)
-                    .1
-                    .max(program.max_load_stride(env, &line))
-            };
-            sink.across = prefers_across(stride(rank - 1), stride(rank - 2));
+            sink.across = program.sink_across.get(env.generation(), || {
+                let stride = |dim: usize| {
+                    let line = Line::along([0; MAX_RANK], dim);
+                    sink.store_at(&line)
+                        .1
+                        .max(program.max_load_stride(env, &line))
+                };
+                prefers_across(stride(rank - 1), stride(rank - 2))
+            });
         }
         sink
     }

@@ -20,6 +20,7 @@
 mod eval;
 pub(super) mod views;
 
+use super::generation::ShapeGeneration;
 use super::ops::{BinaryOp, UnaryOp};
 use super::shape::{Shape, MAX_RANK};
 
@@ -30,6 +31,12 @@ pub trait Env: Sync {
     fn shape(&self, value: usize) -> Shape;
     /// The elements of stored value `value`.
     fn data(&self, value: usize) -> &[f32];
+    /// The number of this call's set of shapes, where the host keeps one
+    /// (see `generation.rs`): what depends on shapes alone is then derived
+    /// once per generation. None (the default): derived every call.
+    fn generation(&self) -> Option<ShapeGeneration> {
+        None
+    }
 }
 
 /// One node of a [`Program`]. Operands are indices of earlier nodes.
