@@ -10,7 +10,7 @@
 //! (vectorised along time, register-blocked, no branches) and the padded
 //! edges (scalar for short filters, vectorised through a small zero-padded
 //! stack window for longer ones, which takes all of a short row). The instruction set (AVX-512, AVX2 + FMA,
-//! NEON or portable auto-vectorised Rust) is detected once, at prepare.
+//! NEON or portable auto-vectorised Rust) is the one the preparation chose (`crate::simd`).
 //!
 //! Rows run in parallel on the current rayon pool, several short rows per
 //! task; when there are too few rows to keep every thread busy, rows are
@@ -86,14 +86,13 @@ const SECONDS_PER_ROW: f64 = 1.0e-8;
 /// (AVX-512, one core): within 20% of the measured times.
 const SECONDS_PER_ROW_TAP: f64 = 7.0e-10;
 
-/// Estimated single-thread seconds: a roofline of the multiply-adds at the
-/// backend's interior rate against the compulsory bytes at this kernel's
+/// Estimated single-thread seconds on `backend`: a roofline of the
+/// multiply-adds at the backend's interior rate against the compulsory bytes at this kernel's
 /// streaming bandwidth, plus a per-row overhead (and scalar edges where the
 /// span is too long for the vector edge window).
-pub(crate) fn cost(g: &Conv1dGeometry) -> f64 {
+pub(crate) fn cost(g: &Conv1dGeometry, backend: Backend) -> f64 {
     let p = &g.params;
     let k = p.kernel_size;
-    let backend = Backend::detect();
     let rate = match backend {
         #[cfg(target_arch = "x86_64")]
         _ if simd::grouped(backend, k, p.dilation) => AVX512_GROUPED_MACS_PER_SEC,
@@ -156,7 +155,7 @@ const MIN_CHUNK_OUTPUTS: usize = 2048;
 const MIN_TASK_MACS: usize = 1 << 15;
 
 /// The prepared kernel: the row and column kernels for this tap count on
-/// the backend detected at prepare, and where the column kernel
+/// the backend chosen at prepare, and where the column kernel
 /// ([`columns`]), which vectorises across channels, gets its taps.
 pub(crate) struct DepthwiseConv {
     kernel: RowKernel,
@@ -175,10 +174,6 @@ enum ColumnTaps {
 }
 
 impl DepthwiseConv {
-    pub(crate) fn prepare(g: &Conv1dGeometry, weights: Weights) -> Self {
-        Self::with_backend(g, weights, Backend::detect()).expect("detected backend is available")
-    }
-
     /// The kernel on a given backend, or `None` where this CPU lacks it.
     pub(crate) fn with_backend(
         g: &Conv1dGeometry,
@@ -601,10 +596,13 @@ fn time_chunk(rows: usize, out_len: usize, threads: usize, block: usize) -> usiz
 /// read in place (the column walk transposes them per call).
 pub(super) const ENTRY: Entry = Entry {
     name: "depthwise_simd",
-    applies,
+    applies: |g, _| applies(g),
     cost,
     takes_fed_weights: true,
-    prepare: |g, weights| Some(Box::new(DepthwiseConv::prepare(g, weights))),
+    prepare: |g, weights, backend| {
+        let conv = DepthwiseConv::with_backend(g, weights, backend)?;
+        Some(Box::new(conv))
+    },
 };
 
 /// Fuses a prologue and an epilogue on every path (row kernels, blocks of
