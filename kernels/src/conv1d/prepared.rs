@@ -478,6 +478,9 @@ mod tests {
         fn temporaries(&self) -> usize {
             0
         }
+        fn isa(&self) -> crate::simd::Isa {
+            crate::simd::Isa::detect()
+        }
         fn prefers_columns(&self) -> bool {
             self.columns
         }

@@ -897,6 +897,9 @@ mod tests {
         fn temporaries(&self) -> usize {
             1
         }
+        fn isa(&self) -> crate::simd::Isa {
+            crate::simd::Isa::detect()
+        }
     }
 
     /// Decode steps run here whatever the conv's size; calls of five to
