@@ -7,7 +7,8 @@
 //! so with fewer rows than threads some threads idle (the chunked strategy
 //! needs `a` twice, which a prologue would compute twice).
 
-use super::{RowKernel, ScanParams};
+use super::params::ScanParams;
+use super::row_kernel::RowKernel;
 use crate::error::{check_len, KernelError};
 use crate::fused::{PairSource, RowsIn, RowsOut};
 use crate::scratch::Scratch;

@@ -13,7 +13,7 @@
 //!   whole rows. On [`RowKernel::Avx2`] each row is scanned on its own, 8
 //!   steps per vector by an in-register prefix scan whose only chain from
 //!   vector to vector is one FMA (`simd.rs`). On [`RowKernel::Portable`],
-//!   groups of [`ROWS_JOINT`] rows step through time together, so that
+//!   groups of [`ROWS_JOINT`](kernel::ROWS_JOINT) rows step through time together, so that
 //!   their dependency chains overlap (each row exactly as the sequential
 //!   loop computes it); leftover rows use the single-row scan of
 //!   [`kernel::scan_row`], which overlaps chains within the row.
@@ -28,65 +28,21 @@
 
 mod fused;
 mod kernel;
+mod params;
+mod row_kernel;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 #[cfg(test)]
 mod tests;
 
-use crate::error::{check_len, checked_product, KernelError};
+use crate::error::{check_len, KernelError};
 use crate::fused::SharedOut;
 use crate::simd::Isa;
-use kernel::{Affine, ROWS_JOINT};
+use kernel::Affine;
+use row_kernel::RowKernel;
 
 pub use fused::{linear_scan_rows, linear_scan_rows_pair, scan_rows_scratch};
-
-/// Shape of a linear scan: `x0` is `[batch, channels]`; `a`, `u` and `y` are
-/// `[batch, channels, len]`, row-major and contiguous.
-///
-/// Any dimension may be zero; the scan is then a no-op.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ScanParams {
-    /// Batch size.
-    pub batch: usize,
-    /// Independent recurrences per batch item.
-    pub channels: usize,
-    /// Steps per recurrence (the time axis).
-    pub len: usize,
-}
-
-impl ScanParams {
-    /// Checks that every element count fits in `usize`.
-    ///
-    /// # Errors
-    ///
-    /// [`KernelError::Overflow`] if `batch * channels` or
-    /// `batch * channels * len` does not fit in `usize`.
-    pub fn validate(&self) -> Result<(), KernelError> {
-        checked_product(&[self.batch, self.channels], "scan state element count")?;
-        checked_product(
-            &[self.batch, self.channels, self.len],
-            "scan sequence element count",
-        )?;
-        Ok(())
-    }
-
-    /// Elements in `x0`: `batch * channels`.
-    ///
-    /// Saturates at `usize::MAX` on overflow, which no `f32` slice can match;
-    /// `validate` reports the overflow itself.
-    #[must_use]
-    pub fn state_elems(&self) -> usize {
-        self.batch.saturating_mul(self.channels)
-    }
-
-    /// Elements in `a`, `u` and `y`: `batch * channels * len`. Saturates like
-    /// [`state_elems`](Self::state_elems); exact whenever the true product
-    /// fits (a saturated partial product times a zero `len` is still 0).
-    #[must_use]
-    pub fn seq_elems(&self) -> usize {
-        self.state_elems().saturating_mul(self.len)
-    }
-}
+pub use params::ScanParams;
 
 /// Runs the scan: `y[b,c,0] = a[b,c,0] * x0[b,c] + u[b,c,0]` and
 /// `y[b,c,t] = a[b,c,t] * y[b,c,t-1] + u[b,c,t]`.
@@ -202,72 +158,6 @@ pub(crate) fn linear_scan_with(
     let threads = crate::par::threads();
     run(strategy, row_kernel, p, x0, a, u, y, threads);
     Ok(())
-}
-
-/// The scan's row kernels on an instruction set, resolved from the one
-/// choice of `crate::simd` ([`RowKernel::of`]) at the scan's entry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum RowKernel {
-    /// Safe Rust shaped for 4-lane vectors (SSE, NEON), `kernel.rs`: rows
-    /// stepped four at a time through transposed tiles, bit-identical to
-    /// the plain loop; single rows in blocks of lanes.
-    Portable,
-    /// AVX2 and FMA: each row scanned on its own, 8 steps per vector by an
-    /// in-register prefix scan (`simd.rs`).
-    #[cfg(target_arch = "x86_64")]
-    Avx2(simd::Avx2),
-}
-
-impl RowKernel {
-    /// The kernels `isa` runs: the in-register scan where it has AVX2 and
-    /// FMA (the AVX2 and AVX-512 backends), else the portable ones.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-    pub(crate) fn of(isa: Isa) -> RowKernel {
-        #[cfg(target_arch = "x86_64")]
-        if let Some(avx2) = simd::Avx2::of(isa) {
-            return RowKernel::Avx2(avx2);
-        }
-        RowKernel::Portable
-    }
-
-    /// Every row kernel this CPU can run, once each (tests force each in
-    /// turn).
-    #[cfg(test)]
-    pub(crate) fn all_available() -> Vec<RowKernel> {
-        let mut all: Vec<RowKernel> = Isa::all_available().into_iter().map(Self::of).collect();
-        all.dedup();
-        all
-    }
-
-    /// Scans the rows of a contiguous `[rows, len]` block (`rows =
-    /// x0.len()`); `stream` asks for non-temporal stores of `y` where the
-    /// kernel has them.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-    fn scan_rows(self, x0: &[f32], a: &[f32], u: &[f32], y: &mut [f32], stream: bool) {
-        match self {
-            RowKernel::Portable => kernel::scan_rows(x0, a, u, y),
-            #[cfg(target_arch = "x86_64")]
-            RowKernel::Avx2(avx2) => avx2.scan_rows(x0, a, u, y, stream),
-        }
-    }
-
-    /// One row from state `s`; returns the final state.
-    fn scan_row(self, s: f32, a: &[f32], u: &[f32], y: &mut [f32]) -> f32 {
-        match self {
-            RowKernel::Portable => kernel::scan_row(s, a, u, y),
-            #[cfg(target_arch = "x86_64")]
-            RowKernel::Avx2(avx2) => avx2.scan_row(s, a, u, y),
-        }
-    }
-
-    /// Rows a task of the rows strategy should hold a multiple of.
-    fn rows_joint(self) -> usize {
-        match self {
-            RowKernel::Portable => ROWS_JOINT,
-            #[cfg(target_arch = "x86_64")]
-            RowKernel::Avx2(_) => 1,
-        }
-    }
 }
 
 /// How [`linear_scan_f32`] spreads the work over the pool.
