@@ -299,29 +299,34 @@ macro_rules! simd_variants {
 }
 pub(crate) use simd_variants;
 
-/// One vector of `LANES` `f32`s and the operations the kernels use.
-///
-/// # Safety
-/// Every method may require the backend's CPU features; callers must only
-/// use an implementation whose features are present. Pointer arguments must
-/// be valid for `LANES` reads (`load`) or writes (`store`).
-pub(crate) trait Simd {
-    const LANES: usize;
-    type V: Copy;
-    /// Every lane `v`.
-    unsafe fn splat(v: f32) -> Self::V;
-    /// Unaligned load of `LANES` values from `p`.
-    unsafe fn load(p: *const f32) -> Self::V;
-    /// Unaligned store of `LANES` values to `p`.
-    unsafe fn store(p: *mut f32, v: Self::V);
-    /// `acc + w * x`, lane-wise, rounded as the backend's scalar version.
-    unsafe fn mul_add(acc: Self::V, w: Self::V, x: Self::V) -> Self::V;
-    /// `acc + w * x` for one value, rounded as [`Simd::mul_add`].
-    unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32;
-    /// `acc - w * x`, lane-wise (fused where `mul_add` is): the real part
-    /// of a complex product without negated copies of an operand.
-    unsafe fn neg_mul_add(acc: Self::V, w: Self::V, x: Self::V) -> Self::V;
+/// The vector trait, in a module of its own so that the backends below
+/// implement it without importing their parent.
+mod lanes {
+    /// One vector of `LANES` `f32`s and the operations the kernels use.
+    ///
+    /// # Safety
+    /// Every method may require the backend's CPU features; callers must only
+    /// use an implementation whose features are present. Pointer arguments must
+    /// be valid for `LANES` reads (`load`) or writes (`store`).
+    pub(crate) trait Simd {
+        const LANES: usize;
+        type V: Copy;
+        /// Every lane `v`.
+        unsafe fn splat(v: f32) -> Self::V;
+        /// Unaligned load of `LANES` values from `p`.
+        unsafe fn load(p: *const f32) -> Self::V;
+        /// Unaligned store of `LANES` values to `p`.
+        unsafe fn store(p: *mut f32, v: Self::V);
+        /// `acc + w * x`, lane-wise, rounded as the backend's scalar version.
+        unsafe fn mul_add(acc: Self::V, w: Self::V, x: Self::V) -> Self::V;
+        /// `acc + w * x` for one value, rounded as [`Simd::mul_add`].
+        unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32;
+        /// `acc - w * x`, lane-wise (fused where `mul_add` is): the real part
+        /// of a complex product without negated copies of an operand.
+        unsafe fn neg_mul_add(acc: Self::V, w: Self::V, x: Self::V) -> Self::V;
+    }
 }
+pub(crate) use lanes::Simd;
 
 // ---------------------------------------------------------------------------
 // Portable backend.
@@ -380,7 +385,7 @@ impl Simd for Portable {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::Simd;
+    use super::lanes::Simd;
 
     /// AVX2 + FMA, 8 lanes.
     pub(crate) struct Avx2;
@@ -435,7 +440,7 @@ pub(crate) use avx2::Avx2;
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::Simd;
+    use super::lanes::Simd;
 
     /// AVX-512 F, 16 lanes.
     pub(crate) struct Avx512;
@@ -491,7 +496,7 @@ pub(crate) use avx512::Avx512;
 mod neon {
     use std::arch::aarch64::*;
 
-    use super::Simd;
+    use super::lanes::Simd;
 
     /// NEON, 4 lanes.
     pub(crate) struct Neon;
@@ -601,13 +606,14 @@ mod tests {
     /// thread, the runs on the serial pool.
     #[test]
     fn run_paths_do_not_detect() {
-        use crate::conv1d::Weights;
+        use crate::conv1d::{Algorithm, Choice, PreparedConv1d, Weights};
         use crate::fused::{
             materialise, BinaryOp, EpilogueSink, Expr, Program, ProgramRows, RowSink, RowSource,
             RowsIn, RowsOut, Shape, UnaryOp,
         };
+        use crate::scan::{linear_scan_f32, ScanParams};
+        use crate::scratch::Scratch;
         use crate::test_support::{conv_params, Rng, TestEnv};
-        use crate::{Algorithm, Choice, PreparedConv1d, Scratch};
 
         let mut rng = Rng::new(31);
         let shapes = [
@@ -701,7 +707,7 @@ mod tests {
             }
         }
         // The scan, which has no preparation, detects once a call.
-        let sp = crate::ScanParams {
+        let sp = ScanParams {
             batch: 2,
             channels: 64,
             len: 3000,
@@ -714,7 +720,7 @@ mod tests {
         let mut y = vec![0.0; 2 * 64 * 3000];
         let before = detects_on_this_thread();
         crate::par::install(&crate::par::Serial, || {
-            crate::linear_scan_f32(&sp, &x0, &a, &u, &mut y).unwrap()
+            linear_scan_f32(&sp, &x0, &a, &u, &mut y).unwrap()
         });
         assert_eq!(detects_on_this_thread(), before + 1);
     }
