@@ -10,8 +10,9 @@
 //! As tract's `Ops` table, the choice is made once, when a kernel is
 //! prepared or a program compiled, and kept there: the run path matches
 //! the kept [`Backend`] (or calls the function pointers resolved from it)
-//! and never asks the CPU again. Entry points without a preparation
-//! (`conv1d_f32`, the scans) choose once at their top and pass it down.
+//! and never asks the CPU again. Entry points without a preparation (the
+//! scans; `applicable` and `estimate_cost`, which ask the cost model)
+//! choose once at their top and pass the choice down.
 //!
 //! Kernels are written once, generic over [`Simd`], and each backend
 //! instantiates them inside a function compiled with its target features
@@ -254,7 +255,9 @@ pub(crate) use isa_dispatch;
 /// x86-64; `neon` on aarch64; named in that order). The kernel picks one as
 /// a function pointer once its [`Backend`] is known, at preparation. Each
 /// is `unsafe`: the CPU has the backend's features, and the generic
-/// kernel's own contract holds.
+/// kernel's own contract holds. With `=> $plain` (a function not generic
+/// over [`Simd`], loops written to auto-vectorise), each entry point is
+/// `$plain` compiled with the backend's features.
 macro_rules! simd_variants {
     (
         $(#[$attr:meta])*
@@ -294,6 +297,38 @@ macro_rules! simd_variants {
         unsafe fn $neon $(<$(const $c: $ct),*>)? ($($arg: $ty),*) {
             // SAFETY: our caller guarantees NEON and the kernel's contract.
             unsafe { $generic::<$crate::simd::Neon $(, $g)*>($($arg),*) }
+        }
+    };
+    (
+        $(#[$attr:meta])*
+        unsafe fn [$portable:ident, $avx2:ident, $avx512:ident, $neon:ident]
+            ($($arg:ident: $ty:ty),* $(,)?) => $plain:ident
+    ) => {
+        $(#[$attr])*
+        #[allow(unsafe_code)]
+        unsafe fn $portable($($arg: $ty),*) {
+            $plain($($arg),*)
+        }
+        $(#[$attr])*
+        #[allow(unsafe_code)]
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn $avx2($($arg: $ty),*) {
+            $plain($($arg),*)
+        }
+        $(#[$attr])*
+        #[allow(unsafe_code)]
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx512f,fma")]
+        unsafe fn $avx512($($arg: $ty),*) {
+            $plain($($arg),*)
+        }
+        $(#[$attr])*
+        #[allow(unsafe_code)]
+        #[cfg(target_arch = "aarch64")]
+        #[target_feature(enable = "neon")]
+        unsafe fn $neon($($arg: $ty),*) {
+            $plain($($arg),*)
         }
     };
 }
