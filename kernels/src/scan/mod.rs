@@ -13,10 +13,10 @@
 //!   whole rows. On [`RowKernel::Avx2`] each row is scanned on its own, 8
 //!   steps per vector by an in-register prefix scan whose only chain from
 //!   vector to vector is one FMA (`simd.rs`). On [`RowKernel::Portable`],
-//!   groups of [`ROWS_JOINT`](kernel::ROWS_JOINT) rows step through time together, so that
-//!   their dependency chains overlap (each row exactly as the sequential
-//!   loop computes it); leftover rows use the single-row scan of
-//!   [`kernel::scan_row`], which overlaps chains within the row.
+//!   groups of [`ROWS_JOINT`](kernel::ROWS_JOINT) rows step through time
+//!   together, so that their dependency chains overlap (each row exactly as
+//!   the sequential loop computes it); leftover rows use the single-row scan
+//!   of [`kernel::scan_row`], which overlaps chains within the row.
 //! * [`Strategy::Chunked`] (fewer rows than threads, long rows): each row is
 //!   also cut into pieces along time, scanned in parallel in two passes
 //!   (reduce, then scan) with the pieces' carries kept on the stack. The

@@ -9,8 +9,9 @@
 //! the row kernels ([`simd`]) split it into an unpadded interior
 //! (vectorised along time, register-blocked, no branches) and the padded
 //! edges (scalar for short filters, vectorised through a small zero-padded
-//! stack window for longer ones, which takes all of a short row). The instruction set (AVX-512, AVX2 + FMA,
-//! NEON or portable auto-vectorised Rust) is the one the preparation chose (`crate::simd`).
+//! stack window for longer ones, which takes all of a short row). The
+//! instruction set (AVX-512, AVX2 + FMA, NEON or portable auto-vectorised
+//! Rust) is the one the preparation chose (`crate::simd`).
 //!
 //! Rows run in parallel on the current rayon pool, several short rows per
 //! task; when there are too few rows to keep every thread busy, rows are
