@@ -67,4 +67,4 @@ pub use scan::{
     linear_scan_f32, linear_scan_rows, linear_scan_rows_pair, scan_rows_scratch, ScanParams,
 };
 pub use scratch::Scratch;
-pub use simd::vector_instructions;
+pub use simd::{vector_instructions, Isa};

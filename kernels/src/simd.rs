@@ -1,8 +1,18 @@
 //! The SIMD layer every kernel shares: which instruction set this CPU runs
-//! ([`Backend`], detected once at run time on x86_64), one vector of `f32`
-//! lanes per backend behind the [`Simd`] trait (depthwise rows, GEMM and
-//! gemv micro-kernels), and [`isa_dispatch`], the per-backend variants of
-//! loops written to auto-vectorise (the fused elementwise ops).
+//! ([`Backend`], detected once, here), the choice a kernel or program
+//! keeps from its preparation ([`Isa`]), one vector of `f32` lanes per
+//! backend behind the [`Simd`] trait (depthwise rows, GEMM and gemv
+//! micro-kernels), and the two macros that generate per-backend entry
+//! points: [`simd_variants`] for kernels written over [`Simd`] and
+//! [`isa_dispatch`] for loops written to auto-vectorise (the fused
+//! elementwise ops).
+//!
+//! As tract's `Ops` table, the choice is made once, when a kernel is
+//! prepared or a program compiled, and kept there: the run path matches
+//! the kept [`Backend`] (or calls the function pointers resolved from it)
+//! and never asks the CPU again. Entry points without a preparation (the
+//! scans; `applicable` and `estimate_cost`, which ask the cost model)
+//! choose once at their top and pass the choice down.
 //!
 //! Kernels are written once, generic over [`Simd`], and each backend
 //! instantiates them inside a function compiled with its target features
@@ -21,7 +31,7 @@ use std::sync::OnceLock;
 /// once. This is the one place the crate asks, and [`Backend::detect`] the
 /// one reading of it: every kernel (the [`Simd`] kernels, the loops of
 /// [`isa_dispatch`], the scan, the FFT lanes, strided moves) takes its
-/// instruction set from that one choice.
+/// instruction set from that one choice, made when it is prepared.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 struct Features {
     /// AVX2 with FMA.
@@ -77,24 +87,34 @@ pub(crate) enum Backend {
     Neon,
 }
 
-/// The vector instructions the conv kernels run with on this CPU (`"avx512"`,
-/// `"avx2"`, `"neon"` or `"portable"`), chosen at run time; for the plan's log,
-/// so a run on a device (or under emulation) shows which code it took.
+/// The vector instructions the kernels prepared on this CPU run with
+/// (`"avx512"`, `"avx2"`, `"neon"` or `"portable"`), the one choice
+/// [`Backend::detect`] makes; for the plan's log, so a run on a device (or
+/// under emulation) shows which code it took.
 pub fn vector_instructions() -> &'static str {
-    match Backend::detect() {
-        Backend::Portable => "portable",
-        #[cfg(target_arch = "x86_64")]
-        Backend::Avx2 => "avx2",
-        #[cfg(target_arch = "x86_64")]
-        Backend::Avx512 => "avx512",
-        #[cfg(target_arch = "aarch64")]
-        Backend::Neon => "neon",
-    }
+    Isa::detect().name()
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Calls of [`Backend::detect`] on this thread: the test that run paths
+    /// do not detect counts them around a call.
+    static DETECTS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// How many times this thread has called [`Backend::detect`].
+#[cfg(test)]
+pub(crate) fn detects_on_this_thread() -> usize {
+    DETECTS.with(std::cell::Cell::get)
 }
 
 impl Backend {
-    /// The fastest backend this CPU supports.
+    /// The fastest backend this CPU supports: for preparations and the
+    /// entry points without one, never for a run path (which keeps the
+    /// backend it was prepared with).
     pub(crate) fn detect() -> Backend {
+        #[cfg(test)]
+        DETECTS.with(|d| d.set(d.get() + 1));
         #[cfg(target_arch = "x86_64")]
         if Backend::Avx512.is_available() {
             return Backend::Avx512;
@@ -139,19 +159,60 @@ impl Backend {
     }
 }
 
+/// An instruction set this CPU has, checked once: what a compiled program
+/// (and each kernel its operands feed) keeps, and what the variants of
+/// [`isa_dispatch`] take. Only [`Isa::detect`] (and the tests' list of
+/// every backend the CPU has) makes one, so holding one proves the CPU has
+/// its features: the dispatch on it asks nothing more.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Isa(Backend);
+
+impl Isa {
+    /// The fastest instruction set of this CPU.
+    pub fn detect() -> Isa {
+        Isa(Backend::detect())
+    }
+
+    /// Its name: `"avx512"`, `"avx2"`, `"neon"` or `"portable"`.
+    pub fn name(self) -> &'static str {
+        match self.0 {
+            Backend::Portable => "portable",
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx2 => "avx2",
+            #[cfg(target_arch = "x86_64")]
+            Backend::Avx512 => "avx512",
+            #[cfg(target_arch = "aarch64")]
+            Backend::Neon => "neon",
+        }
+    }
+
+    /// The backend chosen.
+    pub(crate) fn backend(self) -> Backend {
+        self.0
+    }
+
+    /// Every instruction set this CPU runs (tests force each in turn).
+    #[cfg(test)]
+    pub(crate) fn all_available() -> Vec<Isa> {
+        Backend::all_available().into_iter().map(Isa).collect()
+    }
+}
+
 /// Whether the baseline build (no run-time detected features) has fused
 /// multiply-add: aarch64's NEON does; x86-64's baseline (SSE2) does not.
 pub(crate) const BASELINE_FMA: bool = cfg!(target_arch = "aarch64");
 
-/// Defines `fn $name($args) -> $ret` running `$generic::<FMA>($args)` with
-/// the widest vectors this CPU has, for the loops written to auto-vectorise
-/// (the fused elementwise ops and recipes, `math.rs`) rather than over
-/// [`Simd`]: one `#[target_feature]` variant per x86-64 [`Backend`] is
-/// generated here, not copied per kernel, and [`Backend::detect`] picks one.
-/// Elsewhere the generic compiled for the target runs (NEON on aarch64).
-/// `FMA` says whether the variant has fused multiply-add, so that `math.rs`
-/// rounds alike in every loop that one variant compiles; `$generic` is
-/// `#[inline(always)]`, so each variant compiles its own loops.
+/// Defines `fn $name(isa: Isa, $args) -> $ret` running
+/// `$generic::<FMA>($args)` with the vectors of `isa`, the instruction set
+/// its caller chose when it was prepared, for the loops written to
+/// auto-vectorise (the fused elementwise ops and recipes, `math.rs`)
+/// rather than over [`Simd`]: one `#[target_feature]` variant per x86-64
+/// [`Backend`] is generated here, not copied per kernel, and the call
+/// matches `isa` to pick one. Elsewhere the generic compiled for the
+/// target runs (NEON on aarch64). `FMA` says whether the variant has fused
+/// multiply-add, so that `math.rs` rounds alike in every loop that one
+/// variant compiles; `$generic` is `#[inline(always)]`, so each variant
+/// compiles its own loops.
 macro_rules! isa_dispatch {
     (
         $(#[$attr:meta])*
@@ -159,7 +220,7 @@ macro_rules! isa_dispatch {
     ) => {
         $(#[$attr])*
         #[allow(unsafe_code)]
-        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+        $vis fn $name(isa: $crate::simd::Isa, $($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx2,fma")]
@@ -170,9 +231,9 @@ macro_rules! isa_dispatch {
                 unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
                     $generic::<true>($($arg),*)
                 }
-                match $crate::simd::Backend::detect() {
-                    // SAFETY: `detect` names a backend only where the CPU
-                    // has its features (`is_available`), which are the
+                match isa.backend() {
+                    // SAFETY: an `Isa` names a backend only where the CPU
+                    // has its features (see `Isa`), which are the
                     // variant's.
                     $crate::simd::Backend::Avx512 => return unsafe { avx512($($arg),*) },
                     // SAFETY: as above.
@@ -180,6 +241,8 @@ macro_rules! isa_dispatch {
                     $crate::simd::Backend::Portable => {}
                 }
             }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = isa;
             $generic::<{ $crate::simd::BASELINE_FMA }>($($arg),*)
         }
     };
@@ -192,7 +255,9 @@ pub(crate) use isa_dispatch;
 /// x86-64; `neon` on aarch64; named in that order). The kernel picks one as
 /// a function pointer once its [`Backend`] is known, at preparation. Each
 /// is `unsafe`: the CPU has the backend's features, and the generic
-/// kernel's own contract holds.
+/// kernel's own contract holds. With `=> $plain` (a function not generic
+/// over [`Simd`], loops written to auto-vectorise), each entry point is
+/// `$plain` compiled with the backend's features.
 macro_rules! simd_variants {
     (
         $(#[$attr:meta])*
@@ -234,32 +299,69 @@ macro_rules! simd_variants {
             unsafe { $generic::<$crate::simd::Neon $(, $g)*>($($arg),*) }
         }
     };
+    (
+        $(#[$attr:meta])*
+        unsafe fn [$portable:ident, $avx2:ident, $avx512:ident, $neon:ident]
+            ($($arg:ident: $ty:ty),* $(,)?) => $plain:ident
+    ) => {
+        $(#[$attr])*
+        #[allow(unsafe_code)]
+        unsafe fn $portable($($arg: $ty),*) {
+            $plain($($arg),*)
+        }
+        $(#[$attr])*
+        #[allow(unsafe_code)]
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn $avx2($($arg: $ty),*) {
+            $plain($($arg),*)
+        }
+        $(#[$attr])*
+        #[allow(unsafe_code)]
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx512f,fma")]
+        unsafe fn $avx512($($arg: $ty),*) {
+            $plain($($arg),*)
+        }
+        $(#[$attr])*
+        #[allow(unsafe_code)]
+        #[cfg(target_arch = "aarch64")]
+        #[target_feature(enable = "neon")]
+        unsafe fn $neon($($arg: $ty),*) {
+            $plain($($arg),*)
+        }
+    };
 }
 pub(crate) use simd_variants;
 
-/// One vector of `LANES` `f32`s and the operations the kernels use.
-///
-/// # Safety
-/// Every method may require the backend's CPU features; callers must only
-/// use an implementation whose features are present. Pointer arguments must
-/// be valid for `LANES` reads (`load`) or writes (`store`).
-pub(crate) trait Simd {
-    const LANES: usize;
-    type V: Copy;
-    /// Every lane `v`.
-    unsafe fn splat(v: f32) -> Self::V;
-    /// Unaligned load of `LANES` values from `p`.
-    unsafe fn load(p: *const f32) -> Self::V;
-    /// Unaligned store of `LANES` values to `p`.
-    unsafe fn store(p: *mut f32, v: Self::V);
-    /// `acc + w * x`, lane-wise, rounded as the backend's scalar version.
-    unsafe fn mul_add(acc: Self::V, w: Self::V, x: Self::V) -> Self::V;
-    /// `acc + w * x` for one value, rounded as [`Simd::mul_add`].
-    unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32;
-    /// `acc - w * x`, lane-wise (fused where `mul_add` is): the real part
-    /// of a complex product without negated copies of an operand.
-    unsafe fn neg_mul_add(acc: Self::V, w: Self::V, x: Self::V) -> Self::V;
+/// The vector trait, in a module of its own so that the backends below
+/// implement it without importing their parent.
+mod lanes {
+    /// One vector of `LANES` `f32`s and the operations the kernels use.
+    ///
+    /// # Safety
+    /// Every method may require the backend's CPU features; callers must only
+    /// use an implementation whose features are present. Pointer arguments must
+    /// be valid for `LANES` reads (`load`) or writes (`store`).
+    pub(crate) trait Simd {
+        const LANES: usize;
+        type V: Copy;
+        /// Every lane `v`.
+        unsafe fn splat(v: f32) -> Self::V;
+        /// Unaligned load of `LANES` values from `p`.
+        unsafe fn load(p: *const f32) -> Self::V;
+        /// Unaligned store of `LANES` values to `p`.
+        unsafe fn store(p: *mut f32, v: Self::V);
+        /// `acc + w * x`, lane-wise, rounded as the backend's scalar version.
+        unsafe fn mul_add(acc: Self::V, w: Self::V, x: Self::V) -> Self::V;
+        /// `acc + w * x` for one value, rounded as [`Simd::mul_add`].
+        unsafe fn mul_add_scalar(acc: f32, w: f32, x: f32) -> f32;
+        /// `acc - w * x`, lane-wise (fused where `mul_add` is): the real part
+        /// of a complex product without negated copies of an operand.
+        unsafe fn neg_mul_add(acc: Self::V, w: Self::V, x: Self::V) -> Self::V;
+    }
 }
+pub(crate) use lanes::Simd;
 
 // ---------------------------------------------------------------------------
 // Portable backend.
@@ -318,7 +420,7 @@ impl Simd for Portable {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::Simd;
+    use super::lanes::Simd;
 
     /// AVX2 + FMA, 8 lanes.
     pub(crate) struct Avx2;
@@ -373,7 +475,7 @@ pub(crate) use avx2::Avx2;
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::Simd;
+    use super::lanes::Simd;
 
     /// AVX-512 F, 16 lanes.
     pub(crate) struct Avx512;
@@ -429,7 +531,7 @@ pub(crate) use avx512::Avx512;
 mod neon {
     use std::arch::aarch64::*;
 
-    use super::Simd;
+    use super::lanes::Simd;
 
     /// NEON, 4 lanes.
     pub(crate) struct Neon;
@@ -528,5 +630,133 @@ mod tests {
         let f = features();
         assert!(!f.avx512_fma || (f.avx512f && f.avx2_fma));
         assert!(Backend::detect().is_available());
+    }
+
+    /// The run paths ask the CPU nothing: a conv prepared on each backend
+    /// (every algorithm, the matrix-vector path of decode steps, fused
+    /// operands compiled for that backend, short rows materialised through
+    /// the strided moves) runs with the backend it kept, without one call
+    /// of [`Backend::detect`]. An entry point without a preparation (the
+    /// scan) detects once at its top, not per row or tile. Counted on this
+    /// thread, the runs on the serial pool.
+    #[test]
+    fn run_paths_do_not_detect() {
+        use crate::conv1d::{Algorithm, Choice, PreparedConv1d, Weights};
+        use crate::fused::{
+            materialise, BinaryOp, EpilogueSink, Expr, Program, ProgramRows, RowSink, RowSource,
+            RowsIn, RowsOut, Shape, UnaryOp,
+        };
+        use crate::scan::{linear_scan_f32, ScanParams};
+        use crate::scratch::Scratch;
+        use crate::test_support::{conv_params, Rng, TestEnv};
+
+        let mut rng = Rng::new(31);
+        let shapes = [
+            conv_params(1, (32, 32, 32), 300, 4, 1, (3, 0), 1),
+            conv_params(1, (16, 16, 1), 200, 5, 1, (2, 2), 1),
+            // A decode step: the matrix-vector kernel.
+            conv_params(1, (64, 64, 1), 4, 4, 1, (0, 0), 1),
+        ];
+        for isa in Isa::all_available() {
+            for p in &shapes {
+                let g = p.geometry().unwrap();
+                let (n, rows) = (g.out_len, p.batch * p.out_channels);
+                let w = rng.vec(p.weight_elems(), -0.5, 0.5);
+                let bias = rng.vec(p.out_channels, -0.5, 0.5);
+                let x = rng.vec(p.input_elems(), -1.0, 1.0);
+                // Fused operands: `x * x` in, `gelu(y + 1)` out.
+                let mut env = TestEnv::default();
+                let xs = env.stored(&[p.batch, p.in_channels, p.in_len], x.clone());
+                let xv = env.virt(&[p.batch, p.in_channels, p.in_len]);
+                let mut pro = Program::default();
+                let l = pro.push(Expr::Load, xs);
+                let (a, b) = (l, l);
+                pro.push(
+                    Expr::Binary {
+                        op: BinaryOp::Mul,
+                        a,
+                        b,
+                    },
+                    xv,
+                );
+                let y = env.virt(&[p.batch, p.out_channels, n]);
+                let mut epi = Program::default();
+                let an = epi.push(Expr::Anchor, y);
+                let one = epi.push(Expr::Const(1.0), y);
+                let sum = epi.push(
+                    Expr::Binary {
+                        op: BinaryOp::Add,
+                        a: an,
+                        b: one,
+                    },
+                    y,
+                );
+                epi.push(
+                    Expr::Unary {
+                        op: UnaryOp::Gelu,
+                        x: sum,
+                    },
+                    y,
+                );
+                let (pro, epi) = (pro.compile_for(isa), epi.compile_for(isa));
+                let shape = Shape::new(&[p.batch, p.out_channels, n]);
+                let mut convs = Vec::new();
+                for a in Algorithm::ALL {
+                    let choice = Choice::Force(a);
+                    let weights = Weights::Constant(&w);
+                    if let Ok(c) = PreparedConv1d::on_backend(p, weights, choice, isa.backend()) {
+                        convs.push(c);
+                    }
+                }
+                assert!(convs.len() >= 2, "{p:?}");
+                let before = detects_on_this_thread();
+                crate::par::install(&crate::par::Serial, || {
+                    for conv in &convs {
+                        let source = ProgramRows::new(&pro, &env);
+                        let mut out = vec![0.0; rows * n];
+                        let sink = EpilogueSink::new(&epi, &env, shape, &[], &mut out, shape);
+                        let (xt, yt) = (source.temporaries(), sink.temporaries());
+                        let scratch = Scratch::sized(
+                            1,
+                            conv.rows_scratch_per_thread(xt, yt)
+                                .max(conv.scratch_per_thread()),
+                            conv.shared_scratch(),
+                        );
+                        let mut y = vec![0.0; rows * n];
+                        conv.run(p, &x, Some(&w), Some(&bias), &mut y, &scratch)
+                            .unwrap();
+                        let (x_in, y_out) = (RowsIn::Fused(&source), RowsOut::Fused(&sink));
+                        if conv.fuses_input() && conv.fuses_output() {
+                            conv.run_rows(p, x_in, Some(&w), Some(&bias), y_out, xt, yt, &scratch)
+                                .unwrap();
+                        }
+                    }
+                    // The prologue's rows materialised: `K - 1` long rows
+                    // of a decode step's state are scattered by column.
+                    let source = ProgramRows::new(&pro, &env);
+                    let mut out = vec![0.0; p.batch * p.in_channels * p.in_len];
+                    let scratch = Scratch::new(1, crate::fused::line_scratch(source.temporaries()));
+                    materialise(&source, &mut out, p.in_len, &scratch);
+                });
+                assert_eq!(detects_on_this_thread(), before, "{isa:?} {p:?}");
+            }
+        }
+        // The scan, which has no preparation, detects once a call.
+        let sp = ScanParams {
+            batch: 2,
+            channels: 64,
+            len: 3000,
+        };
+        let (x0, a, u) = (
+            vec![0.5; 128],
+            vec![0.9; 2 * 64 * 3000],
+            vec![0.1; 2 * 64 * 3000],
+        );
+        let mut y = vec![0.0; 2 * 64 * 3000];
+        let before = detects_on_this_thread();
+        crate::par::install(&crate::par::Serial, || {
+            linear_scan_f32(&sp, &x0, &a, &u, &mut y).unwrap()
+        });
+        assert_eq!(detects_on_this_thread(), before + 1);
     }
 }

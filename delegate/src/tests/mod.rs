@@ -626,7 +626,9 @@ fn calls_of_unchanged_shapes_reuse_their_shapes_and_nothing_else() {
     let mut bad = conv_scan_args(8);
     bad.0[2].sizes = vec![1, C_OUT as i32, 7];
     for _ in 0..2 {
-        let err = d.execute(&mut bad).expect_err("mismatched lengths accepted");
+        let err = d
+            .execute(&mut bad)
+            .expect_err("mismatched lengths accepted");
         assert!(err.to_string().contains("differ in shape"), "{err}");
     }
     for n in [8, 9, 9, 8] {

@@ -12,6 +12,7 @@ use super::params::Conv1dGeometry;
 use super::weights::Weights;
 use crate::fused::{RowsIn, RowsOut};
 use crate::scratch::Scratch;
+use crate::simd::Backend;
 
 /// One registered algorithm: everything choosing it needs before anything
 /// is prepared, and the function that prepares it.
@@ -20,19 +21,21 @@ pub(crate) struct Entry {
     /// benchmark and the Python side; never change one (exported models
     /// name it).
     pub name: &'static str,
-    /// Whether the algorithm can compute convolutions of this shape.
-    pub applies: fn(&Conv1dGeometry) -> bool,
-    /// Estimated single-thread seconds of one call at the shape (see
-    /// `cost.rs`); asked only where `applies` holds.
-    pub cost: fn(&Conv1dGeometry) -> f64,
+    /// Whether the algorithm can compute convolutions of this shape on
+    /// the backend (`fft_gemm` bounds its scratch by the backend's tile).
+    pub applies: fn(&Conv1dGeometry, Backend) -> bool,
+    /// Estimated single-thread seconds of one call at the shape on the
+    /// backend (see `cost.rs`); asked only where `applies` holds.
+    pub cost: fn(&Conv1dGeometry, Backend) -> f64,
     /// Whether it can run with weights fed at run time (see [`Weights`]):
     /// false for an algorithm that derives data from the weights at
     /// prepare.
     pub takes_fed_weights: bool,
-    /// Prepares it for the maximum shape `g`, where `applies(g)` holds;
+    /// Prepares it for the maximum shape `g`, where `applies(g)` holds, on
+    /// the backend the preparation chose (which every call then runs);
     /// `None` where it cannot take `weights` (fed to an algorithm that
-    /// does not take fed weights).
-    pub prepare: fn(&Conv1dGeometry, Weights) -> Option<Box<dyn ConvAlgorithm>>,
+    /// does not take fed weights) or this CPU lacks the backend.
+    pub prepare: fn(&Conv1dGeometry, Weights, Backend) -> Option<Box<dyn ConvAlgorithm>>,
 }
 
 /// A fused operand (a prologue's input, an epilogue's output) that this

@@ -19,10 +19,11 @@ use crate::scratch::Scratch;
 /// reads the weights in place, fed or constant.
 pub(super) const ENTRY: Entry = Entry {
     name: "direct",
-    applies: |_| true,
-    cost,
+    applies: |_, _| true,
+    // Scalar: the same on every backend.
+    cost: |g, _| cost(g),
     takes_fed_weights: true,
-    prepare: |_, _| Some(Box::new(DirectConv)),
+    prepare: |_, _, _| Some(Box::new(DirectConv)),
 };
 
 /// The direct loop prepared: nothing to prepare, no scratch, and no fused

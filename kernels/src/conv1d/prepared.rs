@@ -40,25 +40,28 @@ pub enum Choice {
     Force(Algorithm),
 }
 
-/// Estimated single-thread seconds of `algorithm` for `p`, or None where it
-/// does not apply (or `p` is invalid). The benchmark prints this beside each
-/// candidate's measured time so the model can be checked.
+/// Estimated single-thread seconds of `algorithm` for `p` on this CPU's
+/// instruction set, or None where it does not apply (or `p` is invalid).
+/// The benchmark prints this beside each candidate's measured time so the
+/// model can be checked.
 pub fn estimate_cost(algorithm: Algorithm, p: &Conv1dParams) -> Option<f64> {
-    algorithm.estimate(&p.geometry().ok()?)
+    algorithm.estimate(&p.geometry().ok()?, Backend::detect())
 }
 
-/// Whether `a` can compute `g` with weights of this kind (constant or fed).
-fn usable(a: Algorithm, g: &Conv1dGeometry, weights: &Weights) -> bool {
-    a.applies(g) && (a.takes_fed_weights() || !weights.fed())
+/// Whether `a` can compute `g` on `backend` with weights of this kind
+/// (constant or fed).
+fn usable(a: Algorithm, g: &Conv1dGeometry, weights: &Weights, backend: Backend) -> bool {
+    a.applies(g, backend) && (a.takes_fed_weights() || !weights.fed())
 }
 
-/// The algorithms that can compute `p` with `weights` (only their kind
-/// matters: constant or fed).
+/// The algorithms that can compute `p` on this CPU's instruction set with
+/// `weights` (only their kind matters: constant or fed).
 pub fn applicable(p: &Conv1dParams, weights: &Weights) -> Vec<Algorithm> {
+    let backend = Backend::detect();
     match p.geometry() {
         Ok(g) => Algorithm::ALL
             .into_iter()
-            .filter(|&a| usable(a, &g, weights))
+            .filter(|&a| usable(a, &g, weights, backend))
             .collect(),
         Err(_) => Vec::new(),
     }
@@ -109,18 +112,31 @@ impl PreparedConv1d {
         weights: Weights,
         choice: Choice,
     ) -> Result<Self, KernelError> {
+        Self::on_backend(max, weights, choice, Backend::detect())
+    }
+
+    /// [`Self::for_weights`] on `backend` (which this CPU has), chosen
+    /// once here: the cost model prices it and every kernel the preparation
+    /// builds runs it.
+    pub(crate) fn on_backend(
+        max: &Conv1dParams,
+        weights: Weights,
+        choice: Choice,
+        backend: Backend,
+    ) -> Result<Self, KernelError> {
+        debug_assert!(backend.is_available());
         let g = max.geometry()?;
         if let Weights::Constant(w) = weights {
             check_len("w", g.weight_elems, w.len())?;
         }
         match choice {
             Choice::Force(a) => {
-                if !usable(a, &g, &weights) {
+                if !usable(a, &g, &weights, backend) {
                     return Err(KernelError::NotApplicable {
                         algorithm: a.name(),
                     });
                 }
-                Self::with(a, g, weights)
+                Self::with(a, g, weights, backend)
             }
             // Where even the longest call is a decode step of a dense or
             // grouped conv, or a short call of constant weights it packs,
@@ -129,20 +145,20 @@ impl PreparedConv1d {
             // epilogue hook it serves, so a fused epilogue stays fused.
             Choice::Auto
                 if (Gemv::takes(&g) || (Gemv::packs(&g) && !weights.fed()))
-                    && Algorithm::Gemm.applies(&g) =>
+                    && Algorithm::Gemm.applies(&g, backend) =>
             {
-                Self::with(Algorithm::Gemm, g, weights)
+                Self::with(Algorithm::Gemm, g, weights, backend)
             }
             Choice::Auto => {
                 let best = Algorithm::ALL
                     .into_iter()
-                    .filter(|&a| usable(a, &g, &weights))
-                    .filter_map(|a| a.estimate(&g).map(|c| (a, c)))
+                    .filter(|&a| usable(a, &g, &weights, backend))
+                    .filter_map(|a| a.estimate(&g, backend).map(|c| (a, c)))
                     .min_by(|x, y| x.1.total_cmp(&y.1))
                     .map_or(Algorithm::Direct, |(a, _)| a);
-                Self::with(best, g, weights)
+                Self::with(best, g, weights, backend)
             }
-            Choice::Measure => Self::measure(g, weights),
+            Choice::Measure => Self::measure(g, weights, backend),
         }
     }
 
@@ -150,15 +166,20 @@ impl PreparedConv1d {
     /// registered `prepare`. Weight-derived data is built only from
     /// [`Weights::Constant`]: that is the one place a preparation sees
     /// weight values.
-    fn with(a: Algorithm, g: Conv1dGeometry, weights: Weights) -> Result<Self, KernelError> {
-        let imp = (a.entry().prepare)(&g, weights).ok_or(KernelError::NotApplicable {
+    fn with(
+        a: Algorithm,
+        g: Conv1dGeometry,
+        weights: Weights,
+        backend: Backend,
+    ) -> Result<Self, KernelError> {
+        let imp = (a.entry().prepare)(&g, weights, backend).ok_or(KernelError::NotApplicable {
             algorithm: a.name(),
         })?;
         // The matrix-vector kernel reads the weights in place, so it
         // stands in only for an algorithm that reads them too (not the
         // FFT, whose caller may have released them).
-        let mut gemv = (Algorithm::Gemm.applies(&g) && imp.reads_weights())
-            .then(|| Gemv::new(Backend::detect()))
+        let mut gemv = (Algorithm::Gemm.applies(&g, backend) && imp.reads_weights())
+            .then(|| Gemv::new(backend))
             .flatten();
         if let (Some(gemv), Weights::Constant(w)) = (&mut gemv, weights) {
             gemv.pack(&g, w);
@@ -179,7 +200,7 @@ impl PreparedConv1d {
         })
     }
 
-    fn measure(g: Conv1dGeometry, weights: Weights) -> Result<Self, KernelError> {
+    fn measure(g: Conv1dGeometry, weights: Weights, backend: Backend) -> Result<Self, KernelError> {
         let threads = crate::par::threads();
         // The sizes are the plan's (a blob's): allocated fallibly.
         let mut x = zeroed_floats(g.input_elems, "measuring input")?;
@@ -200,9 +221,9 @@ impl PreparedConv1d {
         let mut best: Option<(f64, PreparedConv1d)> = None;
         for a in Algorithm::ALL
             .into_iter()
-            .filter(|&a| usable(a, &g, &weights))
+            .filter(|&a| usable(a, &g, &weights, backend))
         {
-            let candidate = Self::with(a, g, weights)?;
+            let candidate = Self::with(a, g, weights, backend)?;
             let scratch = Scratch::try_sized(
                 threads,
                 candidate.scratch_per_thread(),
@@ -456,6 +477,9 @@ mod tests {
         }
         fn temporaries(&self) -> usize {
             0
+        }
+        fn isa(&self) -> crate::simd::Isa {
+            crate::simd::Isa::detect()
         }
         fn prefers_columns(&self) -> bool {
             self.columns

@@ -8,6 +8,7 @@
 
 use super::algorithm::Entry;
 use super::params::Conv1dGeometry;
+use crate::simd::Backend;
 
 /// Defines [`Algorithm`] with one variant per line, in the order given
 /// (the order [`super::Choice::Measure`] tries them), and maps each
@@ -71,16 +72,18 @@ impl Algorithm {
         self.entry().takes_fed_weights
     }
 
-    /// Whether the algorithm can compute convolutions of this shape.
-    pub(crate) fn applies(self, g: &Conv1dGeometry) -> bool {
-        (self.entry().applies)(g)
+    /// Whether the algorithm can compute convolutions of this shape on
+    /// `backend`.
+    pub(crate) fn applies(self, g: &Conv1dGeometry, backend: Backend) -> bool {
+        (self.entry().applies)(g, backend)
     }
 
     /// The cost model: estimated single-thread seconds for one call at the
-    /// shape `g`, or None where the algorithm does not apply. See
-    /// `cost.rs` for the constants and how they were calibrated.
-    pub(crate) fn estimate(self, g: &Conv1dGeometry) -> Option<f64> {
-        self.applies(g).then(|| (self.entry().cost)(g))
+    /// shape `g` on `backend`, or None where the algorithm does not apply.
+    /// See `cost.rs` for the constants and how they were calibrated.
+    pub(crate) fn estimate(self, g: &Conv1dGeometry, backend: Backend) -> Option<f64> {
+        self.applies(g, backend)
+            .then(|| (self.entry().cost)(g, backend))
     }
 }
 

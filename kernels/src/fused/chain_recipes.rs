@@ -25,7 +25,7 @@ use super::ops::{BinaryOp, UnaryOp};
 use super::program::views::{Leaf, LeafMap};
 use super::program::{Env, Expr, Line, Program};
 use super::recipes::BLOCK;
-use crate::simd::isa_dispatch;
+use crate::simd::{isa_dispatch, Isa};
 
 /// Most steps a chain has (a LayerNorm with weight and bias has four).
 const MAX_STEPS: usize = 6;
@@ -46,6 +46,8 @@ enum Start<'a> {
 /// operand or a product, each operand a leaf.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct Chain<'a> {
+    /// The program's instruction set.
+    isa: Isa,
     x: Start<'a>,
     steps: [(BinaryOp, LeafMap<'a>); MAX_STEPS],
     len: usize,
@@ -142,8 +144,14 @@ impl ChainForm {
         self.x.is_none()
     }
 
-    /// The recipe, its leaves resolved for `env`'s current shapes.
-    pub(super) fn bind<'a>(&self, program: &Program, env: &'a dyn Env) -> Option<Chain<'a>> {
+    /// The recipe on `isa`, its leaves resolved for `env`'s current
+    /// shapes.
+    pub(super) fn bind<'a>(
+        &self,
+        isa: Isa,
+        program: &Program,
+        env: &'a dyn Env,
+    ) -> Option<Chain<'a>> {
         let x = match self.x {
             Some(leaf) => {
                 Start::Stored(program.leaf_map_through(&self.views[..self.n_views], leaf, env)?)
@@ -151,6 +159,7 @@ impl ChainForm {
             None => Start::Anchor,
         };
         let mut chain = Chain {
+            isa,
             x,
             steps: [(BinaryOp::Add, LeafMap::Const(0.0)); MAX_STEPS],
             len: self.len,
@@ -175,7 +184,7 @@ impl<'a> Chain<'a> {
     /// Matched and bound at once, as the tests ask.
     #[cfg(test)]
     pub(super) fn find(program: &Program, env: &'a dyn Env) -> Option<Self> {
-        ChainForm::find(program)?.bind(program, env)
+        ChainForm::find(program)?.bind(Isa::detect(), program, env)
     }
 
     /// Whether the chain starts at the anchor's chunk (an epilogue's).
@@ -208,7 +217,7 @@ impl<'a> Chain<'a> {
             };
             *step = (op, Operand::Scalar(v));
         }
-        chain_in_place(&steps[..self.len], self.act, values);
+        chain_in_place(self.isa, &steps[..self.len], self.act, values);
         true
     }
 
@@ -233,7 +242,7 @@ impl<'a> Chain<'a> {
                 None => return false,
             };
         }
-        chain(&steps[..self.len], self.act, x, out);
+        chain(self.isa, &steps[..self.len], self.act, x, out);
         true
     }
 }
@@ -433,7 +442,7 @@ mod tests {
                 let line = Line::along([0, 0, t, 0], 1);
                 let (mut got, mut want) = (vec![0.0; c], vec![0.0; c]);
                 assert!(chain.run(&line, &[], &mut got), "across the channels");
-                p.eval(&env, &[], &line, &mut want, &mut tmp);
+                p.eval(Isa::detect(), &env, &[], &line, &mut want, &mut tmp);
                 assert_eq!(bits(&got), bits(&want), "{act:?} t={t}");
             }
             let line = Line::along([0, 3, 0, 0], 2);
@@ -493,7 +502,7 @@ mod tests {
             let line = Line::along([0, row, 0, 0], 2);
             let (mut got, mut want) = (vec![0.0; n], vec![0.0; n]);
             assert!(chain.run(&line, &values, &mut got));
-            p.eval(&env, &values, &line, &mut want, &mut tmp);
+            p.eval(Isa::detect(), &env, &values, &line, &mut want, &mut tmp);
             assert_eq!(bits(&got), bits(&want), "row {row}");
         }
 
@@ -534,7 +543,7 @@ mod tests {
             let line = Line::along([0, 0, t, 0], 1);
             let (mut got, mut want) = (vec![0.0; c], vec![0.0; c]);
             assert!(chain.run(&line, &[], &mut got));
-            p.eval(&env, &[], &line, &mut want, &mut tmp);
+            p.eval(Isa::detect(), &env, &[], &line, &mut want, &mut tmp);
             assert_eq!(bits(&got), bits(&want), "t={t}");
         }
 

@@ -1,7 +1,8 @@
-//! A [`Program`] compiled once, when the plan is built: the program and
-//! the recipes (`recipes.rs`, `conv_recipes.rs`, `chain_recipes.rs`) whose
-//! form it has, and its flat form (`flat.rs`) for any other line, found by
-//! the one registry below.
+//! A [`Program`] compiled once, when the plan is built: the program, the
+//! instruction set its loops run with ([`Isa`], chosen here once, so that
+//! no call asks the CPU), and the recipes (`recipes.rs`,
+//! `conv_recipes.rs`, `chain_recipes.rs`) whose form it has, and its flat
+//! form (`flat.rs`) for any other line, found by the one registry below.
 //!
 //! A recipe is matched on the program's structure alone, so the match is
 //! made here, once; what depends on the call (its tensors, its lengths) is
@@ -21,6 +22,7 @@ use super::generation::ShapeMemo;
 use super::program::views::LeafMap;
 use super::program::{Env, Expr, Line, Program};
 use super::recipes::{Discretise, DiscretiseForm, Gate, GateForm};
+use crate::simd::Isa;
 
 /// How many programs were compiled (their recipes matched) in this process.
 static COMPILED: AtomicUsize = AtomicUsize::new(0);
@@ -31,10 +33,12 @@ pub fn programs_compiled() -> usize {
     COMPILED.load(Ordering::Relaxed)
 }
 
-/// A program with the recipes it takes, matched once.
+/// A program with the recipes it takes, matched once, and the instruction
+/// set it runs with.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CompiledProgram {
     program: Program,
+    isa: Isa,
     /// Boxed: the forms hold fixed arrays (a chain's steps and views), and
     /// a plan's steps hold several programs.
     recipes: Box<Recipes>,
@@ -48,11 +52,18 @@ pub struct CompiledProgram {
 
 impl Program {
     /// Matches the recipes against this program, once: done building it.
+    /// Its loops run with this CPU's fastest instruction set.
     pub fn compile(self) -> CompiledProgram {
+        self.compile_for(Isa::detect())
+    }
+
+    /// [`Self::compile`] for the loops of `isa`.
+    pub fn compile_for(self, isa: Isa) -> CompiledProgram {
         COMPILED.fetch_add(1, Ordering::Relaxed);
         CompiledProgram {
             recipes: Box::new(Recipes::find(&self)),
             program: self,
+            isa,
             rows_across: ShapeMemo::default(),
             sink_across: ShapeMemo::default(),
         }
@@ -63,6 +74,43 @@ impl CompiledProgram {
     /// The program as built.
     pub fn program(&self) -> &Program {
         &self.program
+    }
+
+    /// The instruction set chosen at compile: every loop reading or
+    /// storing through the program runs with it.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// [`Program::eval`] with the program's instruction set.
+    ///
+    /// # Panics
+    /// As [`Program::eval`].
+    pub fn eval(
+        &self,
+        env: &dyn Env,
+        anchor: &[f32],
+        line: &Line,
+        out: &mut [f32],
+        tmp: &mut [f32],
+    ) {
+        self.program.eval(self.isa, env, anchor, line, out, tmp)
+    }
+
+    /// [`Program::eval_roots`] with the program's instruction set.
+    ///
+    /// # Panics
+    /// As [`Program::eval_roots`].
+    pub fn eval_roots(
+        &self,
+        env: &dyn Env,
+        anchor: &[f32],
+        line: &Line,
+        outs: &mut [&mut [f32]],
+        tmp: &mut [f32],
+    ) {
+        self.program
+            .eval_roots(self.isa, env, anchor, line, outs, tmp)
     }
 
     pub(super) fn recipes(&self) -> &Recipes {
@@ -147,15 +195,21 @@ impl Recipes {
         recipes
     }
 
-    /// The prologue recipes bound for `env`'s tensors and shapes.
-    pub(super) fn prologue<'a>(&'a self, program: &Program, env: &'a dyn Env) -> Prologue<'a> {
+    /// The prologue recipes bound for `env`'s tensors and shapes, running
+    /// with the program's instruction set.
+    pub(super) fn prologue<'a>(
+        &'a self,
+        program: &CompiledProgram,
+        env: &'a dyn Env,
+    ) -> Prologue<'a> {
+        let isa = program.isa;
         Prologue {
-            discretise: self.discretise.and_then(|f| f.bind(program, env)),
+            discretise: self.discretise.and_then(|f| f.bind(isa, program, env)),
             product: self.product.and_then(|f| f.bind(program, env)),
             chain: self
                 .chain
                 .filter(|f| !f.reads_anchor())
-                .and_then(|f| f.bind(program, env)),
+                .and_then(|f| f.bind(isa, program, env)),
             gather: match self.gather.then(|| program.leaf_map(program.root(), env)) {
                 Some(Some(LeafMap::Stored { data, offset, coef })) => {
                     Some(Gather { data, offset, coef })
@@ -166,35 +220,37 @@ impl Recipes {
                 .flat
                 .as_ref()
                 .filter(|f| !f.reads_anchor())
-                .and_then(|f| f.bind(program, env)),
+                .and_then(|f| f.bind(isa, program, env)),
         }
     }
 
     /// The epilogue recipe bound for `env`'s tensors and shapes: the first
-    /// whose form the program has and whose reads this call's shapes fit.
+    /// whose form the program has and whose reads this call's shapes fit,
+    /// running with the program's instruction set.
     pub(super) fn epilogue<'a>(
         &'a self,
-        program: &Program,
+        program: &CompiledProgram,
         env: &'a dyn Env,
     ) -> Option<EpilogueRecipe<'a>> {
+        let isa = program.isa;
         self.gate
-            .and_then(|f| f.bind(program, env))
+            .and_then(|f| f.bind(isa, program, env))
             .map(EpilogueRecipe::Gate)
             .or_else(|| {
                 self.skip_gate
-                    .and_then(|f| f.bind(program, env))
+                    .and_then(|f| f.bind(isa, program, env))
                     .map(EpilogueRecipe::SkipGate)
             })
             .or_else(|| {
                 self.chain
                     .filter(ChainForm::reads_anchor)
-                    .and_then(|f| f.bind(program, env))
+                    .and_then(|f| f.bind(isa, program, env))
                     .map(EpilogueRecipe::Chain)
             })
             .or_else(|| {
                 self.flat
                     .as_ref()
-                    .and_then(|f| f.bind(program, env))
+                    .and_then(|f| f.bind(isa, program, env))
                     .map(EpilogueRecipe::Flat)
             })
     }

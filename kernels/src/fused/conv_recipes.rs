@@ -22,7 +22,7 @@ use super::ops::{BinaryOp, UnaryOp};
 use super::program::views::{Leaf, LeafMap};
 use super::program::{Env, Expr, Line, Program};
 use super::recipes::{beside_anchor, binary, BLOCK};
-use crate::simd::isa_dispatch;
+use crate::simd::{isa_dispatch, Isa};
 
 /// The operands of `a * b` if node `i` is that product.
 fn product(program: &Program, i: usize) -> Option<(usize, usize)> {
@@ -107,6 +107,8 @@ enum Skip<'a> {
 /// products in either order).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct SkipGate<'a> {
+    /// The program's instruction set.
+    isa: Isa,
     d: LeafMap<'a>,
     u: Skip<'a>,
     g: LeafMap<'a>,
@@ -177,10 +179,15 @@ impl SkipGateForm {
         })
     }
 
-    /// The recipe, its leaves resolved for `env`'s current shapes; `None`
-    /// where no factor of the skip is one value along time with the other
-    /// of `u`'s form.
-    pub(super) fn bind<'a>(&self, program: &Program, env: &'a dyn Env) -> Option<SkipGate<'a>> {
+    /// The recipe on `isa`, its leaves resolved for `env`'s current
+    /// shapes; `None` where no factor of the skip is one value along time
+    /// with the other of `u`'s form.
+    pub(super) fn bind<'a>(
+        &self,
+        isa: Isa,
+        program: &Program,
+        env: &'a dyn Env,
+    ) -> Option<SkipGate<'a>> {
         // `d` is the factor one value along time (a `[C, 1]` parameter).
         let time = env
             .shape(program.nodes()[program.root()].value)
@@ -198,6 +205,7 @@ impl SkipGateForm {
             None => (1, per_row(self.factors[1])?),
         };
         Some(SkipGate {
+            isa,
             d,
             u: self.skips[which]?.bind(program, env)?,
             g: program.leaf_map(self.g, env)?,
@@ -210,7 +218,7 @@ impl<'a> SkipGate<'a> {
     /// Matched and bound at once, as the tests ask.
     #[cfg(test)]
     pub(super) fn find(program: &Program, env: &'a dyn Env) -> Option<Self> {
-        SkipGateForm::find(program)?.bind(program, env)
+        SkipGateForm::find(program)?.bind(Isa::detect(), program, env)
     }
 
     /// Writes the finished `y` (the anchor's values along `line`) into
@@ -237,6 +245,7 @@ impl<'a> SkipGate<'a> {
             },
         };
         skip_gate(
+            self.isa,
             &SkipGateArgs {
                 y,
                 d,

@@ -31,7 +31,7 @@
 use super::ops::{clamp, select, BinaryOp, UnaryOp};
 use super::program::views::{Leaf, LeafMap};
 use super::program::{Env, Expr, Program};
-use crate::simd::isa_dispatch;
+use crate::simd::{isa_dispatch, Isa};
 
 /// Elements per block: registers of 256 floats (1 KiB each) stay in L1,
 /// and each instruction's loop is long enough to pipeline (a sigmoid's
@@ -169,14 +169,23 @@ impl FlatForm {
         2 * (self.regs + 1)
     }
 
-    /// The flat program with its leaves resolved for `env`'s current
-    /// shapes.
-    pub(super) fn bind<'a>(&'a self, program: &Program, env: &'a dyn Env) -> Option<Flat<'a>> {
+    /// The flat program on `isa`, with its leaves resolved for `env`'s
+    /// current shapes.
+    pub(super) fn bind<'a>(
+        &'a self,
+        isa: Isa,
+        program: &Program,
+        env: &'a dyn Env,
+    ) -> Option<Flat<'a>> {
         let mut leaves = [LeafMap::Const(0.0); MAX_LEAVES];
         for (map, path) in leaves.iter_mut().zip(&self.leaves[..self.n_leaves]) {
             *map = program.leaf_map_through(&path.views[..path.n_views], path.node, env)?;
         }
-        Some(Flat { form: self, leaves })
+        Some(Flat {
+            isa,
+            form: self,
+            leaves,
+        })
     }
 }
 
@@ -261,6 +270,8 @@ impl Builder<'_> {
 /// A flat program bound to one call's tensors.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Flat<'a> {
+    /// The program's instruction set.
+    isa: Isa,
     form: &'a FlatForm,
     leaves: [LeafMap<'a>; MAX_LEAVES],
 }
@@ -298,6 +309,7 @@ impl<'a> Flat<'a> {
             };
         }
         flat(
+            self.isa,
             &self.form.instrs[..self.form.len],
             &reads[..self.form.n_leaves],
             Some(anchor),
@@ -373,6 +385,7 @@ impl<'a> Flat<'a> {
             }
         }
         flat(
+            self.isa,
             &self.form.instrs[..self.form.len],
             &reads[..self.form.n_leaves],
             None,
@@ -611,6 +624,8 @@ mod tests {
     /// program whose leaves are all read contiguously or as one value.
     #[test]
     fn random_programs_equal_the_interpreter_bit_for_bit() {
+        // Each case on one of this CPU's instruction sets, in turn.
+        let isas = Isa::all_available();
         let mut rng = Rng::new(27);
         let (mut ran, mut declined, mut unflat) = (0, 0, 0);
         for case in 0..400 {
@@ -627,7 +642,8 @@ mod tests {
                 form.reads_anchor(),
                 { p.nodes().iter().any(|n| n.expr == Expr::Anchor) } && anchor
             );
-            let flat = form.bind(&p, &env).expect("every leaf resolves");
+            let isa = isas[case % isas.len()];
+            let flat = form.bind(isa, &p, &env).expect("every leaf resolves");
             let strided = p.nodes().iter().any(|n| n.value == t.xt);
             let values = rng.vec(N, -3.0, 3.0);
             let mut tmp = vec![0.0; N * p.temporaries()];
@@ -647,7 +663,7 @@ mod tests {
             for (line, len, along) in lines {
                 let mut want = vec![0.0; len];
                 let mut got = vec![f32::NAN; len];
-                p.eval(&env, &values[..len], &line, &mut want, &mut tmp);
+                p.eval(isa, &env, &values[..len], &line, &mut want, &mut tmp);
                 // Registers of the line's length, or padded to whole
                 // vectors (their lanes past the line computed too).
                 let room = if case % 2 == 0 { len } else { len + LANES };

@@ -3,11 +3,11 @@
 //! `Clamp` nodes compute).
 
 // The instruction-set variants are `unsafe fn`s with target features,
-// called only after detecting those features; `copy` uses SSE intrinsics.
+// called only on an `Isa` that has them; `copy` uses SSE intrinsics.
 #![allow(unsafe_code)]
 
 use super::math;
-use crate::simd::isa_dispatch;
+use crate::simd::{isa_dispatch, Isa};
 
 /// Defines an op enum from one table: per op, its variant (named as the
 /// schema's enum value, which the delegate maps by that name), its name in
@@ -203,17 +203,18 @@ fn binary_generic<const F: bool>(op: BinaryOp, a: &mut [f32], b: &[f32]) {
 
 impl UnaryOp {
     /// Applies the function to every element of `x` in place, with the
-    /// widest vectors this CPU has (the loops are written to auto-vectorise;
-    /// see `math.rs`).
-    pub fn apply(self, x: &mut [f32]) {
-        unary(self, x)
+    /// vectors of `isa`, the program's (the loops are written to
+    /// auto-vectorise; see `math.rs`).
+    pub fn apply(self, isa: Isa, x: &mut [f32]) {
+        unary(isa, self, x)
     }
 }
 
 impl BinaryOp {
-    /// `a[i] = a[i] op b[i]` for every element (`a` and `b` equally long).
-    pub fn apply(self, a: &mut [f32], b: &[f32]) {
-        binary(self, a, b)
+    /// `a[i] = a[i] op b[i]` for every element (`a` and `b` equally long),
+    /// with the vectors of `isa`.
+    pub fn apply(self, isa: Isa, a: &mut [f32], b: &[f32]) {
+        binary(isa, self, a, b)
     }
 }
 
@@ -339,29 +340,40 @@ mod tests {
 
     #[test]
     fn unary_ops_follow_pytorch_on_edge_values() {
+        let isa = Isa::detect();
         let mut x = [-2.0, 0.0, 3.0, f32::NAN];
-        UnaryOp::Relu.apply(&mut x);
+        UnaryOp::Relu.apply(isa, &mut x);
         assert_eq!(&x[..3], &[0.0, 0.0, 3.0]);
         assert!(x[3].is_nan(), "relu keeps NaN");
         let mut x = [0.0, 1.0];
-        UnaryOp::Silu.apply(&mut x);
+        UnaryOp::Silu.apply(isa, &mut x);
         assert!((x[1] - 0.731_058_6).abs() < 1e-6 && x[0] == 0.0);
         let mut x = [4.0];
-        UnaryOp::Rsqrt.apply(&mut x);
+        UnaryOp::Rsqrt.apply(isa, &mut x);
         assert_eq!(x, [0.5]);
     }
 
+    /// Every instruction set's variant (the one forced, whatever this CPU
+    /// would pick: the portable one rounds bit for bit as the loop without
+    /// fused multiply-adds), against its own scalar remainder loop and the
+    /// loop without fused multiply-adds.
     #[test]
     fn vector_variants_equal_the_scalar_loop_for_every_op() {
+        for isa in Isa::all_available() {
+            vector_variant_equals_the_scalar_loop(isa);
+        }
+    }
+
+    fn vector_variant_equals_the_scalar_loop(isa: Isa) {
         let x: Vec<f32> = (0..1000).map(|i| (i as f32 - 500.0) * 0.037).collect();
         for &op in UnaryOp::ALL {
             let mut fast = x.clone();
-            op.apply(&mut fast); // the detected variant (AVX-512 or AVX2 here)
-                                 // One element at a time: the same variant's scalar remainder loop.
+            op.apply(isa, &mut fast);
+            // One element at a time: the same variant's scalar remainder loop.
             let mut slow = x.clone();
             for v in &mut slow {
                 let mut one = [*v];
-                op.apply(&mut one);
+                op.apply(isa, &mut one);
                 *v = one[0];
             }
             // Without fused multiply-adds (the baseline x86-64 loop): equal
@@ -380,8 +392,14 @@ mod tests {
             for ((f, s), p) in fast.iter().zip(&slow).zip(&plain) {
                 assert!(
                     f.to_bits() == s.to_bits() || (f.is_nan() && s.is_nan()),
-                    "{op:?}: {f} vs {s}"
+                    "{isa:?} {op:?}: {f} vs {s}"
                 );
+                if isa.backend() == crate::simd::Backend::Portable && !crate::simd::BASELINE_FMA {
+                    assert!(
+                        f.to_bits() == p.to_bits() || (f.is_nan() && p.is_nan()),
+                        "{op:?}: the portable variant ran {f}, the loop without FMA {p}"
+                    );
+                }
                 assert!(
                     f == p || (f - p).abs() <= 1e-6 * p.abs() + atol || (f.is_nan() && p.is_nan()),
                     "{op:?}: {f} with FMA vs {p} without"
@@ -396,7 +414,7 @@ mod tests {
             BinaryOp::Ge,
         ] {
             let mut fast = x.clone();
-            op.apply(&mut fast, &b);
+            op.apply(isa, &mut fast, &b);
             let mut slow = x.clone();
             op.apply_generic::<false>(&mut slow, &b);
             assert_eq!(fast, slow, "{op:?}");
@@ -420,11 +438,12 @@ mod tests {
     #[test]
     fn binary_ops_and_comparisons() {
         let b = [2.0, 2.0, 2.0];
+        let isa = Isa::detect();
         let mut a = [1.0, 2.0, 3.0];
-        BinaryOp::Gt.apply(&mut a, &b);
+        BinaryOp::Gt.apply(isa, &mut a, &b);
         assert_eq!(a, [0.0, 0.0, 1.0]);
         let mut a = [1.0, f32::NAN, 3.0];
-        BinaryOp::Maximum.apply(&mut a, &b);
+        BinaryOp::Maximum.apply(isa, &mut a, &b);
         assert_eq!((a[0], a[2]), (2.0, 3.0));
         assert!(a[1].is_nan());
         let mut a = [1.0, 4.0];

@@ -32,7 +32,7 @@ use super::math;
 use super::ops::{prefetch, BinaryOp, UnaryOp};
 use super::program::views::{Leaf, LeafMap};
 use super::program::{Env, Expr, Line, Program};
-use crate::simd::isa_dispatch;
+use crate::simd::{isa_dispatch, Isa};
 
 /// The operands of node `i` if it is the binary `op` (in the program's
 /// order: callers try both where the op commutes).
@@ -59,6 +59,8 @@ pub(super) fn beside_anchor(program: &Program, a: usize, b: usize) -> Option<usi
 /// per line and `p`, `x` stored.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct Discretise<'a> {
+    /// The program's instruction set.
+    isa: Isa,
     /// The leaf `dt` is computed from.
     p: LeafMap<'a>,
     /// `dt = softplus(p)`; else `dt = p`.
@@ -139,10 +141,16 @@ impl DiscretiseForm {
         })
     }
 
-    /// The recipe, its leaves resolved for `env`'s current shapes (once
-    /// per call: a line then costs a few multiply-adds to locate).
-    pub(super) fn bind<'a>(&self, program: &Program, env: &'a dyn Env) -> Option<Discretise<'a>> {
+    /// The recipe on `isa`, its leaves resolved for `env`'s current shapes
+    /// (once per call: a line then costs a few multiply-adds to locate).
+    pub(super) fn bind<'a>(
+        &self,
+        isa: Isa,
+        program: &Program,
+        env: &'a dyn Env,
+    ) -> Option<Discretise<'a>> {
         Some(Discretise {
+            isa,
             p: program.leaf_map(self.p, env)?,
             softplus: self.softplus,
             k: program.leaf_map(self.k, env)?,
@@ -156,7 +164,7 @@ impl<'a> Discretise<'a> {
     /// Matched and bound at once, as the tests ask.
     #[cfg(test)]
     pub(super) fn find(program: &Program, roots: &[usize], env: &'a dyn Env) -> Option<Self> {
-        DiscretiseForm::find(program, roots)?.bind(program, env)
+        DiscretiseForm::find(program, roots)?.bind(Isa::detect(), program, env)
     }
 
     /// Writes both operands along `line` into `a` and `u` (equally long)
@@ -180,7 +188,7 @@ impl<'a> Discretise<'a> {
         // `(-dt) * k`, `-(dt * k)` and `dt * (-k)` round alike: negation
         // is exact and rounding symmetric.
         let k = if self.negate { -k } else { k };
-        discretise([p, x], [p_ahead, x_ahead], k, self.softplus, a, u);
+        discretise(self.isa, [p, x], [p_ahead, x_ahead], k, self.softplus, a, u);
         true
     }
 }
@@ -189,6 +197,8 @@ impl<'a> Discretise<'a> {
 /// chunk and `z` stored.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct Gate<'a> {
+    /// The program's instruction set.
+    isa: Isa,
     /// The gate's leaf.
     z: LeafMap<'a>,
     /// `y * silu(z)`; else `y * z`.
@@ -220,9 +230,15 @@ impl GateForm {
         Some(GateForm { z, silu })
     }
 
-    /// The recipe, its leaf resolved for `env`'s current shapes.
-    pub(super) fn bind<'a>(&self, program: &Program, env: &'a dyn Env) -> Option<Gate<'a>> {
+    /// The recipe on `isa`, its leaf resolved for `env`'s current shapes.
+    pub(super) fn bind<'a>(
+        &self,
+        isa: Isa,
+        program: &Program,
+        env: &'a dyn Env,
+    ) -> Option<Gate<'a>> {
         Some(Gate {
+            isa,
             z: program.leaf_map(self.z, env)?,
             silu: self.silu,
         })
@@ -233,7 +249,7 @@ impl<'a> Gate<'a> {
     /// Matched and bound at once, as the tests ask.
     #[cfg(test)]
     pub(super) fn find(program: &Program, env: &'a dyn Env) -> Option<Self> {
-        GateForm::find(program)?.bind(program, env)
+        GateForm::find(program)?.bind(Isa::detect(), program, env)
     }
 
     /// Writes the gated `y` (the anchor's values along `line`) into `out`
@@ -242,7 +258,7 @@ impl<'a> Gate<'a> {
     pub(super) fn run(&self, line: &Line, y: &[f32], out: &mut [f32]) -> bool {
         match self.z.read(line, y.len()) {
             Some(Leaf::Contiguous(z, ahead)) => {
-                gate(y, z, ahead, self.silu, out);
+                gate(self.isa, y, z, ahead, self.silu, out);
                 true
             }
             _ => false,
@@ -252,8 +268,8 @@ impl<'a> Gate<'a> {
 
 isa_dispatch! {
     /// `a[i] = exp(dt * k)`, `u[i] = dt * x[i]` with `dt = softplus(p[i])`
-    /// (`softplus`) or `p[i]`, `[p, x] = px`, in one pass with the widest
-    /// vectors this CPU has, prefetching `ahead` (what follows `p` and `x`)
+    /// (`softplus`) or `p[i]`, `[p, x] = px`, in one pass with the vectors
+    /// of the program's instruction set, prefetching `ahead` (what follows `p` and `x`)
     /// as it goes. `px`, `a` and `u` equally long.
     pub(super) fn discretise(
         px: [&[f32]; 2],

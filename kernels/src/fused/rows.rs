@@ -14,9 +14,10 @@ use std::marker::PhantomData;
 
 use super::compiled::{CompiledProgram, EpilogueRecipe, Gather, Prologue};
 use super::ops::{copy, copy_streaming};
-use super::program::{Env, Line, Program};
+use super::program::{Env, Line};
 use super::shape::{Shape, MAX_RANK};
 use super::strided;
+use crate::simd::Isa;
 
 /// Computes elements of an operand on the fly (a fused prologue).
 pub trait RowSource: Sync {
@@ -25,6 +26,9 @@ pub trait RowSource: Sync {
     fn fill(&self, row: usize, t0: usize, out: &mut [f32], tmp: &mut [f32]);
     /// Line-sized temporaries `fill` needs.
     fn temporaries(&self) -> usize;
+    /// The instruction set the source was prepared with, which the moves
+    /// of its values (columns scattered into short rows) take too.
+    fn isa(&self) -> Isa;
     /// Writes elements `t0 .. t0 + len` of rows `row0 .. row0 + rows` (rows
     /// of one batch item, consecutive channels) into `out`, row after row
     /// (`rows * len` elements). `tmp` holds at least [`block_tmp`]`(temporaries,
@@ -236,7 +240,7 @@ impl RowsIn<'_> {
 /// other dimension enumerates rows (`[B, C, N]`: row `b * C + c`), or, for
 /// a per-row scalar (a scan's `x0 [B, C]`), every dimension enumerates rows.
 pub struct ProgramRows<'a> {
-    program: &'a Program,
+    program: &'a CompiledProgram,
     /// [`CompiledProgram::temporaries`].
     temporaries: usize,
     env: &'a dyn Env,
@@ -252,7 +256,7 @@ impl<'a> ProgramRows<'a> {
     /// Rows along the root's last dimension.
     pub fn new(compiled: &'a CompiledProgram, env: &'a dyn Env) -> Self {
         let recipes = compiled.recipes().prologue(compiled, env);
-        let program = compiled.program();
+        let program = compiled;
         let shape = env.shape(program.nodes()[program.root()].value);
         let rank = shape.rank();
         let across = rank >= 2
@@ -470,6 +474,10 @@ impl RowSource for ProgramRows<'_> {
         self.temporaries
     }
 
+    fn isa(&self) -> Isa {
+        self.program.isa()
+    }
+
     fn col_rows(&self) -> usize {
         let rank = self.shape.rank();
         match (self.scalar_rows, rank) {
@@ -544,7 +552,8 @@ impl RowSource for ProgramRows<'_> {
             if across == 1 && rows > 0 && len > 0 {
                 // The rows' elements of a time step are a contiguous run.
                 let span = (len - 1) * along + rows;
-                strided::transpose(&data[start..start + span], along, len, rows, out, len);
+                let isa = self.program.isa();
+                strided::transpose(isa, &data[start..start + span], along, len, rows, out, len);
                 return;
             }
             for t in 0..len {
@@ -567,7 +576,7 @@ impl RowSource for ProgramRows<'_> {
                 base[rank - 1] = t0 + s0 + s;
                 self.eval_line(&Line::along(base, rank - 2), line, tmp);
             }
-            strided::transpose(tile, rows, n, rows, &mut out[s0..], len);
+            strided::transpose(self.program.isa(), tile, rows, n, rows, &mut out[s0..], len);
         }
     }
 }
@@ -657,15 +666,16 @@ impl<'a> SharedOut<'a> {
         f(dst)
     }
 
-    /// Writes `rows` lines of `len` elements transposed:
-    /// `values[r * len + t]` at offset `start + t * stride + r` (a block of
-    /// a `[C, N]` result stored as `[N, C]`).
+    /// Writes `rows` lines of `len` elements transposed, with the vectors
+    /// of `isa`: `values[r * len + t]` at offset `start + t * stride + r`
+    /// (a block of a `[C, N]` result stored as `[N, C]`).
     ///
     /// # Panics
     /// If an element leaves the tensor or `values` is short (checked
     /// before any write).
     pub(super) fn store_transposed(
         &self,
+        isa: Isa,
         start: usize,
         stride: usize,
         rows: usize,
@@ -688,7 +698,15 @@ impl<'a> SharedOut<'a> {
         // (which holds the `&mut` borrow), and `values` is a separate
         // buffer.
         unsafe {
-            strided::transpose_raw(values.as_ptr(), len, rows, len, self.ptr.add(start), stride)
+            strided::transpose_raw(
+                isa,
+                values.as_ptr(),
+                len,
+                rows,
+                len,
+                self.ptr.add(start),
+                stride,
+            )
         }
     }
 
@@ -733,7 +751,7 @@ impl<'a> SharedOut<'a> {
 /// reading the anchor's chunk as [`crate::fused::Expr::Anchor`]) stored
 /// through `views` into `out` of shape `out_shape`.
 pub struct EpilogueSink<'a> {
-    program: &'a Program,
+    program: &'a CompiledProgram,
     /// [`CompiledProgram::temporaries`].
     temporaries: usize,
     env: &'a dyn Env,
@@ -771,7 +789,7 @@ impl<'a> EpilogueSink<'a> {
     ) -> Self {
         let recipes = program.recipes();
         let mut sink = EpilogueSink {
-            program: program.program(),
+            program,
             temporaries: program.temporaries(),
             env,
             anchor_shape,
@@ -976,7 +994,9 @@ impl RowSink for EpilogueSink<'_> {
             // Each column is a contiguous run of the result (a `[C, N]`
             // result stored as `[N, C]`): the block is stored transposed,
             // a vector at a time.
-            self.out.store_transposed(start, step, rows, len, values);
+            let isa = self.program.isa();
+            self.out
+                .store_transposed(isa, start, step, rows, len, values);
             return;
         }
         if finished && step == 1 {
@@ -1052,6 +1072,7 @@ pub fn materialise(
     {
         // Lines across the rows (one program walk per LINE_CHUNK rows and
         // time step, not per row), scattered into the short rows.
+        let isa = source.isa();
         let item = |(i, out): (usize, &mut [f32])| {
             scratch.with_slot(|slot| {
                 let (col, tmp) = slot.split_at_mut(LINE_CHUNK);
@@ -1061,9 +1082,9 @@ pub fn materialise(
                         source.fill_col(i * run + c0, t, &mut col[..n], tmp);
                         let rows = &mut out[c0 * row_len..];
                         match row_len {
-                            2 => strided::scatter::<2>(rows, t, &col[..n]),
-                            3 => strided::scatter::<3>(rows, t, &col[..n]),
-                            4 => strided::scatter::<4>(rows, t, &col[..n]),
+                            2 => strided::scatter::<2>(isa, rows, t, &col[..n]),
+                            3 => strided::scatter::<3>(isa, rows, t, &col[..n]),
+                            4 => strided::scatter::<4>(isa, rows, t, &col[..n]),
                             _ => {
                                 for (row, &v) in rows.chunks_exact_mut(row_len).zip(&col[..n]) {
                                     row[t] = v;

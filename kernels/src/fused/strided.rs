@@ -8,40 +8,41 @@
 //! them at the speed of the loads: AVX-512 permutes of `S` loaded vectors
 //! into one, NEON's structure loads and stores (`vld2q` .. `vld4q`,
 //! `vst2q` .. `vst4q`). Elsewhere (AVX2 and older x86-64) plain loops.
+//! Each move takes the instruction set its caller's program was compiled
+//! for ([`Isa`]) and matches it: no move asks the CPU.
 
 #![allow(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
-#[cfg(target_arch = "x86_64")]
-use crate::simd::Backend;
+use crate::simd::{Backend, Isa};
 
-/// `out[i] = line[i * S]`; `line` holds at least `S * (out.len() - 1) + 1`
-/// elements.
+/// `out[i] = line[i * S]` with the vectors of `isa`; `line` holds at least
+/// `S * (out.len() - 1) + 1` elements.
 ///
 /// # Panics
 /// If `line` is shorter than that.
-pub(crate) fn gather<const S: usize>(line: &[f32], out: &mut [f32]) {
+pub(crate) fn gather<const S: usize>(isa: Isa, line: &[f32], out: &mut [f32]) {
     let Some(last) = out.len().checked_sub(1) else {
         return;
     };
     assert!(line.len() > S * last, "gather past the line");
-    let done = simd_gather::<S>(line, out);
+    let done = simd_gather::<S>(isa, line, out);
     for (i, o) in out.iter_mut().enumerate().skip(done) {
         *o = line[i * S];
     }
 }
 
-/// `rows[i * S + t] = col[i]` for every `i < col.len()`; `rows` holds at
-/// least `S * col.len()` elements and `t < S`.
+/// `rows[i * S + t] = col[i]` for every `i < col.len()`, with the vectors
+/// of `isa`; `rows` holds at least `S * col.len()` elements and `t < S`.
 ///
 /// # Panics
 /// If `rows` is shorter than that or `t >= S`.
-pub(crate) fn scatter<const S: usize>(rows: &mut [f32], t: usize, col: &[f32]) {
+pub(crate) fn scatter<const S: usize>(isa: Isa, rows: &mut [f32], t: usize, col: &[f32]) {
     assert!(
         t < S && rows.len() >= S * col.len(),
         "scatter past the rows"
     );
-    let done = simd_scatter::<S>(rows, t, col);
+    let done = simd_scatter::<S>(isa, rows, t, col);
     for (i, &v) in col.iter().enumerate().skip(done) {
         rows[i * S + t] = v;
     }
@@ -59,11 +60,12 @@ const TILE: usize = 8;
 /// scalar moves at 0.6-0.8 ns an element: a sixth of transformers'
 /// FastConformer convolution module went to its two transposes. In
 /// [`TILE`] × [`TILE`] blocks, shuffled in registers, both sides move
-/// whole vectors.
+/// whole vectors (those of `isa`).
 ///
 /// # Panics
 /// If a line leaves `src` or `dst`.
 pub(crate) fn transpose(
+    isa: Isa,
     src: &[f32],
     src_stride: usize,
     n: usize,
@@ -81,7 +83,17 @@ pub(crate) fn transpose(
     // SAFETY: every element read is at `i * src_stride + j` with `i < n`,
     // `j < m`, inside `src` (asserted); every element written likewise
     // inside `dst`, which is borrowed mutably and so aliases nothing.
-    unsafe { transpose_raw(src.as_ptr(), src_stride, n, m, dst.as_mut_ptr(), dst_stride) }
+    unsafe {
+        transpose_raw(
+            isa,
+            src.as_ptr(),
+            src_stride,
+            n,
+            m,
+            dst.as_mut_ptr(),
+            dst_stride,
+        )
+    }
 }
 
 /// [`transpose`] through pointers, for an output that other tasks write
@@ -92,6 +104,7 @@ pub(crate) fn transpose(
 /// writable for every `i < n`, `j < m`; nothing else accesses the written
 /// elements meanwhile, and no written element is read.
 pub(crate) unsafe fn transpose_raw(
+    isa: Isa,
     src: *const f32,
     src_stride: usize,
     n: usize,
@@ -100,12 +113,12 @@ pub(crate) unsafe fn transpose_raw(
     dst_stride: usize,
 ) {
     let (nb, mb) = (n - n % TILE, m - m % TILE);
-    let tile = tile_fn();
+    let tile = tile_fn(isa);
     for i0 in (0..nb).step_by(TILE) {
         for j0 in (0..mb).step_by(TILE) {
             // SAFETY: the block's lines `i0 ..` and `j0 ..` lie inside the
             // caller's ranges (`i0 + 8 <= n`, `j0 + 8 <= m`); `tile_fn`
-            // picked a function whose features this CPU has.
+            // picked a function whose features `isa`, so this CPU, has.
             unsafe {
                 tile(
                     src.add(i0 * src_stride + j0),
@@ -130,18 +143,16 @@ pub(crate) unsafe fn transpose_raw(
 /// pointers' ranges.
 type TileFn = unsafe fn(*const f32, usize, *mut f32, usize);
 
-/// The block transpose for this CPU.
-fn tile_fn() -> TileFn {
-    #[cfg(target_arch = "x86_64")]
-    if Backend::detect() >= Backend::Avx2 {
-        return x86::transpose_tile;
+/// The block transpose for `isa`: AVX where it has AVX2 (an [`Isa`] names
+/// only backends this CPU has), NEON, else element by element.
+fn tile_fn(isa: Isa) -> TileFn {
+    match isa.backend() {
+        Backend::Portable => portable_tile,
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2 | Backend::Avx512 => x86::transpose_tile,
+        #[cfg(target_arch = "aarch64")]
+        Backend::Neon => neon::transpose_tile,
     }
-    #[cfg(target_arch = "aarch64")]
-    {
-        return neon::transpose_tile;
-    }
-    #[allow(unreachable_code)]
-    portable_tile
 }
 
 /// [`TileFn`] element by element.
@@ -158,45 +169,37 @@ unsafe fn portable_tile(src: *const f32, src_stride: usize, dst: *mut f32, dst_s
     }
 }
 
-/// The vector part of [`gather`]: how many leading outputs it wrote.
+/// The vector part of [`gather`] on `isa`: how many leading outputs it
+/// wrote.
 #[inline]
-fn simd_gather<const S: usize>(line: &[f32], out: &mut [f32]) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    if Backend::detect() == Backend::Avx512 {
-        // SAFETY: AVX-512 F is present; `gather` checked the line's length.
-        return unsafe { x86::gather::<S>(line, out) };
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        // SAFETY: NEON is part of the aarch64 baseline; `gather` checked
-        // the line's length.
-        return unsafe { neon::gather::<S>(line, out) };
-    }
-    #[allow(unreachable_code)]
-    {
-        let _ = (line, out);
-        0
+fn simd_gather<const S: usize>(isa: Isa, line: &[f32], out: &mut [f32]) -> usize {
+    match isa.backend() {
+        // SAFETY: AVX-512 F is present (an `Isa` names only backends this
+        // CPU has); `gather` checked the line's length.
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx512 => unsafe { x86::gather::<S>(line, out) },
+        // SAFETY: NEON is present (as above); `gather` checked the line's
+        // length.
+        #[cfg(target_arch = "aarch64")]
+        Backend::Neon => unsafe { neon::gather::<S>(line, out) },
+        _ => 0,
     }
 }
 
-/// The vector part of [`scatter`]: how many leading inputs it stored.
+/// The vector part of [`scatter`] on `isa`: how many leading inputs it
+/// stored.
 #[inline]
-fn simd_scatter<const S: usize>(rows: &mut [f32], t: usize, col: &[f32]) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    if Backend::detect() == Backend::Avx512 {
-        // SAFETY: AVX-512 F is present; `scatter` checked the lengths.
-        return unsafe { x86::scatter::<S>(rows, t, col) };
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        // SAFETY: NEON is part of the aarch64 baseline; `scatter` checked
-        // the lengths.
-        return unsafe { neon::scatter::<S>(rows, t, col) };
-    }
-    #[allow(unreachable_code)]
-    {
-        let _ = (rows, t, col);
-        0
+fn simd_scatter<const S: usize>(isa: Isa, rows: &mut [f32], t: usize, col: &[f32]) -> usize {
+    match isa.backend() {
+        // SAFETY: AVX-512 F is present (an `Isa` names only backends this
+        // CPU has); `scatter` checked the lengths.
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx512 => unsafe { x86::scatter::<S>(rows, t, col) },
+        // SAFETY: NEON is present (as above); `scatter` checked the
+        // lengths.
+        #[cfg(target_arch = "aarch64")]
+        Backend::Neon => unsafe { neon::scatter::<S>(rows, t, col) },
+        _ => 0,
     }
 }
 
@@ -469,7 +472,7 @@ mod tests {
 
     /// Every shape around the block size, with strides longer than the
     /// lines (padding that must stay untouched), against the definition;
-    /// the CPU's block function and the portable one.
+    /// the block function of every instruction set this CPU has.
     #[test]
     fn transpose_moves_every_element_and_nothing_else() {
         for (n, m) in [
@@ -491,17 +494,18 @@ mod tests {
                         want[j * ds + i] = src[i * ss + j];
                     }
                 }
-                let mut got = vec![-1.0f32; m * ds];
-                transpose(&src, ss, n, m, &mut got, ds);
-                assert_eq!(got, want, "{n}x{m} strides {ss}, {ds}");
+                for isa in Isa::all_available() {
+                    let mut got = vec![-1.0f32; m * ds];
+                    transpose(isa, &src, ss, n, m, &mut got, ds);
+                    assert_eq!(got, want, "{isa:?}: {n}x{m} strides {ss}, {ds}");
+                }
             }
         }
-        for tile in [tile_fn(), portable_tile as TileFn] {
+        for tile in Isa::all_available().into_iter().map(tile_fn) {
             let src: Vec<f32> = (0..80).map(|i| i as f32).collect();
             let mut got = vec![-1.0f32; 8 * 9];
             // SAFETY: 8 lines of 10 readable (80 floats), 8 lines of 9
-            // writable (72); `tile_fn` checked the CPU, the portable one
-            // needs nothing.
+            // writable (72); each `Isa` is one this CPU has.
             unsafe { tile(src.as_ptr(), 10, got.as_mut_ptr(), 9) };
             for (k, &v) in got.iter().enumerate() {
                 let (j, i) = (k / 9, k % 9);
@@ -511,7 +515,7 @@ mod tests {
         }
     }
 
-    fn check_stride<const S: usize>() {
+    fn check_stride<const S: usize>(isa: Isa) {
         for n in [0, 1, 3, 4, 5, 15, 16, 17, 33, 64, 100] {
             // Exactly as long as the gather needs (its last block must not
             // read past it), and longer.
@@ -519,14 +523,14 @@ mod tests {
                 let len = if n == 0 { 0 } else { S * (n - 1) + 1 + extra };
                 let line: Vec<f32> = (0..len).map(|i| i as f32).collect();
                 let mut out = vec![f32::NAN; n];
-                gather::<S>(&line, &mut out);
+                gather::<S>(isa, &line, &mut out);
                 let want: Vec<f32> = (0..n).map(|i| (i * S) as f32).collect();
                 assert_eq!(out, want, "gather S={S} n={n}");
             }
             for t in 0..S {
                 let mut rows = vec![-1.0f32; S * n + 1];
                 let col: Vec<f32> = (0..n).map(|i| i as f32).collect();
-                scatter::<S>(&mut rows, t, &col);
+                scatter::<S>(isa, &mut rows, t, &col);
                 for (q, &v) in rows.iter().enumerate() {
                     let want = if q < S * n && q % S == t {
                         (q / S) as f32
@@ -541,23 +545,25 @@ mod tests {
 
     /// Every stride, length (whole vectors, tails, lines exactly as long as
     /// needed) and column, against the definition; the vector paths run on
-    /// this CPU where it has them (AVX-512 here, NEON under QEMU).
+    /// every instruction set this CPU has (AVX-512 here, NEON under QEMU).
     #[test]
     fn gathers_and_scatters_move_exactly_their_elements() {
-        check_stride::<2>();
-        check_stride::<3>();
-        check_stride::<4>();
+        for isa in Isa::all_available() {
+            check_stride::<2>(isa);
+            check_stride::<3>(isa);
+            check_stride::<4>(isa);
+        }
     }
 
     #[test]
     #[should_panic(expected = "gather past the line")]
     fn a_short_line_is_refused_before_any_load() {
-        gather::<3>(&[0.0; 45], &mut [0.0; 16]);
+        gather::<3>(Isa::detect(), &[0.0; 45], &mut [0.0; 16]);
     }
 
     #[test]
     #[should_panic(expected = "scatter past the rows")]
     fn short_rows_are_refused_before_any_store() {
-        scatter::<3>(&mut [0.0; 47], 0, &[0.0; 16]);
+        scatter::<3>(Isa::detect(), &mut [0.0; 47], 0, &[0.0; 16]);
     }
 }

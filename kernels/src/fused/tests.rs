@@ -5,6 +5,7 @@ use super::*;
 use crate::conv1d::{Algorithm, Choice, Conv1dParams, PreparedConv1d};
 use crate::scan::{linear_scan_rows, linear_scan_rows_pair, scan_rows_scratch, ScanParams};
 use crate::scratch::Scratch;
+use crate::simd::Isa;
 use crate::test_support::{Rng, TestEnv};
 
 fn at(shape: &Shape, idx: &[usize]) -> usize {
@@ -32,7 +33,14 @@ fn eval_all(p: &Program, env: &TestEnv) -> Vec<f32> {
             let n = 7.min(len - t0);
             base[rank - 1] = t0;
             let line = Line::along(base, rank - 1);
-            p.eval(env, &[], &line, &mut out[r * len + t0..][..n], &mut tmp);
+            p.eval(
+                Isa::detect(),
+                env,
+                &[],
+                &line,
+                &mut out[r * len + t0..][..n],
+                &mut tmp,
+            );
         }
     }
     out
@@ -828,12 +836,12 @@ fn shared_subexpressions_are_computed_once_and_give_the_same_values() {
                 let mut outs = vec![vec![0.0; m]; 3];
                 {
                     let mut refs: Vec<&mut [f32]> = outs.iter_mut().map(|o| &mut o[..]).collect();
-                    joint.eval_roots(&env, &[], &line, &mut refs, &mut tmp);
+                    joint.eval_roots(Isa::detect(), &env, &[], &line, &mut refs, &mut tmp);
                 }
                 for (k, prog) in separate.iter().enumerate() {
                     let mut want = vec![0.0; m];
                     let mut t = vec![0.0; m * prog.temporaries().max(1)];
-                    prog.eval(&env, &[], &line, &mut want, &mut t);
+                    prog.eval(Isa::detect(), &env, &[], &line, &mut want, &mut t);
                     for (g, w) in outs[k].iter().zip(&want) {
                         assert!(
                             (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
@@ -1058,7 +1066,7 @@ fn fft_conv_runs_prologues_and_epilogues_in_its_block_loops() {
         let mut want = yref.clone();
         for (w_, g) in want.iter_mut().zip(&env.data[gate]) {
             let mut v = [*w_ * g];
-            UnaryOp::Gelu.apply(&mut v);
+            UnaryOp::Gelu.apply(Isa::detect(), &mut v);
             *w_ = v[0];
         }
         let shape = Shape::new(&[batch, ch, n]);
@@ -1121,7 +1129,14 @@ fn columns_of_short_rows_read_and_materialise_every_element() {
             p.push(Expr::Load, x);
             let mut col = vec![0.0; c];
             for t in 0..s {
-                p.eval(&env, &[], &Line::along([0, 0, t, 0], 1), &mut col, &mut []);
+                p.eval(
+                    Isa::detect(),
+                    &env,
+                    &[],
+                    &Line::along([0, 0, t, 0], 1),
+                    &mut col,
+                    &mut [],
+                );
                 for (r, v) in col.iter().enumerate() {
                     assert_eq!(*v, env.data[x][r * s + t], "s={s} c={c} t={t} r={r}");
                 }
@@ -1418,7 +1433,14 @@ fn discretise_recipe_matches_the_interpreter_bit_for_bit() {
                 let line = line_of(r, t0);
                 let (mut a0, mut u0) = (vec![0.0; len], vec![0.0; len]);
                 let mut tmp = vec![0.0; len * g.temporaries()];
-                g.eval_roots(&env, &[], &line, &mut [&mut a0, &mut u0], &mut tmp);
+                g.eval_roots(
+                    Isa::detect(),
+                    &env,
+                    &[],
+                    &line,
+                    &mut [&mut a0, &mut u0],
+                    &mut tmp,
+                );
                 let (mut a1, mut u1) = (vec![7.0; len], vec![7.0; len]);
                 let ran = recipe.run(&line, &mut a1, &mut u1);
                 assert_eq!(ran, expect_run, "line {r} {t0} {len}");
@@ -1587,7 +1609,7 @@ fn gate_recipe_matches_the_interpreter_bit_for_bit() {
                 let line = Line::along(base, 2);
                 let ys = &y[r * n + t0..][..len];
                 let mut want = vec![0.0; len];
-                g.eval(&env, ys, &line, &mut want, &mut tmp);
+                g.eval(Isa::detect(), &env, ys, &line, &mut want, &mut tmp);
                 if let Some(gate) = found {
                     let mut got = vec![7.0; len];
                     let ran = gate.run(&line, ys, &mut got);
@@ -1654,7 +1676,7 @@ fn a_large_gated_result_is_streamed_with_the_same_values() {
         .zip(&env.data[z])
         .map(|(&y, &z)| {
             let mut s = [z];
-            UnaryOp::Silu.apply(&mut s);
+            UnaryOp::Silu.apply(Isa::detect(), &mut s);
             y * s[0]
         })
         .collect();
@@ -1722,7 +1744,7 @@ fn gated_conv_recipes_match_the_interpreter_bit_for_bit() {
             for (t0, len) in lines {
                 let line = row_line(r, t0);
                 let mut want = vec![0.0; len];
-                p.eval(&env, &[], &line, &mut want, &mut tmp);
+                p.eval(Isa::detect(), &env, &[], &line, &mut want, &mut tmp);
                 let mut got = vec![7.0; len];
                 assert_eq!(recipe.run(&line, &mut got), !transposed);
                 let mut filled = vec![7.0; len];
@@ -1805,7 +1827,7 @@ fn gated_conv_recipes_match_the_interpreter_bit_for_bit() {
                 let line = row_line(r, t0);
                 let ys = &y[r * n + t0..][..len];
                 let mut want = vec![0.0; len];
-                p.eval(&env, ys, &line, &mut want, &mut tmp);
+                p.eval(Isa::detect(), &env, ys, &line, &mut want, &mut tmp);
                 if let Some(recipe) = &found {
                     let mut got = vec![7.0; len];
                     assert_eq!(
@@ -2004,7 +2026,7 @@ fn pointwise_epilogues_finish_blocks_in_place_bit_for_bit() {
             if scaled {
                 act.iter_mut().for_each(|v| *v = 0.5 * *v + 0.25);
             }
-            UnaryOp::Gelu.apply(&mut act);
+            UnaryOp::Gelu.apply(Isa::detect(), &mut act);
             let mut want = vec![0.0; b * c * n];
             for (i, &v) in act.iter().enumerate() {
                 let (bi, ci, t) = (i / (c * n), i / n % c, i % n);
@@ -2208,6 +2230,7 @@ fn select_epilogues_run_flat_bit_for_bit() {
                 base[1] = r;
                 let mut row = vec![0.0; n];
                 p.eval(
+                    Isa::detect(),
                     &env,
                     &values[r * n..][..n],
                     &Line::along(base, 2),

@@ -7,10 +7,12 @@
 //! so with fewer rows than threads some threads idle (the chunked strategy
 //! needs `a` twice, which a prologue would compute twice).
 
-use super::{Backend, ScanParams};
+use super::params::ScanParams;
+use super::row_kernel::RowKernel;
 use crate::error::{check_len, KernelError};
 use crate::fused::{PairSource, RowsIn, RowsOut};
 use crate::scratch::Scratch;
+use crate::simd::Isa;
 
 /// Time steps computed per chunk (and channels per block of a short
 /// scan's columns). Each chunk pays the line set-up of its prologue and
@@ -120,7 +122,7 @@ fn scan(
         columns(p, x0, au, y, scratch);
         return Ok(());
     }
-    let backend = Backend::detect();
+    let row_kernel = RowKernel::of(Isa::detect());
     let (stored, sink) = match y {
         RowsOut::Slice(y) => (Some(y), None),
         RowsOut::Fused(sink) => (None, Some(sink)),
@@ -163,10 +165,10 @@ fn scan(
                 };
                 match (&mut y_row, sink) {
                     (Some(y_row), _) => {
-                        s = backend.scan_row(s, a_chunk, u_chunk, &mut y_row[t0..t0 + n])
+                        s = row_kernel.scan_row(s, a_chunk, u_chunk, &mut y_row[t0..t0 + n])
                     }
                     (None, Some(sink)) => {
-                        s = backend.scan_row(s, a_chunk, u_chunk, &mut y_buf[..n]);
+                        s = row_kernel.scan_row(s, a_chunk, u_chunk, &mut y_buf[..n]);
                         sink.store(r, t0, &y_buf[..n], tmp);
                     }
                     (None, None) => unreachable!("stored outputs come with their row"),

@@ -1,4 +1,4 @@
-//! Portable single-threaded building blocks of the scan ([`Backend::Portable`](super::Backend::Portable)):
+//! Portable single-threaded building blocks of the scan ([`RowKernel::Portable`](super::RowKernel::Portable)):
 //! safe, allocation-free `f32` code shaped so that independent recurrences
 //! overlap in the CPU's pipeline. (On x86-64 the 4 x 4 transposes are SSE
 //! intrinsics from `simd.rs`, see [`tile`].)

@@ -7,20 +7,20 @@
 //! element. A lone recurrence is not: each step waits for the previous
 //! multiply-add. [`linear_scan_f32`] therefore picks one of two
 //! [`Strategy`]s from the number of rows and the pool size, and one
-//! [`Backend`] from the CPU:
+//! [`RowKernel`] from the instruction set `crate::simd` chose:
 //!
 //! * [`Strategy::Rows`] (rows >= threads): rows in parallel, in tasks of
-//!   whole rows. On [`Backend::Avx2`] each row is scanned on its own, 8
+//!   whole rows. On [`RowKernel::Avx2`] each row is scanned on its own, 8
 //!   steps per vector by an in-register prefix scan whose only chain from
-//!   vector to vector is one FMA (`simd.rs`). On [`Backend::Portable`],
-//!   groups of [`ROWS_JOINT`] rows step through time together, so that
-//!   their dependency chains overlap (each row exactly as the sequential
-//!   loop computes it); leftover rows use the single-row scan of
-//!   [`kernel::scan_row`], which overlaps chains within the row.
+//!   vector to vector is one FMA (`simd.rs`). On [`RowKernel::Portable`],
+//!   groups of [`ROWS_JOINT`](kernel::ROWS_JOINT) rows step through time
+//!   together, so that their dependency chains overlap (each row exactly as
+//!   the sequential loop computes it); leftover rows use the single-row scan
+//!   of [`kernel::scan_row`], which overlaps chains within the row.
 //! * [`Strategy::Chunked`] (fewer rows than threads, long rows): each row is
 //!   also cut into pieces along time, scanned in parallel in two passes
 //!   (reduce, then scan) with the pieces' carries kept on the stack. The
-//!   pieces are scanned by the backend's single-row scan; the reduction is
+//!   pieces are scanned by the row kernel's single-row scan; the reduction is
 //!   portable (`kernel::aggregate`).
 //!
 //! See `kernel.rs` for the portable building blocks and `simd.rs` for the
@@ -28,64 +28,21 @@
 
 mod fused;
 mod kernel;
+mod params;
+mod row_kernel;
 #[cfg(target_arch = "x86_64")]
 mod simd;
 #[cfg(test)]
 mod tests;
 
-use crate::error::{check_len, checked_product, KernelError};
+use crate::error::{check_len, KernelError};
 use crate::fused::SharedOut;
-use kernel::{Affine, ROWS_JOINT};
+use crate::simd::Isa;
+use kernel::Affine;
+use row_kernel::RowKernel;
 
 pub use fused::{linear_scan_rows, linear_scan_rows_pair, scan_rows_scratch};
-
-/// Shape of a linear scan: `x0` is `[batch, channels]`; `a`, `u` and `y` are
-/// `[batch, channels, len]`, row-major and contiguous.
-///
-/// Any dimension may be zero; the scan is then a no-op.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ScanParams {
-    /// Batch size.
-    pub batch: usize,
-    /// Independent recurrences per batch item.
-    pub channels: usize,
-    /// Steps per recurrence (the time axis).
-    pub len: usize,
-}
-
-impl ScanParams {
-    /// Checks that every element count fits in `usize`.
-    ///
-    /// # Errors
-    ///
-    /// [`KernelError::Overflow`] if `batch * channels` or
-    /// `batch * channels * len` does not fit in `usize`.
-    pub fn validate(&self) -> Result<(), KernelError> {
-        checked_product(&[self.batch, self.channels], "scan state element count")?;
-        checked_product(
-            &[self.batch, self.channels, self.len],
-            "scan sequence element count",
-        )?;
-        Ok(())
-    }
-
-    /// Elements in `x0`: `batch * channels`.
-    ///
-    /// Saturates at `usize::MAX` on overflow, which no `f32` slice can match;
-    /// `validate` reports the overflow itself.
-    #[must_use]
-    pub fn state_elems(&self) -> usize {
-        self.batch.saturating_mul(self.channels)
-    }
-
-    /// Elements in `a`, `u` and `y`: `batch * channels * len`. Saturates like
-    /// [`state_elems`](Self::state_elems); exact whenever the true product
-    /// fits (a saturated partial product times a zero `len` is still 0).
-    #[must_use]
-    pub fn seq_elems(&self) -> usize {
-        self.state_elems().saturating_mul(self.len)
-    }
-}
+pub use params::ScanParams;
 
 /// Runs the scan: `y[b,c,0] = a[b,c,0] * x0[b,c] + u[b,c,0]` and
 /// `y[b,c,t] = a[b,c,t] * y[b,c,t-1] + u[b,c,t]`.
@@ -97,8 +54,8 @@ impl ScanParams {
 ///
 /// The result equals the sequential `f32` recurrence (`y = a * y + u`, two
 /// roundings per step, no FMA) up to rounding, within a few `f32` epsilons
-/// per step of the sum of the terms' magnitudes. With AVX2 and FMA (detected
-/// at run time) every row is computed by the reassociated in-register scan,
+/// per step of the sum of the terms' magnitudes. With AVX2 and FMA (where
+/// the CPU has them) every row is computed by the reassociated in-register scan,
 /// and rows with NaN or infinite outputs as the plain loop computes them.
 /// Without, rows stepped four at a time are bit-identical to the plain
 /// loop, while a row scanned on its own (the `rows % 4` left over in a
@@ -128,7 +85,16 @@ pub fn linear_scan_f32(
     }
     let threads = crate::par::threads();
     let strategy = Strategy::choose(p, threads);
-    run(strategy, Backend::detect(), p, x0, a, u, y, threads);
+    run(
+        strategy,
+        RowKernel::of(Isa::detect()),
+        p,
+        x0,
+        a,
+        u,
+        y,
+        threads,
+    );
     Ok(())
 }
 
@@ -176,12 +142,12 @@ fn short_rows(p: &ScanParams, x0: &[f32], a: &[f32], u: &[f32], y: &mut [f32]) {
     }
 }
 
-/// [`linear_scan_f32`] with the strategy and backend forced, so that tests
+/// [`linear_scan_f32`] with the strategy and row kernel forced, so that tests
 /// can run every path on the same inputs.
 #[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn linear_scan_with(
     strategy: Strategy,
-    backend: Backend,
+    row_kernel: RowKernel,
     p: &ScanParams,
     x0: &[f32],
     a: &[f32],
@@ -190,73 +156,8 @@ pub(crate) fn linear_scan_with(
 ) -> Result<(), KernelError> {
     check(p, x0, a, u, y)?;
     let threads = crate::par::threads();
-    run(strategy, backend, p, x0, a, u, y, threads);
+    run(strategy, row_kernel, p, x0, a, u, y, threads);
     Ok(())
-}
-
-/// The instruction set the scan's kernels run on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Backend {
-    /// Safe Rust shaped for 4-lane vectors (SSE, NEON), `kernel.rs`: rows
-    /// stepped four at a time through transposed tiles, bit-identical to
-    /// the plain loop; single rows in blocks of lanes.
-    Portable,
-    /// AVX2 and FMA: each row scanned on its own, 8 steps per vector by an
-    /// in-register prefix scan (`simd.rs`).
-    #[cfg(target_arch = "x86_64")]
-    Avx2(simd::Avx2),
-}
-
-impl Backend {
-    /// The fastest backend this CPU supports (feature detection is cached
-    /// by `std`, so this is cheap).
-    pub(crate) fn detect() -> Backend {
-        #[cfg(target_arch = "x86_64")]
-        if let Some(avx2) = simd::Avx2::detect() {
-            return Backend::Avx2(avx2);
-        }
-        Backend::Portable
-    }
-
-    /// Every backend this CPU can run (tests force each in turn).
-    #[cfg(test)]
-    pub(crate) fn all_available() -> Vec<Backend> {
-        #[allow(unused_mut)]
-        let mut all = vec![Backend::Portable];
-        #[cfg(target_arch = "x86_64")]
-        all.extend(simd::Avx2::detect().map(Backend::Avx2));
-        all
-    }
-
-    /// Scans the rows of a contiguous `[rows, len]` block (`rows =
-    /// x0.len()`); `stream` asks for non-temporal stores of `y` where the
-    /// backend has them.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-    fn scan_rows(self, x0: &[f32], a: &[f32], u: &[f32], y: &mut [f32], stream: bool) {
-        match self {
-            Backend::Portable => kernel::scan_rows(x0, a, u, y),
-            #[cfg(target_arch = "x86_64")]
-            Backend::Avx2(avx2) => avx2.scan_rows(x0, a, u, y, stream),
-        }
-    }
-
-    /// One row from state `s`; returns the final state.
-    fn scan_row(self, s: f32, a: &[f32], u: &[f32], y: &mut [f32]) -> f32 {
-        match self {
-            Backend::Portable => kernel::scan_row(s, a, u, y),
-            #[cfg(target_arch = "x86_64")]
-            Backend::Avx2(avx2) => avx2.scan_row(s, a, u, y),
-        }
-    }
-
-    /// Rows a task of the rows strategy should hold a multiple of.
-    fn rows_joint(self) -> usize {
-        match self {
-            Backend::Portable => ROWS_JOINT,
-            #[cfg(target_arch = "x86_64")]
-            Backend::Avx2(_) => 1,
-        }
-    }
 }
 
 /// How [`linear_scan_f32`] spreads the work over the pool.
@@ -327,7 +228,7 @@ fn check(p: &ScanParams, x0: &[f32], a: &[f32], u: &[f32], y: &[f32]) -> Result<
 #[allow(clippy::too_many_arguments)]
 fn run(
     strategy: Strategy,
-    backend: Backend,
+    row_kernel: RowKernel,
     p: &ScanParams,
     x0: &[f32],
     a: &[f32],
@@ -340,14 +241,14 @@ fn run(
         return;
     }
     match strategy {
-        Strategy::Rows => scan_rows(backend, x0, a, u, y, p.len, threads),
-        Strategy::Chunked { parts } => scan_chunked(backend, x0, a, u, y, p.len, parts),
+        Strategy::Rows => scan_rows(row_kernel, x0, a, u, y, p.len, threads),
+        Strategy::Chunked { parts } => scan_chunked(row_kernel, x0, a, u, y, p.len, parts),
     }
 }
 
 /// [`Strategy::Rows`].
 fn scan_rows(
-    backend: Backend,
+    row_kernel: RowKernel,
     x0: &[f32],
     a: &[f32],
     u: &[f32],
@@ -359,7 +260,7 @@ fn scan_rows(
     let mut per_task = rows
         .div_ceil(TASKS_PER_THREAD * threads.max(1))
         .max(MIN_TASK_ELEMS.div_ceil(len));
-    let joint = backend.rows_joint();
+    let joint = row_kernel.rows_joint();
     if rows >= joint * threads {
         // Whole groups of rows: every row then lands in the same kind of
         // group whatever the pool size, so the result does not depend on it.
@@ -370,13 +271,13 @@ fn scan_rows(
     let stream = std::mem::size_of_val(y) >= STREAM_OUTPUT_BYTES;
     crate::par::for_each_chunk_mut(y, chunk, |i, y| {
         let (a, u) = (&a[i * chunk..][..y.len()], &u[i * chunk..][..y.len()]);
-        backend.scan_rows(&x0[i * per_task..][..y.len() / len], a, u, y, stream)
+        row_kernel.scan_rows(&x0[i * per_task..][..y.len() / len], a, u, y, stream)
     });
 }
 
 /// [`Strategy::Chunked`].
 fn scan_chunked(
-    backend: Backend,
+    row_kernel: RowKernel,
     x0: &[f32],
     a: &[f32],
     u: &[f32],
@@ -389,7 +290,7 @@ fn scan_chunked(
     // is at least 1 for `parts <= len - 1`.
     let parts = parts.min(MAX_PIECES / rows).min(len - 1);
     if parts == 0 {
-        return scan_rows(backend, x0, a, u, y, len, crate::par::threads());
+        return scan_rows(row_kernel, x0, a, u, y, len, crate::par::threads());
     }
     // Piece 0 is [0, first); piece j >= 1 is [first + (j-1) * size, first + j * size).
     let size = len * 3 / (3 * parts + 2);
@@ -407,7 +308,7 @@ fn scan_chunked(
         let (a, u) = (&a[r * len..][..len], &u[r * len..][..len]);
         map[0] = if j == 0 {
             let end = ys.with_line(r * len, first, |y| {
-                backend.scan_row(x0[r], &a[..first], &u[..first], y)
+                row_kernel.scan_row(x0[r], &a[..first], &u[..first], y)
             });
             Affine {
                 mul: 0.0,
@@ -453,6 +354,6 @@ fn scan_chunked(
     crate::par::for_each(rows * parts, |t| {
         let lo = t / parts * len + first + t % parts * size;
         let (a, u) = (&a[lo..lo + size], &u[lo..lo + size]);
-        ys.with_line(lo, size, |y| backend.scan_row(starts[t], a, u, y));
+        ys.with_line(lo, size, |y| row_kernel.scan_row(starts[t], a, u, y));
     });
 }

@@ -3,7 +3,7 @@
 //! * [`transpose4`]: the SSE 4 x 4 transpose of the portable kernels'
 //!   tiles (SSE is part of the x86-64 baseline).
 //! * [`Avx2`]: the in-register scan of one row, for CPUs with AVX2 and FMA
-//!   (detected at run time).
+//!   (an instruction set `crate::simd` checked that has them).
 //!
 //! # The in-register scan
 //!
@@ -59,6 +59,8 @@
 
 use std::arch::x86_64::*;
 
+use crate::simd::{Backend, Isa};
+
 /// `out[j][i] = rows[i][j]`, in eight shuffles (compilers left alone emit
 /// twelve, and shuffles are the scarce port in the portable kernels).
 #[inline(always)]
@@ -95,15 +97,15 @@ pub(super) const GROUP: usize = 8 * V;
 /// `u32::MAX`.
 const TINY_BELOW: u32 = 2 * ((127 - 15) << 23);
 
-/// Proof that this CPU has AVX2 and FMA: only [`Avx2::detect`] makes one.
+/// Proof that this CPU has AVX2 and FMA: only [`Avx2::of`] makes one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Avx2(());
 
 impl Avx2 {
-    /// `Some` if this CPU has AVX2 and FMA.
-    pub(super) fn detect() -> Option<Avx2> {
-        use crate::simd::Backend;
-        (Backend::detect() >= Backend::Avx2).then_some(Avx2(()))
+    /// `Some` if `isa` has AVX2 and FMA (the AVX2 and AVX-512 backends,
+    /// which an [`Isa`] names only where this CPU has them).
+    pub(super) fn of(isa: Isa) -> Option<Avx2> {
+        (isa.backend() >= Backend::Avx2).then_some(Avx2(()))
     }
 
     /// One row from state `s` (see the module docs); returns the final
@@ -115,7 +117,7 @@ impl Avx2 {
     #[inline]
     pub(super) fn scan_row(self, s: f32, a: &[f32], u: &[f32], y: &mut [f32]) -> f32 {
         assert!(a.len() == y.len() && u.len() == y.len(), "row lengths");
-        // SAFETY: `self` exists only if AVX2 and FMA were detected; the
+        // SAFETY: `self` exists only where the CPU has AVX2 and FMA; the
         // lengths are checked above.
         unsafe { scan_row_avx2(s, a, u, y) }
     }
@@ -138,7 +140,7 @@ impl Avx2 {
             a.len() == y.len() && u.len() == y.len() && y.len() == rows * len,
             "block lengths"
         );
-        // SAFETY: `self` exists only if AVX2 and FMA were detected; the
+        // SAFETY: `self` exists only where the CPU has AVX2 and FMA; the
         // lengths are checked above.
         unsafe {
             if stream {

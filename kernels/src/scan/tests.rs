@@ -29,7 +29,7 @@ fn strategies() -> [Option<Strategy>; 6] {
 /// the detected one).
 fn run_on(
     strategy: Option<Strategy>,
-    backend: Option<Backend>,
+    backend: Option<RowKernel>,
     p: &ScanParams,
     x0: &[f32],
     a: &[f32],
@@ -41,7 +41,7 @@ fn run_on(
         (strategy, backend) => {
             let threads = rayon::current_num_threads();
             let strategy = strategy.unwrap_or_else(|| Strategy::choose(p, threads));
-            let backend = backend.unwrap_or_else(Backend::detect);
+            let backend = backend.unwrap_or_else(|| RowKernel::of(Isa::detect()));
             linear_scan_with(strategy, backend, p, x0, a, u, &mut y)
         }
     }
@@ -51,9 +51,9 @@ fn run_on(
 
 /// Every (strategy, backend) pair tests run: each strategy of
 /// [`strategies`] on each backend this CPU has.
-fn paths() -> Vec<(Option<Strategy>, Option<Backend>)> {
+fn paths() -> Vec<(Option<Strategy>, Option<RowKernel>)> {
     let mut all = vec![(None, None)];
-    for backend in Backend::all_available() {
+    for backend in RowKernel::all_available() {
         all.extend(strategies().map(|s| (s, Some(backend))));
     }
     all
@@ -288,7 +288,7 @@ fn chunked_scan_on_several_pools() {
                 let want = reference::linear_scan_f32(&p, &x0, &a, &u).unwrap();
                 let tol = tolerance(&p, &x0, &a, &u);
                 let mut paths = vec![(None, None)];
-                for backend in Backend::all_available() {
+                for backend in RowKernel::all_available() {
                     paths.push((Some(Strategy::Chunked { parts: threads }), Some(backend)));
                 }
                 for (strategy, backend) in paths {
@@ -469,7 +469,7 @@ fn result_does_not_depend_on_pool_size_with_many_rows() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn avx2_rows_of_every_short_length() {
-    let Some(avx2) = super::simd::Avx2::detect() else {
+    let Some(avx2) = super::simd::Avx2::of(Isa::detect()) else {
         return;
     };
     let mut rng = Rng::new(43);
@@ -498,7 +498,7 @@ fn avx2_rows_of_every_short_length() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn avx2_tiny_a_products_stay_accurate() {
-    let Some(avx2) = super::simd::Avx2::detect() else {
+    let Some(avx2) = super::simd::Avx2::of(Isa::detect()) else {
         return;
     };
     let len = 3000;
@@ -543,7 +543,7 @@ fn avx2_tiny_a_products_stay_accurate() {
         }
         let y = run_on(
             Some(Strategy::Rows),
-            Some(Backend::Avx2(avx2)),
+            Some(RowKernel::Avx2(avx2)),
             &p,
             &x0,
             a,
@@ -668,7 +668,7 @@ fn scan_throughput() {
                 Box::new(|y: &mut [f32]| linear_scan_f32(&p, x0, a, u, y).unwrap()),
             ),
         ];
-        for backend in Backend::all_available() {
+        for backend in RowKernel::all_available() {
             candidates.push((
                 format!("rows on {backend:?}"),
                 Box::new(move |y: &mut [f32]| {

@@ -34,11 +34,22 @@
 //! channel and output the task then computes), so a fed weight is never
 //! read from anything prepared.
 
-use super::tile::Tile;
-use super::{ColumnTaps, DepthwiseConv, SERIAL_MACS, SHORT_OUTPUTS};
+use super::tile::{ColumnKernel, Tile};
 use crate::conv1d::params::Conv1dGeometry;
+use crate::conv1d::weights::Weights;
 use crate::fused::{col_tmp, RowsIn, RowsOut};
 use crate::scratch::Scratch;
+use crate::simd::Backend;
+
+/// Rows this short (a decode step: one output, or a few) skip the row
+/// kernels, whose set-up per row (edges, register blocks) costs more than the
+/// row: this walk, or a plain loop over channels, computes them.
+pub(super) const SHORT_OUTPUTS: usize = 4;
+
+/// Multiply-adds below which a call runs on the calling thread alone: waking
+/// the pool costs more than the work (a decode step of a few thousand
+/// channels).
+pub(super) const SERIAL_MACS: usize = 1 << 16;
 
 /// Channels per block of a decode step with stored operands (buffers on the
 /// stack: `run` gets no scratch).
@@ -105,11 +116,56 @@ pub(super) fn scratch(g: &Conv1dGeometry, x_temps: usize, y_temps: usize) -> usi
 /// temporaries.
 type BlockFn<'a> = dyn FnMut(&mut [f32], &mut [f32], &mut [f32], &mut [f32]) + 'a;
 
-impl DepthwiseConv {
+/// The walk prepared: the column kernel for this tap count on the backend
+/// chosen at prepare, and where it gets its taps.
+pub(super) struct ColumnWalk {
+    kernel: ColumnKernel,
+    taps: ColumnTaps,
+}
+
+/// The taps laid out for the column kernel (`[K, C]`, tap-major).
+enum ColumnTaps {
+    /// Transposed at prepare from constant weights:
+    /// `taps_t[j * C + c] = w[c, j]`.
+    Prepared(Vec<f32>),
+    /// Weights fed at run time: each task of the walk transposes its block
+    /// of channels' taps from the call's weights into its scratch.
+    PerCall,
+}
+
+impl ColumnWalk {
+    /// The walk on `backend`, or `None` where this CPU lacks it.
+    pub(super) fn new(g: &Conv1dGeometry, weights: Weights, backend: Backend) -> Option<Self> {
+        let (c, k) = (g.params.out_channels, g.params.kernel_size);
+        let taps = match weights {
+            Weights::Constant(w) => {
+                debug_assert_eq!(w.len(), c * k);
+                let mut taps_t = vec![0.0; c * k];
+                for (i, &v) in w.iter().take(c * k).enumerate() {
+                    taps_t[(i % k) * c + i / k] = v;
+                }
+                ColumnTaps::Prepared(taps_t)
+            }
+            Weights::Fed => ColumnTaps::PerCall,
+        };
+        Some(ColumnWalk {
+            kernel: ColumnKernel::new(backend, k)?,
+            taps,
+        })
+    }
+
+    /// Bytes of the taps transposed at prepare.
+    pub(super) fn prepared_bytes(&self) -> usize {
+        match &self.taps {
+            ColumnTaps::Prepared(taps_t) => std::mem::size_of_val(taps_t.as_slice()),
+            ColumnTaps::PerCall => 0,
+        }
+    }
+
     /// Computes the call (see the module docs). `scratch` is `None` for a
     /// decode step with stored operands (stack buffers), and holds
     /// [`scratch`] elements per thread otherwise.
-    pub(super) fn columns(
+    pub(super) fn run(
         &self,
         g: &Conv1dGeometry,
         x: RowsIn,
@@ -279,7 +335,7 @@ impl DepthwiseConv {
         let n = block.min(channels - c0);
         let row0 = b * channels + c0;
         let span = span(g);
-        let (taps, tap_stride): (&[f32], usize) = match &self.column_taps {
+        let (taps, tap_stride): (&[f32], usize) = match &self.taps {
             ColumnTaps::Prepared(taps_t) => (&taps_t[c0..], channels),
             ColumnTaps::PerCall => {
                 let taps_buf = &mut taps_buf[..k * n];
@@ -332,7 +388,7 @@ impl DepthwiseConv {
                 bias: bias.map(|b| &b[c0..c0 + n]),
                 win: &win[..(m + span) * n],
             };
-            self.column_kernel.run(&tile_args, out);
+            self.kernel.run(&tile_args, out);
             emit(l0, m, &out[..m * n], tmp);
         }
     }

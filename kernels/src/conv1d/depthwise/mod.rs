@@ -9,8 +9,9 @@
 //! the row kernels ([`simd`]) split it into an unpadded interior
 //! (vectorised along time, register-blocked, no branches) and the padded
 //! edges (scalar for short filters, vectorised through a small zero-padded
-//! stack window for longer ones, which takes all of a short row). The instruction set (AVX-512, AVX2 + FMA,
-//! NEON or portable auto-vectorised Rust) is detected once, at prepare.
+//! stack window for longer ones, which takes all of a short row). The
+//! instruction set (AVX-512, AVX2 + FMA, NEON or portable auto-vectorised
+//! Rust) is the one the preparation chose (`crate::simd`).
 //!
 //! Rows run in parallel on the current rayon pool, several short rows per
 //! task; when there are too few rows to keep every thread busy, rows are
@@ -32,6 +33,7 @@ use super::params::Conv1dGeometry;
 use super::weights::Weights;
 use crate::fused::{block_tmp, RowSink, RowsIn, RowsOut, ROW_BLOCK};
 use crate::scratch::Scratch;
+use columns::{ColumnWalk, SERIAL_MACS, SHORT_OUTPUTS};
 use simd::{Backend, RowGeom, RowKernel};
 
 /// Depthwise with multiplier 1 and stride 1.
@@ -86,14 +88,13 @@ const SECONDS_PER_ROW: f64 = 1.0e-8;
 /// (AVX-512, one core): within 20% of the measured times.
 const SECONDS_PER_ROW_TAP: f64 = 7.0e-10;
 
-/// Estimated single-thread seconds: a roofline of the multiply-adds at the
-/// backend's interior rate against the compulsory bytes at this kernel's
+/// Estimated single-thread seconds on `backend`: a roofline of the
+/// multiply-adds at the backend's interior rate against the compulsory bytes at this kernel's
 /// streaming bandwidth, plus a per-row overhead (and scalar edges where the
 /// span is too long for the vector edge window).
-pub(crate) fn cost(g: &Conv1dGeometry) -> f64 {
+pub(crate) fn cost(g: &Conv1dGeometry, backend: Backend) -> f64 {
     let p = &g.params;
     let k = p.kernel_size;
-    let backend = Backend::detect();
     let rate = match backend {
         #[cfg(target_arch = "x86_64")]
         _ if simd::grouped(backend, k, p.dilation) => AVX512_GROUPED_MACS_PER_SEC,
@@ -155,52 +156,24 @@ const MIN_CHUNK_OUTPUTS: usize = 2048;
 /// Work (multiply-adds) below which a task is not worth its scheduling.
 const MIN_TASK_MACS: usize = 1 << 15;
 
-/// The prepared kernel: the row and column kernels for this tap count on
-/// the backend detected at prepare, and where the column kernel
-/// ([`columns`]), which vectorises across channels, gets its taps.
+/// The prepared kernel: the row kernel for this tap count on the backend
+/// chosen at prepare, and the walk across channels ([`columns`]) with its
+/// column kernel and taps.
 pub(crate) struct DepthwiseConv {
     kernel: RowKernel,
-    column_kernel: tile::ColumnKernel,
-    column_taps: ColumnTaps,
-}
-
-/// The taps laid out for the column kernel (`[K, C]`, tap-major).
-enum ColumnTaps {
-    /// Transposed at prepare from constant weights:
-    /// `taps_t[j * C + c] = w[c, j]`.
-    Prepared(Vec<f32>),
-    /// Weights fed at run time: each task of the walk transposes its block
-    /// of channels' taps from the call's weights into its scratch.
-    PerCall,
+    columns: ColumnWalk,
 }
 
 impl DepthwiseConv {
-    pub(crate) fn prepare(g: &Conv1dGeometry, weights: Weights) -> Self {
-        Self::with_backend(g, weights, Backend::detect()).expect("detected backend is available")
-    }
-
     /// The kernel on a given backend, or `None` where this CPU lacks it.
     pub(crate) fn with_backend(
         g: &Conv1dGeometry,
         weights: Weights,
         backend: Backend,
     ) -> Option<Self> {
-        let (c, k) = (g.params.out_channels, g.params.kernel_size);
-        let column_taps = match weights {
-            Weights::Constant(w) => {
-                debug_assert_eq!(w.len(), c * k);
-                let mut taps_t = vec![0.0; c * k];
-                for (i, &v) in w.iter().take(c * k).enumerate() {
-                    taps_t[(i % k) * c + i / k] = v;
-                }
-                ColumnTaps::Prepared(taps_t)
-            }
-            Weights::Fed => ColumnTaps::PerCall,
-        };
         Some(DepthwiseConv {
             kernel: RowKernel::new(backend, g.params.kernel_size, g.params.dilation)?,
-            column_kernel: tile::ColumnKernel::new(backend, g.params.kernel_size)?,
-            column_taps,
+            columns: ColumnWalk::new(g, weights, backend)?,
         })
     }
 
@@ -209,10 +182,7 @@ impl DepthwiseConv {
     }
 
     pub(crate) fn prepared_bytes(&self) -> usize {
-        match &self.column_taps {
-            ColumnTaps::Prepared(taps_t) => std::mem::size_of_val(taps_t.as_slice()),
-            ColumnTaps::PerCall => 0,
-        }
+        self.columns.prepared_bytes()
     }
 
     /// Computes `y` for the call's geometry `g` (at most the prepared
@@ -242,7 +212,8 @@ impl DepthwiseConv {
         };
         let rows = p.batch * channels;
         if columns::applies(g) {
-            self.columns(g, RowsIn::Slice(x), w, bias, RowsOut::Slice(y), None);
+            self.columns
+                .run(g, RowsIn::Slice(x), w, bias, RowsOut::Slice(y), None);
             return;
         }
         if out_len <= SHORT_OUTPUTS {
@@ -327,7 +298,7 @@ impl DepthwiseConv {
             // A decode step's stored operands use stack buffers, as `run`
             // (which gets no scratch) does.
             let fused = matches!(x, RowsIn::Fused(_)) || matches!(y, RowsOut::Fused(_));
-            self.columns(g, x, w, bias, y, fused.then_some(scratch));
+            self.columns.run(g, x, w, bias, y, fused.then_some(scratch));
             return;
         }
         let (x, y) = match (x, y) {
@@ -522,16 +493,6 @@ impl DepthwiseConv {
     }
 }
 
-/// Rows this short (a decode step: one output, or a few) skip the row
-/// kernels, whose set-up per row (edges, register blocks) costs more than the
-/// row: a plain loop over channels computes them.
-const SHORT_OUTPUTS: usize = 4;
-
-/// Multiply-adds below which a call runs on the calling thread alone: waking
-/// the pool costs more than the work (a decode step of a few thousand
-/// channels).
-const SERIAL_MACS: usize = 1 << 16;
-
 /// Channels `short_rows` computes together: independent accumulators, so
 /// the multiply-adds of one channel do not wait on each other's latency.
 const SHORT_BLOCK: usize = 16;
@@ -601,10 +562,13 @@ fn time_chunk(rows: usize, out_len: usize, threads: usize, block: usize) -> usiz
 /// read in place (the column walk transposes them per call).
 pub(super) const ENTRY: Entry = Entry {
     name: "depthwise_simd",
-    applies,
+    applies: |g, _| applies(g),
     cost,
     takes_fed_weights: true,
-    prepare: |g, weights| Some(Box::new(DepthwiseConv::prepare(g, weights))),
+    prepare: |g, weights, backend| {
+        let conv = DepthwiseConv::with_backend(g, weights, backend)?;
+        Some(Box::new(conv))
+    },
 };
 
 /// Fuses a prologue and an epilogue on every path (row kernels, blocks of

@@ -387,7 +387,10 @@ fn calibrate() {
                 );
             }
             if threads == 1 {
-                line += &format!(" [model {:.1} GF/s]", 2.0 * macs / cost(&g) / 1e9);
+                line += &format!(
+                    " [model {:.1} GF/s]",
+                    2.0 * macs / cost(&g, Backend::detect()) / 1e9
+                );
             }
         }
         println!("{line}");
@@ -416,7 +419,8 @@ fn short_rows_match_reference_in_both_entry_points() {
         let x = rng.vec(p.input_elems(), -1.0, 1.0);
         let w = rng.vec(p.weight_elems(), -1.0, 1.0);
         let b = rng.vec(p.bias_elems(), -1.0, 1.0);
-        let kernel = DepthwiseConv::prepare(&g, Weights::Constant(&w));
+        let kernel =
+            DepthwiseConv::with_backend(&g, Weights::Constant(&w), Backend::detect()).unwrap();
         for bias in [None, Some(&b[..])] {
             let got = run_kernel(&kernel, &p, &x, &w, bias);
             check(&p, &x, &w, bias, &got, &format!("run {p:?}"));

@@ -60,6 +60,7 @@ use realfft::RealFftPlanner;
 use super::super::params::Conv1dGeometry;
 use crate::fused::{block_tmp, RowSink, RowSource, RowsIn, RowsOut};
 use crate::scratch::Scratch;
+use crate::simd::Backend;
 
 /// Lanes of one vector.
 const LANES: usize = 16;
@@ -74,9 +75,9 @@ const ITER_MAX: usize = 256;
 /// The shortest transform (one transposed tile).
 pub(crate) const MIN_LEN: usize = LANES;
 
-/// Whether this CPU runs the engine (AVX-512 F).
-pub(crate) fn available() -> bool {
-    crate::simd::Backend::detect() == crate::simd::Backend::Avx512
+/// Whether the engine runs on `backend` (AVX-512 F).
+pub(crate) fn runs_on(backend: Backend) -> bool {
+    backend == Backend::Avx512
 }
 
 /// Whether the engine takes transforms of length `m`.
@@ -140,7 +141,15 @@ pub(crate) struct LanesConv {
 impl LanesConv {
     /// Plans length `m` (see [`supports`]) for `g` and computes every
     /// group's spectra from the dilated filters in `w`.
+    ///
+    /// # Panics
+    /// Where this CPU lacks AVX-512 F: a `LanesConv` exists only where it
+    /// has it, which is what its runs' unsafe code relies on.
     pub(crate) fn prepare(g: &Conv1dGeometry, w: &[f32], m: usize, span: usize) -> Self {
+        assert!(
+            Backend::Avx512.is_available(),
+            "the lanes engine needs AVX-512"
+        );
         assert!(supports(m) && m >= span, "length {m} for span {span}");
         let p = &g.params;
         let channels = p.in_channels;
@@ -303,7 +312,6 @@ impl LanesConv {
             assert_eq!(x.len(), g.input_elems);
         }
         assert!(bias.is_none_or(|b| b.len() == p.out_channels));
-        assert!(available(), "prepared for AVX-512 on a CPU without it");
         let tasks = p.batch * self.groups;
         if tasks == 0 || g.out_len == 0 {
             return;
@@ -325,7 +333,7 @@ impl LanesConv {
             let first = run * run_len;
             let end = (first + run_len).min(g.out_len);
             scratch.with_slot(|s| {
-                // SAFETY: AVX-512 F is present (asserted above); a stored
+                // SAFETY: AVX-512 F is present (`prepare` checked it); a stored
                 // `out` is valid for `output_elems` (asserted by `run`) and
                 // this task writes only its group's rows at outputs
                 // `first .. end`, which no other task writes (a sink is
@@ -1118,7 +1126,7 @@ mod tests {
 
     #[test]
     fn transpose_transposes() {
-        if !available() {
+        if !runs_on(Backend::detect()) {
             return;
         }
         let a: Vec<f32> = (0..256).map(|i| i as f32).collect();

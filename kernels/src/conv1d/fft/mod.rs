@@ -104,21 +104,22 @@ use super::params::Conv1dGeometry;
 use super::weights::Weights;
 use crate::fused::{RowsIn, RowsOut};
 use crate::scratch::Scratch;
+use crate::simd::Backend;
 
 /// Whether the FFT convolution computes `g`: depthwise with multiplier 1,
 /// stride 1 (and a representable FFT length).
-pub(crate) fn applies(g: &Conv1dGeometry) -> bool {
+pub(crate) fn applies(g: &Conv1dGeometry, backend: Backend) -> bool {
     let p = &g.params;
     p.groups == p.in_channels
         && p.out_channels == p.in_channels
         && p.stride == 1
-        && plan::choose(g).is_some()
+        && plan::choose(g, backend).is_some()
 }
 
-/// Estimated single-thread seconds of one call at `g` with the block
-/// configuration prepare would choose (see [`plan`]).
-pub(crate) fn cost(g: &Conv1dGeometry) -> f64 {
-    plan::choose(g).map_or(f64::INFINITY, |p| p.seconds)
+/// Estimated single-thread seconds of one call at `g` on `backend` with
+/// the block configuration prepare would choose (see [`plan`]).
+pub(crate) fn cost(g: &Conv1dGeometry, backend: Backend) -> f64 {
+    plan::choose(g, backend).map_or(f64::INFINITY, |p| p.seconds)
 }
 
 /// The shortest FFT whose engine loops run a prologue and an epilogue.
@@ -160,9 +161,10 @@ struct RealConv {
 
 impl FftConv {
     /// Plans the transforms for `g` (the maximum shape) and computes every
-    /// channel's filter spectrum from `w` (`[channels, 1, kernel_size]`).
-    pub(crate) fn prepare(g: &Conv1dGeometry, w: &[f32]) -> Self {
-        let plan = plan::choose(g).expect("fft::applies checked that a plan exists");
+    /// channel's filter spectrum from `w` (`[channels, 1, kernel_size]`),
+    /// with the engines `backend` runs.
+    pub(crate) fn prepare(g: &Conv1dGeometry, w: &[f32], backend: Backend) -> Self {
+        let plan = plan::choose(g, backend).expect("fft::applies checked that a plan exists");
         Self::with_plan(g, w, plan.engine, plan.fft_len)
     }
 
@@ -180,10 +182,7 @@ impl FftConv {
         let engine = match engine {
             plan::Engine::Real => Engine::Real(RealConv::prepare(g, w, fft_len)),
             #[cfg(target_arch = "x86_64")]
-            plan::Engine::Lanes => {
-                assert!(lanes::available(), "the lanes engine needs AVX-512");
-                Engine::Lanes(lanes::LanesConv::prepare(g, w, fft_len, span))
-            }
+            plan::Engine::Lanes => Engine::Lanes(lanes::LanesConv::prepare(g, w, fft_len, span)),
         };
         FftConv {
             fft_len,
@@ -442,8 +441,8 @@ pub(super) const ENTRY: Entry = Entry {
     applies,
     cost,
     takes_fed_weights: false,
-    prepare: |g, weights| match weights {
-        Weights::Constant(w) => Some(Box::new(FftConv::prepare(g, w))),
+    prepare: |g, weights, backend| match weights {
+        Weights::Constant(w) => Some(Box::new(FftConv::prepare(g, w, backend))),
         Weights::Fed => None,
     },
 };

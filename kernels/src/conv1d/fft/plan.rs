@@ -22,6 +22,7 @@
 
 use super::super::cost::BYTES_PER_SEC;
 use super::super::params::Conv1dGeometry;
+use crate::simd::Backend;
 
 /// Sustained rate of realfft transforms in nominal flops, counting
 /// `2.5 * M * log2 M` per real transform of length `M`. Measured with
@@ -80,12 +81,13 @@ pub(crate) enum Engine {
 }
 
 impl Engine {
-    /// The engines this CPU runs.
-    pub(crate) fn available() -> impl Iterator<Item = Engine> {
+    /// The engines `backend` runs.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+    pub(crate) fn available(backend: Backend) -> impl Iterator<Item = Engine> {
         let lanes = {
             #[cfg(target_arch = "x86_64")]
             {
-                super::lanes::available().then_some(Engine::Lanes)
+                super::lanes::runs_on(backend).then_some(Engine::Lanes)
             }
             #[cfg(not(target_arch = "x86_64"))]
             {
@@ -126,9 +128,10 @@ pub(crate) fn span(g: &Conv1dGeometry) -> usize {
     g.params.dilation * (g.params.kernel_size - 1) + 1
 }
 
-/// The cheapest block configuration for `g` (see the module docs), or None
-/// where no candidate length fits in `usize` (absurd shapes).
-pub(crate) fn choose(g: &Conv1dGeometry) -> Option<BlockPlan> {
+/// The cheapest block configuration for `g` with the engines `backend`
+/// runs (see the module docs), or None where no candidate length fits in
+/// `usize` (absurd shapes).
+pub(crate) fn choose(g: &Conv1dGeometry, backend: Backend) -> Option<BlockPlan> {
     let span = span(g);
     // A single block covers every output when M >= out_len + L - 1.
     let single = g.out_len.checked_add(span - 1)?;
@@ -139,7 +142,7 @@ pub(crate) fn choose(g: &Conv1dGeometry) -> Option<BlockPlan> {
     let shortest = span.max(MIN_FFT_LEN);
     let plans: Vec<BlockPlan> = candidates(shortest, longest)
         .flat_map(|m| {
-            Engine::available()
+            Engine::available(backend)
                 .filter(move |e| e.supports(m))
                 .map(move |e| price(g, e, span, m))
         })
@@ -251,13 +254,13 @@ mod tests {
     fn single_fft_when_kernel_is_close_to_the_length() {
         for (n, k) in [(16384, 16384), (65536, 65536), (4096, 3000), (1000, 1000)] {
             let g = geometry(64, n, k, (k - 1, 0));
-            let plan = choose(&g).unwrap();
+            let plan = choose(&g, Backend::detect()).unwrap();
             assert!(plan.block >= g.out_len, "n={n} k={k}: {plan:?}");
             assert!(plan.fft_len >= n + k - 1);
         }
         // Uncausal K = N: one output, one FFT of at least N.
         let g = geometry(8, 8192, 8192, (0, 0));
-        let plan = choose(&g).unwrap();
+        let plan = choose(&g, Backend::detect()).unwrap();
         assert_eq!((plan.fft_len, g.out_len), (8192, 1));
     }
 
@@ -265,7 +268,7 @@ mod tests {
     fn blocks_when_kernel_is_much_shorter() {
         for (n, k) in [(16384, 128), (65536, 128), (65536, 32), (16384, 33)] {
             let g = geometry(64, n, k, (k - 1, 0));
-            let plan = choose(&g).unwrap();
+            let plan = choose(&g, Backend::detect()).unwrap();
             let blocks = g.out_len.div_ceil(plan.block);
             assert!(blocks >= 4, "n={n} k={k}: {plan:?}");
             // Several times the span, far below the single FFT.
@@ -276,9 +279,9 @@ mod tests {
     #[test]
     fn plan_is_the_cheapest_up_to_the_tie() {
         let g = geometry(16, 20000, 300, (150, 149));
-        let plan = choose(&g).unwrap();
+        let plan = choose(&g, Backend::detect()).unwrap();
         for m in candidates(300, 1 << 16) {
-            for e in Engine::available().filter(|e| e.supports(m)) {
+            for e in Engine::available(Backend::detect()).filter(|e| e.supports(m)) {
                 assert!(plan.seconds <= price(&g, e, 300, m).seconds * (1.0 + TIE));
             }
         }

@@ -90,7 +90,7 @@ fn check(name: &str, max: Conv1dParams, runs: &[(usize, usize)], rng: &mut Rng) 
 #[test]
 fn applies_only_to_depthwise_multiplier_one_stride_one() {
     let base = params(1, 4, 32, 5, (2, 2), 1);
-    let applies = |p: Conv1dParams| super::applies(&p.geometry().unwrap());
+    let applies = |p: Conv1dParams| super::applies(&p.geometry().unwrap(), Backend::detect());
     assert!(applies(base));
     assert!(applies(Conv1dParams {
         dilation: 3,
@@ -307,8 +307,8 @@ fn prepared_bytes_are_the_spectra() {
     let p = params(2, 6, 16384, 128, (127, 0), 1);
     let g = p.geometry().unwrap();
     let w = vec![0.5; p.weight_elems()];
-    let m = plan::choose(&g).unwrap().fft_len;
-    for engine in plan::Engine::available().filter(|e| e.supports(m)) {
+    let m = plan::choose(&g, Backend::detect()).unwrap().fft_len;
+    for engine in plan::Engine::available(Backend::detect()).filter(|e| e.supports(m)) {
         let conv = FftConv::with_plan(&g, &w, engine, m);
         assert_eq!(conv.fft_len, m);
         // The lanes engine pads the channels to a whole group of 32.
@@ -326,7 +326,7 @@ fn prepared_bytes_are_the_spectra() {
 fn cost_prefers_fft_to_direct_for_long_filters() {
     for k in [128, 16384] {
         let g = params(1, 64, 16384, k, (k - 1, 0), 1).geometry().unwrap();
-        let fft = super::cost(&g);
+        let fft = super::cost(&g, Backend::detect());
         let direct = super::super::direct::cost(&g);
         assert!(
             fft.is_finite() && fft < direct / 4.0,
@@ -365,7 +365,7 @@ fn lanes_tolerance(p: &Conv1dParams, x: &[f32], w: &[f32], bias: Option<&[f32]>)
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn lanes_engine_matches_reference_at_every_length() {
-    if !lanes::available() {
+    if !lanes::runs_on(Backend::detect()) {
         eprintln!("no AVX-512: lanes engine not tested");
         return;
     }
@@ -425,7 +425,7 @@ fn lanes_engine_matches_reference_at_every_length() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn lanes_result_does_not_depend_on_pool_size() {
-    if !lanes::available() {
+    if !lanes::runs_on(Backend::detect()) {
         return;
     }
     let mut rng = Rng::new(17);
@@ -459,13 +459,13 @@ fn lanes_result_does_not_depend_on_pool_size() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn lanes_engine_is_chosen_and_accurate_for_long_filters() {
-    if !lanes::available() {
+    if !lanes::runs_on(Backend::detect()) {
         return;
     }
     for (n, k) in [(1024, 32), (1024, 128), (4096, 128), (4096, 4096)] {
         let g = params(1, 512, n, k, (k - 1, 0), 1).geometry().unwrap();
         assert_eq!(
-            plan::choose(&g).unwrap().engine,
+            plan::choose(&g, Backend::detect()).unwrap().engine,
             plan::Engine::Lanes,
             "N={n} K={k}"
         );
@@ -506,9 +506,9 @@ fn calibrate_fft() {
         let g = p.geometry().unwrap();
         let mut rng = Rng::new(1);
         let (x, w, b) = data(&mut rng, &p);
-        let chosen = plan::choose(&g).unwrap();
+        let chosen = plan::choose(&g, Backend::detect()).unwrap();
         let mut line = format!("C={c:5} N={n:6} K={k:5}: chosen {chosen:?}\n");
-        for engine in plan::Engine::available() {
+        for engine in plan::Engine::available(Backend::detect()) {
             let mut m = plan::span(&g).max(16).next_power_of_two();
             while m < 2 * (g.out_len + k) && m <= 1 << 18 {
                 let conv = FftConv::with_plan(&g, &w, engine, m);
@@ -545,7 +545,7 @@ fn calibrate_fft() {
 #[cfg(target_arch = "x86_64")]
 #[test]
 fn lanes_result_does_not_depend_on_alignment() {
-    if !lanes::available() {
+    if !lanes::runs_on(Backend::detect()) {
         return;
     }
     let mut rng = Rng::new(19);

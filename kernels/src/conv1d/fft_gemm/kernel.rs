@@ -27,11 +27,7 @@
 #![allow(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
-#[cfg(target_arch = "aarch64")]
-use crate::simd::Neon;
-#[cfg(target_arch = "x86_64")]
-use crate::simd::{Avx2, Avx512};
-use crate::simd::{Backend, Portable, Simd};
+use crate::simd::{simd_variants, Backend, Simd};
 
 /// A micro-kernel's register block: `mr` rows by `nr` vectors of `lanes`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,13 +163,13 @@ impl TileKernel {
             return None;
         }
         let (f, pack): (TileFn, PackFn) = match backend {
-            Backend::Portable => (tile_portable, pack_panel::<2>),
+            Backend::Portable => (tile_portable::<2>, pack_panel::<2>),
             #[cfg(target_arch = "x86_64")]
-            Backend::Avx2 => (tile_avx2, pack_panel::<2>),
+            Backend::Avx2 => (tile_avx2::<2>, pack_panel::<2>),
             #[cfg(target_arch = "x86_64")]
-            Backend::Avx512 => (tile_avx512, pack_panel::<6>),
+            Backend::Avx512 => (tile_avx512::<6>, pack_panel::<6>),
             #[cfg(target_arch = "aarch64")]
-            Backend::Neon => (tile_neon, pack_panel::<6>),
+            Backend::Neon => (tile_neon::<6>, pack_panel::<6>),
         };
         let kernel = TileKernel {
             block: block(backend),
@@ -547,36 +543,13 @@ unsafe fn complex_micro<S: Simd, const MR: usize, const NR: usize>(
     }
 }
 
-/// # Safety
-/// The portable backend needs no CPU feature.
-unsafe fn tile_portable(lay: &Layout<'_>, a: &TileArgs<'_>, s: &mut [f32], e: Emit<'_>) {
-    // SAFETY: Portable needs no feature.
-    unsafe { tile_generic::<Portable, 2, 2>(lay, a, s, e) }
-}
-
-/// # Safety
-/// The CPU supports AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tile_avx2(lay: &Layout<'_>, a: &TileArgs<'_>, s: &mut [f32], e: Emit<'_>) {
-    // SAFETY: our caller guarantees AVX2 and FMA.
-    unsafe { tile_generic::<Avx2, 2, 2>(lay, a, s, e) }
-}
-
-/// # Safety
-/// The CPU supports AVX-512 F and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn tile_avx512(lay: &Layout<'_>, a: &TileArgs<'_>, s: &mut [f32], e: Emit<'_>) {
-    // SAFETY: our caller guarantees AVX-512 F and FMA.
-    unsafe { tile_generic::<Avx512, 6, 2>(lay, a, s, e) }
-}
-
-/// # Safety
-/// The CPU supports NEON.
-#[cfg(target_arch = "aarch64")]
-#[target_feature(enable = "neon")]
-unsafe fn tile_neon(lay: &Layout<'_>, a: &TileArgs<'_>, s: &mut [f32], e: Emit<'_>) {
-    // SAFETY: our caller guarantees NEON.
-    unsafe { tile_generic::<Neon, 6, 2>(lay, a, s, e) }
+simd_variants! {
+    /// [`tile_generic`] on one backend with `MR` rows per register block
+    /// (as [`TileKernel::new`] picks them).
+    unsafe fn [tile_portable, tile_avx2, tile_avx512, tile_neon]<const MR: usize>(
+        lay: &Layout<'_>,
+        a: &TileArgs<'_>,
+        s: &mut [f32],
+        e: Emit<'_>,
+    ) => tile_generic::<S, MR, 2>
 }

@@ -166,10 +166,10 @@ const TILES_PER_THREAD: usize = 2;
 
 /// Whether this algorithm computes `g`: stride 1, a dilated filter
 /// spanning at most `MAX_REACH + 1` samples, and some transform length
-/// within the scratch bound (up to 4096 input channels per group on
-/// AVX-512, at `L = 16`).
-pub(crate) fn applies(g: &Conv1dGeometry) -> bool {
-    g.params.stride == 1 && reach(g) <= MAX_REACH && lengths(g).next().is_some()
+/// within the scratch bound on `backend` (up to 4096 input channels per
+/// group on AVX-512, at `L = 16`).
+pub(crate) fn applies(g: &Conv1dGeometry, backend: Backend) -> bool {
+    g.params.stride == 1 && reach(g) <= MAX_REACH && lengths(g, backend).next().is_some()
 }
 
 fn reach(g: &Conv1dGeometry) -> usize {
@@ -181,13 +181,11 @@ fn reach(g: &Conv1dGeometry) -> usize {
 /// far out of cache and into the hundreds of megabytes per thread.
 const MAX_SPECTRA_FLOATS: usize = 1 << 21;
 
-/// The transform lengths usable for `g`: `M = L − R >= L / 4`, and input
-/// spectra within [`MAX_SPECTRA_FLOATS`].
-fn lengths(g: &Conv1dGeometry) -> impl Iterator<Item = usize> {
+/// The transform lengths usable for `g` on `backend`: `M = L − R >= L / 4`,
+/// and input spectra within [`MAX_SPECTRA_FLOATS`].
+fn lengths(g: &Conv1dGeometry, backend: Backend) -> impl Iterator<Item = usize> {
     let r = reach(g);
-    let per_length = g
-        .in_per_group
-        .saturating_mul(kernel::block(Backend::detect()).nj());
+    let per_length = g.in_per_group.saturating_mul(kernel::block(backend).nj());
     LENGTHS.into_iter().filter(move |&l| {
         4 * (l - r.min(l)) >= l && per_length.saturating_mul(l) <= MAX_SPECTRA_FLOATS
     })
@@ -205,17 +203,17 @@ fn lengths(g: &Conv1dGeometry) -> impl Iterator<Item = usize> {
 /// algorithm's large-matrix rate. Bytes: the compulsory ones plus the
 /// weights, which every tile streams once. The larger of the two, plus
 /// [`SECONDS_PER_TILE`] per tile.
-pub(crate) fn cost(g: &Conv1dGeometry) -> f64 {
-    lengths(g)
-        .map(|l| cost_at(g, l))
+pub(crate) fn cost(g: &Conv1dGeometry, backend: Backend) -> f64 {
+    lengths(g, backend)
+        .map(|l| cost_at(g, backend, l))
         .min_by(f64::total_cmp)
         .unwrap_or(f64::INFINITY)
 }
 
-fn cost_at(g: &Conv1dGeometry, l: usize) -> f64 {
+fn cost_at(g: &Conv1dGeometry, backend: Backend, l: usize) -> f64 {
     use super::cost::{compulsory_bytes, roofline, DIRECT_MACS_PER_SEC};
     let p = &g.params;
-    let block = kernel::block(Backend::detect());
+    let block = kernel::block(backend);
     let m = l - reach(g);
     let tiles_per_row = g.out_len.div_ceil(m).div_ceil(block.nj()).max(1);
     let cols = (tiles_per_row * block.nj()) as f64;
@@ -258,16 +256,16 @@ pub(crate) struct FftGemmConv {
 
 impl FftGemmConv {
     /// Chooses the length by the cost model and builds the transform
-    /// matrices; the weights are read in place by every call.
-    pub(crate) fn prepare(g: &Conv1dGeometry) -> Self {
-        let l = lengths(g)
-            .min_by(|&a, &b| cost_at(g, a).total_cmp(&cost_at(g, b)))
+    /// matrices for `backend`, or `None` where this CPU lacks it; the
+    /// weights are read in place by every call.
+    pub(crate) fn prepare(g: &Conv1dGeometry, backend: Backend) -> Option<Self> {
+        let l = lengths(g, backend)
+            .min_by(|&a, &b| cost_at(g, backend, a).total_cmp(&cost_at(g, backend, b)))
             .expect("applies() holds");
-        Self::with(g, Backend::detect(), l).expect("detected backend is available")
+        Self::with(g, backend, l)
     }
 
-    /// As [`Self::prepare`] with a given backend and length, or `None`
-    /// where this CPU lacks the backend.
+    /// As [`Self::prepare`] with a given length.
     pub(crate) fn with(g: &Conv1dGeometry, backend: Backend, l: usize) -> Option<Self> {
         let p = &g.params;
         let kernel = TileKernel::new(backend)?;
@@ -537,7 +535,7 @@ pub(super) const ENTRY: Entry = Entry {
     applies,
     cost,
     takes_fed_weights: true,
-    prepare: |g, _| Some(Box::new(FftGemmConv::prepare(g))),
+    prepare: |g, _, backend| Some(Box::new(FftGemmConv::prepare(g, backend)?)),
 };
 
 /// Fuses an epilogue into its rows' stores; its input is transformed from

@@ -664,64 +664,14 @@ simd_variants! {
     ) => tile_generic::<S, MR, NR>
 }
 
-/// [`fill_window`] for the portable backend.
-///
-/// # Safety
-/// None needed (an `unsafe fn` to share [`FillFn`]'s type).
-unsafe fn fill_portable(
-    a: &TileArgs<'_>,
-    c: std::ops::Range<usize>,
-    cols: usize,
-    out: &mut [f32],
-    buf: &mut [f32],
-) {
-    fill_window(a, c, cols, out, buf)
-}
-
-/// [`fill_window`] with AVX2 and FMA.
-///
-/// # Safety
-/// The CPU supports AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn fill_avx2(
-    a: &TileArgs<'_>,
-    c: std::ops::Range<usize>,
-    cols: usize,
-    out: &mut [f32],
-    buf: &mut [f32],
-) {
-    fill_window(a, c, cols, out, buf)
-}
-
-/// [`fill_window`] with AVX-512 F and FMA.
-///
-/// # Safety
-/// The CPU supports AVX-512 F and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn fill_avx512(
-    a: &TileArgs<'_>,
-    c: std::ops::Range<usize>,
-    cols: usize,
-    out: &mut [f32],
-    buf: &mut [f32],
-) {
-    fill_window(a, c, cols, out, buf)
-}
-
-/// [`fill_window`] with NEON.
-///
-/// # Safety
-/// The CPU supports NEON.
-#[cfg(target_arch = "aarch64")]
-#[target_feature(enable = "neon")]
-unsafe fn fill_neon(
-    a: &TileArgs<'_>,
-    c: std::ops::Range<usize>,
-    cols: usize,
-    out: &mut [f32],
-    buf: &mut [f32],
-) {
-    fill_window(a, c, cols, out, buf)
+simd_variants! {
+    /// [`fill_window`] on one backend (as [`TileKernel::fill`]); its safe
+    /// loops need only the backend's features.
+    unsafe fn [fill_portable, fill_avx2, fill_avx512, fill_neon](
+        a: &TileArgs<'_>,
+        c: std::ops::Range<usize>,
+        cols: usize,
+        out: &mut [f32],
+        buf: &mut [f32],
+    ) => fill_window
 }

@@ -184,12 +184,12 @@ pub(crate) fn applies(g: &Conv1dGeometry) -> bool {
 /// per-call overhead (tiny shapes: 0.3–150 µs where these kernels take
 /// 0.2–11) and that it runs 4× slower at stride 2, so the model prefers
 /// the direct loop a little more often than measurement would.
-pub(crate) fn cost(g: &Conv1dGeometry) -> f64 {
+pub(crate) fn cost(g: &Conv1dGeometry, backend: Backend) -> f64 {
     use super::cost::{compulsory_bytes, roofline, DIRECT_MACS_PER_SEC};
     let p = &g.params;
     let slowdown = 1.0 + SHORT_INNER / g.in_per_group as f64 + FEW_OUTPUTS / g.out_per_group as f64;
     let rate = DIRECT_MACS_PER_SEC * SPEEDUP_OVER_DIRECT / slowdown;
-    let tiling = Tiling::new(g, choose_block(Backend::detect(), g.out_per_group));
+    let tiling = Tiling::new(g, choose_block(backend, g.out_per_group));
     let tiles = (p.batch * p.groups * tiling.row_blocks * tiling.chunks) as f64;
     roofline(direct_macs(g), rate, compulsory_bytes(g)) + tiles * SECONDS_PER_TILE
 }
@@ -209,14 +209,9 @@ pub(crate) struct GemmConv {
 }
 
 impl GemmConv {
-    /// The kernel for the detected backend. Nothing here depends on the
-    /// batch; the input length bounds the window.
-    pub(crate) fn prepare(g: &Conv1dGeometry) -> Self {
-        Self::with_backend(g, Backend::detect()).expect("detected backend is available")
-    }
-
-    /// As [`GemmConv::prepare`] on a given backend, or `None` where this
-    /// CPU lacks it.
+    /// The kernel for `backend`, or `None` where this CPU lacks it.
+    /// Nothing here depends on the batch; the input length bounds the
+    /// window.
     pub(crate) fn with_backend(g: &Conv1dGeometry, backend: Backend) -> Option<Self> {
         let p = &g.params;
         let kernel = TileKernel::new(backend, g.out_per_group)?;
@@ -615,10 +610,10 @@ impl Tiling {
 /// the weights, fed or constant, are read in place.
 pub(super) const ENTRY: Entry = Entry {
     name: "gemm",
-    applies,
+    applies: |g, _| applies(g),
     cost,
     takes_fed_weights: true,
-    prepare: |g, _| Some(Box::new(GemmConv::prepare(g))),
+    prepare: |g, _, backend| Some(Box::new(GemmConv::with_backend(g, backend)?)),
 };
 
 /// Fuses a prologue into its windows and an epilogue into its tiles'

@@ -402,8 +402,8 @@ fn cost_is_finite_and_grows_with_work() {
         ..small
     };
     let (cs, cl) = (
-        cost(&small.geometry().unwrap()),
-        cost(&large.geometry().unwrap()),
+        cost(&small.geometry().unwrap(), Backend::detect()),
+        cost(&large.geometry().unwrap(), Backend::detect()),
     );
     assert!(cs.is_finite() && cs > 0.0 && cl > cs, "{cs} {cl}");
 }
@@ -453,7 +453,7 @@ fn gflops(p: &Conv1dParams, algorithm: Algorithm, threads: &[usize]) -> (Vec<f64
             flops / s / 1e9
         })
         .collect();
-    (rates, algorithm.estimate(&g).unwrap())
+    (rates, algorithm.estimate(&g, Backend::detect()).unwrap())
 }
 
 /// The GFLOP/s table of the module docs, on 1 and 2 threads:
@@ -1025,7 +1025,7 @@ fn shared_windows_agree_with_windows_per_tile() {
         let x = rng.vec(p.input_elems(), -1.0, 1.0);
         let w = rng.vec(p.weight_elems(), -1.0, 1.0);
         let b = rng.vec(p.bias_elems(), -1.0, 1.0);
-        let conv = GemmConv::prepare(&g);
+        let conv = GemmConv::with_backend(&g, Backend::detect()).unwrap();
         let split = Tiling::new(&g, conv.kernel.block()).row_blocks > 1;
         assert_eq!(conv.shared_scratch() > 0, split, "{p:?}");
         shared_somewhere |= split;
@@ -1175,7 +1175,7 @@ fn fused_prologues_get_the_materialised_input() {
                 }
                 // The kernel itself, without the shared region: each
                 // chunk's rows in one block.
-                let gemm = GemmConv::prepare(&g);
+                let gemm = GemmConv::with_backend(&g, Backend::detect()).unwrap();
                 let mut y = vec![f32::NAN; want.len()];
                 let scratch = Scratch::new(threads, gemm.rows_scratch(&g, xt, 0));
                 pool.install(|| {

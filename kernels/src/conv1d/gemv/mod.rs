@@ -115,6 +115,8 @@ type TaskOut<'a> = &'a mut dyn FnMut(&mut [f32], &mut [f32]);
 
 /// The dot products for one backend, chosen at prepare.
 pub(crate) struct Gemv {
+    /// The backend the dot products and the panels are built for.
+    backend: Backend,
     /// Indexed by the number of outputs per pass minus one.
     dots: [DotsFn; DOTS_OUTPUTS],
     /// The weights packed with output channels in the lanes, for a conv
@@ -157,7 +159,11 @@ impl Gemv {
                 dots_neon::<4>,
             ],
         };
-        Some(Gemv { dots, panels: None })
+        Some(Gemv {
+            backend,
+            dots,
+            panels: None,
+        })
     }
 
     /// Whether a conv prepared for `max` packs its constant weights
@@ -191,7 +197,7 @@ impl Gemv {
     /// `w`, where [`Self::packs`] holds; else does nothing.
     pub(crate) fn pack(&mut self, max: &Conv1dGeometry, w: &[f32]) {
         if Self::packs(max) {
-            self.panels = Panels::new(Backend::detect(), max, w);
+            self.panels = Panels::new(self.backend, max, w);
         }
     }
 
@@ -890,6 +896,9 @@ mod tests {
         }
         fn temporaries(&self) -> usize {
             1
+        }
+        fn isa(&self) -> crate::simd::Isa {
+            crate::simd::Isa::detect()
         }
     }
 

@@ -444,6 +444,9 @@ mod tests {
         fn temporaries(&self) -> usize {
             1
         }
+        fn isa(&self) -> crate::simd::Isa {
+            crate::simd::Isa::detect()
+        }
         fn prefers_columns(&self) -> bool {
             self.across
         }

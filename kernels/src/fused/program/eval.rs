@@ -4,9 +4,13 @@ use super::{Env, Expr, Line, Program, MAX_SHARED};
 use crate::fused::ops::{clamp, copy, prefetch, select};
 use crate::fused::shape::{Shape, MAX_RANK};
 use crate::fused::strided;
+use crate::simd::Isa;
 
-/// The lines of shared nodes one evaluation has computed.
+/// One evaluation's instruction set and the lines of shared nodes it has
+/// computed.
 struct Memo<'a> {
+    /// The vectors every node's loop runs with.
+    isa: Isa,
     /// Per slot, the line and length it holds.
     keys: [Option<(Line, usize)>; MAX_SHARED],
     /// `MAX_SHARED` slots of `len` elements.
@@ -16,7 +20,8 @@ struct Memo<'a> {
 
 impl Program {
     /// Writes the root's elements along `line` (in the root's coordinates)
-    /// into `out`, `out.len()` of them. `anchor` is the anchor's chunk for
+    /// into `out`, `out.len()` of them, with the vectors of `isa` (a
+    /// compiled program's: [`super::super::CompiledProgram::eval`]). `anchor` is the anchor's chunk for
     /// [`Expr::Anchor`] (same length as `out`); `tmp` holds at least
     /// [`Self::temporaries`] `* out.len()` elements.
     ///
@@ -26,6 +31,7 @@ impl Program {
     /// panics rather than wrong reads.
     pub fn eval(
         &self,
+        isa: Isa,
         env: &dyn Env,
         anchor: &[f32],
         line: &Line,
@@ -34,6 +40,7 @@ impl Program {
     ) {
         let (slots, tmp) = tmp.split_at_mut(self.slots * out.len());
         let mut memo = Memo {
+            isa,
             keys: [None; MAX_SHARED],
             data: slots,
             len: out.len(),
@@ -48,6 +55,7 @@ impl Program {
     /// As [`Self::eval`]; also if `outs` does not hold one line per root.
     pub fn eval_roots(
         &self,
+        isa: Isa,
         env: &dyn Env,
         anchor: &[f32],
         line: &Line,
@@ -63,6 +71,7 @@ impl Program {
         let len = outs.first().map_or(0, |o| o.len());
         let (slots, tmp) = tmp.split_at_mut(self.slots * len);
         let mut memo = Memo {
+            isa,
             keys: [None; MAX_SHARED],
             data: slots,
             len,
@@ -113,12 +122,18 @@ impl Program {
         let len = out.len();
         let node = &self.nodes[i];
         match node.expr {
-            Expr::Load => load(env.data(node.value), &env.shape(node.value), line, out),
+            Expr::Load => load(
+                memo.isa,
+                env.data(node.value),
+                &env.shape(node.value),
+                line,
+                out,
+            ),
             Expr::Anchor => copy(out, &anchor[..len]),
             Expr::Const(c) => out.fill(c),
             Expr::Unary { op, x } => {
                 self.eval_node(x, env, anchor, line, out, tmp, memo);
-                op.apply(out);
+                op.apply(memo.isa, out);
             }
             Expr::Clamp { x, min, max } => {
                 self.eval_node(x, env, anchor, line, out, tmp, memo);
@@ -128,7 +143,7 @@ impl Program {
                 self.eval_node(a, env, anchor, line, out, tmp, memo);
                 let (bv, rest) = tmp.split_at_mut(len);
                 self.eval_node(b, env, anchor, line, bv, rest, memo);
-                op.apply(out, bv);
+                op.apply(memo.isa, out, bv);
             }
             Expr::Where { cond, a, b } => {
                 self.eval_node(a, env, anchor, line, out, tmp, memo);
@@ -177,8 +192,9 @@ impl Program {
     }
 }
 
-/// Elements of a row-major tensor of `shape` along `line`.
-fn load(data: &[f32], shape: &Shape, line: &Line, out: &mut [f32]) {
+/// Elements of a row-major tensor of `shape` along `line`, moved with the
+/// vectors of `isa`.
+fn load(isa: Isa, data: &[f32], shape: &Shape, line: &Line, out: &mut [f32]) {
     if out.is_empty() {
         return;
     }
@@ -203,9 +219,9 @@ fn load(data: &[f32], shape: &Shape, line: &Line, out: &mut [f32]) {
             // (a decode step's read) has a small stride: deinterleaved a
             // vector at a time.
             match stride {
-                2 => strided::gather::<2>(line, out),
-                3 => strided::gather::<3>(line, out),
-                4 => strided::gather::<4>(line, out),
+                2 => strided::gather::<2>(isa, line, out),
+                3 => strided::gather::<3>(isa, line, out),
+                4 => strided::gather::<4>(isa, line, out),
                 _ => {
                     for (o, &v) in out.iter_mut().zip(line.iter().step_by(stride)) {
                         *o = v;
