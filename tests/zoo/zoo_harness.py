@@ -26,9 +26,15 @@ import numpy as np
 import torch
 from conftest import pte_runner_path
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-from executorch.exir import EdgeCompileConfig, to_edge, to_edge_transform_and_lower
+from executorch.exir import (
+    EdgeCompileConfig,
+    EdgeProgramManager,
+    to_edge,
+    to_edge_transform_and_lower,
+)
 from executorch.runtime import Runtime
 from rustconv import RustConvPartitioner
+from rustconv.devtools.testing import Lowering, lower_and_survey
 from torch.export import export
 from zoo_models import Example, delegate_calls, flatten, tolerance
 
@@ -56,6 +62,9 @@ class Lowered:
     eager: list[list[torch.Tensor]] = field(default_factory=list)
     _programs: list[Program] = field(default_factory=list)
     error: BaseException | None = None  # lowering failed (export and explain did not)
+    # The default lowering ([RustConv, XNNPACK]) of the first program, surveyed
+    # for rule one (test_rule_one_invariance takes it rather than lowering again).
+    first: Lowering | None = None
 
     @property
     def programs(self) -> list[Program]:
@@ -113,6 +122,7 @@ def lower(example: Example, out_dir: Path, partitioners=None) -> Lowered:
     """Exports the example, explains it, and lowers it: one program for a
     buffer-state model, one per distinct input signature for the others. A
     lowering failure is kept in ``error`` (raised by ``programs``)."""
+    default = partitioners is None
     partitioners = partitioners or (lambda: [RustConvPartitioner(), XnnpackPartitioner()])
     calls = [example.inputs, *example.steps]
 
@@ -144,9 +154,17 @@ def lower(example: Example, out_dir: Path, partitioners=None) -> Lowered:
         for k, indices in enumerate(groups.values()):
             if k:
                 ep = export(example.module, calls[indices[0]], strict=example.strict)
-            et = to_edge_transform_and_lower(
-                ep, partitioner=partitioners(), compile_config=config
-            ).to_executorch()
+
+            def lower_this(partitioners: list, ep=ep) -> EdgeProgramManager:
+                return to_edge_transform_and_lower(
+                    ep, partitioner=partitioners, compile_config=config
+                )
+
+            if k == 0 and default:
+                lowered.first = lower_and_survey("first", lower_this, partitioners())
+                et = lowered.first.executorch_program()
+            else:
+                et = lower_this(partitioners()).to_executorch()
             pte = out_dir / f"program{k}.pte"
             pte.write_bytes(et.buffer)
             plan = et.executorch_program.execution_plan[0]

@@ -48,7 +48,14 @@ from torch.export import ExportedProgram
 
 from rustconv.backend_id import BACKEND_ID
 
-__all__ = ["Lowering", "RuleOneReport", "check_others_unchanged", "run", "transform_and_lower"]
+__all__ = [
+    "Lowering",
+    "RuleOneReport",
+    "check_others_unchanged",
+    "lower_and_survey",
+    "run",
+    "transform_and_lower",
+]
 
 _DELEGATE = torch.ops.higher_order.executorch_call_delegate
 
@@ -164,7 +171,11 @@ def _survey(label: str, edge: EdgeProgramManager, seen: str) -> Lowering:
     return Lowering(label, edge, seen, calls, placement)
 
 
-def _lower(label: str, lower: Callable, partitioners: list[Partitioner]) -> Lowering:
+def lower_and_survey(label: str, lower: Callable, partitioners: list[Partitioner]) -> Lowering:
+    """``lower(partitioners)``, surveyed: what the partitioners saw and where
+    every node went (``label``: "absent", "first" or "last"). A caller that
+    needs the program anyway makes its "first" lowering with this and hands
+    it to :func:`check_others_unchanged`, which then does not lower again."""
     seen: list[str] = []
     with _recording_what_partitioners_see(seen):
         edge = lower(partitioners)
@@ -242,6 +253,7 @@ def check_others_unchanged(
     atol: float = 1e-4,
     min_rustconv_calls: int = 1,
     orders: Sequence[str] = ("first", "last"),
+    first: Lowering | None = None,
 ) -> RuleOneReport:
     """Raises ``AssertionError`` where RustConv's presence changes anything
     outside its own calls (see the module docstring).
@@ -251,15 +263,20 @@ def check_others_unchanged(
     many RustConv calls the lowering with RustConv must have at least (0 for
     a model RustConv should leave alone) when it comes first (last, the others
     may leave it nothing). ``orders``: which of "first" and "last" to lower
-    (each lowering of a large model takes minutes).
+    (each lowering of a large model takes minutes). ``first``: the lowering
+    with RustConv first, already made by :func:`lower_and_survey` through the same
+    ``lower`` from ``[rustconv(), *others()]``, taken instead of a new one.
     """
     if rustconv is None:
         from rustconv import RustConvPartitioner
 
         rustconv = RustConvPartitioner
-    without = _lower("absent", lower, others())
-    first = _lower("first", lower, [rustconv(), *others()]) if "first" in orders else None
-    last = _lower("last", lower, [*others(), rustconv()]) if "last" in orders else None
+    without = lower_and_survey("absent", lower, others())
+    if "first" not in orders:
+        first = None
+    elif first is None:
+        first = lower_and_survey("first", lower, [rustconv(), *others()])
+    last = lower_and_survey("last", lower, [*others(), rustconv()]) if "last" in orders else None
     if first is not None:
         count = sum(1 for c in first.calls if c.backend_id == BACKEND_ID)
         if count < min_rustconv_calls:
