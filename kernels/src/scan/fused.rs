@@ -9,6 +9,7 @@
 
 use super::params::ScanParams;
 use super::row_kernel::RowKernel;
+use super::LinearScan;
 use crate::error::{check_len, KernelError};
 use crate::fused::{PairSource, RowsIn, RowsOut};
 use crate::scratch::Scratch;
@@ -33,7 +34,8 @@ pub fn scan_rows_scratch(temporaries: usize) -> usize {
 
 /// [`super::linear_scan_f32`] with fused operands (see the module docs).
 /// `scratch` needs [`scan_rows_scratch`] elements per thread for the most
-/// temporaries any operand or the sink needs.
+/// temporaries any operand or the sink needs. Asks the CPU for its
+/// instruction set once a call; [`LinearScan::run_rows`] does not.
 ///
 /// # Errors
 /// A stored operand of the wrong length, or scratch too small.
@@ -45,7 +47,7 @@ pub fn linear_scan_rows(
     y: RowsOut,
     scratch: &Scratch,
 ) -> Result<(), KernelError> {
-    scan(p, x0, Decay::Separate(a, u), y, scratch)
+    LinearScan::new(Isa::detect()).run_rows(p, x0, a, u, y, scratch)
 }
 
 /// [`linear_scan_rows`] with `a` and `u` computed together by one prologue
@@ -60,7 +62,40 @@ pub fn linear_scan_rows_pair(
     y: RowsOut,
     scratch: &Scratch,
 ) -> Result<(), KernelError> {
-    scan(p, x0, Decay::Pair(au), y, scratch)
+    LinearScan::new(Isa::detect()).run_rows_pair(p, x0, au, y, scratch)
+}
+
+impl LinearScan {
+    /// [`linear_scan_rows`] on this scan's instruction set.
+    ///
+    /// # Errors
+    /// As [`linear_scan_rows`].
+    pub fn run_rows(
+        &self,
+        p: &ScanParams,
+        x0: RowsIn,
+        a: RowsIn,
+        u: RowsIn,
+        y: RowsOut,
+        scratch: &Scratch,
+    ) -> Result<(), KernelError> {
+        scan(self.row_kernel, p, x0, Decay::Separate(a, u), y, scratch)
+    }
+
+    /// [`linear_scan_rows_pair`] on this scan's instruction set.
+    ///
+    /// # Errors
+    /// As [`linear_scan_rows`].
+    pub fn run_rows_pair(
+        &self,
+        p: &ScanParams,
+        x0: RowsIn,
+        au: &dyn PairSource,
+        y: RowsOut,
+        scratch: &Scratch,
+    ) -> Result<(), KernelError> {
+        scan(self.row_kernel, p, x0, Decay::Pair(au), y, scratch)
+    }
 }
 
 /// How the scan gets `a` and `u`.
@@ -71,6 +106,7 @@ enum Decay<'a> {
 }
 
 fn scan(
+    row_kernel: RowKernel,
     p: &ScanParams,
     x0: RowsIn,
     au: Decay,
@@ -122,7 +158,6 @@ fn scan(
         columns(p, x0, au, y, scratch);
         return Ok(());
     }
-    let row_kernel = RowKernel::of(Isa::detect());
     let (stored, sink) = match y {
         RowsOut::Slice(y) => (Some(y), None),
         RowsOut::Fused(sink) => (None, Some(sink)),

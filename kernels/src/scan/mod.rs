@@ -7,7 +7,9 @@
 //! element. A lone recurrence is not: each step waits for the previous
 //! multiply-add. [`linear_scan_f32`] therefore picks one of two
 //! [`Strategy`]s from the number of rows and the pool size, and one
-//! [`RowKernel`] from the instruction set `crate::simd` chose:
+//! [`RowKernel`] from the instruction set `crate::simd` chose (a
+//! [`LinearScan`] keeps the one it was made with; the free functions detect
+//! it at their top):
 //!
 //! * [`Strategy::Rows`] (rows >= threads): rows in parallel, in tasks of
 //!   whole rows. On [`RowKernel::Avx2`] each row is scanned on its own, 8
@@ -44,6 +46,49 @@ use row_kernel::RowKernel;
 pub use fused::{linear_scan_rows, linear_scan_rows_pair, scan_rows_scratch};
 pub use params::ScanParams;
 
+/// The scan on one instruction set, chosen once (where a plan is built), so
+/// that its runs ask the CPU nothing: [`LinearScan::run`] is
+/// [`linear_scan_f32`], [`LinearScan::run_rows`] and
+/// [`LinearScan::run_rows_pair`] are [`linear_scan_rows`] and
+/// [`linear_scan_rows_pair`], each on the row kernel `isa` runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearScan {
+    row_kernel: RowKernel,
+}
+
+impl LinearScan {
+    /// The scan on `isa`.
+    pub fn new(isa: Isa) -> LinearScan {
+        LinearScan {
+            row_kernel: RowKernel::of(isa),
+        }
+    }
+
+    /// [`linear_scan_f32`] on this scan's instruction set.
+    ///
+    /// # Errors
+    ///
+    /// As [`linear_scan_f32`].
+    pub fn run(
+        &self,
+        p: &ScanParams,
+        x0: &[f32],
+        a: &[f32],
+        u: &[f32],
+        y: &mut [f32],
+    ) -> Result<(), KernelError> {
+        check(p, x0, a, u, y)?;
+        if p.len <= fused::SHORT_STEPS {
+            short_rows(p, x0, a, u, y);
+            return Ok(());
+        }
+        let threads = crate::par::threads();
+        let strategy = Strategy::choose(p, threads);
+        run(strategy, self.row_kernel, p, x0, a, u, y, threads);
+        Ok(())
+    }
+}
+
 /// Runs the scan: `y[b,c,0] = a[b,c,0] * x0[b,c] + u[b,c,0]` and
 /// `y[b,c,t] = a[b,c,t] * y[b,c,t-1] + u[b,c,t]`.
 ///
@@ -64,7 +109,8 @@ pub use params::ScanParams;
 /// least `threads` rows); with fewer rows than threads, long rows are cut
 /// into pieces by the pool size.
 /// Performs no heap allocation of its own; nor does the pool's scheduling
-/// once it is warm (`tests/no_alloc.rs`).
+/// once it is warm (`tests/no_alloc.rs`). Asks the CPU for its instruction
+/// set once a call; a [`LinearScan`] keeps one.
 ///
 /// # Errors
 ///
@@ -78,24 +124,7 @@ pub fn linear_scan_f32(
     u: &[f32],
     y: &mut [f32],
 ) -> Result<(), KernelError> {
-    check(p, x0, a, u, y)?;
-    if p.len <= fused::SHORT_STEPS {
-        short_rows(p, x0, a, u, y);
-        return Ok(());
-    }
-    let threads = crate::par::threads();
-    let strategy = Strategy::choose(p, threads);
-    run(
-        strategy,
-        RowKernel::of(Isa::detect()),
-        p,
-        x0,
-        a,
-        u,
-        y,
-        threads,
-    );
-    Ok(())
+    LinearScan::new(Isa::detect()).run(p, x0, a, u, y)
 }
 
 /// `x0`, `a`, `u` and `y` of a run of rows, as zipped chunks.
