@@ -38,12 +38,14 @@ mod simd;
 mod tests;
 
 use crate::error::{check_len, KernelError};
-use crate::fused::SharedOut;
+use crate::fused::{PairSource, RowsIn, RowsOut, SharedOut};
+use crate::scratch::Scratch;
 use crate::simd::Isa;
+use fused::Decay;
 use kernel::Affine;
 use row_kernel::RowKernel;
 
-pub use fused::{linear_scan_rows, linear_scan_rows_pair, scan_rows_scratch};
+pub use fused::scan_rows_scratch;
 pub use params::ScanParams;
 
 /// The scan on one instruction set, chosen once (where a plan is built), so
@@ -125,6 +127,72 @@ pub fn linear_scan_f32(
     y: &mut [f32],
 ) -> Result<(), KernelError> {
     LinearScan::new(Isa::detect()).run(p, x0, a, u, y)
+}
+
+/// [`linear_scan_f32`] with fused operands (see `fused.rs`).
+/// `scratch` needs [`scan_rows_scratch`] elements per thread for the most
+/// temporaries any operand or the sink needs. Asks the CPU for its
+/// instruction set once a call; [`LinearScan::run_rows`] does not.
+///
+/// # Errors
+/// A stored operand of the wrong length, or scratch too small.
+pub fn linear_scan_rows(
+    p: &ScanParams,
+    x0: RowsIn,
+    a: RowsIn,
+    u: RowsIn,
+    y: RowsOut,
+    scratch: &Scratch,
+) -> Result<(), KernelError> {
+    LinearScan::new(Isa::detect()).run_rows(p, x0, a, u, y, scratch)
+}
+
+/// [`linear_scan_rows`] with `a` and `u` computed together by one prologue
+/// (`au` fills `a` first, `u` second), so what they share is computed once.
+///
+/// # Errors
+/// As [`linear_scan_rows`].
+pub fn linear_scan_rows_pair(
+    p: &ScanParams,
+    x0: RowsIn,
+    au: &dyn PairSource,
+    y: RowsOut,
+    scratch: &Scratch,
+) -> Result<(), KernelError> {
+    LinearScan::new(Isa::detect()).run_rows_pair(p, x0, au, y, scratch)
+}
+
+impl LinearScan {
+    /// [`linear_scan_rows`] on this scan's instruction set.
+    ///
+    /// # Errors
+    /// As [`linear_scan_rows`].
+    pub fn run_rows(
+        &self,
+        p: &ScanParams,
+        x0: RowsIn,
+        a: RowsIn,
+        u: RowsIn,
+        y: RowsOut,
+        scratch: &Scratch,
+    ) -> Result<(), KernelError> {
+        fused::scan(self.row_kernel, p, x0, Decay::Separate(a, u), y, scratch)
+    }
+
+    /// [`linear_scan_rows_pair`] on this scan's instruction set.
+    ///
+    /// # Errors
+    /// As [`linear_scan_rows`].
+    pub fn run_rows_pair(
+        &self,
+        p: &ScanParams,
+        x0: RowsIn,
+        au: &dyn PairSource,
+        y: RowsOut,
+        scratch: &Scratch,
+    ) -> Result<(), KernelError> {
+        fused::scan(self.row_kernel, p, x0, Decay::Pair(au), y, scratch)
+    }
 }
 
 /// `x0`, `a`, `u` and `y` of a run of rows, as zipped chunks.
