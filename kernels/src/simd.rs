@@ -706,7 +706,7 @@ mod tests {
                 for a in Algorithm::ALL {
                     let choice = Choice::Force(a);
                     let weights = Weights::Constant(&w);
-                    if let Ok(c) = PreparedConv1d::on_backend(p, weights, choice, isa.backend()) {
+                    if let Ok(c) = PreparedConv1d::on_isa(p, weights, choice, isa) {
                         convs.push(c);
                     }
                 }
