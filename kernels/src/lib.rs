@@ -7,7 +7,8 @@
 //!
 //! * [`conv1d_f32`] with [`Conv1dParams`]: PyTorch `aten.convolution`
 //!   restricted to one spatial dimension, non-transposed.
-//! * [`linear_scan_f32`] with [`ScanParams`]: `y[t] = a[t] * y[t-1] + u[t]`.
+//! * [`linear_scan_f32`] with [`ScanParams`]: `y[t] = a[t] * y[t-1] + u[t]`
+//!   ([`LinearScan`]: the same on an instruction set chosen once).
 //! * [`fused`]: elementwise programs over strided views, and the row hooks
 //!   through which the conv and scan kernels run them as prologues and
 //!   epilogues inside their own loops.
@@ -64,7 +65,8 @@ pub use conv1d::{
 pub use error::KernelError;
 pub use fused::{Shape, MAX_RANK};
 pub use scan::{
-    linear_scan_f32, linear_scan_rows, linear_scan_rows_pair, scan_rows_scratch, ScanParams,
+    linear_scan_f32, linear_scan_rows, linear_scan_rows_pair, scan_rows_scratch, LinearScan,
+    ScanParams,
 };
 pub use scratch::Scratch;
 pub use simd::{vector_instructions, Isa};

@@ -636,8 +636,10 @@ mod tests {
     /// (every algorithm, the matrix-vector path of decode steps, fused
     /// operands compiled for that backend, short rows materialised through
     /// the strided moves) runs with the backend it kept, without one call
-    /// of [`Backend::detect`]. An entry point without a preparation (the
-    /// scan) detects once at its top, not per row or tile. Counted on this
+    /// of [`Backend::detect`]; so does a scan made for each backend
+    /// ([`crate::scan::LinearScan`], as the delegate's scan step keeps one).
+    /// An entry point without a preparation (the free scan functions)
+    /// detects once at its top, not per row or tile. Counted on this
     /// thread, the runs on the serial pool.
     #[test]
     fn run_paths_do_not_detect() {
@@ -646,7 +648,7 @@ mod tests {
             materialise, BinaryOp, EpilogueSink, Expr, Program, ProgramRows, RowSink, RowSource,
             RowsIn, RowsOut, Shape, UnaryOp,
         };
-        use crate::scan::{linear_scan_f32, ScanParams};
+        use crate::scan::{linear_scan_f32, scan_rows_scratch, ScanParams};
         use crate::scratch::Scratch;
         use crate::test_support::{conv_params, Rng, TestEnv};
 
@@ -704,7 +706,7 @@ mod tests {
                 for a in Algorithm::ALL {
                     let choice = Choice::Force(a);
                     let weights = Weights::Constant(&w);
-                    if let Ok(c) = PreparedConv1d::on_backend(p, weights, choice, isa.backend()) {
+                    if let Ok(c) = PreparedConv1d::on_isa(p, weights, choice, isa) {
                         convs.push(c);
                     }
                 }
@@ -741,21 +743,72 @@ mod tests {
                 assert_eq!(detects_on_this_thread(), before, "{isa:?} {p:?}");
             }
         }
-        // The scan, which has no preparation, detects once a call.
+        // The scan: a `LinearScan` keeps the instruction set it was made
+        // with, stored and fused operands alike (`a = -x`, `u = x * x`,
+        // apart and as one pair program).
         let sp = ScanParams {
             batch: 2,
             channels: 64,
             len: 3000,
         };
-        let (x0, a, u) = (
-            vec![0.5; 128],
-            vec![0.9; 2 * 64 * 3000],
-            vec![0.1; 2 * 64 * 3000],
-        );
-        let mut y = vec![0.0; 2 * 64 * 3000];
+        let dims = [sp.batch, sp.channels, sp.len];
+        let x0 = vec![0.5; sp.state_elems()];
+        let x = rng.vec(sp.seq_elems(), -1.0, 1.0);
+        let mut env = TestEnv::default();
+        let xs = env.stored(&dims, x.clone());
+        let av = env.virt(&dims);
+        let uv = env.virt(&dims);
+        let operands = |pair: bool| {
+            let mut p = Program::default();
+            let l = p.push(Expr::Load, xs);
+            let neg = p.push(
+                Expr::Unary {
+                    op: UnaryOp::Neg,
+                    x: l,
+                },
+                av,
+            );
+            if pair {
+                let sq = p.push(
+                    Expr::Binary {
+                        op: BinaryOp::Mul,
+                        a: l,
+                        b: l,
+                    },
+                    uv,
+                );
+                p.set_roots(vec![neg, sq]);
+            }
+            p
+        };
+        let mut y = vec![0.0; sp.seq_elems()];
+        for isa in Isa::all_available() {
+            let scan = crate::scan::LinearScan::new(isa);
+            let (a, pair) = (
+                operands(false).compile_for(isa),
+                operands(true).compile_for(isa),
+            );
+            let scratch = Scratch::new(
+                1,
+                scan_rows_scratch(a.temporaries().max(pair.temporaries())),
+            );
+            let before = detects_on_this_thread();
+            crate::par::install(&crate::par::Serial, || {
+                scan.run(&sp, &x0, &x, &x, &mut y).unwrap();
+                let (a, pair) = (ProgramRows::new(&a, &env), ProgramRows::new(&pair, &env));
+                let (x0, u) = (RowsIn::Slice(&x0), RowsIn::Slice(&x));
+                let a = RowsIn::Fused(&a);
+                scan.run_rows(&sp, x0, a, u, RowsOut::Slice(&mut y), &scratch)
+                    .unwrap();
+                scan.run_rows_pair(&sp, x0, &pair, RowsOut::Slice(&mut y), &scratch)
+                    .unwrap();
+            });
+            assert_eq!(detects_on_this_thread(), before, "{isa:?}");
+        }
+        // The free functions, which have no preparation, detect once a call.
         let before = detects_on_this_thread();
         crate::par::install(&crate::par::Serial, || {
-            linear_scan_f32(&sp, &x0, &a, &u, &mut y).unwrap()
+            linear_scan_f32(&sp, &x0, &x, &x, &mut y).unwrap()
         });
         assert_eq!(detects_on_this_thread(), before + 1);
     }

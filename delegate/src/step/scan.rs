@@ -5,7 +5,7 @@
 //! its epilogue, all in its loops).
 
 use rustconv_kernels::fused::{EpilogueSink, ProgramRows, RowsIn, RowsOut};
-use rustconv_kernels::{self as kernels, scan_rows_scratch, KernelError, ScanParams};
+use rustconv_kernels::{scan_rows_scratch, Isa, KernelError, LinearScan, ScanParams};
 use rustconv_schema as fb;
 
 use super::anchor::{AnchorOp, Decode, DecodeAnchor, Fused};
@@ -97,6 +97,7 @@ impl AnchorOp for ScanOp {
         };
         Ok(Box::new(ScanStep {
             op: *self,
+            kernel: LinearScan::new(Isa::detect()),
             x0: operands.source(self.x0)?,
             a,
             u,
@@ -109,6 +110,9 @@ impl AnchorOp for ScanOp {
 #[derive(Debug)]
 pub struct ScanStep {
     op: ScanOp,
+    /// The scan on the instruction set chosen when the plan was built, so
+    /// that a run asks the CPU nothing.
+    kernel: LinearScan,
     x0: Source,
     a: Source,
     u: Source,
@@ -173,7 +177,7 @@ impl StepKind for ScanStep {
         if let (Source::Stored(x0), Source::Stored(a), Source::Stored(u), None) =
             (&self.x0, &self.a, &self.u, &self.epilogue)
         {
-            return kernels::linear_scan_f32(
+            return self.kernel.run(
                 &params,
                 call.view(*x0),
                 call.view(*a),
@@ -202,14 +206,14 @@ impl StepKind for ScanStep {
             }
         };
         match (&ra, &self.u) {
-            (Some(au), Source::Paired) => kernels::linear_scan_rows_pair(
+            (Some(au), Source::Paired) => self.kernel.run_rows_pair(
                 &params,
                 rows_in(&self.x0, &r0, call),
                 au,
                 y_out,
                 call.scratch,
             ),
-            _ => kernels::linear_scan_rows(
+            _ => self.kernel.run_rows(
                 &params,
                 rows_in(&self.x0, &r0, call),
                 rows_in(&self.a, &ra, call),

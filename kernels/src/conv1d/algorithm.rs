@@ -12,7 +12,7 @@ use super::params::Conv1dGeometry;
 use super::weights::Weights;
 use crate::fused::{RowsIn, RowsOut};
 use crate::scratch::Scratch;
-use crate::simd::Backend;
+use crate::simd::{Backend, Isa};
 
 /// One registered algorithm: everything choosing it needs before anything
 /// is prepared, and the function that prepares it.
@@ -32,10 +32,10 @@ pub(crate) struct Entry {
     /// prepare.
     pub takes_fed_weights: bool,
     /// Prepares it for the maximum shape `g`, where `applies(g)` holds, on
-    /// the backend the preparation chose (which every call then runs);
-    /// `None` where it cannot take `weights` (fed to an algorithm that
-    /// does not take fed weights) or this CPU lacks the backend.
-    pub prepare: fn(&Conv1dGeometry, Weights, Backend) -> Option<Box<dyn ConvAlgorithm>>,
+    /// the instruction set the preparation chose (which every call then
+    /// runs); `None` where it cannot take `weights` (fed to an algorithm
+    /// that does not take fed weights).
+    pub prepare: fn(&Conv1dGeometry, Weights, Isa) -> Option<Box<dyn ConvAlgorithm>>,
 }
 
 /// A fused operand (a prologue's input, an epilogue's output) that this

@@ -26,7 +26,7 @@ use super::weights::Weights;
 use crate::error::{check_len, KernelError};
 use crate::fused::{RowsIn, RowsOut};
 use crate::scratch::{zeroed_floats, Scratch};
-use crate::simd::Backend;
+use crate::simd::{Backend, Isa};
 
 /// How [`PreparedConv1d::new`] picks the algorithm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -112,19 +112,18 @@ impl PreparedConv1d {
         weights: Weights,
         choice: Choice,
     ) -> Result<Self, KernelError> {
-        Self::on_backend(max, weights, choice, Backend::detect())
+        Self::on_isa(max, weights, choice, Isa::detect())
     }
 
-    /// [`Self::for_weights`] on `backend` (which this CPU has), chosen
-    /// once here: the cost model prices it and every kernel the preparation
-    /// builds runs it.
-    pub(crate) fn on_backend(
+    /// [`Self::for_weights`] on `isa`, chosen once here: the cost model
+    /// prices it and every kernel the preparation builds runs it.
+    pub(crate) fn on_isa(
         max: &Conv1dParams,
         weights: Weights,
         choice: Choice,
-        backend: Backend,
+        isa: Isa,
     ) -> Result<Self, KernelError> {
-        debug_assert!(backend.is_available());
+        let backend = isa.backend();
         let g = max.geometry()?;
         if let Weights::Constant(w) = weights {
             check_len("w", g.weight_elems, w.len())?;
@@ -136,7 +135,7 @@ impl PreparedConv1d {
                         algorithm: a.name(),
                     });
                 }
-                Self::with(a, g, weights, backend)
+                Self::with(a, g, weights, isa)
             }
             // Where even the longest call is a decode step of a dense or
             // grouped conv, or a short call of constant weights it packs,
@@ -147,7 +146,7 @@ impl PreparedConv1d {
                 if (Gemv::takes(&g) || (Gemv::packs(&g) && !weights.fed()))
                     && Algorithm::Gemm.applies(&g, backend) =>
             {
-                Self::with(Algorithm::Gemm, g, weights, backend)
+                Self::with(Algorithm::Gemm, g, weights, isa)
             }
             Choice::Auto => {
                 let best = Algorithm::ALL
@@ -156,9 +155,9 @@ impl PreparedConv1d {
                     .filter_map(|a| a.estimate(&g, backend).map(|c| (a, c)))
                     .min_by(|x, y| x.1.total_cmp(&y.1))
                     .map_or(Algorithm::Direct, |(a, _)| a);
-                Self::with(best, g, weights, backend)
+                Self::with(best, g, weights, isa)
             }
-            Choice::Measure => Self::measure(g, weights, backend),
+            Choice::Measure => Self::measure(g, weights, isa),
         }
     }
 
@@ -170,17 +169,17 @@ impl PreparedConv1d {
         a: Algorithm,
         g: Conv1dGeometry,
         weights: Weights,
-        backend: Backend,
+        isa: Isa,
     ) -> Result<Self, KernelError> {
-        let imp = (a.entry().prepare)(&g, weights, backend).ok_or(KernelError::NotApplicable {
+        let backend = isa.backend();
+        let imp = (a.entry().prepare)(&g, weights, isa).ok_or(KernelError::NotApplicable {
             algorithm: a.name(),
         })?;
         // The matrix-vector kernel reads the weights in place, so it
         // stands in only for an algorithm that reads them too (not the
         // FFT, whose caller may have released them).
-        let mut gemv = (Algorithm::Gemm.applies(&g, backend) && imp.reads_weights())
-            .then(|| Gemv::new(backend))
-            .flatten();
+        let mut gemv =
+            (Algorithm::Gemm.applies(&g, backend) && imp.reads_weights()).then(|| Gemv::new(isa));
         if let (Some(gemv), Weights::Constant(w)) = (&mut gemv, weights) {
             gemv.pack(&g, w);
         }
@@ -200,7 +199,8 @@ impl PreparedConv1d {
         })
     }
 
-    fn measure(g: Conv1dGeometry, weights: Weights, backend: Backend) -> Result<Self, KernelError> {
+    fn measure(g: Conv1dGeometry, weights: Weights, isa: Isa) -> Result<Self, KernelError> {
+        let backend = isa.backend();
         let threads = crate::par::threads();
         // The sizes are the plan's (a blob's): allocated fallibly.
         let mut x = zeroed_floats(g.input_elems, "measuring input")?;
@@ -223,7 +223,7 @@ impl PreparedConv1d {
             .into_iter()
             .filter(|&a| usable(a, &g, &weights, backend))
         {
-            let candidate = Self::with(a, g, weights, backend)?;
+            let candidate = Self::with(a, g, weights, isa)?;
             let scratch = Scratch::try_sized(
                 threads,
                 candidate.scratch_per_thread(),

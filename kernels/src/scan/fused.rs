@@ -12,7 +12,6 @@ use super::row_kernel::RowKernel;
 use crate::error::{check_len, KernelError};
 use crate::fused::{PairSource, RowsIn, RowsOut};
 use crate::scratch::Scratch;
-use crate::simd::Isa;
 
 /// Time steps computed per chunk (and channels per block of a short
 /// scan's columns). Each chunk pays the line set-up of its prologue and
@@ -25,52 +24,23 @@ pub const FUSED_CHUNK: usize = 1024;
 /// Fewest elements per task.
 const MIN_TASK_ELEMS: usize = 16 * 1024;
 
-/// f32 elements of per-thread scratch [`linear_scan_rows`] needs when its
+/// f32 elements of per-thread scratch [`super::linear_scan_rows`] needs when its
 /// operands need `temporaries` line-sized temporaries at most.
 pub fn scan_rows_scratch(temporaries: usize) -> usize {
     (3 + temporaries) * FUSED_CHUNK
 }
 
-/// [`super::linear_scan_f32`] with fused operands (see the module docs).
-/// `scratch` needs [`scan_rows_scratch`] elements per thread for the most
-/// temporaries any operand or the sink needs.
-///
-/// # Errors
-/// A stored operand of the wrong length, or scratch too small.
-pub fn linear_scan_rows(
-    p: &ScanParams,
-    x0: RowsIn,
-    a: RowsIn,
-    u: RowsIn,
-    y: RowsOut,
-    scratch: &Scratch,
-) -> Result<(), KernelError> {
-    scan(p, x0, Decay::Separate(a, u), y, scratch)
-}
-
-/// [`linear_scan_rows`] with `a` and `u` computed together by one prologue
-/// (`au` fills `a` first, `u` second), so what they share is computed once.
-///
-/// # Errors
-/// As [`linear_scan_rows`].
-pub fn linear_scan_rows_pair(
-    p: &ScanParams,
-    x0: RowsIn,
-    au: &dyn PairSource,
-    y: RowsOut,
-    scratch: &Scratch,
-) -> Result<(), KernelError> {
-    scan(p, x0, Decay::Pair(au), y, scratch)
-}
-
 /// How the scan gets `a` and `u`.
 #[derive(Clone, Copy)]
-enum Decay<'a> {
+pub(super) enum Decay<'a> {
     Separate(RowsIn<'a>, RowsIn<'a>),
     Pair(&'a dyn PairSource),
 }
 
-fn scan(
+/// [`super::linear_scan_rows`] and [`super::linear_scan_rows_pair`] on
+/// `row_kernel`.
+pub(super) fn scan(
+    row_kernel: RowKernel,
     p: &ScanParams,
     x0: RowsIn,
     au: Decay,
@@ -122,7 +92,6 @@ fn scan(
         columns(p, x0, au, y, scratch);
         return Ok(());
     }
-    let row_kernel = RowKernel::of(Isa::detect());
     let (stored, sink) = match y {
         RowsOut::Slice(y) => (Some(y), None),
         RowsOut::Fused(sink) => (None, Some(sink)),

@@ -7,7 +7,9 @@
 //! element. A lone recurrence is not: each step waits for the previous
 //! multiply-add. [`linear_scan_f32`] therefore picks one of two
 //! [`Strategy`]s from the number of rows and the pool size, and one
-//! [`RowKernel`] from the instruction set `crate::simd` chose:
+//! [`RowKernel`] from the instruction set `crate::simd` chose (a
+//! [`LinearScan`] keeps the one it was made with; the free functions detect
+//! it at their top):
 //!
 //! * [`Strategy::Rows`] (rows >= threads): rows in parallel, in tasks of
 //!   whole rows. On [`RowKernel::Avx2`] each row is scanned on its own, 8
@@ -36,13 +38,58 @@ mod simd;
 mod tests;
 
 use crate::error::{check_len, KernelError};
-use crate::fused::SharedOut;
+use crate::fused::{PairSource, RowsIn, RowsOut, SharedOut};
+use crate::scratch::Scratch;
 use crate::simd::Isa;
+use fused::Decay;
 use kernel::Affine;
 use row_kernel::RowKernel;
 
-pub use fused::{linear_scan_rows, linear_scan_rows_pair, scan_rows_scratch};
+pub use fused::scan_rows_scratch;
 pub use params::ScanParams;
+
+/// The scan on one instruction set, chosen once (where a plan is built), so
+/// that its runs ask the CPU nothing: [`LinearScan::run`] is
+/// [`linear_scan_f32`], [`LinearScan::run_rows`] and
+/// [`LinearScan::run_rows_pair`] are [`linear_scan_rows`] and
+/// [`linear_scan_rows_pair`], each on the row kernel `isa` runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LinearScan {
+    row_kernel: RowKernel,
+}
+
+impl LinearScan {
+    /// The scan on `isa`.
+    pub fn new(isa: Isa) -> LinearScan {
+        LinearScan {
+            row_kernel: RowKernel::of(isa),
+        }
+    }
+
+    /// [`linear_scan_f32`] on this scan's instruction set.
+    ///
+    /// # Errors
+    ///
+    /// As [`linear_scan_f32`].
+    pub fn run(
+        &self,
+        p: &ScanParams,
+        x0: &[f32],
+        a: &[f32],
+        u: &[f32],
+        y: &mut [f32],
+    ) -> Result<(), KernelError> {
+        check(p, x0, a, u, y)?;
+        if p.len <= fused::SHORT_STEPS {
+            short_rows(p, x0, a, u, y);
+            return Ok(());
+        }
+        let threads = crate::par::threads();
+        let strategy = Strategy::choose(p, threads);
+        run(strategy, self.row_kernel, p, x0, a, u, y, threads);
+        Ok(())
+    }
+}
 
 /// Runs the scan: `y[b,c,0] = a[b,c,0] * x0[b,c] + u[b,c,0]` and
 /// `y[b,c,t] = a[b,c,t] * y[b,c,t-1] + u[b,c,t]`.
@@ -64,7 +111,8 @@ pub use params::ScanParams;
 /// least `threads` rows); with fewer rows than threads, long rows are cut
 /// into pieces by the pool size.
 /// Performs no heap allocation of its own; nor does the pool's scheduling
-/// once it is warm (`tests/no_alloc.rs`).
+/// once it is warm (`tests/no_alloc.rs`). Asks the CPU for its instruction
+/// set once a call; a [`LinearScan`] keeps one.
 ///
 /// # Errors
 ///
@@ -78,24 +126,73 @@ pub fn linear_scan_f32(
     u: &[f32],
     y: &mut [f32],
 ) -> Result<(), KernelError> {
-    check(p, x0, a, u, y)?;
-    if p.len <= fused::SHORT_STEPS {
-        short_rows(p, x0, a, u, y);
-        return Ok(());
+    LinearScan::new(Isa::detect()).run(p, x0, a, u, y)
+}
+
+/// [`linear_scan_f32`] with fused operands (see `fused.rs`).
+/// `scratch` needs [`scan_rows_scratch`] elements per thread for the most
+/// temporaries any operand or the sink needs. Asks the CPU for its
+/// instruction set once a call; [`LinearScan::run_rows`] does not.
+///
+/// # Errors
+/// A stored operand of the wrong length, or scratch too small.
+pub fn linear_scan_rows(
+    p: &ScanParams,
+    x0: RowsIn,
+    a: RowsIn,
+    u: RowsIn,
+    y: RowsOut,
+    scratch: &Scratch,
+) -> Result<(), KernelError> {
+    LinearScan::new(Isa::detect()).run_rows(p, x0, a, u, y, scratch)
+}
+
+/// [`linear_scan_rows`] with `a` and `u` computed together by one prologue
+/// (`au` fills `a` first, `u` second), so what they share is computed once.
+///
+/// # Errors
+/// As [`linear_scan_rows`].
+pub fn linear_scan_rows_pair(
+    p: &ScanParams,
+    x0: RowsIn,
+    au: &dyn PairSource,
+    y: RowsOut,
+    scratch: &Scratch,
+) -> Result<(), KernelError> {
+    LinearScan::new(Isa::detect()).run_rows_pair(p, x0, au, y, scratch)
+}
+
+impl LinearScan {
+    /// [`linear_scan_rows`] on this scan's instruction set.
+    ///
+    /// # Errors
+    /// As [`linear_scan_rows`].
+    pub fn run_rows(
+        &self,
+        p: &ScanParams,
+        x0: RowsIn,
+        a: RowsIn,
+        u: RowsIn,
+        y: RowsOut,
+        scratch: &Scratch,
+    ) -> Result<(), KernelError> {
+        fused::scan(self.row_kernel, p, x0, Decay::Separate(a, u), y, scratch)
     }
-    let threads = crate::par::threads();
-    let strategy = Strategy::choose(p, threads);
-    run(
-        strategy,
-        RowKernel::of(Isa::detect()),
-        p,
-        x0,
-        a,
-        u,
-        y,
-        threads,
-    );
-    Ok(())
+
+    /// [`linear_scan_rows_pair`] on this scan's instruction set.
+    ///
+    /// # Errors
+    /// As [`linear_scan_rows`].
+    pub fn run_rows_pair(
+        &self,
+        p: &ScanParams,
+        x0: RowsIn,
+        au: &dyn PairSource,
+        y: RowsOut,
+        scratch: &Scratch,
+    ) -> Result<(), KernelError> {
+        fused::scan(self.row_kernel, p, x0, Decay::Pair(au), y, scratch)
+    }
 }
 
 /// `x0`, `a`, `u` and `y` of a run of rows, as zipped chunks.

@@ -39,7 +39,7 @@ use crate::conv1d::params::Conv1dGeometry;
 use crate::conv1d::weights::Weights;
 use crate::fused::{col_tmp, RowsIn, RowsOut};
 use crate::scratch::Scratch;
-use crate::simd::Backend;
+use crate::simd::Isa;
 
 /// Rows this short (a decode step: one output, or a few) skip the row
 /// kernels, whose set-up per row (edges, register blocks) costs more than the
@@ -134,8 +134,8 @@ enum ColumnTaps {
 }
 
 impl ColumnWalk {
-    /// The walk on `backend`, or `None` where this CPU lacks it.
-    pub(super) fn new(g: &Conv1dGeometry, weights: Weights, backend: Backend) -> Option<Self> {
+    /// The walk on `isa`, or `None` for a filter of no taps.
+    pub(super) fn new(g: &Conv1dGeometry, weights: Weights, isa: Isa) -> Option<Self> {
         let (c, k) = (g.params.out_channels, g.params.kernel_size);
         let taps = match weights {
             Weights::Constant(w) => {
@@ -149,7 +149,7 @@ impl ColumnWalk {
             Weights::Fed => ColumnTaps::PerCall,
         };
         Some(ColumnWalk {
-            kernel: ColumnKernel::new(backend, k)?,
+            kernel: ColumnKernel::new(isa, k)?,
             taps,
         })
     }

@@ -33,6 +33,7 @@ use super::params::Conv1dGeometry;
 use super::weights::Weights;
 use crate::fused::{block_tmp, RowSink, RowsIn, RowsOut, ROW_BLOCK};
 use crate::scratch::Scratch;
+use crate::simd::Isa;
 use columns::{ColumnWalk, SERIAL_MACS, SHORT_OUTPUTS};
 use simd::{Backend, RowGeom, RowKernel};
 
@@ -165,15 +166,11 @@ pub(crate) struct DepthwiseConv {
 }
 
 impl DepthwiseConv {
-    /// The kernel on a given backend, or `None` where this CPU lacks it.
-    pub(crate) fn with_backend(
-        g: &Conv1dGeometry,
-        weights: Weights,
-        backend: Backend,
-    ) -> Option<Self> {
+    /// The kernel on `isa`, or `None` for a filter of no taps.
+    pub(crate) fn new(g: &Conv1dGeometry, weights: Weights, isa: Isa) -> Option<Self> {
         Some(DepthwiseConv {
-            kernel: RowKernel::new(backend, g.params.kernel_size, g.params.dilation)?,
-            columns: ColumnWalk::new(g, weights, backend)?,
+            kernel: RowKernel::new(isa, g.params.kernel_size, g.params.dilation)?,
+            columns: ColumnWalk::new(g, weights, isa)?,
         })
     }
 
@@ -565,10 +562,7 @@ pub(super) const ENTRY: Entry = Entry {
     applies: |g, _| applies(g),
     cost,
     takes_fed_weights: true,
-    prepare: |g, weights, backend| {
-        let conv = DepthwiseConv::with_backend(g, weights, backend)?;
-        Some(Box::new(conv))
-    },
+    prepare: |g, weights, isa| Some(Box::new(DepthwiseConv::new(g, weights, isa)?)),
 };
 
 /// Fuses a prologue and an epilogue on every path (row kernels, blocks of

@@ -43,7 +43,7 @@ use std::mem::MaybeUninit;
 #[cfg(target_arch = "x86_64")]
 use crate::simd::Avx512;
 pub(crate) use crate::simd::Backend;
-use crate::simd::{simd_variants, Simd};
+use crate::simd::{simd_variants, Isa, Simd};
 
 /// Outputs per register block of the interior loop for `kernel_size` taps
 /// on `backend`, outside the grouped kernel ([`grouped`]).
@@ -177,12 +177,13 @@ pub(crate) fn grouped(backend: Backend, kernel_size: usize, dilation: usize) -> 
 }
 
 impl RowKernel {
-    /// The kernel for `kernel_size` taps at `dilation` on `backend`, or
-    /// `None` where this CPU lacks the backend's features.
-    pub(crate) fn new(backend: Backend, kernel_size: usize, dilation: usize) -> Option<Self> {
-        if !backend.is_available() || kernel_size == 0 {
+    /// The kernel for `kernel_size` taps at `dilation` on `isa`, or `None`
+    /// for no taps.
+    pub(crate) fn new(isa: Isa, kernel_size: usize, dilation: usize) -> Option<Self> {
+        if kernel_size == 0 {
             return None;
         }
+        let backend = isa.backend();
         // Only the AVX-512 grouped kernel depends on the dilation.
         #[cfg(not(target_arch = "x86_64"))]
         let _ = dilation;
@@ -248,9 +249,9 @@ impl RowKernel {
         y: &mut [f32],
     ) {
         assert_eq!(taps.len(), self.kernel_size, "taps");
-        // SAFETY: `new` built `f` for `backend` only after checking this CPU
-        // has the backend's features. Everything else `f` relies on it
-        // checks itself (`row_generic`).
+        // SAFETY: `new` built `f` for the backend of an `Isa`, which this
+        // CPU has (only detection makes one). Everything else `f` relies on
+        // it checks itself (`row_generic`).
         unsafe { (self.f)(geom, x_row, taps, bias, l0, y) }
     }
 }

@@ -58,7 +58,8 @@ fn backends_include_the_detected_one() {
 fn grid_matches_reference_on_every_backend() {
     let mut rng = Rng::new(7);
     let mut cases = 0;
-    for backend in Backend::all_available() {
+    for isa in Isa::all_available() {
+        let backend = isa.backend();
         for k in KS {
             for in_len in LENS {
                 for dilation in 1..=3 {
@@ -81,9 +82,7 @@ fn grid_matches_reference_on_every_backend() {
                         let w = rng.vec(p.weight_elems(), -1.0, 1.0);
                         let b = rng.vec(p.bias_elems(), -1.0, 1.0);
                         let bias = (rng.range(0, 1) == 1).then_some(&b[..]);
-                        let kernel =
-                            DepthwiseConv::with_backend(&g, Weights::Constant(&w), backend)
-                                .unwrap();
+                        let kernel = DepthwiseConv::new(&g, Weights::Constant(&w), isa).unwrap();
                         assert_eq!(kernel.kernel.backend(), backend);
                         let got = run_kernel(&kernel, &p, &x, &w, bias);
                         let ctx = format!("{backend:?}, bias {}: {p:?}", bias.is_some());
@@ -101,7 +100,8 @@ fn grid_matches_reference_on_every_backend() {
 fn structured_inputs_match_reference_exactly() {
     // Small integers keep every partial sum exact, so any summation order
     // and fused or unfused rounding must agree bit for bit.
-    for backend in Backend::all_available() {
+    for isa in Isa::all_available() {
+        let backend = isa.backend();
         // K = 200 with dilation 3 spans more than the edge window: scalar edges.
         for k in [1, 3, 4, 8, 9, 33, 200] {
             for (in_len, pads, dilation) in [
@@ -120,8 +120,7 @@ fn structured_inputs_match_reference_exactly() {
                     .map(|i| (i % 5) as f32 - 2.0)
                     .collect();
                 let b: Vec<f32> = (0..p.bias_elems()).map(|i| i as f32).collect();
-                let kernel =
-                    DepthwiseConv::with_backend(&g, Weights::Constant(&w), backend).unwrap();
+                let kernel = DepthwiseConv::new(&g, Weights::Constant(&w), isa).unwrap();
                 for bias in [None, Some(&b[..])] {
                     assert_eq!(
                         run_kernel(&kernel, &p, &x, &w, bias),
@@ -140,14 +139,15 @@ fn long_rows_split_into_chunks_give_the_same_bits_on_any_pool() {
     // Few rows, long: split into time chunks whose boundaries depend on the
     // thread count; every output must still be computed identically.
     let mut rng = Rng::new(11);
-    for backend in Backend::all_available() {
+    for isa in Isa::all_available() {
+        let backend = isa.backend();
         for (k, pads, dilation) in [(4, (3, 0), 1), (3, (1, 1), 2), (33, (5, 40), 1)] {
             let p = depthwise(1, 2, 20_011, k, pads, dilation);
             let g = p.geometry().unwrap();
             let x = rng.vec(p.input_elems(), -1.0, 1.0);
             let w = rng.vec(p.weight_elems(), -1.0, 1.0);
             let b = rng.vec(p.bias_elems(), -1.0, 1.0);
-            let kernel = DepthwiseConv::with_backend(&g, Weights::Constant(&w), backend).unwrap();
+            let kernel = DepthwiseConv::new(&g, Weights::Constant(&w), isa).unwrap();
             let run_on = |threads| {
                 let pool = rayon::ThreadPoolBuilder::new()
                     .num_threads(threads)
@@ -373,9 +373,9 @@ fn calibrate() {
                     .unwrap()
             });
             line += &format!(" direct {:6.1} GF/s", 2.0 * macs / t / 1e9);
-            for backend in Backend::all_available() {
-                let kernel =
-                    DepthwiseConv::with_backend(&g, Weights::Constant(&w), backend).unwrap();
+            for isa in Isa::all_available() {
+                let backend = isa.backend();
+                let kernel = DepthwiseConv::new(&g, Weights::Constant(&w), isa).unwrap();
                 let t = time(threads, &mut || {
                     kernel.run(&g, &x, &w, Some(&b), &mut y, &scratch)
                 });
@@ -419,8 +419,7 @@ fn short_rows_match_reference_in_both_entry_points() {
         let x = rng.vec(p.input_elems(), -1.0, 1.0);
         let w = rng.vec(p.weight_elems(), -1.0, 1.0);
         let b = rng.vec(p.bias_elems(), -1.0, 1.0);
-        let kernel =
-            DepthwiseConv::with_backend(&g, Weights::Constant(&w), Backend::detect()).unwrap();
+        let kernel = DepthwiseConv::new(&g, Weights::Constant(&w), Isa::detect()).unwrap();
         for bias in [None, Some(&b[..])] {
             let got = run_kernel(&kernel, &p, &x, &w, bias);
             check(&p, &x, &w, bias, &got, &format!("run {p:?}"));
@@ -445,7 +444,8 @@ fn grouped_filters_short_and_long_rows_match_reference_exactly() {
     // edge windows: every row length around the vector and window sizes,
     // "same", causal and anti-causal padding. Small integers keep every
     // partial sum exact, so the bits must equal the reference's.
-    for backend in Backend::all_available() {
+    for isa in Isa::all_available() {
+        let backend = isa.backend();
         for k in [9, 10, 16, 17] {
             let lens = (1..=40).chain([63, 64, 65, 255, 256, 257, 300]);
             for in_len in lens {
@@ -459,8 +459,7 @@ fn grouped_filters_short_and_long_rows_match_reference_exactly() {
                         .map(|i| (i % 7) as f32 - 3.0)
                         .collect();
                     let b: Vec<f32> = (0..p.bias_elems()).map(|i| i as f32 + 0.5).collect();
-                    let kernel =
-                        DepthwiseConv::with_backend(&g, Weights::Constant(&w), backend).unwrap();
+                    let kernel = DepthwiseConv::new(&g, Weights::Constant(&w), isa).unwrap();
                     assert_eq!(
                         run_kernel(&kernel, &p, &x, &w, Some(&b)),
                         reference::conv1d_f32(&p, &x, &w, Some(&b)).unwrap(),

@@ -18,7 +18,7 @@
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
 use crate::simd::Backend;
-use crate::simd::{simd_variants, Simd};
+use crate::simd::{simd_variants, Isa, Simd};
 
 /// A tile's operands (see the module docs).
 pub(super) struct Tile<'a> {
@@ -63,13 +63,12 @@ macro_rules! by_taps {
 }
 
 impl ColumnKernel {
-    /// The kernel for `kernel_size` taps on `backend`, or `None` where this
-    /// CPU lacks the backend's features.
-    pub(super) fn new(backend: Backend, kernel_size: usize) -> Option<Self> {
-        if !backend.is_available() || kernel_size == 0 {
+    /// The kernel for `kernel_size` taps on `isa`, or `None` for no taps.
+    pub(super) fn new(isa: Isa, kernel_size: usize) -> Option<Self> {
+        if kernel_size == 0 {
             return None;
         }
-        let f = match backend {
+        let f = match isa.backend() {
             Backend::Portable => by_taps!(tile_portable, kernel_size),
             #[cfg(target_arch = "x86_64")]
             Backend::Avx2 => by_taps!(tile_avx2, kernel_size),
@@ -182,9 +181,10 @@ mod tests {
     /// count (full vectors and tails) and dilation against a plain loop.
     #[test]
     fn tiles_match_a_plain_loop_on_every_backend() {
-        for backend in Backend::all_available() {
+        for isa in Isa::all_available() {
+            let backend = isa.backend();
             for k in [1, 3, 4, 8, 9, 13] {
-                let kernel = ColumnKernel::new(backend, k).unwrap();
+                let kernel = ColumnKernel::new(isa, k).unwrap();
                 for (n, m, dilation) in [(1, 1, 1), (7, 3, 2), (16, 5, 1), (37, 33, 3), (64, 2, 1)]
                 {
                     let span = (k - 1) * dilation;
@@ -229,7 +229,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "window too short")]
     fn a_short_window_is_refused_before_any_load() {
-        let kernel = ColumnKernel::new(Backend::detect(), 3).unwrap();
+        let kernel = ColumnKernel::new(Isa::detect(), 3).unwrap();
         let tile = Tile {
             n: 16,
             m: 4,

@@ -441,8 +441,8 @@ pub(super) const ENTRY: Entry = Entry {
     applies,
     cost,
     takes_fed_weights: false,
-    prepare: |g, weights, backend| match weights {
-        Weights::Constant(w) => Some(Box::new(FftConv::prepare(g, w, backend))),
+    prepare: |g, weights, isa| match weights {
+        Weights::Constant(w) => Some(Box::new(FftConv::prepare(g, w, isa.backend()))),
         Weights::Fed => None,
     },
 };

@@ -27,7 +27,7 @@
 #![allow(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
-use crate::simd::{simd_variants, Backend, Simd};
+use crate::simd::{simd_variants, Backend, Isa, Simd};
 
 /// A micro-kernel's register block: `mr` rows by `nr` vectors of `lanes`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -157,11 +157,9 @@ pub(crate) struct TileKernel {
 }
 
 impl TileKernel {
-    /// The kernel for `backend`, or `None` where this CPU lacks it.
-    pub(crate) fn new(backend: Backend) -> Option<Self> {
-        if !backend.is_available() {
-            return None;
-        }
+    /// The kernel on `isa`.
+    pub(crate) fn new(isa: Isa) -> Self {
+        let backend = isa.backend();
         let (f, pack): (TileFn, PackFn) = match backend {
             Backend::Portable => (tile_portable::<2>, pack_panel::<2>),
             #[cfg(target_arch = "x86_64")]
@@ -171,12 +169,11 @@ impl TileKernel {
             #[cfg(target_arch = "aarch64")]
             Backend::Neon => (tile_neon::<6>, pack_panel::<6>),
         };
-        let kernel = TileKernel {
+        TileKernel {
             block: block(backend),
             f,
             pack,
-        };
-        Some(kernel)
+        }
     }
 
     pub(crate) fn block(&self) -> Block {

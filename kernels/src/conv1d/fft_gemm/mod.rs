@@ -144,7 +144,7 @@ use super::algorithm::{ConvAlgorithm, Entry, NotFusable};
 use super::params::Conv1dGeometry;
 use crate::fused::{RowSink, RowsIn, RowsOut};
 use crate::scratch::Scratch;
-use crate::simd::Backend;
+use crate::simd::{Backend, Isa};
 use kernel::{Block, Layout, TileArgs, TileKernel, Weights};
 
 /// Transform lengths prepare chooses among.
@@ -256,19 +256,19 @@ pub(crate) struct FftGemmConv {
 
 impl FftGemmConv {
     /// Chooses the length by the cost model and builds the transform
-    /// matrices for `backend`, or `None` where this CPU lacks it; the
-    /// weights are read in place by every call.
-    pub(crate) fn prepare(g: &Conv1dGeometry, backend: Backend) -> Option<Self> {
+    /// matrices for `isa`; the weights are read in place by every call.
+    pub(crate) fn prepare(g: &Conv1dGeometry, isa: Isa) -> Self {
+        let backend = isa.backend();
         let l = lengths(g, backend)
             .min_by(|&a, &b| cost_at(g, backend, a).total_cmp(&cost_at(g, backend, b)))
             .expect("applies() holds");
-        Self::with(g, backend, l)
+        Self::with(g, isa, l)
     }
 
     /// As [`Self::prepare`] with a given length.
-    pub(crate) fn with(g: &Conv1dGeometry, backend: Backend, l: usize) -> Option<Self> {
+    pub(crate) fn with(g: &Conv1dGeometry, isa: Isa, l: usize) -> Self {
         let p = &g.params;
-        let kernel = TileKernel::new(backend)?;
+        let kernel = TileKernel::new(isa);
         let mr = kernel.block().mr;
         let (cin, cout, taps) = (g.in_per_group, g.out_per_group, p.kernel_size);
         let r = reach(g);
@@ -311,7 +311,7 @@ impl FftGemmConv {
             };
             v / l as f64
         });
-        Some(FftGemmConv {
+        FftGemmConv {
             l,
             m,
             wfwd,
@@ -321,7 +321,7 @@ impl FftGemmConv {
             cin,
             cout,
             taps,
-        })
+        }
     }
 
     /// The transform length chosen.
@@ -535,7 +535,7 @@ pub(super) const ENTRY: Entry = Entry {
     applies,
     cost,
     takes_fed_weights: true,
-    prepare: |g, _, backend| Some(Box::new(FftGemmConv::prepare(g, backend)?)),
+    prepare: |g, _, isa| Some(Box::new(FftGemmConv::prepare(g, isa))),
 };
 
 /// Fuses an epilogue into its rows' stores; its input is transformed from

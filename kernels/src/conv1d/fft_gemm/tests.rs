@@ -206,9 +206,10 @@ fn every_length_and_backend_matches_reference() {
         let bias = rng.vec(p.bias_elems(), -1.0, 1.0);
         let x = rng.vec(p.input_elems(), -1.0, 1.0);
         let want = reference::conv1d_f32(&p, &x, &w, Some(&bias)).unwrap();
-        for backend in Backend::all_available() {
+        for isa in Isa::all_available() {
+            let backend = isa.backend();
             for l in lengths(&g, backend) {
-                let conv = FftGemmConv::with(&g, backend, l).unwrap();
+                let conv = FftGemmConv::with(&g, isa, l);
                 assert_eq!(conv.length(), l);
                 let scratch = Scratch::sized(
                     rayon::current_num_threads(),
@@ -437,8 +438,9 @@ fn packed_panels_hold_each_filter_tap_by_tap() {
     // Full panels and the last, partial one, for every backend's block.
     let (cin, cout, taps) = (5, 13usize, 3);
     let w: Vec<f32> = (0..cout * cin * taps).map(|i| i as f32 + 1.0).collect();
-    for backend in Backend::all_available() {
-        let kernel = kernel::TileKernel::new(backend).unwrap();
+    for isa in Isa::all_available() {
+        let backend = isa.backend();
+        let kernel = kernel::TileKernel::new(isa);
         let mr = kernel.block().mr;
         for pn in 0..cout.div_ceil(mr) {
             let mut panel = vec![f32::NAN; kernel::panel_len(cin, taps, kernel.block())];

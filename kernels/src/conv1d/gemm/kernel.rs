@@ -43,7 +43,7 @@
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
 use crate::fused::{block_tmp, RowSource, ROW_BLOCK};
-use crate::simd::{simd_variants, Backend, Simd};
+use crate::simd::{simd_variants, Backend, Isa, Simd};
 
 /// A micro-kernel's register block: `mr` output channels by `nr` vectors
 /// of `lanes` output positions.
@@ -233,12 +233,9 @@ impl std::fmt::Debug for TileKernel {
 }
 
 impl TileKernel {
-    /// The kernel for `out_per_group` output channels on `backend`, or
-    /// `None` where this CPU lacks the backend's features.
-    pub(crate) fn new(backend: Backend, out_per_group: usize) -> Option<Self> {
-        if !backend.is_available() {
-            return None;
-        }
+    /// The kernel for `out_per_group` output channels on `isa`.
+    pub(crate) fn new(isa: Isa, out_per_group: usize) -> Self {
+        let backend = isa.backend();
         let block = choose_block(backend, out_per_group);
         /// `$f::<MR, NR>` for the blocks of [`blocks`].
         macro_rules! pick {
@@ -263,12 +260,12 @@ impl TileKernel {
             #[cfg(target_arch = "aarch64")]
             Backend::Neon => (pick!(tile_neon), fill_neon as FillFn),
         };
-        Some(TileKernel {
+        TileKernel {
             backend,
             block,
             f,
             fill,
-        })
+        }
     }
 
     #[cfg(test)]
@@ -296,8 +293,9 @@ impl TileKernel {
         window: TileWindow<'_>,
         done: Option<&mut PanelDone<'_>>,
     ) {
-        // SAFETY: `new` built `f` for `backend` only after checking this CPU
-        // has its features; the output is valid by our caller's contract.
+        // SAFETY: `new` built `f` for the backend of an `Isa`, which this
+        // CPU has (only detection makes one); the output is valid by our
+        // caller's contract.
         unsafe { (self.f)(args, window, done) }
     }
 
@@ -311,8 +309,8 @@ impl TileKernel {
         out: &mut [f32],
         buf: &mut [f32],
     ) {
-        // SAFETY: `new` built `fill` for `backend` only after checking this
-        // CPU has its features; the function is otherwise safe.
+        // SAFETY: `new` built `fill` for the backend of an `Isa`, which this
+        // CPU has (only detection makes one); the function is otherwise safe.
         unsafe { (self.fill)(args, channels, self.block.cols(), out, buf) }
     }
 }

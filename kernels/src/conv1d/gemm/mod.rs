@@ -100,7 +100,7 @@ use std::ops::Range;
 
 use crate::fused::{block_tmp, RowSink, RowsIn, RowsOut, ROW_BLOCK};
 use crate::scratch::Scratch;
-use crate::simd::Backend;
+use crate::simd::{Backend, Isa};
 use kernel::{
     choose_block, source_buf, Block, TileArgs, TileInput, TileKernel, TileWindow, Window,
 };
@@ -209,12 +209,11 @@ pub(crate) struct GemmConv {
 }
 
 impl GemmConv {
-    /// The kernel for `backend`, or `None` where this CPU lacks it.
-    /// Nothing here depends on the batch; the input length bounds the
-    /// window.
-    pub(crate) fn with_backend(g: &Conv1dGeometry, backend: Backend) -> Option<Self> {
+    /// The kernel on `isa`. Nothing here depends on the batch; the input
+    /// length bounds the window.
+    pub(crate) fn new(g: &Conv1dGeometry, isa: Isa) -> Self {
         let p = &g.params;
-        let kernel = TileKernel::new(backend, g.out_per_group)?;
+        let kernel = TileKernel::new(isa, g.out_per_group);
         let block = kernel.block();
         // Chunks never exceed the output length nor the cap plus the ragged
         // end a last chunk takes in (Tiling::new), and calls have at most
@@ -231,7 +230,7 @@ impl GemmConv {
         if need <= SHARED_WINDOW_FLOATS {
             conv.shared_windows = need;
         }
-        Some(conv)
+        conv
     }
 
     /// The window of one tile: `in_per_group × phases × pitch` floats.
@@ -613,7 +612,7 @@ pub(super) const ENTRY: Entry = Entry {
     applies: |g, _| applies(g),
     cost,
     takes_fed_weights: true,
-    prepare: |g, _, backend| Some(Box::new(GemmConv::with_backend(g, backend)?)),
+    prepare: |g, _, isa| Some(Box::new(GemmConv::new(g, isa))),
 };
 
 /// Fuses a prologue into its windows and an epilogue into its tiles'

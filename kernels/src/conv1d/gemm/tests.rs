@@ -281,8 +281,9 @@ fn partial_blocks_read_only_their_own_filters() {
         .collect();
     let x: Vec<f32> = (0..p.input_elems()).map(|i| (i % 5) as f32 - 2.0).collect();
     let want = reference::conv1d_f32(&p, &x, &w, None).unwrap();
-    for backend in Backend::all_available() {
-        let conv = GemmConv::with_backend(&g, backend).unwrap();
+    for isa in Isa::all_available() {
+        let backend = isa.backend();
+        let conv = GemmConv::new(&g, isa);
         let mr = conv.kernel.block().mr;
         assert!(11 % mr != 0, "{backend:?}: mr {mr}");
         // Exact: integer-valued terms, far below 2^24.
@@ -595,9 +596,9 @@ fn backends_include_the_detected_one() {
     let g = params(1, (4, 4, 1), 10, 3, 1, (1, 1), 1)
         .geometry()
         .unwrap();
-    for backend in all {
-        let conv = GemmConv::with_backend(&g, backend).unwrap();
-        assert_eq!(conv.kernel.backend(), backend);
+    for isa in Isa::all_available() {
+        let conv = GemmConv::new(&g, isa);
+        assert_eq!(conv.kernel.backend(), isa.backend());
     }
 }
 
@@ -622,7 +623,8 @@ fn ragged_edges_match_reference_on_every_backend() {
         (5, 1, 1),
     ];
     let mut cases = 0;
-    for backend in Backend::all_available() {
+    for isa in Isa::all_available() {
+        let backend = isa.backend();
         for (i, &out_len) in out_lens.iter().enumerate() {
             for (j, &ch) in channels.iter().enumerate() {
                 let kernel_size = [1, 2, 3, 5][(i + j) % 4];
@@ -640,7 +642,7 @@ fn ragged_edges_match_reference_on_every_backend() {
                 let w = rng.vec(p.weight_elems(), -1.0, 1.0);
                 let b = rng.vec(p.bias_elems(), -1.0, 1.0);
                 let x = rng.vec(p.input_elems(), -1.0, 1.0);
-                let conv = GemmConv::with_backend(&g, backend).unwrap();
+                let conv = GemmConv::new(&g, isa);
                 assert_eq!(conv.kernel.backend(), backend);
                 for bias in [None, Some(&b[..])] {
                     let got = run_gemm(&conv, &p, &x, &w, bias);
@@ -657,7 +659,8 @@ fn ragged_edges_match_reference_on_every_backend() {
 #[test]
 fn random_shapes_match_reference_on_every_backend() {
     let mut rng = Rng::new(99);
-    for backend in Backend::all_available() {
+    for isa in Isa::all_available() {
+        let backend = isa.backend();
         for trial in 0..120 {
             let groups = rng.range(1, 3);
             let max = Conv1dParams {
@@ -678,7 +681,7 @@ fn random_shapes_match_reference_on_every_backend() {
             }
             let w = rng.vec(max.weight_elems(), -1.0, 1.0);
             let b = rng.vec(max.bias_elems(), -1.0, 1.0);
-            let conv = GemmConv::with_backend(&g, backend).unwrap();
+            let conv = GemmConv::new(&g, isa);
             // At the prepared shape and at a shorter input.
             for in_len in [max.in_len, rng.range(0, max.in_len)] {
                 let p = Conv1dParams { in_len, ..max };
@@ -709,13 +712,14 @@ fn structured_inputs_match_reference_exactly_on_every_backend() {
         params(2, (40, 128, 1), 90, 3, 1, (1, 1), 1),
         params(1, (16, 27, 1), 1100, 4, 3, (2, 5), 2),
     ];
-    for backend in Backend::all_available() {
+    for isa in Isa::all_available() {
+        let backend = isa.backend();
         for p in cases {
             let ramp = |n: usize, modulus: usize| (0..n).map(|i| (i % modulus) as f32).collect();
             let x: Vec<f32> = ramp(p.input_elems(), 17);
             let w: Vec<f32> = ramp(p.weight_elems(), 7);
             let bias: Vec<f32> = ramp(p.bias_elems(), 5);
-            let conv = GemmConv::with_backend(&p.geometry().unwrap(), backend).unwrap();
+            let conv = GemmConv::new(&p.geometry().unwrap(), isa);
             for bias in [None, Some(&bias[..])] {
                 let want = reference::conv1d_f32(&p, &x, &w, bias).unwrap();
                 assert_eq!(run_gemm(&conv, &p, &x, &w, bias), want, "{backend:?} {p:?}");
@@ -732,8 +736,9 @@ fn result_does_not_depend_on_pool_size_on_every_backend() {
     let x = rng.vec(p.input_elems(), -1.0, 1.0);
     let w = rng.vec(p.weight_elems(), -1.0, 1.0);
     let bias = rng.vec(p.bias_elems(), -1.0, 1.0);
-    for backend in Backend::all_available() {
-        let conv = GemmConv::with_backend(&g, backend).unwrap();
+    for isa in Isa::all_available() {
+        let backend = isa.backend();
+        let conv = GemmConv::new(&g, isa);
         let run_on = |threads| {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
@@ -846,8 +851,9 @@ fn strided_shapes_match_reference_on_every_backend() {
             .iter()
             .map(|m| 2.0 * terms * f32::EPSILON * m)
             .collect();
-        for backend in Backend::all_available() {
-            let conv = GemmConv::with_backend(&g, backend).unwrap();
+        for isa in Isa::all_available() {
+            let backend = isa.backend();
+            let conv = GemmConv::new(&g, isa);
             let got = run_gemm(&conv, &p, &x, &w, Some(&b));
             crate::test_support::assert_close(&got, &want, &tol, &format!("{backend:?}: {p:?}"));
         }
@@ -1025,7 +1031,7 @@ fn shared_windows_agree_with_windows_per_tile() {
         let x = rng.vec(p.input_elems(), -1.0, 1.0);
         let w = rng.vec(p.weight_elems(), -1.0, 1.0);
         let b = rng.vec(p.bias_elems(), -1.0, 1.0);
-        let conv = GemmConv::with_backend(&g, Backend::detect()).unwrap();
+        let conv = GemmConv::new(&g, Isa::detect());
         let split = Tiling::new(&g, conv.kernel.block()).row_blocks > 1;
         assert_eq!(conv.shared_scratch() > 0, split, "{p:?}");
         shared_somewhere |= split;
@@ -1175,7 +1181,7 @@ fn fused_prologues_get_the_materialised_input() {
                 }
                 // The kernel itself, without the shared region: each
                 // chunk's rows in one block.
-                let gemm = GemmConv::with_backend(&g, Backend::detect()).unwrap();
+                let gemm = GemmConv::new(&g, Isa::detect());
                 let mut y = vec![f32::NAN; want.len()];
                 let scratch = Scratch::new(threads, gemm.rows_scratch(&g, xt, 0));
                 pool.install(|| {

@@ -49,7 +49,7 @@ use self::panels::{Cols, Panels, PANELS_MIN_OUTPUTS};
 use super::params::Conv1dGeometry;
 use crate::fused::{block_tmp, col_tmp, RowSink, RowsIn, RowsOut, ROW_BLOCK};
 use crate::scratch::Scratch;
-use crate::simd::{simd_variants, Backend, Simd};
+use crate::simd::{simd_variants, Backend, Isa, Simd};
 
 /// Most outputs per row a call may have to run here, with weights packed
 /// ([`Gemv::packs`]): a conv of short calls (the subsampled encoder of a
@@ -115,8 +115,8 @@ type TaskOut<'a> = &'a mut dyn FnMut(&mut [f32], &mut [f32]);
 
 /// The dot products for one backend, chosen at prepare.
 pub(crate) struct Gemv {
-    /// The backend the dot products and the panels are built for.
-    backend: Backend,
+    /// The instruction set the dot products and the panels are built for.
+    isa: Isa,
     /// Indexed by the number of outputs per pass minus one.
     dots: [DotsFn; DOTS_OUTPUTS],
     /// The weights packed with output channels in the lanes, for a conv
@@ -125,12 +125,9 @@ pub(crate) struct Gemv {
 }
 
 impl Gemv {
-    /// The kernel for `backend`, or `None` where this CPU lacks it.
-    pub(crate) fn new(backend: Backend) -> Option<Self> {
-        if !backend.is_available() {
-            return None;
-        }
-        let dots: [DotsFn; DOTS_OUTPUTS] = match backend {
+    /// The kernel on `isa`.
+    pub(crate) fn new(isa: Isa) -> Self {
+        let dots: [DotsFn; DOTS_OUTPUTS] = match isa.backend() {
             Backend::Portable => [
                 dots_portable::<1>,
                 dots_portable::<2>,
@@ -159,11 +156,11 @@ impl Gemv {
                 dots_neon::<4>,
             ],
         };
-        Some(Gemv {
-            backend,
+        Gemv {
+            isa,
             dots,
             panels: None,
-        })
+        }
     }
 
     /// Whether a conv prepared for `max` packs its constant weights
@@ -197,7 +194,7 @@ impl Gemv {
     /// `w`, where [`Self::packs`] holds; else does nothing.
     pub(crate) fn pack(&mut self, max: &Conv1dGeometry, w: &[f32]) {
         if Self::packs(max) {
-            self.panels = Panels::new(self.backend, max, w);
+            self.panels = Some(Panels::new(self.isa, max, w));
         }
     }
 
@@ -780,8 +777,9 @@ mod tests {
             let x = rng.vec(p.input_elems(), -1.0, 1.0);
             let w = rng.vec(p.weight_elems(), -1.0, 1.0);
             let bias = rng.vec(p.bias_elems(), -1.0, 1.0);
-            for backend in Backend::all_available() {
-                let gemv = Gemv::new(backend).unwrap();
+            for isa in Isa::all_available() {
+                let backend = isa.backend();
+                let gemv = Gemv::new(isa);
                 for bias in [None, Some(&bias[..])] {
                     let y = run_on(&gemv, &g, &x, &w, bias, 3);
                     check(&p, &x, &w, bias, &y, &format!("{backend:?} {p:?}"));
@@ -961,7 +959,7 @@ mod tests {
         let g = p.geometry().unwrap();
         let x = rng.vec(p.input_elems(), -1.0, 1.0);
         let w = rng.vec(p.weight_elems(), -1.0, 1.0);
-        let gemv = Gemv::new(Backend::detect()).unwrap();
+        let gemv = Gemv::new(Isa::detect());
         let run_on = |threads| run_on(&gemv, &g, &x, &w, None, threads);
         let single = run_on(1);
         for threads in [2, 5] {

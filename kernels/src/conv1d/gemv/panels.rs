@@ -20,7 +20,7 @@
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
 use crate::conv1d::params::Conv1dGeometry;
-use crate::simd::{simd_variants, Backend, Simd};
+use crate::simd::{simd_variants, Backend, Isa, Simd};
 
 /// Fewest outputs per call (of the prepared shape) for which a conv packs
 /// its weights. Against the dot products (pte_runner p10, one thread,
@@ -117,12 +117,9 @@ macro_rules! per_outputs {
 const _: () = assert!(BLOCK_OUTPUTS == 8, "per_outputs! lists 8 kernels");
 
 impl Panels {
-    /// `w` (`[out_channels][cin][K]`) packed for `backend`, or `None` where
-    /// this CPU lacks it.
-    pub(crate) fn new(backend: Backend, g: &Conv1dGeometry, w: &[f32]) -> Option<Self> {
-        if !backend.is_available() {
-            return None;
-        }
+    /// `w` (`[out_channels][cin][K]`) packed for `isa`.
+    pub(crate) fn new(isa: Isa, g: &Conv1dGeometry, w: &[f32]) -> Self {
+        let backend = isa.backend();
         // `W / LANES` panel vectors and `T · W / LANES` accumulators fit
         // the register file for every `T` up to 8 (32 registers on
         // AVX-512 and NEON, 16 on AVX2 and the portable backend's SSE2).
@@ -150,13 +147,13 @@ impl Panels {
                 }
             }
         }
-        Some(Panels {
+        Panels {
             data,
             width,
             filter_len,
             per_group,
             kernels,
-        })
+        }
     }
 
     /// Outputs `values[r · n + t]` (`r < rows.len()`, `t < n`) of output
@@ -368,8 +365,9 @@ mod tests {
                 let w = rng.vec(p.weight_elems(), -1.0, 1.0);
                 let bias = rng.vec(p.bias_elems(), -1.0, 1.0);
                 let (cin, cout) = (g.in_per_group, g.out_per_group);
-                for backend in Backend::all_available() {
-                    let panels = Panels::new(backend, &g, &w).unwrap();
+                for isa in Isa::all_available() {
+                    let backend = isa.backend();
+                    let panels = Panels::new(isa, &g, &w);
                     assert_eq!(
                         panels.bytes(),
                         4 * p.groups * cout.div_ceil(panels.width) * panels.width * cin * k
