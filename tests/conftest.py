@@ -84,18 +84,3 @@ def input_sets(*shapes, seed=0):
         "ones": tuple(torch.ones(s) for s in shapes),
         "ramp": tuple(torch.linspace(-1, 1, int(np.prod(s))).reshape(s) for s in shapes),
     }
-
-
-# The longest groups first: pytest -n with --dist loadgroup hands the work out
-# in collection order, and tests/zoo/ is collected last. ExecuTorch's LFM2
-# recipes (about four minutes of lowering, all in one worker) and then the zoo's
-# models go first, so that neither is left running alone at the end.
-_LONGEST_FIRST = ("tests/zoo/test_lfm2_recipe.py", "tests/zoo/test_zoo.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    def rank(item) -> int:
-        path = item.path.relative_to(ROOT).as_posix() if item.path.is_relative_to(ROOT) else ""
-        return _LONGEST_FIRST.index(path) if path in _LONGEST_FIRST else len(_LONGEST_FIRST)
-
-    items.sort(key=rank)
