@@ -241,7 +241,7 @@ fn short_rows(p: &ScanParams, x0: &[f32], a: &[f32], u: &[f32], y: &mut [f32]) {
 
 /// [`linear_scan_f32`] with the strategy and row kernel forced, so that tests
 /// can run every path on the same inputs.
-#[cfg_attr(not(test), allow(dead_code))]
+#[cfg(test)]
 pub(crate) fn linear_scan_with(
     strategy: Strategy,
     row_kernel: RowKernel,
