@@ -35,6 +35,21 @@ impl Rng {
     }
 }
 
+/// Whether these tests run under user-mode emulation: the test command runs
+/// the aarch64 build under QEMU with `RUSTCONV_TESTS_EMULATED=1`, where
+/// arithmetic runs tens of times slower than natively.
+pub(crate) fn emulated() -> bool {
+    std::env::var_os("RUSTCONV_TESTS_EMULATED").is_some_and(|v| v == "1")
+}
+
+/// `cases`, or under [`emulated`] every third of them (the first, the
+/// fourth, ...): the largest grids keep their spread of shapes there at a
+/// third of the cost, and native runs take every case.
+pub(crate) fn thinned_under_emulation<T>(cases: impl IntoIterator<Item = T>) -> Vec<T> {
+    let keep = if emulated() { 3 } else { 1 };
+    cases.into_iter().step_by(keep).collect()
+}
+
 /// Panics, naming the first offending index, unless
 /// `|actual[i] - expected[i]| <= tol[i]` for every `i` (so any NaN fails).
 pub(crate) fn assert_close(actual: &[f32], expected: &[f32], tol: &[f32], context: &str) {

@@ -1,6 +1,6 @@
 use super::*;
 use crate::reference;
-use crate::test_support::{assert_conv_close, conv_params as params, Rng};
+use crate::test_support::{assert_conv_close, conv_params as params, thinned_under_emulation, Rng};
 use crate::{Algorithm, Choice, Conv1dParams, KernelError, PreparedConv1d};
 
 fn prepare(max: &Conv1dParams, w: &[f32]) -> PreparedConv1d {
@@ -836,7 +836,7 @@ fn strided_cases(rng: &mut Rng) -> Vec<Conv1dParams> {
 #[test]
 fn strided_shapes_match_reference_on_every_backend() {
     let mut rng = Rng::new(16);
-    for p in strided_cases(&mut rng) {
+    for p in thinned_under_emulation(strided_cases(&mut rng)) {
         let g = p.geometry().unwrap();
         let x = rng.vec(p.input_elems(), -1.0, 1.0);
         let w = rng.vec(p.weight_elems(), -1.0, 1.0);
@@ -910,7 +910,7 @@ fn fused_epilogues_get_the_stored_result() {
     }];
     let mut cases = strided_cases(&mut rng);
     cases.push(params(2, (24, 40, 2), 300, 3, 1, (1, 1), 1));
-    for p in cases {
+    for p in thinned_under_emulation(cases) {
         let g = p.geometry().unwrap();
         let x = rng.vec(p.input_elems(), -1.0, 1.0);
         let w = rng.vec(p.weight_elems(), -1.0, 1.0);
