@@ -21,6 +21,21 @@ from executorch.runtime import Runtime  # noqa: E402
 ATOL = 1e-4
 
 
+@pytest.fixture(scope="session", autouse=True)
+def xnnpack_preprocess_memo():
+    """XNNPACK's preprocess remembered by content for this test process
+    (xnnpack_memo.py: the tests lower the same models more than once);
+    RUSTCONV_TEST_XNNPACK_MEMO=0 turns it off."""
+    if os.environ.get("RUSTCONV_TEST_XNNPACK_MEMO") == "0":
+        yield None
+        return
+    import xnnpack_memo
+
+    memo, uninstall = xnnpack_memo.install()
+    yield memo
+    uninstall()
+
+
 def pte_runner_path() -> Path:
     path = Path(os.environ.get("PTE_RUNNER", ROOT / "target" / "release" / "pte_runner"))
     if not path.is_file():
