@@ -235,7 +235,9 @@ macro_rules! per_backend {
         }
     };
 
-    // The dispatch form: a variant per backend, and the match on the `Isa`.
+    // The dispatch form: a variant per backend with target features, and
+    // the match on the `Isa`; the portable backend (no features) calls the
+    // generic where it stands.
     (@dispatch { $isa:ident $generic:ident $params:tt $args:tt $ret:tt }
         [$( { $b:ident $f:ident $cfg:tt $feats:tt $s:ident $fma:tt } )*]) => {{
         $( $crate::simd::per_backend! {
@@ -244,20 +246,29 @@ macro_rules! per_backend {
         match $isa.backend() {
             $(
                 #[cfg $cfg]
-                // SAFETY: an `Isa` names a backend only where this CPU has
-                // every feature of its row (`Backend::cpu_has`), which are
-                // the ones its variant is compiled with.
-                $crate::simd::Backend::$b => unsafe { $f $args },
+                $crate::simd::Backend::$b => {
+                    $crate::simd::per_backend!(@dispatch_call $feats $f $generic $fma $args)
+                }
             )*
         }
     }};
-    (@dispatch_variant $f:ident ($($cfg:tt)*) [$($feat:literal),*] $fma:tt $generic:ident
+    (@dispatch_variant $f:ident $cfg:tt [] $($rest:tt)*) => {};
+    (@dispatch_variant $f:ident ($($cfg:tt)*) [$($feat:literal),+] $fma:tt $generic:ident
         ($($params:tt)*) $args:tt ($($ret:tt)*)) => {
         #[cfg($($cfg)*)]
         $( #[target_feature(enable = $feat)] )*
         unsafe fn $f($($params)*) $($ret)* {
             $generic::<$fma> $args
         }
+    };
+    (@dispatch_call [] $f:ident $generic:ident $fma:tt $args:tt) => {
+        $generic::<$fma> $args
+    };
+    (@dispatch_call [$($feat:tt),+] $f:ident $generic:ident $fma:tt $args:tt) => {
+        // SAFETY: an `Isa` names a backend only where this CPU has every
+        // feature of its row (`Backend::cpu_has`), which are the ones its
+        // variant is compiled with.
+        unsafe { $f $args }
     };
 
     // The function-pointer form: one entry point per backend named.
