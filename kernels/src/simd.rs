@@ -2,9 +2,10 @@
 //! ([`Backend`], detected once, here), the choice a kernel or program
 //! keeps from its preparation ([`Isa`]), one vector of `f32` lanes per
 //! backend behind the [`Simd`] trait (depthwise rows, GEMM and gemv
-//! micro-kernels), and the two macros that generate per-backend entry
-//! points: [`simd_variants`] for kernels written over [`Simd`] and
-//! [`isa_dispatch`] for loops written to auto-vectorise (the fused
+//! micro-kernels), and the one macro, [`per_backend`], that generates the
+//! per-backend entry points from the one table of the backends' facts:
+//! function-pointer variants of kernels written over [`Simd`], and a
+//! dispatch on an [`Isa`] for loops written to auto-vectorise (the fused
 //! elementwise ops).
 //!
 //! As tract's `Ops` table, the choice is made once, when a kernel is
@@ -16,57 +17,33 @@
 //!
 //! Kernels are written once, generic over [`Simd`], and each backend
 //! instantiates them inside a function compiled with its target features
-//! (`#[target_feature(enable = "avx512f,fma")]` and so on), called through a
-//! function pointer chosen once the features were detected.
-//! `#[inline(always)]` on the generic code and on the trait methods makes
-//! the intrinsics inline into those functions. The AVX-512 intrinsics were
-//! stabilised in Rust 1.89, the crate's MSRV.
+//! (the table's, in [`per_backend`]), called through a function pointer
+//! chosen once the features were detected. `#[inline(always)]` on the
+//! generic code and on the trait methods makes the intrinsics inline into
+//! those functions. The AVX-512 intrinsics were stabilised in Rust 1.89,
+//! the crate's MSRV.
 
 #![allow(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
 use std::sync::OnceLock;
 
-/// The vector features of this CPU that some kernel uses, asked of the CPU
-/// once. This is the one place the crate asks, and [`Backend::detect`] the
-/// one reading of it: every kernel (the [`Simd`] kernels, the loops of
-/// [`isa_dispatch`], the scan, the FFT lanes, strided moves) takes its
-/// instruction set from that one choice, made when it is prepared.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-struct Features {
-    /// AVX2 with FMA.
-    avx2_fma: bool,
-    /// AVX-512 F.
-    avx512f: bool,
-    /// AVX-512 F with AVX2 and FMA (what the AVX-512 kernels are compiled
-    /// for).
-    avx512_fma: bool,
-    /// NEON (the aarch64 baseline).
-    neon: bool,
-}
-
-/// This CPU's [`Features`], detected on first use; kernels ask
-/// [`Backend::detect`], which reads them.
-fn features() -> Features {
-    static FEATURES: OnceLock<Features> = OnceLock::new();
-    *FEATURES.get_or_init(detect_features)
-}
-
-fn detect_features() -> Features {
-    #[allow(unused_mut)]
-    let mut f = Features::default();
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        f.avx2_fma = has!("avx2") && has!("fma");
-        f.avx512f = has!("avx512f");
-        f.avx512_fma = f.avx512f && f.avx2_fma;
-    }
-    #[cfg(target_arch = "aarch64")]
-    {
-        f.neon = std::arch::is_aarch64_feature_detected!("neon");
-    }
-    f
+/// The backends this CPU runs, one bit each (by discriminant), asked of
+/// the CPU once. This is the one place the crate asks
+/// ([`Backend::cpu_has`], which asks for the target features of the
+/// backend's row in [`per_backend`]), and [`Backend::detect`] the one
+/// reading of it: every kernel (the [`Simd`] kernels, the loops
+/// [`per_backend`] dispatches, the scan, the FFT lanes, strided moves)
+/// takes its instruction set from that one choice, made when it is
+/// prepared.
+fn available() -> u32 {
+    static AVAILABLE: OnceLock<u32> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        Backend::ALL
+            .iter()
+            .filter(|b| b.cpu_has())
+            .fold(0, |bits, &b| bits | 1 << b as u32)
+    })
 }
 
 /// An instruction set the vector kernels run on; later ones (on one
@@ -115,32 +92,15 @@ impl Backend {
     pub(crate) fn detect() -> Backend {
         #[cfg(test)]
         DETECTS.with(|d| d.set(d.get() + 1));
-        #[cfg(target_arch = "x86_64")]
-        if Backend::Avx512.is_available() {
-            return Backend::Avx512;
-        }
-        #[cfg(target_arch = "x86_64")]
-        if Backend::Avx2.is_available() {
-            return Backend::Avx2;
-        }
-        #[cfg(target_arch = "aarch64")]
-        if Backend::Neon.is_available() {
-            return Backend::Neon;
-        }
-        Backend::Portable
+        // The last one available: each later one has every feature of the
+        // earlier ones.
+        let best = Backend::ALL.iter().rev().find(|b| b.is_available());
+        *best.unwrap_or(&Backend::Portable)
     }
 
     /// Whether this CPU can run the backend.
     pub(crate) fn is_available(self) -> bool {
-        match self {
-            Backend::Portable => true,
-            #[cfg(target_arch = "x86_64")]
-            Backend::Avx2 => features().avx2_fma,
-            #[cfg(target_arch = "x86_64")]
-            Backend::Avx512 => features().avx512_fma,
-            #[cfg(target_arch = "aarch64")]
-            Backend::Neon => features().neon,
-        }
+        available() & 1 << self as u32 != 0
     }
 
     /// Every backend this CPU can run (tests force each in turn), but the
@@ -151,23 +111,18 @@ impl Backend {
     /// grids.
     #[cfg(test)]
     pub(crate) fn all_available() -> Vec<Backend> {
-        let all = [
-            #[cfg(not(target_arch = "aarch64"))]
-            Backend::Portable,
-            #[cfg(target_arch = "x86_64")]
-            Backend::Avx2,
-            #[cfg(target_arch = "x86_64")]
-            Backend::Avx512,
-            #[cfg(target_arch = "aarch64")]
-            Backend::Neon,
-        ];
-        all.into_iter().filter(|b| b.is_available()).collect()
+        let portable_runs = !cfg!(target_arch = "aarch64");
+        Backend::ALL
+            .iter()
+            .copied()
+            .filter(|&b| b.is_available() && (portable_runs || b != Backend::Portable))
+            .collect()
     }
 }
 
 /// An instruction set this CPU has, checked once: what a compiled program
-/// (and each kernel its operands feed) keeps, and what the variants of
-/// [`isa_dispatch`] take. Only [`Isa::detect`] (and the tests' list of
+/// (and each kernel its operands feed) keeps, and what the functions
+/// [`per_backend`] dispatches take. Only [`Isa::detect`] (and the tests' list of
 /// every backend the CPU has) makes one, so holding one proves the CPU has
 /// its features: the dispatch on it asks nothing more.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -208,18 +163,165 @@ impl Isa {
 /// multiply-add: aarch64's NEON does; x86-64's baseline (SSE2) does not.
 pub(crate) const BASELINE_FMA: bool = cfg!(target_arch = "aarch64");
 
-/// Defines `fn $name(isa: Isa, $args) -> $ret` running
-/// `$generic::<FMA>($args)` with the vectors of `isa`, the instruction set
-/// its caller chose when it was prepared, for the loops written to
-/// auto-vectorise (the fused elementwise ops and recipes, `math.rs`)
-/// rather than over [`Simd`]: one `#[target_feature]` variant per x86-64
-/// [`Backend`] is generated here, not copied per kernel, and the call
-/// matches `isa` to pick one. Elsewhere the generic compiled for the
-/// target runs (NEON on aarch64). `FMA` says whether the variant has fused
-/// multiply-add, so that `math.rs` rounds alike in every loop that one
-/// variant compiles; `$generic` is `#[inline(always)]`, so each variant
-/// compiles its own loops.
-macro_rules! isa_dispatch {
+/// Generates the per-backend entry points of a kernel from the one table of
+/// the backends (the `@rows` arm below), in two forms:
+///
+/// - `fn $name($args) -> $ret => $generic` defines `fn $name(isa: Isa,
+///   $args) -> $ret`, which runs `$generic::<FMA>($args)` compiled with the
+///   target features of `isa`, the instruction set its caller chose when it
+///   was prepared: the call matches `isa` to pick the backend's variant.
+///   For loops written to auto-vectorise (the fused elementwise ops and
+///   recipes, `math.rs`) rather than over [`Simd`]. `FMA` says whether the
+///   backend has fused multiply-add, so that `math.rs` rounds alike in
+///   every loop one variant compiles; `$generic` is `#[inline(always)]`, so
+///   each variant compiles its own loops.
+/// - `unsafe fn [$portable, $avx2, $avx512, $neon]<consts>($args) =>
+///   $generic::<S, ..>` defines one entry point per backend (the table's
+///   order; `_` for none) of a kernel written once over [`Simd`]:
+///   `$generic` with `S` the backend's vector type, compiled with the
+///   backend's target features. The kernel picks one as a function pointer
+///   once its [`Backend`] is known, at preparation. Each is `unsafe`: the
+///   CPU has the backend's features, and the generic kernel's own contract
+///   holds. With `=> $plain` (a function not generic over [`Simd`], loops
+///   written to auto-vectorise), each entry point is `$plain` compiled with
+///   the backend's features.
+///
+/// The table also gives [`Backend::ALL`] and [`Backend::cpu_has`], so the
+/// features detection asks for are, by construction, those the variants
+/// are compiled with.
+macro_rules! per_backend {
+    // The backends, each stated once, as `{ variant fn (cfg) [target
+    // features] Simd FMA }`: its `Backend` variant, the name of its variant
+    // functions in the dispatch form, the `cfg` it exists under, the target
+    // features its variants are compiled with (exactly those
+    // `Backend::cpu_has` asks the CPU for before an `Isa` may name it), its
+    // `Simd` vector type and whether it has fused multiply-add. On one
+    // architecture, each later one has every feature of the earlier ones.
+    // The portable one is the baseline build: no features, FMA where the
+    // baseline has it. rustc enables `avx2`, `fma` and `f16c` with
+    // `avx512f` (`rustc --print cfg -C target-feature=+avx512f`); they are
+    // listed so that detection asks for each one.
+    (@rows $form:ident $packed:tt) => {
+        $crate::simd::per_backend! { @$form $packed [
+            { Portable portable (all()) [] Portable { $crate::simd::BASELINE_FMA } }
+            { Avx2 avx2 (target_arch = "x86_64") ["avx2", "fma"] Avx2 { true } }
+            {
+                Avx512 avx512 (target_arch = "x86_64") ["avx512f", "avx2", "fma", "f16c"]
+                Avx512 { true }
+            }
+            { Neon neon (target_arch = "aarch64") ["neon"] Neon { true } }
+        ] }
+    };
+
+    // The list of backends and the detection of each (simd.rs alone). The
+    // features are `tt`s: `is_x86_feature_detected!` matches a literal's
+    // tokens, which a `literal` fragment would hide.
+    (@detect {} [$( { $b:ident $f:ident $cfg:tt [$($feat:tt),*] $s:ident $fma:tt } )*]) => {
+        impl Backend {
+            /// Every backend of the compile target, in the table's order.
+            const ALL: &'static [Backend] = &[$( #[cfg $cfg] Backend::$b, )*];
+
+            /// Whether this CPU has every target feature of the backend's
+            /// variants; asked anew (see [`available`]).
+            fn cpu_has(self) -> bool {
+                #[cfg(target_arch = "x86_64")]
+                use std::arch::is_x86_feature_detected as has;
+                #[cfg(target_arch = "aarch64")]
+                use std::arch::is_aarch64_feature_detected as has;
+                match self {
+                    $( #[cfg $cfg] Backend::$b => $( has!($feat) && )* true, )*
+                }
+            }
+        }
+    };
+
+    // The dispatch form: a variant per backend with target features, and
+    // the match on the `Isa`; the portable backend (no features) calls the
+    // generic where it stands.
+    (@dispatch { $isa:ident $generic:ident $params:tt $args:tt $ret:tt }
+        [$( { $b:ident $f:ident $cfg:tt $feats:tt $s:ident $fma:tt } )*]) => {{
+        $( $crate::simd::per_backend! {
+            @dispatch_variant $f $cfg $feats $fma $generic $params $args $ret
+        } )*
+        match $isa.backend() {
+            $(
+                #[cfg $cfg]
+                $crate::simd::Backend::$b => {
+                    $crate::simd::per_backend!(@dispatch_call $feats $f $generic $fma $args)
+                }
+            )*
+        }
+    }};
+    (@dispatch_variant $f:ident $cfg:tt [] $($rest:tt)*) => {};
+    (@dispatch_variant $f:ident ($($cfg:tt)*) [$($feat:literal),+] $fma:tt $generic:ident
+        ($($params:tt)*) $args:tt ($($ret:tt)*)) => {
+        #[cfg($($cfg)*)]
+        $( #[target_feature(enable = $feat)] )*
+        unsafe fn $f($($params)*) $($ret)* {
+            $generic::<$fma> $args
+        }
+    };
+    (@dispatch_call [] $f:ident $generic:ident $fma:tt $args:tt) => {
+        $generic::<$fma> $args
+    };
+    (@dispatch_call [$($feat:tt),+] $f:ident $generic:ident $fma:tt $args:tt) => {
+        // SAFETY: an `Isa` names a backend only where this CPU has every
+        // feature of its row (`Backend::cpu_has`), which are the ones its
+        // variant is compiled with.
+        unsafe { $f $args }
+    };
+
+    // The function-pointer form: one entry point per backend named.
+    (@variants { [$($name:tt),*] $rest:tt }
+        [$( { $b:ident $f:ident $cfg:tt $feats:tt $s:ident $fma:tt } )*]) => {
+        $( $crate::simd::per_backend! { @variant $name $cfg $feats $s $rest } )*
+    };
+    (@variant _ $($rest:tt)*) => {};
+    (@variant $name:ident ($($cfg:tt)*) [$($feat:literal),*] $s:ident {
+        [$($attr:tt)*] [$($gen:tt)*] ($($params:tt)*) $args:tt simd $generic:ident [$($g:tt)*]
+    }) => {
+        $($attr)*
+        #[allow(unsafe_code)]
+        #[cfg($($cfg)*)]
+        $( #[target_feature(enable = $feat)] )*
+        unsafe fn $name $($gen)* ($($params)*) {
+            // SAFETY: our caller guarantees that this CPU has the backend's
+            // target features (this function's) and the kernel's contract.
+            unsafe { $generic::<$crate::simd::$s $($g)*> $args }
+        }
+    };
+    (@variant $name:ident ($($cfg:tt)*) [$($feat:literal),*] $s:ident {
+        [$($attr:tt)*] [] ($($params:tt)*) $args:tt plain $plain:ident []
+    }) => {
+        $($attr)*
+        #[allow(unsafe_code)]
+        #[cfg($($cfg)*)]
+        $( #[target_feature(enable = $feat)] )*
+        unsafe fn $name($($params)*) {
+            $plain $args
+        }
+    };
+
+    // The forms a kernel writes.
+    (
+        $(#[$attr:meta])*
+        unsafe fn [$($name:tt),* $(,)?]
+            $(<$(const $c:ident: $ct:ty),*>)? ($($arg:ident: $ty:ty),* $(,)?)
+            => $generic:ident::<S $(, $g:tt)*>
+    ) => {
+        $crate::simd::per_backend! { @rows variants { [$($name),*] {
+            [$(#[$attr])*] [$(<$(const $c: $ct),*>)?] ($($arg: $ty),*) ($($arg),*)
+            simd $generic [$(, $g)*]
+        } } }
+    };
+    (
+        $(#[$attr:meta])*
+        unsafe fn [$($name:tt),* $(,)?] ($($arg:ident: $ty:ty),* $(,)?) => $plain:ident
+    ) => {
+        $crate::simd::per_backend! { @rows variants { [$($name),*] {
+            [$(#[$attr])*] [] ($($arg: $ty),*) ($($arg),*) plain $plain []
+        } } }
+    };
     (
         $(#[$attr:meta])*
         $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? => $generic:ident
@@ -227,118 +329,15 @@ macro_rules! isa_dispatch {
         $(#[$attr])*
         #[allow(unsafe_code)]
         $vis fn $name(isa: $crate::simd::Isa, $($arg: $ty),*) $(-> $ret)? {
-            #[cfg(target_arch = "x86_64")]
-            {
-                #[target_feature(enable = "avx512f,avx2,fma")]
-                unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
-                    $generic::<true>($($arg),*)
-                }
-                #[target_feature(enable = "avx2,fma")]
-                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
-                    $generic::<true>($($arg),*)
-                }
-                match isa.backend() {
-                    // SAFETY: an `Isa` names a backend only where the CPU
-                    // has its features (see `Isa`), which are the
-                    // variant's.
-                    $crate::simd::Backend::Avx512 => return unsafe { avx512($($arg),*) },
-                    // SAFETY: as above.
-                    $crate::simd::Backend::Avx2 => return unsafe { avx2($($arg),*) },
-                    $crate::simd::Backend::Portable => {}
-                }
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = isa;
-            $generic::<{ $crate::simd::BASELINE_FMA }>($($arg),*)
+            $crate::simd::per_backend!(@rows dispatch {
+                isa $generic ($($arg: $ty),*) ($($arg),*) ($(-> $ret)?)
+            })
         }
     };
 }
-pub(crate) use isa_dispatch;
+pub(crate) use per_backend;
 
-/// Defines one entry point per backend of a kernel written once over
-/// [`Simd`]: `$generic::<S, ..>` with `S` the backend's vector type,
-/// compiled with its target features (`portable`; `avx2` and `avx512` on
-/// x86-64; `neon` on aarch64; named in that order). The kernel picks one as
-/// a function pointer once its [`Backend`] is known, at preparation. Each
-/// is `unsafe`: the CPU has the backend's features, and the generic
-/// kernel's own contract holds. With `=> $plain` (a function not generic
-/// over [`Simd`], loops written to auto-vectorise), each entry point is
-/// `$plain` compiled with the backend's features.
-macro_rules! simd_variants {
-    (
-        $(#[$attr:meta])*
-        unsafe fn [$portable:ident, $avx2:ident, $avx512:ident, $neon:ident]
-            $(<$(const $c:ident: $ct:ty),*>)? ($($arg:ident: $ty:ty),* $(,)?)
-            => $generic:ident::<S $(, $g:tt)*>
-    ) => {
-        $(#[$attr])*
-        #[allow(unsafe_code)]
-        unsafe fn $portable $(<$(const $c: $ct),*>)? ($($arg: $ty),*) {
-            // SAFETY: the portable backend needs no CPU feature; the rest is
-            // our caller's (see the macro).
-            unsafe { $generic::<$crate::simd::Portable $(, $g)*>($($arg),*) }
-        }
-        $(#[$attr])*
-        #[allow(unsafe_code)]
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn $avx2 $(<$(const $c: $ct),*>)? ($($arg: $ty),*) {
-            // SAFETY: our caller guarantees AVX2, FMA and the kernel's
-            // contract.
-            unsafe { $generic::<$crate::simd::Avx2 $(, $g)*>($($arg),*) }
-        }
-        $(#[$attr])*
-        #[allow(unsafe_code)]
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx512f,fma")]
-        unsafe fn $avx512 $(<$(const $c: $ct),*>)? ($($arg: $ty),*) {
-            // SAFETY: our caller guarantees AVX-512 F, FMA and the kernel's
-            // contract.
-            unsafe { $generic::<$crate::simd::Avx512 $(, $g)*>($($arg),*) }
-        }
-        $(#[$attr])*
-        #[allow(unsafe_code)]
-        #[cfg(target_arch = "aarch64")]
-        #[target_feature(enable = "neon")]
-        unsafe fn $neon $(<$(const $c: $ct),*>)? ($($arg: $ty),*) {
-            // SAFETY: our caller guarantees NEON and the kernel's contract.
-            unsafe { $generic::<$crate::simd::Neon $(, $g)*>($($arg),*) }
-        }
-    };
-    (
-        $(#[$attr:meta])*
-        unsafe fn [$portable:ident, $avx2:ident, $avx512:ident, $neon:ident]
-            ($($arg:ident: $ty:ty),* $(,)?) => $plain:ident
-    ) => {
-        $(#[$attr])*
-        #[allow(unsafe_code)]
-        unsafe fn $portable($($arg: $ty),*) {
-            $plain($($arg),*)
-        }
-        $(#[$attr])*
-        #[allow(unsafe_code)]
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx2,fma")]
-        unsafe fn $avx2($($arg: $ty),*) {
-            $plain($($arg),*)
-        }
-        $(#[$attr])*
-        #[allow(unsafe_code)]
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx512f,fma")]
-        unsafe fn $avx512($($arg: $ty),*) {
-            $plain($($arg),*)
-        }
-        $(#[$attr])*
-        #[allow(unsafe_code)]
-        #[cfg(target_arch = "aarch64")]
-        #[target_feature(enable = "neon")]
-        unsafe fn $neon($($arg: $ty),*) {
-            $plain($($arg),*)
-        }
-    };
-}
-pub(crate) use simd_variants;
+per_backend!(@rows detect {});
 
 /// The vector trait, in a module of its own so that the backends below
 /// implement it without importing their parent.
@@ -632,9 +631,15 @@ mod tests {
             found.is_empty(),
             "CPU features detected outside simd.rs: {found:?}"
         );
-        // And what it detected is coherent.
-        let f = features();
-        assert!(!f.avx512_fma || (f.avx512f && f.avx2_fma));
+        // And what it detected is coherent: each backend has every feature
+        // of the earlier ones, so one available leaves them available too.
+        for pair in Backend::ALL.windows(2) {
+            assert!(
+                !pair[1].is_available() || pair[0].is_available(),
+                "{pair:?}"
+            );
+        }
+        assert!(Backend::Portable.is_available());
         assert!(Backend::detect().is_available());
     }
 

@@ -25,7 +25,7 @@ use super::ops::{BinaryOp, UnaryOp};
 use super::program::views::{Leaf, LeafMap};
 use super::program::{Env, Expr, Line, Program};
 use super::recipes::BLOCK;
-use crate::simd::{isa_dispatch, Isa};
+use crate::simd::{per_backend, Isa};
 
 /// Most steps a chain has (a LayerNorm with weight and bias has four).
 const MAX_STEPS: usize = 6;
@@ -254,7 +254,7 @@ enum Operand<'a> {
     Slice(&'a [f32]),
 }
 
-isa_dispatch! {
+per_backend! {
     fn chain(
         steps: &[(BinaryOp, Operand)],
         act: Option<UnaryOp>,
@@ -282,7 +282,7 @@ fn chain_generic<const F: bool>(
     }
 }
 
-isa_dispatch! {
+per_backend! {
     fn chain_in_place(
         steps: &[(BinaryOp, Operand)],
         act: Option<UnaryOp>,

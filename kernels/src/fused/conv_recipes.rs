@@ -22,7 +22,7 @@ use super::ops::{BinaryOp, UnaryOp};
 use super::program::views::{Leaf, LeafMap};
 use super::program::{Env, Expr, Line, Program};
 use super::recipes::{beside_anchor, binary, BLOCK};
-use crate::simd::{isa_dispatch, Isa};
+use crate::simd::{per_backend, Isa};
 
 /// The operands of `a * b` if node `i` is that product.
 fn product(program: &Program, i: usize) -> Option<(usize, usize)> {
@@ -272,7 +272,7 @@ struct SkipGateArgs<'a> {
     gelu: bool,
 }
 
-isa_dispatch! {
+per_backend! {
     fn skip_gate(args: &SkipGateArgs, out: &mut [f32]) => skip_gate_generic
 }
 

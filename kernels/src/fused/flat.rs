@@ -31,7 +31,7 @@
 use super::ops::{clamp, select, BinaryOp, UnaryOp};
 use super::program::views::{Leaf, LeafMap};
 use super::program::{Env, Expr, Program};
-use crate::simd::{isa_dispatch, Isa};
+use crate::simd::{per_backend, Isa};
 
 /// Elements per block: registers of 256 floats (1 KiB each) stay in L1,
 /// and each instruction's loop is long enough to pipeline (a sigmoid's
@@ -397,7 +397,7 @@ impl<'a> Flat<'a> {
     }
 }
 
-isa_dispatch! {
+per_backend! {
     /// The instructions over `out`, block by block; `anchor` None: `out`
     /// holds the anchor's values, replaced by the results. `regs`: the
     /// registers, `w` elements each (at least `min(out.len(), BLOCK)`),

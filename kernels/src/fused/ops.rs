@@ -7,7 +7,7 @@
 #![allow(unsafe_code)]
 
 use super::math;
-use crate::simd::{isa_dispatch, Isa};
+use crate::simd::{per_backend, Isa};
 
 /// Defines an op enum from one table: per op, its variant (named as the
 /// schema's enum value, which the delegate maps by that name), its name in
@@ -181,7 +181,7 @@ fn flag(c: bool) -> f32 {
     }
 }
 
-isa_dispatch! {
+per_backend! {
     /// [`UnaryOp::apply`], per instruction set.
     fn unary(op: UnaryOp, x: &mut [f32]) => unary_generic
 }
@@ -191,7 +191,7 @@ fn unary_generic<const F: bool>(op: UnaryOp, x: &mut [f32]) {
     op.apply_generic::<F>(x)
 }
 
-isa_dispatch! {
+per_backend! {
     /// [`BinaryOp::apply`], per instruction set.
     fn binary(op: BinaryOp, a: &mut [f32], b: &[f32]) => binary_generic
 }

@@ -32,7 +32,7 @@ use super::math;
 use super::ops::{prefetch, BinaryOp, UnaryOp};
 use super::program::views::{Leaf, LeafMap};
 use super::program::{Env, Expr, Line, Program};
-use crate::simd::{isa_dispatch, Isa};
+use crate::simd::{per_backend, Isa};
 
 /// The operands of node `i` if it is the binary `op` (in the program's
 /// order: callers try both where the op commutes).
@@ -266,7 +266,7 @@ impl<'a> Gate<'a> {
     }
 }
 
-isa_dispatch! {
+per_backend! {
     /// `a[i] = exp(dt * k)`, `u[i] = dt * x[i]` with `dt = softplus(p[i])`
     /// (`softplus`) or `p[i]`, `[p, x] = px`, in one pass with the vectors
     /// of the program's instruction set, prefetching `ahead` (what follows `p` and `x`)
@@ -375,7 +375,7 @@ fn line(
     }
 }
 
-isa_dispatch! {
+per_backend! {
     /// `out[i] = y[i] * silu(z[i])` (`silu`) or `y[i] * z[i]`, in one pass,
     /// prefetching `ahead` (what follows `z`) as it goes. `y`, `z` and `out`
     /// equally long.

@@ -40,10 +40,8 @@
 
 use std::mem::MaybeUninit;
 
-#[cfg(target_arch = "x86_64")]
-use crate::simd::Avx512;
 pub(crate) use crate::simd::Backend;
-use crate::simd::{simd_variants, Isa, Simd};
+use crate::simd::{per_backend, Isa, Simd};
 
 /// Outputs per register block of the interior loop for `kernel_size` taps
 /// on `backend`, outside the grouped kernel ([`grouped`]).
@@ -752,10 +750,7 @@ unsafe fn block_dyn<S: Simd, const R: usize>(
     }
 }
 
-// ---------------------------------------------------------------------------
-// Portable backend.
-
-simd_variants! {
+per_backend! {
     /// [`row_generic`] on one backend, taps ungrouped.
     unsafe fn [row_portable, row_avx2, row_avx512, row_neon]<const K: usize, const R: usize>(
         geom: &RowGeom,
@@ -767,19 +762,14 @@ simd_variants! {
     ) => row_generic::<S, K, R, 0>
 }
 
-// ---------------------------------------------------------------------------
-// AVX2 + FMA backend.
-
-// ---------------------------------------------------------------------------
-// AVX-512 backend.
-
-/// [`row_avx512`] with the taps in `Q` groups of 16 ([`block_grouped`]).
+/// [`row_generic`] with the taps in `Q` groups of 16 ([`block_grouped`]),
+/// for the AVX-512 backend (16 lanes), the one that groups.
 ///
 /// # Safety
-/// As [`row_avx512`]; `16 * (Q - 1) < taps.len() <= 16 * Q` and dilation 1.
+/// As [`row_generic`]; the taps' count and the dilation are checked here.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn row_avx512_grouped<const Q: usize>(
+#[inline(always)]
+unsafe fn row_grouped_generic<S: Simd, const Q: usize>(
     geom: &RowGeom,
     x: &[f32],
     taps: &[f32],
@@ -788,10 +778,19 @@ unsafe fn row_avx512_grouped<const Q: usize>(
     y: &mut [f32],
 ) {
     assert!(geom.dilation == 1 && 16 * (Q - 1) < taps.len() && taps.len() <= 16 * Q);
-    // SAFETY: our caller guarantees AVX-512 F and FMA; the taps and
-    // dilation suit block_grouped (asserted).
-    unsafe { row_generic::<Avx512, 0, AVX512_GROUPED_R, Q>(geom, x, taps, bias, l0, y) }
+    // SAFETY: our caller guarantees `S`'s features; the taps and dilation
+    // suit block_grouped (asserted).
+    unsafe { row_generic::<S, 0, AVX512_GROUPED_R, Q>(geom, x, taps, bias, l0, y) }
 }
 
-// ---------------------------------------------------------------------------
-// NEON backend.
+per_backend! {
+    /// [`row_grouped_generic`] on AVX-512 alone.
+    unsafe fn [_, _, row_avx512_grouped, _]<const Q: usize>(
+        geom: &RowGeom,
+        x: &[f32],
+        taps: &[f32],
+        bias: f32,
+        l0: usize,
+        y: &mut [f32],
+    ) => row_grouped_generic::<S, Q>
+}

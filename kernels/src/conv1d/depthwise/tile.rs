@@ -18,7 +18,7 @@
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
 use crate::simd::Backend;
-use crate::simd::{simd_variants, Isa, Simd};
+use crate::simd::{per_backend, Isa, Simd};
 
 /// A tile's operands (see the module docs).
 pub(super) struct Tile<'a> {
@@ -164,7 +164,7 @@ unsafe fn tile_generic<S: Simd, const K: usize>(t: &Tile, k: usize, out: &mut [f
     }
 }
 
-simd_variants! {
+per_backend! {
     /// [`tile_generic`] on one backend.
     unsafe fn [tile_portable, tile_avx2, tile_avx512, tile_neon]<const K: usize>(
         t: &Tile,

@@ -60,7 +60,7 @@ use realfft::RealFftPlanner;
 use super::super::params::Conv1dGeometry;
 use crate::fused::{block_tmp, RowSink, RowSource, RowsIn, RowsOut};
 use crate::scratch::Scratch;
-use crate::simd::Backend;
+use crate::simd::{Backend, Isa};
 
 /// Lanes of one vector.
 const LANES: usize = 16;
@@ -140,16 +140,21 @@ pub(crate) struct LanesConv {
 
 impl LanesConv {
     /// Plans length `m` (see [`supports`]) for `g` and computes every
-    /// group's spectra from the dilated filters in `w`.
-    ///
-    /// # Panics
-    /// Where this CPU lacks AVX-512 F: a `LanesConv` exists only where it
-    /// has it, which is what its runs' unsafe code relies on.
-    pub(crate) fn prepare(g: &Conv1dGeometry, w: &[f32], m: usize, span: usize) -> Self {
-        assert!(
-            Backend::Avx512.is_available(),
-            "the lanes engine needs AVX-512"
-        );
+    /// group's spectra from the dilated filters in `w`, to run on `isa`;
+    /// `None` where the engine does not run on it ([`runs_on`]). A
+    /// `LanesConv` thus exists only for an [`Isa`] with AVX-512 F, which an
+    /// `Isa` names only where this CPU has it: what its runs' unsafe code
+    /// relies on.
+    pub(crate) fn prepare(
+        isa: Isa,
+        g: &Conv1dGeometry,
+        w: &[f32],
+        m: usize,
+        span: usize,
+    ) -> Option<Self> {
+        if !runs_on(isa.backend()) {
+            return None;
+        }
         assert!(supports(m) && m >= span, "length {m} for span {span}");
         let p = &g.params;
         let channels = p.in_channels;
@@ -224,14 +229,14 @@ impl LanesConv {
             },
         );
 
-        LanesConv {
+        Some(LanesConv {
             m,
             span,
             block: block(m, span),
             groups,
             twiddles,
             spectra,
-        }
+        })
     }
 
     /// `f32` elements of scratch per thread.
@@ -333,7 +338,7 @@ impl LanesConv {
             let first = run * run_len;
             let end = (first + run_len).min(g.out_len);
             scratch.with_slot(|s| {
-                // SAFETY: AVX-512 F is present (`prepare` checked it); a stored
+                // SAFETY: AVX-512 F is present (`prepare` had an `Isa` with it); a stored
                 // `out` is valid for `output_elems` (asserted by `run`) and
                 // this task writes only its group's rows at outputs
                 // `first .. end`, which no other task writes (a sink is
@@ -1105,6 +1110,19 @@ unsafe fn transpose16(r: &mut [__m512; LANES]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `LanesConv` is made only for an instruction set with AVX-512 F:
+    /// its runs' unsafe code takes the CPU's features from that `Isa`.
+    #[test]
+    fn prepares_only_for_an_avx512_isa() {
+        let p = crate::test_support::depthwise_params(1, 40, 100, 9, (4, 4), 1);
+        let g = p.geometry().unwrap();
+        let w = vec![0.25; p.weight_elems()];
+        for isa in Isa::all_available() {
+            let conv = LanesConv::prepare(isa, &g, &w, 64, 9);
+            assert_eq!(conv.is_some(), isa.backend() == Backend::Avx512, "{isa:?}");
+        }
+    }
 
     #[test]
     fn pairs_are_bins_k_and_minus_k() {

@@ -104,7 +104,7 @@ use super::params::Conv1dGeometry;
 use super::weights::Weights;
 use crate::fused::{RowsIn, RowsOut};
 use crate::scratch::Scratch;
-use crate::simd::Backend;
+use crate::simd::{Backend, Isa};
 
 /// Whether the FFT convolution computes `g`: depthwise with multiplier 1,
 /// stride 1 (and a representable FFT length).
@@ -162,16 +162,23 @@ struct RealConv {
 impl FftConv {
     /// Plans the transforms for `g` (the maximum shape) and computes every
     /// channel's filter spectrum from `w` (`[channels, 1, kernel_size]`),
-    /// with the engines `backend` runs.
-    pub(crate) fn prepare(g: &Conv1dGeometry, w: &[f32], backend: Backend) -> Self {
-        let plan = plan::choose(g, backend).expect("fft::applies checked that a plan exists");
-        Self::with_plan(g, w, plan.engine, plan.fft_len)
+    /// with the engines `isa` runs.
+    pub(crate) fn prepare(g: &Conv1dGeometry, w: &[f32], isa: Isa) -> Self {
+        let plan = plan::choose(g, isa.backend()).expect("fft::applies checked that a plan exists");
+        Self::with_plan(g, w, plan.engine, plan.fft_len, isa)
     }
 
-    /// As [`prepare`](Self::prepare), with the engine and the FFT length
-    /// `fft_len` (at least the filter span, and one the engine supports)
-    /// instead of the cost model's choice.
-    fn with_plan(g: &Conv1dGeometry, w: &[f32], engine: plan::Engine, fft_len: usize) -> Self {
+    /// As [`prepare`](Self::prepare), with the engine (one `isa` runs) and
+    /// the FFT length `fft_len` (at least the filter span, and one the
+    /// engine supports) instead of the cost model's choice.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+    fn with_plan(
+        g: &Conv1dGeometry,
+        w: &[f32],
+        engine: plan::Engine,
+        fft_len: usize,
+        isa: Isa,
+    ) -> Self {
         let p = &g.params;
         let span = plan::span(g);
         assert!(
@@ -182,7 +189,10 @@ impl FftConv {
         let engine = match engine {
             plan::Engine::Real => Engine::Real(RealConv::prepare(g, w, fft_len)),
             #[cfg(target_arch = "x86_64")]
-            plan::Engine::Lanes => Engine::Lanes(lanes::LanesConv::prepare(g, w, fft_len, span)),
+            plan::Engine::Lanes => Engine::Lanes(
+                lanes::LanesConv::prepare(isa, g, w, fft_len, span)
+                    .expect("the lanes engine is planned only on an instruction set it runs on"),
+            ),
         };
         FftConv {
             fft_len,
@@ -442,7 +452,7 @@ pub(super) const ENTRY: Entry = Entry {
     cost,
     takes_fed_weights: false,
     prepare: |g, weights, isa| match weights {
-        Weights::Constant(w) => Some(Box::new(FftConv::prepare(g, w, isa.backend()))),
+        Weights::Constant(w) => Some(Box::new(FftConv::prepare(g, w, isa))),
         Weights::Fed => None,
     },
 };

@@ -212,7 +212,7 @@ fn every_fft_length_matches_reference() {
         let tol = tolerance(&p, &x, &w, Some(&bias));
         let span = plan::span(&g);
         for m in span..span + g.out_len + 8 {
-            let conv = FftConv::with_plan(&g, &w, plan::Engine::Real, m);
+            let conv = FftConv::with_plan(&g, &w, plan::Engine::Real, m, Isa::detect());
             let scratch = Scratch::new(rayon::current_num_threads(), conv.scratch_per_thread());
             let mut y = vec![f32::NAN; g.output_elems];
             conv.run(&g, &x, Some(&bias), &mut y, &scratch);
@@ -309,7 +309,7 @@ fn prepared_bytes_are_the_spectra() {
     let w = vec![0.5; p.weight_elems()];
     let m = plan::choose(&g, Backend::detect()).unwrap().fft_len;
     for engine in plan::Engine::available(Backend::detect()).filter(|e| e.supports(m)) {
-        let conv = FftConv::with_plan(&g, &w, engine, m);
+        let conv = FftConv::with_plan(&g, &w, engine, m, Isa::detect());
         assert_eq!(conv.fft_len, m);
         // The lanes engine pads the channels to a whole group of 32.
         let channels = match engine {
@@ -392,7 +392,7 @@ fn lanes_engine_matches_reference_at_every_length() {
         let span = plan::span(&g);
         let mut m = span.max(16).next_power_of_two();
         loop {
-            let conv = FftConv::with_plan(&g, &w, plan::Engine::Lanes, m);
+            let conv = FftConv::with_plan(&g, &w, plan::Engine::Lanes, m, Isa::detect());
             assert_eq!(conv.engine(), plan::Engine::Lanes);
             let scratch = Scratch::new(rayon::current_num_threads(), conv.scratch_per_thread());
             let runs = [(max.batch, max.in_len), (1, max.in_len / 2 + 1), (1, 1)];
@@ -432,7 +432,7 @@ fn lanes_result_does_not_depend_on_pool_size() {
     let p = params(1, 20, 5000, 33, (32, 0), 1);
     let g = p.geometry().unwrap();
     let (x, w, bias) = data(&mut rng, &p);
-    let conv = FftConv::with_plan(&g, &w, plan::Engine::Lanes, 128);
+    let conv = FftConv::with_plan(&g, &w, plan::Engine::Lanes, 128, Isa::detect());
     let run_on = |threads| {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
@@ -511,7 +511,7 @@ fn calibrate_fft() {
         for engine in plan::Engine::available(Backend::detect()) {
             let mut m = plan::span(&g).max(16).next_power_of_two();
             while m < 2 * (g.out_len + k) && m <= 1 << 18 {
-                let conv = FftConv::with_plan(&g, &w, engine, m);
+                let conv = FftConv::with_plan(&g, &w, engine, m, Isa::detect());
                 let est = plan::price(&g, engine, plan::span(&g), m).seconds;
                 line += &format!("  {engine:?} M={m:6} est {:8.3} ms:", est * 1e3);
                 for threads in [1, 2] {
@@ -552,7 +552,7 @@ fn lanes_result_does_not_depend_on_alignment() {
     let p = params(2, 35, 256, 40, (39, 0), 1);
     let g = p.geometry().unwrap();
     let (x, w, bias) = data(&mut rng, &p);
-    let conv = FftConv::with_plan(&g, &w, plan::Engine::Lanes, 128);
+    let conv = FftConv::with_plan(&g, &w, plan::Engine::Lanes, 128, Isa::detect());
     let scratch = Scratch::new(rayon::current_num_threads(), conv.scratch_per_thread());
     let want = reference::conv1d_f32(&p, &x, &w, Some(&bias)).unwrap();
     let tol = lanes_tolerance(&p, &x, &w, Some(&bias));

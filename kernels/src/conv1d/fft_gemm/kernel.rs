@@ -27,7 +27,7 @@
 #![allow(unsafe_code)]
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
-use crate::simd::{simd_variants, Backend, Isa, Simd};
+use crate::simd::{per_backend, Backend, Isa, Simd};
 
 /// A micro-kernel's register block: `mr` rows by `nr` vectors of `lanes`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -540,7 +540,7 @@ unsafe fn complex_micro<S: Simd, const MR: usize, const NR: usize>(
     }
 }
 
-simd_variants! {
+per_backend! {
     /// [`tile_generic`] on one backend with `MR` rows per register block
     /// (as [`TileKernel::new`] picks them).
     unsafe fn [tile_portable, tile_avx2, tile_avx512, tile_neon]<const MR: usize>(

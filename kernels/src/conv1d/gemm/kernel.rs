@@ -43,7 +43,7 @@
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
 use crate::fused::{block_tmp, RowSource, ROW_BLOCK};
-use crate::simd::{simd_variants, Backend, Isa, Simd};
+use crate::simd::{per_backend, Backend, Isa, Simd};
 
 /// A micro-kernel's register block: `mr` output channels by `nr` vectors
 /// of `lanes` output positions.
@@ -653,7 +653,7 @@ unsafe fn micro<S: Simd, const MR: usize, const NR: usize>(
     }
 }
 
-simd_variants! {
+per_backend! {
     /// [`tile_generic`] on one backend (as [`TileKernel::tile`]).
     unsafe fn [tile_portable, tile_avx2, tile_avx512, tile_neon]<const MR: usize, const NR: usize>(
         a: &TileArgs<'_>,
@@ -662,7 +662,7 @@ simd_variants! {
     ) => tile_generic::<S, MR, NR>
 }
 
-simd_variants! {
+per_backend! {
     /// [`fill_window`] on one backend (as [`TileKernel::fill`]); its safe
     /// loops need only the backend's features.
     unsafe fn [fill_portable, fill_avx2, fill_avx512, fill_neon](

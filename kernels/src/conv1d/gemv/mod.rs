@@ -49,7 +49,7 @@ use self::panels::{Cols, Panels, PANELS_MIN_OUTPUTS};
 use super::params::Conv1dGeometry;
 use crate::fused::{block_tmp, col_tmp, RowSink, RowsIn, RowsOut, ROW_BLOCK};
 use crate::scratch::Scratch;
-use crate::simd::{simd_variants, Backend, Isa, Simd};
+use crate::simd::{per_backend, Backend, Isa, Simd};
 
 /// Most outputs per row a call may have to run here, with weights packed
 /// ([`Gemv::packs`]): a conv of short calls (the subsampled encoder of a
@@ -693,7 +693,7 @@ unsafe fn dots_generic<S: Simd, const T: usize>(
     }
 }
 
-simd_variants! {
+per_backend! {
     /// [`dots_generic`] on one backend.
     unsafe fn [dots_portable, dots_avx2, dots_avx512, dots_neon]<const T: usize>(
         filter: &[f32],

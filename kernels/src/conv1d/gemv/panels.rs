@@ -20,7 +20,7 @@
 #![warn(clippy::undocumented_unsafe_blocks, unsafe_op_in_unsafe_fn)]
 
 use crate::conv1d::params::Conv1dGeometry;
-use crate::simd::{simd_variants, Backend, Isa, Simd};
+use crate::simd::{per_backend, Backend, Isa, Simd};
 
 /// Fewest outputs per call (of the prepared shape) for which a conv packs
 /// its weights. Against the dot products (pte_runner p10, one thread,
@@ -298,7 +298,7 @@ unsafe fn panel_generic<S: Simd, const T: usize, const V: usize>(
     }
 }
 
-simd_variants! {
+per_backend! {
     /// [`panel_generic`] on one backend.
     unsafe fn [panel_portable, panel_avx2, panel_avx512, panel_neon]<const T: usize, const V: usize>(
         panel: &[f32],
