@@ -5,23 +5,30 @@
 //! form (`flat.rs`) for any other line, found by the one registry below.
 //!
 //! A recipe is matched on the program's structure alone, so the match is
-//! made here, once; what depends on the call (its tensors, its lengths) is
-//! bound when a kernel call reads the program as rows or stores through it
-//! as an epilogue ([`Recipes::prologue`], [`Recipes::epilogue`]): a leaf's
-//! data and the coefficients of its offsets, a few multiply-adds a leaf.
-//! `execute` matches nothing ([`programs_compiled`] counts the matches, and
-//! the delegate's `no_alloc` test checks that calls make none).
+//! made here, once; what depends on the call is bound when a kernel call
+//! reads the program as rows or stores through it as an epilogue
+//! ([`Recipes::prologue`], [`Recipes::epilogue`]). Of that, where each leaf
+//! lies (its offset and coefficients, and whether a recipe fits the
+//! shapes at all) depends on shapes alone: it is derived once per shape
+//! generation and kept here ([`ShapeCache`]), so that a call of unchanged
+//! shapes only pairs it with its tensors' data. `execute` matches nothing
+//! ([`programs_compiled`] counts the matches, and the delegate's
+//! `no_alloc` test checks that calls make none).
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::chain_recipes::{Chain, ChainForm};
-use super::conv_recipes::{Product, ProductForm, SkipGate, SkipGateForm};
-use super::flat::{Flat, FlatForm};
+use super::chain_recipes::{Chain, ChainForm, ChainGeometry};
+use super::conv_recipes::{
+    Product, ProductForm, ProductGeometry, SkipGate, SkipGateForm, SkipGateGeometry,
+};
+use super::flat::{Flat, FlatForm, FlatGeometry};
 use super::generation::ShapeMemo;
-use super::program::views::LeafMap;
+use super::program::views::{LeafGeometry, LeafMap};
 use super::program::{Env, Expr, Line, Program};
-use super::recipes::{Discretise, DiscretiseForm, Gate, GateForm};
+use super::recipes::{
+    Discretise, DiscretiseForm, DiscretiseGeometry, Gate, GateForm, GateGeometry,
+};
 use crate::simd::Isa;
 
 /// How many programs were compiled (their recipes matched) in this process.
@@ -137,7 +144,8 @@ impl Deref for CompiledProgram {
 
 /// The registry: every recipe's form in a program, in the order they are
 /// tried. A new recipe is one field here, its form's `find` in
-/// [`Recipes::find`] and its `bind` in [`Recipes::prologue`] or
+/// [`Recipes::find`], its `geometry` in [`PrologueGeometry`] or
+/// [`EpilogueGeometry`] and its `bind` in [`Recipes::prologue`] or
 /// [`Recipes::epilogue`].
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(super) struct Recipes {
@@ -196,62 +204,114 @@ impl Recipes {
     }
 
     /// The prologue recipes bound for `env`'s tensors and shapes, running
-    /// with the program's instruction set.
+    /// with the program's instruction set: their leaves where the
+    /// geometry of this call's shapes puts them, in its data.
     pub(super) fn prologue<'a>(
         &'a self,
         program: &CompiledProgram,
         env: &'a dyn Env,
     ) -> Prologue<'a> {
-        let isa = program.isa;
+        self.bind_prologue(program.isa, &self.prologue_geometry(program, env), env)
+    }
+
+    /// The prologue recipes on `isa` whose leaves `geometry` places, bound
+    /// to `env`'s data.
+    fn bind_prologue<'a>(
+        &'a self,
+        isa: Isa,
+        geometry: &PrologueGeometry,
+        env: &'a dyn Env,
+    ) -> Prologue<'a> {
+        let g = geometry;
         Prologue {
-            discretise: self.discretise.and_then(|f| f.bind(isa, program, env)),
-            product: self.product.and_then(|f| f.bind(program, env)),
+            discretise: (self.discretise.zip(g.discretise)).map(|(f, g)| f.bind(isa, &g, env)),
+            product: g.product.map(|g| g.bind(env)),
+            chain: (self.chain.zip(g.chain)).map(|(f, g)| f.bind(isa, &g, env)),
+            gather: match g.gather.map(|g| g.bind(env)) {
+                Some(LeafMap::Stored { data, offset, coef }) => Some(Gather { data, offset, coef }),
+                _ => None,
+            },
+            flat: (self.flat.as_ref().zip(g.flat.as_ref())).map(|(f, g)| f.bind(isa, g, env)),
+        }
+    }
+
+    /// Where the prologue recipes' leaves lie for `env`'s shapes, for the
+    /// recipes whose form the program has and whose reads the shapes fit.
+    fn prologue_geometry(&self, program: &Program, env: &dyn Env) -> PrologueGeometry {
+        PrologueGeometry {
+            discretise: self.discretise.and_then(|f| f.geometry(program, env)),
+            product: self.product.and_then(|f| f.geometry(program, env)),
             chain: self
                 .chain
                 .filter(|f| !f.reads_anchor())
-                .and_then(|f| f.bind(isa, program, env)),
-            gather: match self.gather.then(|| program.leaf_map(program.root(), env)) {
-                Some(Some(LeafMap::Stored { data, offset, coef })) => {
-                    Some(Gather { data, offset, coef })
-                }
-                _ => None,
-            },
+                .and_then(|f| f.geometry(program, env)),
+            gather: self
+                .gather
+                .then(|| program.leaf_geometry(program.root(), env))
+                .flatten()
+                .filter(|g| matches!(g, LeafGeometry::Stored { .. })),
             flat: self
                 .flat
                 .as_ref()
                 .filter(|f| !f.reads_anchor())
-                .and_then(|f| f.bind(isa, program, env)),
+                .and_then(|f| f.geometry(program, env)),
         }
     }
 
     /// The epilogue recipe bound for `env`'s tensors and shapes: the first
     /// whose form the program has and whose reads this call's shapes fit,
-    /// running with the program's instruction set.
+    /// running with the program's instruction set (bound as
+    /// [`Self::prologue`]'s).
     pub(super) fn epilogue<'a>(
         &'a self,
         program: &CompiledProgram,
         env: &'a dyn Env,
     ) -> Option<EpilogueRecipe<'a>> {
-        let isa = program.isa;
+        self.bind_epilogue(program.isa, &self.epilogue_geometry(program, env)?, env)
+    }
+
+    /// The epilogue recipe on `isa` whose leaves `geometry` places, bound
+    /// to `env`'s data.
+    fn bind_epilogue<'a>(
+        &'a self,
+        isa: Isa,
+        geometry: &EpilogueGeometry,
+        env: &'a dyn Env,
+    ) -> Option<EpilogueRecipe<'a>> {
+        Some(match geometry {
+            EpilogueGeometry::Gate(g) => EpilogueRecipe::Gate(self.gate?.bind(isa, g, env)),
+            EpilogueGeometry::SkipGate(g) => {
+                EpilogueRecipe::SkipGate(self.skip_gate?.bind(isa, g, env))
+            }
+            EpilogueGeometry::Chain(g) => EpilogueRecipe::Chain(self.chain?.bind(isa, g, env)),
+            EpilogueGeometry::Flat(g) => {
+                EpilogueRecipe::Flat(self.flat.as_ref()?.bind(isa, g, env))
+            }
+        })
+    }
+
+    /// Where the leaves of the epilogue recipe [`Self::epilogue`] takes
+    /// lie for `env`'s shapes; `None` where none fits them.
+    fn epilogue_geometry(&self, program: &Program, env: &dyn Env) -> Option<EpilogueGeometry> {
         self.gate
-            .and_then(|f| f.bind(isa, program, env))
-            .map(EpilogueRecipe::Gate)
+            .and_then(|f| f.geometry(program, env))
+            .map(EpilogueGeometry::Gate)
             .or_else(|| {
                 self.skip_gate
-                    .and_then(|f| f.bind(isa, program, env))
-                    .map(EpilogueRecipe::SkipGate)
+                    .and_then(|f| f.geometry(program, env))
+                    .map(EpilogueGeometry::SkipGate)
             })
             .or_else(|| {
                 self.chain
                     .filter(ChainForm::reads_anchor)
-                    .and_then(|f| f.bind(isa, program, env))
-                    .map(EpilogueRecipe::Chain)
+                    .and_then(|f| f.geometry(program, env))
+                    .map(EpilogueGeometry::Chain)
             })
             .or_else(|| {
                 self.flat
                     .as_ref()
-                    .and_then(|f| f.bind(isa, program, env))
-                    .map(EpilogueRecipe::Flat)
+                    .and_then(|f| f.geometry(program, env))
+                    .map(EpilogueGeometry::Flat)
             })
     }
 
@@ -259,6 +319,30 @@ impl Recipes {
     pub(super) fn identity(&self) -> bool {
         self.identity
     }
+}
+
+/// Where the leaves of the prologue recipes that fit a set of shapes lie
+/// (`None`: the program has no such form, or the shapes do not fit it).
+#[derive(Clone, Copy, Debug)]
+struct PrologueGeometry {
+    discretise: Option<DiscretiseGeometry>,
+    product: Option<ProductGeometry>,
+    chain: Option<ChainGeometry>,
+    /// The root's, a stored tensor's.
+    gather: Option<LeafGeometry>,
+    flat: Option<FlatGeometry>,
+}
+
+/// Where the leaves of the epilogue recipe that fits a set of shapes lie.
+// The flat form's are the largest; boxing them would allocate in `execute`
+// whenever a call's shapes change.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Copy, Debug)]
+enum EpilogueGeometry {
+    Gate(GateGeometry),
+    SkipGate(SkipGateGeometry),
+    Chain(ChainGeometry),
+    Flat(FlatGeometry),
 }
 
 /// The prologue recipes of one call ([`Recipes::prologue`]).
