@@ -22,7 +22,7 @@
 //! or program is interpreted.
 
 use super::ops::{BinaryOp, UnaryOp};
-use super::program::views::{Leaf, LeafMap};
+use super::program::views::{Leaf, LeafGeometry, LeafMap};
 use super::program::{Env, Expr, Line, Program};
 use super::recipes::BLOCK;
 use crate::simd::{per_backend, Isa};
@@ -144,47 +144,66 @@ impl ChainForm {
         self.x.is_none()
     }
 
-    /// The recipe on `isa`, its leaves resolved for `env`'s current
-    /// shapes.
+    /// Where its leaves lie for `env`'s current shapes (shapes alone: see
+    /// [`LeafGeometry`]).
+    pub(super) fn geometry(&self, program: &Program, env: &dyn Env) -> Option<ChainGeometry> {
+        let x = match self.x {
+            Some(leaf) => {
+                Some(program.leaf_geometry_through(&self.views[..self.n_views], leaf, env)?)
+            }
+            None => None,
+        };
+        let mut steps = [LeafGeometry::Const(0.0); MAX_STEPS];
+        // Applied from the start up.
+        for (slot, &(_, leaf, above)) in steps.iter_mut().zip(self.found[..self.len].iter().rev()) {
+            *slot = program.leaf_geometry_through(&self.views[..above], leaf, env)?;
+        }
+        Some(ChainGeometry { x, steps })
+    }
+
+    /// The recipe on `isa`, its leaves where `geometry` puts them in
+    /// `env`'s data.
     pub(super) fn bind<'a>(
         &self,
         isa: Isa,
-        program: &Program,
+        geometry: &ChainGeometry,
         env: &'a dyn Env,
-    ) -> Option<Chain<'a>> {
-        let x = match self.x {
-            Some(leaf) => {
-                Start::Stored(program.leaf_map_through(&self.views[..self.n_views], leaf, env)?)
-            }
-            None => Start::Anchor,
-        };
+    ) -> Chain<'a> {
         let mut chain = Chain {
             isa,
-            x,
+            x: geometry
+                .x
+                .map_or(Start::Anchor, |x| Start::Stored(x.bind(env))),
             steps: [(BinaryOp::Add, LeafMap::Const(0.0)); MAX_STEPS],
             len: self.len,
             act: self.act,
         };
-        // Applied from the start up.
-        for (slot, &(op, leaf, above)) in chain
+        for ((slot, &(op, _, _)), leaf) in chain
             .steps
             .iter_mut()
             .zip(self.found[..self.len].iter().rev())
+            .zip(&geometry.steps)
         {
-            *slot = (
-                op,
-                program.leaf_map_through(&self.views[..above], leaf, env)?,
-            );
+            *slot = (op, leaf.bind(env));
         }
-        Some(chain)
+        chain
     }
+}
+
+/// Where the leaves of a [`ChainForm`] lie for one set of shapes: its
+/// start's (`None`: the anchor's chunk) and its steps', from the start up.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct ChainGeometry {
+    x: Option<LeafGeometry>,
+    steps: [LeafGeometry; MAX_STEPS],
 }
 
 impl<'a> Chain<'a> {
     /// Matched and bound at once, as the tests ask.
     #[cfg(test)]
     pub(super) fn find(program: &Program, env: &'a dyn Env) -> Option<Self> {
-        ChainForm::find(program)?.bind(Isa::detect(), program, env)
+        let form = ChainForm::find(program)?;
+        Some(form.bind(Isa::detect(), &form.geometry(program, env)?, env))
     }
 
     /// Whether the chain starts at the anchor's chunk (an epilogue's).

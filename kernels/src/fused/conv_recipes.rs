@@ -19,7 +19,7 @@
 use super::math;
 use super::ops::prefetch;
 use super::ops::{BinaryOp, UnaryOp};
-use super::program::views::{Leaf, LeafMap};
+use super::program::views::{Leaf, LeafGeometry, LeafMap};
 use super::program::{Env, Expr, Line, Program};
 use super::recipes::{beside_anchor, binary, BLOCK};
 use crate::simd::{per_backend, Isa};
@@ -51,12 +51,30 @@ impl ProductForm {
         (program.is_leaf(a) && program.is_leaf(b)).then_some(ProductForm { a, b })
     }
 
-    /// The recipe, its leaves resolved for `env`'s current shapes.
-    pub(super) fn bind<'a>(&self, program: &Program, env: &'a dyn Env) -> Option<Product<'a>> {
-        Some(Product {
-            a: program.leaf_map(self.a, env)?,
-            b: program.leaf_map(self.b, env)?,
+    /// Where its leaves lie for `env`'s current shapes (shapes alone: see
+    /// [`LeafGeometry`]).
+    pub(super) fn geometry(&self, program: &Program, env: &dyn Env) -> Option<ProductGeometry> {
+        Some(ProductGeometry {
+            a: program.leaf_geometry(self.a, env)?,
+            b: program.leaf_geometry(self.b, env)?,
         })
+    }
+}
+
+/// Where the leaves of a [`ProductForm`] lie for one set of shapes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct ProductGeometry {
+    a: LeafGeometry,
+    b: LeafGeometry,
+}
+
+impl ProductGeometry {
+    /// The recipe, its leaves here in `env`'s data.
+    pub(super) fn bind<'a>(&self, env: &'a dyn Env) -> Product<'a> {
+        Product {
+            a: self.a.bind(env),
+            b: self.b.bind(env),
+        }
     }
 }
 
@@ -64,7 +82,11 @@ impl<'a> Product<'a> {
     /// Matched and bound at once, as the tests ask.
     #[cfg(test)]
     pub(super) fn find(program: &Program, env: &'a dyn Env) -> Option<Self> {
-        ProductForm::find(program)?.bind(program, env)
+        Some(
+            ProductForm::find(program)?
+                .geometry(program, env)?
+                .bind(env),
+        )
     }
 
     /// Writes the product along `line` into `out` and returns true, or
@@ -131,13 +153,30 @@ impl SkipForm {
         (program.is_leaf(v) && program.is_leaf(x)).then_some(SkipForm::Product(v, x))
     }
 
-    fn bind<'a>(&self, program: &Program, env: &'a dyn Env) -> Option<Skip<'a>> {
+    fn geometry(&self, program: &Program, env: &dyn Env) -> Option<SkipGeometry> {
         Some(match *self {
-            SkipForm::Stored(u) => Skip::Stored(program.leaf_map(u, env)?),
-            SkipForm::Product(v, x) => {
-                Skip::Product(program.leaf_map(v, env)?, program.leaf_map(x, env)?)
-            }
+            SkipForm::Stored(u) => SkipGeometry::Stored(program.leaf_geometry(u, env)?),
+            SkipForm::Product(v, x) => SkipGeometry::Product(
+                program.leaf_geometry(v, env)?,
+                program.leaf_geometry(x, env)?,
+            ),
         })
+    }
+}
+
+/// Where the leaves of a [`SkipForm`] lie for one set of shapes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum SkipGeometry {
+    Stored(LeafGeometry),
+    Product(LeafGeometry, LeafGeometry),
+}
+
+impl SkipGeometry {
+    fn bind<'a>(&self, env: &'a dyn Env) -> Skip<'a> {
+        match self {
+            SkipGeometry::Stored(u) => Skip::Stored(u.bind(env)),
+            SkipGeometry::Product(v, x) => Skip::Product(v.bind(env), x.bind(env)),
+        }
     }
 }
 
@@ -179,46 +218,66 @@ impl SkipGateForm {
         })
     }
 
-    /// The recipe on `isa`, its leaves resolved for `env`'s current
-    /// shapes; `None` where no factor of the skip is one value along time
-    /// with the other of `u`'s form.
-    pub(super) fn bind<'a>(
-        &self,
-        isa: Isa,
-        program: &Program,
-        env: &'a dyn Env,
-    ) -> Option<SkipGate<'a>> {
+    /// Where its leaves lie for `env`'s current shapes; `None` where no
+    /// factor of the skip is one value along time with the other of `u`'s
+    /// form (shapes alone decide).
+    pub(super) fn geometry(&self, program: &Program, env: &dyn Env) -> Option<SkipGateGeometry> {
         // `d` is the factor one value along time (a `[C, 1]` parameter).
         let time = env
             .shape(program.nodes()[program.root()].value)
             .rank()
             .checked_sub(1)?;
         let per_row = |i: Option<usize>| {
-            let map = program.leaf_map(i?, env)?;
-            match map {
-                LeafMap::Const(_) => Some(map),
-                LeafMap::Stored { coef, .. } => (coef[time] == 0).then_some(map),
+            let geometry = program.leaf_geometry(i?, env)?;
+            match geometry {
+                LeafGeometry::Const(_) => Some(geometry),
+                LeafGeometry::Stored { coef, .. } => (coef[time] == 0).then_some(geometry),
             }
         };
         let (which, d) = match per_row(self.factors[0]) {
             Some(d) => (0, d),
             None => (1, per_row(self.factors[1])?),
         };
-        Some(SkipGate {
-            isa,
+        Some(SkipGateGeometry {
             d,
-            u: self.skips[which]?.bind(program, env)?,
-            g: program.leaf_map(self.g, env)?,
-            gelu: self.gelu,
+            u: self.skips[which]?.geometry(program, env)?,
+            g: program.leaf_geometry(self.g, env)?,
         })
     }
+
+    /// The recipe on `isa`, its leaves where `geometry` puts them in
+    /// `env`'s data.
+    pub(super) fn bind<'a>(
+        &self,
+        isa: Isa,
+        geometry: &SkipGateGeometry,
+        env: &'a dyn Env,
+    ) -> SkipGate<'a> {
+        SkipGate {
+            isa,
+            d: geometry.d.bind(env),
+            u: geometry.u.bind(env),
+            g: geometry.g.bind(env),
+            gelu: self.gelu,
+        }
+    }
+}
+
+/// Where the leaves of a [`SkipGateForm`] lie for one set of shapes, its
+/// skip's factors told apart.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct SkipGateGeometry {
+    d: LeafGeometry,
+    u: SkipGeometry,
+    g: LeafGeometry,
 }
 
 impl<'a> SkipGate<'a> {
     /// Matched and bound at once, as the tests ask.
     #[cfg(test)]
     pub(super) fn find(program: &Program, env: &'a dyn Env) -> Option<Self> {
-        SkipGateForm::find(program)?.bind(Isa::detect(), program, env)
+        let form = SkipGateForm::find(program)?;
+        Some(form.bind(Isa::detect(), &form.geometry(program, env)?, env))
     }
 
     /// Writes the finished `y` (the anchor's values along `line`) into

@@ -29,7 +29,7 @@
 //! left to the interpreter, which gathers it.
 
 use super::ops::{clamp, select, BinaryOp, UnaryOp};
-use super::program::views::{Leaf, LeafMap};
+use super::program::views::{Leaf, LeafGeometry, LeafMap};
 use super::program::{Env, Expr, Program};
 use crate::simd::{per_backend, Isa};
 
@@ -169,24 +169,40 @@ impl FlatForm {
         2 * (self.regs + 1)
     }
 
-    /// The flat program on `isa`, with its leaves resolved for `env`'s
-    /// current shapes.
+    /// Where its leaves lie for `env`'s current shapes (shapes alone: see
+    /// [`LeafGeometry`]).
+    pub(super) fn geometry(&self, program: &Program, env: &dyn Env) -> Option<FlatGeometry> {
+        let mut leaves = [LeafGeometry::Const(0.0); MAX_LEAVES];
+        for (leaf, path) in leaves.iter_mut().zip(&self.leaves[..self.n_leaves]) {
+            *leaf = program.leaf_geometry_through(&path.views[..path.n_views], path.node, env)?;
+        }
+        Some(FlatGeometry { leaves })
+    }
+
+    /// The flat program on `isa`, its leaves where `geometry` puts them in
+    /// `env`'s data.
     pub(super) fn bind<'a>(
         &'a self,
         isa: Isa,
-        program: &Program,
+        geometry: &FlatGeometry,
         env: &'a dyn Env,
-    ) -> Option<Flat<'a>> {
+    ) -> Flat<'a> {
         let mut leaves = [LeafMap::Const(0.0); MAX_LEAVES];
-        for (map, path) in leaves.iter_mut().zip(&self.leaves[..self.n_leaves]) {
-            *map = program.leaf_map_through(&path.views[..path.n_views], path.node, env)?;
+        for (map, leaf) in leaves.iter_mut().zip(&geometry.leaves[..self.n_leaves]) {
+            *map = leaf.bind(env);
         }
-        Some(Flat {
+        Flat {
             isa,
             form: self,
             leaves,
-        })
+        }
     }
+}
+
+/// Where the leaves of a [`FlatForm`] lie for one set of shapes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct FlatGeometry {
+    leaves: [LeafGeometry; MAX_LEAVES],
 }
 
 impl Builder<'_> {
@@ -643,7 +659,8 @@ mod tests {
                 { p.nodes().iter().any(|n| n.expr == Expr::Anchor) } && anchor
             );
             let isa = isas[case % isas.len()];
-            let flat = form.bind(isa, &p, &env).expect("every leaf resolves");
+            let geometry = form.geometry(&p, &env).expect("every leaf resolves");
+            let flat = form.bind(isa, &geometry, &env);
             let strided = p.nodes().iter().any(|n| n.value == t.xt);
             let values = rng.vec(N, -3.0, 3.0);
             let mut tmp = vec![0.0; N * p.temporaries()];

@@ -22,15 +22,16 @@
 //! results are the interpreter's, bit for bit (NaN aside, whose sign may
 //! differ; the tests check this), so taking it is never a numerical
 //! decision. Its form is matched once per program, on structure alone,
-//! when the plan compiles it (`compiled.rs`); a kernel call binds the
-//! form's leaves to its tensors; per line it runs only when its stored
+//! when the plan compiles it (`compiled.rs`); where its leaves lie is
+//! derived once per set of shapes, and a kernel call binds its tensors'
+//! data to that; per line it runs only when its stored
 //! operands are read contiguously and its per-row factor is one value
 //! along the line (a `[C, 1]` parameter along time). Any other line, or
 //! any other program, is interpreted.
 
 use super::math;
 use super::ops::{prefetch, BinaryOp, UnaryOp};
-use super::program::views::{Leaf, LeafMap};
+use super::program::views::{Leaf, LeafGeometry, LeafMap};
 use super::program::{Env, Expr, Line, Program};
 use crate::simd::{per_backend, Isa};
 
@@ -141,30 +142,49 @@ impl DiscretiseForm {
         })
     }
 
-    /// The recipe on `isa`, its leaves resolved for `env`'s current shapes
-    /// (once per call: a line then costs a few multiply-adds to locate).
+    /// Where its leaves lie for `env`'s current shapes (shapes alone: see
+    /// [`LeafGeometry`]).
+    pub(super) fn geometry(&self, program: &Program, env: &dyn Env) -> Option<DiscretiseGeometry> {
+        Some(DiscretiseGeometry {
+            p: program.leaf_geometry(self.p, env)?,
+            k: program.leaf_geometry(self.k, env)?,
+            x: program.leaf_geometry(self.x, env)?,
+        })
+    }
+
+    /// The recipe on `isa`, its leaves where `geometry` puts them in
+    /// `env`'s data: a line then costs a few multiply-adds to locate.
     pub(super) fn bind<'a>(
         &self,
         isa: Isa,
-        program: &Program,
+        geometry: &DiscretiseGeometry,
         env: &'a dyn Env,
-    ) -> Option<Discretise<'a>> {
-        Some(Discretise {
+    ) -> Discretise<'a> {
+        Discretise {
             isa,
-            p: program.leaf_map(self.p, env)?,
+            p: geometry.p.bind(env),
             softplus: self.softplus,
-            k: program.leaf_map(self.k, env)?,
+            k: geometry.k.bind(env),
             negate: self.negate,
-            x: program.leaf_map(self.x, env)?,
-        })
+            x: geometry.x.bind(env),
+        }
     }
+}
+
+/// Where the leaves of a [`DiscretiseForm`] lie for one set of shapes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct DiscretiseGeometry {
+    p: LeafGeometry,
+    k: LeafGeometry,
+    x: LeafGeometry,
 }
 
 impl<'a> Discretise<'a> {
     /// Matched and bound at once, as the tests ask.
     #[cfg(test)]
     pub(super) fn find(program: &Program, roots: &[usize], env: &'a dyn Env) -> Option<Self> {
-        DiscretiseForm::find(program, roots)?.bind(Isa::detect(), program, env)
+        let form = DiscretiseForm::find(program, roots)?;
+        Some(form.bind(Isa::detect(), &form.geometry(program, env)?, env))
     }
 
     /// Writes both operands along `line` into `a` and `u` (equally long)
@@ -230,26 +250,36 @@ impl GateForm {
         Some(GateForm { z, silu })
     }
 
-    /// The recipe on `isa`, its leaf resolved for `env`'s current shapes.
-    pub(super) fn bind<'a>(
-        &self,
-        isa: Isa,
-        program: &Program,
-        env: &'a dyn Env,
-    ) -> Option<Gate<'a>> {
-        Some(Gate {
-            isa,
-            z: program.leaf_map(self.z, env)?,
-            silu: self.silu,
+    /// Where its leaf lies for `env`'s current shapes.
+    pub(super) fn geometry(&self, program: &Program, env: &dyn Env) -> Option<GateGeometry> {
+        Some(GateGeometry {
+            z: program.leaf_geometry(self.z, env)?,
         })
     }
+
+    /// The recipe on `isa`, its leaf where `geometry` puts it in `env`'s
+    /// data.
+    pub(super) fn bind<'a>(&self, isa: Isa, geometry: &GateGeometry, env: &'a dyn Env) -> Gate<'a> {
+        Gate {
+            isa,
+            z: geometry.z.bind(env),
+            silu: self.silu,
+        }
+    }
+}
+
+/// Where the leaf of a [`GateForm`] lies for one set of shapes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct GateGeometry {
+    z: LeafGeometry,
 }
 
 impl<'a> Gate<'a> {
     /// Matched and bound at once, as the tests ask.
     #[cfg(test)]
     pub(super) fn find(program: &Program, env: &'a dyn Env) -> Option<Self> {
-        GateForm::find(program)?.bind(Isa::detect(), program, env)
+        let form = GateForm::find(program)?;
+        Some(form.bind(Isa::detect(), &form.geometry(program, env)?, env))
     }
 
     /// Writes the gated `y` (the anchor's values along `line`) into `out`

@@ -69,14 +69,20 @@ impl Program {
     }
 
     /// How leaf `i` (see [`Self::is_leaf`]) reads any line of the root,
-    /// resolved once for the env's current shapes: the views between a
-    /// stored tensor and the root are affine maps of coordinates, so an
-    /// element's offset is `offset + sum(coord[d] * coef[d])` over the
-    /// root's dimensions. `None` for other nodes.
+    /// its geometry resolved for the env's current shapes and bound to the
+    /// env's data ([`LeafGeometry::bind`]). `None` for other nodes.
     pub(crate) fn leaf_map<'e>(&self, i: usize, env: &'e dyn Env) -> Option<LeafMap<'e>> {
-        // Offset and stride of the line `line` of node `i`, down to a load.
+        Some(self.leaf_geometry(i, env)?.bind(env))
+    }
+
+    /// Where leaf `i` (see [`Self::is_leaf`]) reads any line of the root,
+    /// from the env's current shapes alone: the views between a stored
+    /// tensor and the root are affine maps of coordinates, so an element's
+    /// offset is `offset + sum(coord[d] * coef[d])` over the root's
+    /// dimensions. `None` for other nodes.
+    pub(crate) fn leaf_geometry(&self, i: usize, env: &dyn Env) -> Option<LeafGeometry> {
         if let Some(c) = self.leaf_const(i) {
-            return Some(LeafMap::Const(c));
+            return Some(LeafGeometry::Const(c));
         }
         // The origin and a unit step along each dimension, mapped down to
         // the load together: each view's shapes are asked once.
@@ -96,8 +102,8 @@ impl Program {
                     let at = |v: &[usize; MAX_RANK]| -> usize {
                         (0..rank).map(|d| v[d] * strides[d]).sum()
                     };
-                    return Some(LeafMap::Stored {
-                        data: env.data(node.value),
+                    return Some(LeafGeometry::Stored {
+                        value: node.value,
                         offset: at(&base.base),
                         coef: units.map(|u| at(&u.step)),
                     });
@@ -115,18 +121,23 @@ impl Program {
         }
     }
 
-    /// [`Self::leaf_map`] of leaf `i` for lines of another node's
+    /// [`Self::leaf_geometry`] of leaf `i` for lines of another node's
     /// coordinates, `views` the view nodes between that node and `i`'s
     /// (outermost first): how `i` reads the lines of a node above views.
-    pub(crate) fn leaf_map_through<'e>(
+    pub(crate) fn leaf_geometry_through(
         &self,
         views: &[usize],
         i: usize,
-        env: &'e dyn Env,
-    ) -> Option<LeafMap<'e>> {
-        let map = self.leaf_map(i, env)?;
-        let LeafMap::Stored { data, offset, coef } = map else {
-            return Some(map);
+        env: &dyn Env,
+    ) -> Option<LeafGeometry> {
+        let geometry = self.leaf_geometry(i, env)?;
+        let LeafGeometry::Stored {
+            value,
+            offset,
+            coef,
+        } = geometry
+        else {
+            return Some(geometry);
         };
         let down = |line: Line| {
             views
@@ -143,8 +154,8 @@ impl Program {
             unit.step[d] = 1;
             *t = at(&down(unit), |l| &l.step);
         }
-        Some(LeafMap::Stored {
-            data,
+        Some(LeafGeometry::Stored {
+            value,
             offset: offset + at(&base, |l| &l.base),
             coef: through,
         })
@@ -226,6 +237,43 @@ impl ViewMap {
                 child
             }
             ViewMap::Same => *line,
+        }
+    }
+}
+
+/// Where a leaf's elements lie for one set of shapes
+/// ([`Program::leaf_geometry`]): a [`LeafMap`] before its data is read.
+/// It depends on shapes alone, so a compiled program keeps its recipes'
+/// geometries for the calls of one shape generation (`compiled.rs`) and
+/// binds each call's data to them ([`Self::bind`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum LeafGeometry {
+    /// A constant.
+    Const(f32),
+    /// Stored value `value`: the element at root coordinates `c` is its
+    /// `offset + sum(c[d] * coef[d])`-th.
+    Stored {
+        value: usize,
+        offset: usize,
+        coef: [usize; MAX_RANK],
+    },
+}
+
+impl LeafGeometry {
+    /// The leaf read from `env`'s data: the one part of a [`LeafMap`] that
+    /// changes between calls of the same shapes.
+    pub(crate) fn bind<'e>(&self, env: &'e dyn Env) -> LeafMap<'e> {
+        match *self {
+            LeafGeometry::Const(c) => LeafMap::Const(c),
+            LeafGeometry::Stored {
+                value,
+                offset,
+                coef,
+            } => LeafMap::Stored {
+                data: env.data(value),
+                offset,
+                coef,
+            },
         }
     }
 }
