@@ -217,6 +217,12 @@ macro_rules! per_backend {
     // features are `tt`s: `is_x86_feature_detected!` matches a literal's
     // tokens, which a `literal` fragment would hide.
     (@detect {} [$( { $b:ident $f:ident $cfg:tt [$($feat:tt),*] $s:ident $fma:tt } )*]) => {
+        /// Every row of the table, whatever the compile target: the
+        /// backend's name and its target features, against which the tests
+        /// check the `target_feature` strings written by hand outside it.
+        #[cfg(test)]
+        const TABLE_FEATURES: &[(&str, &[&str])] = &[$( (stringify!($b), &[$($feat),*]), )*];
+
         impl Backend {
             /// Every backend of the compile target, in the table's order.
             const ALL: &'static [Backend] = &[$( #[cfg $cfg] Backend::$b, )*];
@@ -598,24 +604,16 @@ pub(crate) use neon::Neon;
 mod tests {
     use super::*;
 
-    /// The CPU is asked in this file alone: a kernel that detected its
-    /// features itself could disagree with the others (and paid the check
-    /// per call). Walks the workspace's Rust sources.
-    #[test]
-    fn features_are_detected_in_this_file_alone() {
-        fn walk(dir: &std::path::Path, found: &mut Vec<String>) {
+    /// The workspace's Rust sources (path, text), read at test time.
+    fn workspace_sources() -> Vec<(std::path::PathBuf, String)> {
+        fn walk(dir: &std::path::Path, found: &mut Vec<(std::path::PathBuf, String)>) {
             for entry in std::fs::read_dir(dir).expect("a source directory") {
                 let path = entry.expect("an entry").path();
                 if path.is_dir() {
                     walk(&path, found);
-                } else if path.extension().is_some_and(|e| e == "rs")
-                    && !path.ends_with("kernels/src/simd.rs")
-                {
+                } else if path.extension().is_some_and(|e| e == "rs") {
                     let text = std::fs::read_to_string(&path).expect("a source file");
-                    let asks = ["is_x86_feature_detected", "is_aarch64_feature_detected"];
-                    if asks.iter().any(|a| text.contains(a)) {
-                        found.push(path.display().to_string());
-                    }
+                    found.push((path, text));
                 }
             }
         }
@@ -627,6 +625,22 @@ mod tests {
                 walk(&src, &mut found);
             }
         }
+        found
+    }
+
+    /// The CPU is asked in this file alone: a kernel that detected its
+    /// features itself could disagree with the others (and paid the check
+    /// per call). Walks the workspace's Rust sources.
+    #[test]
+    fn features_are_detected_in_this_file_alone() {
+        let asks = ["is_x86_feature_detected", "is_aarch64_feature_detected"];
+        let found: Vec<String> = workspace_sources()
+            .into_iter()
+            .filter(|(path, text)| {
+                !path.ends_with("kernels/src/simd.rs") && asks.iter().any(|a| text.contains(a))
+            })
+            .map(|(path, _)| path.display().to_string())
+            .collect();
         assert!(
             found.is_empty(),
             "CPU features detected outside simd.rs: {found:?}"
@@ -641,6 +655,54 @@ mod tests {
         }
         assert!(Backend::Portable.is_available());
         assert!(Backend::detect().is_available());
+    }
+
+    /// A function whose `target_feature` attribute is written by hand,
+    /// outside [`per_backend`], runs only where some backend was detected,
+    /// so it may enable no more than that backend's row asks the CPU for: each
+    /// string lies within one row of the table (an `avx512f` variant within
+    /// the AVX-512 row, a NEON one within NEON's), or else it could run,
+    /// undetected, on a CPU without the feature.
+    #[test]
+    fn hand_written_target_features_are_within_one_row() {
+        // Features a row's feature implies (rustc's implications, which the
+        // CPU's detection of the row's feature vouches for too): the strided
+        // moves' transpose enables `avx` and runs on the AVX2 and AVX-512
+        // rows.
+        const IMPLIED: &[(&str, &[&str])] = &[("avx2", &["avx"])];
+        let within = |row: &[&str], feature: &str| {
+            row.contains(&feature)
+                || IMPLIED
+                    .iter()
+                    .any(|(by, implied)| row.contains(by) && implied.contains(&feature))
+        };
+        let marker = "target_feature(enable = \"";
+        let mut seen = 0;
+        for (path, text) in workspace_sources() {
+            for (at, _) in text.match_indices(marker) {
+                let rest = &text[at + marker.len()..];
+                let features = &rest[..rest.find('"').expect("a closing quote")];
+                let line = text[..at].lines().count();
+                let rows: Vec<&str> = TABLE_FEATURES
+                    .iter()
+                    .filter(|(_, row)| features.split(',').all(|f| within(row, f)))
+                    .map(|(name, _)| *name)
+                    .collect();
+                assert!(
+                    !rows.is_empty(),
+                    "{}:{line}: target_feature \"{features}\" is within no row of per_backend!'s \
+                     table {TABLE_FEATURES:?}",
+                    path.display()
+                );
+                if features.contains("avx512") {
+                    assert!(rows.contains(&"Avx512"), "{}:{line}", path.display());
+                }
+                seen += 1;
+            }
+        }
+        // The hand-written ones (the scan, the FFT lanes, the strided moves)
+        // were found, so the walk looked where they are.
+        assert!(seen >= 10, "found only {seen} target_feature strings");
     }
 
     /// The run paths ask the CPU nothing: a conv prepared on each backend

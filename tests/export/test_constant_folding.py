@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from executorch.exir import to_edge
 from rustconv import RustConvPartitioner
+from rustconv.export.ops_lowering import GraphContext, OpLowering, aten_op, registry
+from rustconv.export.ops_lowering.folding import constant_reason
 from rustconv.fb.BinaryOp import BinaryOp
 from rustconv.fb.Op import Op
 from rustconv.fb.ValueKind import ValueKind
@@ -168,6 +170,39 @@ def test_constant_larger_than_its_sources_is_not_evaluated():
     reasons = _explain(model, torch.randn(1, 4, 64))
     (name,) = [n for n in reasons if "expand" in n]
     assert "larger than what it reads" in reasons[name]
+
+
+class OnConstants(nn.Module):
+    """A conv and a matmul whose every operand is a parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.x = nn.Parameter(torch.randn(1, 4, 16))
+        self.w = nn.Parameter(torch.randn(4, 4, 3))
+        self.a = nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, y):
+        return F.conv1d(self.x, self.w) + y, torch.mm(self.a, self.a)
+
+
+def test_anchors_on_constants_are_asked_of_the_registry(monkeypatch):
+    """folding takes its anchors from the op registry: registering a new
+    anchor lowering (here a stand-in for ``aten.mm``) is all it takes for
+    folding to leave that op to the delegate instead of evaluating it."""
+    ep = export(OnConstants(), (torch.randn(1, 4, 14),))
+    ctx = GraphContext(ep)
+    (conv,) = [n for n in ep.graph.nodes if aten_op(n) == torch.ops.aten.conv1d.default]
+    (mm,) = [n for n in ep.graph.nodes if aten_op(n) == torch.ops.aten.mm.default]
+    assert "anchor" in constant_reason(conv, ctx)
+    assert constant_reason(mm, ctx) is None
+
+    class MatmulAnchor(OpLowering):
+        kind = "mm"
+        targets = (torch.ops.aten.mm.default,)
+        is_anchor = True
+
+    monkeypatch.setitem(registry._BY_TARGET, torch.ops.aten.mm.default, MatmulAnchor())
+    assert "anchor" in constant_reason(mm, GraphContext(ep))
 
 
 class ConvBatchNorm(nn.Module):

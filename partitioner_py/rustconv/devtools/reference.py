@@ -69,6 +69,12 @@ _BINARY: dict[int, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
     BinaryOp.Ne: torch.ne,
 }
 
+_REDUCE: dict[int, Callable[[torch.Tensor, list[int]], torch.Tensor]] = {
+    ReduceOp.Sum: lambda x, dims: x.sum(dims, keepdim=True),
+    ReduceOp.Mean: lambda x, dims: x.mean(dims, keepdim=True),
+    ReduceOp.Var: lambda x, dims: x.var(dims, correction=0, keepdim=True),
+}
+
 
 def run_blob(blob: bytes, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Runs ``blob`` on ``inputs`` (in delegate-input order); returns its outputs."""
@@ -80,13 +86,13 @@ def run_blob(blob: bytes, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     if len(inputs) != len(inputs_list):
         raise ValueError(f"blob takes {len(inputs_list)} inputs, got {len(inputs)}")
 
-    env: dict[int, torch.Tensor] = {}
+    env = _Env({}, values)
     for index, value in enumerate(values):
         if value.kind in (ValueKind.Constant, ValueKind.State):  # a state: its initial value
             raw = parsed.segment[value.constantOffset : value.constantOffset + value.constantSize]
             shape = [d.size for d in value.dims]
             array = np.frombuffer(raw, dtype=_NUMPY_DTYPES[value.dtype]).reshape(shape)
-            env[index] = torch.from_numpy(array.copy())
+            env.tensors[index] = torch.from_numpy(array.copy())
     for position, index in enumerate(inputs_list):
         value = values[index]
         tensor = inputs[position]
@@ -96,63 +102,85 @@ def run_blob(blob: bytes, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
             ok = size <= dim.size if dim.dynamic else size == dim.size
             if not ok:
                 raise ValueError(f"input {position} has shape {tuple(tensor.shape)}")
-        env[index] = tensor.to(_TORCH_DTYPES[value.dtype]).contiguous()
+        env.tensors[index] = tensor.to(_TORCH_DTYPES[value.dtype]).contiguous()
 
     for node in graph.nodes or []:
         op = node.op
-        result = _run_node(node.opType, op, env, values, node.name)
-        env[op.output] = result.to(_TORCH_DTYPES[values[op.output].dtype]).contiguous()
-    return [env[i] for i in outputs_list]
+        result = _run_node(node.opType, op, env, node.name)
+        env.tensors[op.output] = result.to(_TORCH_DTYPES[values[op.output].dtype]).contiguous()
+    return [env.tensors[i] for i in outputs_list]
 
 
-def _run_node(op_type: int, op, env: dict[int, torch.Tensor], values, name) -> torch.Tensor:
-    def read(index: int) -> torch.Tensor:
-        return env[index].float()
+class _Env:
+    """The tensors computed so far, by value index, and the blob's values."""
 
-    def operand(index: int, scalar: float) -> torch.Tensor:
-        return read(index) if index >= 0 else torch.tensor(scalar, dtype=torch.float32)
+    def __init__(self, tensors: dict[int, torch.Tensor], values) -> None:
+        self.tensors = tensors
+        self.values = values
 
-    if op_type == Op.Conv1d:
-        x = F.pad(read(op.input), (op.padLeft, op.padRight))
-        bias = None if op.bias < 0 else read(op.bias)
-        return F.conv1d(x, read(op.weight), bias, op.stride, 0, op.dilation, op.groups)
-    if op_type == Op.LinearScan:
-        return linear_scan(read(op.x0), read(op.a), read(op.u))
-    if op_type == Op.Unary:
-        return _UNARY[op.op](read(op.input))
-    if op_type == Op.Binary:
-        result = _BINARY[op.op](operand(op.a, op.aScalar), operand(op.b, op.bScalar))
-        return result.float()  # comparisons: 1.0 / 0.0
-    if op_type == Op.Where:
-        cond = read(op.cond) != 0
-        return torch.where(cond, operand(op.a, op.aScalar), operand(op.b, op.bScalar))
-    if op_type == Op.Clamp:
-        low = op.min if op.hasMin else None
-        high = op.max if op.hasMax else None
-        x = read(op.input)
-        return x.clone() if low is None and high is None else torch.clamp(x, low, high)
-    if op_type == Op.Full:
-        return torch.full(env[op.like].shape, op.value, dtype=torch.float32)
-    if op_type == Op.Permute:
-        return read(op.input).permute([int(p) for p in op.perm])
-    if op_type == Op.Slice:
-        x = read(op.input)
-        index = (slice(None),) * op.dim + (slice(op.start, op.end, op.step),)
-        return x[index]
-    if op_type == Op.Reshape:
-        return read(op.input).reshape(
-            _reshaped(env[op.input].shape, values[op.input], values[op.output])
-        )
-    if op_type == Op.Cat:
-        return torch.cat([read(i) for i in op.inputs], dim=op.dim)
-    if op_type == Op.Reduce:
-        x, dims = read(op.input), [int(d) for d in op.dims]
-        if op.op == ReduceOp.Sum:
-            return x.sum(dims, keepdim=True)
-        if op.op == ReduceOp.Mean:
-            return x.mean(dims, keepdim=True)
-        return x.var(dims, correction=0, keepdim=True)
-    raise ValueError(f"unknown op type {op_type} in node {name!r}")
+    def read(self, index: int) -> torch.Tensor:
+        return self.tensors[index].float()
+
+    def operand(self, index: int, scalar: float) -> torch.Tensor:
+        """A value, or the scalar beside it where the index is -1."""
+        return self.read(index) if index >= 0 else torch.tensor(scalar, dtype=torch.float32)
+
+
+def _conv1d(op, env: _Env) -> torch.Tensor:
+    x = F.pad(env.read(op.input), (op.padLeft, op.padRight))
+    bias = None if op.bias < 0 else env.read(op.bias)
+    return F.conv1d(x, env.read(op.weight), bias, op.stride, 0, op.dilation, op.groups)
+
+
+def _binary(op, env: _Env) -> torch.Tensor:
+    result = _BINARY[op.op](env.operand(op.a, op.aScalar), env.operand(op.b, op.bScalar))
+    return result.float()  # comparisons: 1.0 / 0.0
+
+
+def _where(op, env: _Env) -> torch.Tensor:
+    cond = env.read(op.cond) != 0
+    return torch.where(cond, env.operand(op.a, op.aScalar), env.operand(op.b, op.bScalar))
+
+
+def _clamp(op, env: _Env) -> torch.Tensor:
+    low = op.min if op.hasMin else None
+    high = op.max if op.hasMax else None
+    x = env.read(op.input)
+    return x.clone() if low is None and high is None else torch.clamp(x, low, high)
+
+
+def _slice(op, env: _Env) -> torch.Tensor:
+    index = (slice(None),) * op.dim + (slice(op.start, op.end, op.step),)
+    return env.read(op.input)[index]
+
+
+def _reshape(op, env: _Env) -> torch.Tensor:
+    shape = _reshaped(env.tensors[op.input].shape, env.values[op.input], env.values[op.output])
+    return env.read(op.input).reshape(shape)
+
+
+#: Every blob op kind (the schema's ``Op`` union), by its tag.
+_NODES: dict[int, Callable[[object, _Env], torch.Tensor]] = {
+    Op.Conv1d: _conv1d,
+    Op.LinearScan: lambda op, env: linear_scan(env.read(op.x0), env.read(op.a), env.read(op.u)),
+    Op.Unary: lambda op, env: _UNARY[op.op](env.read(op.input)),
+    Op.Binary: _binary,
+    Op.Where: _where,
+    Op.Clamp: _clamp,
+    Op.Full: lambda op, env: torch.full(env.tensors[op.like].shape, op.value, dtype=torch.float32),
+    Op.Permute: lambda op, env: env.read(op.input).permute([int(p) for p in op.perm]),
+    Op.Slice: _slice,
+    Op.Reshape: _reshape,
+    Op.Cat: lambda op, env: torch.cat([env.read(i) for i in op.inputs], dim=op.dim),
+    Op.Reduce: lambda op, env: _REDUCE[op.op](env.read(op.input), [int(d) for d in op.dims]),
+}
+
+
+def _run_node(op_type: int, op, env: _Env, name) -> torch.Tensor:
+    run = _NODES.get(op_type)
+    if run is None:
+        raise ValueError(f"unknown op type {op_type} in node {name!r}")
+    return run(op, env)
 
 
 def _unit(dim) -> bool:

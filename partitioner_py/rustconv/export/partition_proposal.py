@@ -46,7 +46,7 @@ from torch.fx.passes.operator_support import OperatorSupportBase
 
 from rustconv.export.ops_lowering import SUPPORTED_DTYPES, GraphContext, lowering_for, reason_for
 from rustconv.export.ops_lowering.folding import computes_constant, constant_reason
-from rustconv.export.ops_lowering.registry import computed_inside_reason
+from rustconv.export.ops_lowering.registry import computed_inside_reason, is_anchor
 
 __all__ = [
     "ISLAND_REASON",
@@ -106,7 +106,7 @@ def propose_graph(graph_module: GraphModule, ctx: GraphContext) -> Proposal:
 
     kept, islands = [], []
     for partition in partitions:
-        anchored = any(_is_anchor(n) for n in partition.nodes)
+        anchored = any(is_anchor(n) for n in partition.nodes)
         (kept if anchored else islands).append(partition)
     in_island = {n for p in islands for n in p.nodes}
     kept = _merge_independent(graph_module, kept, ctx)
@@ -145,14 +145,9 @@ def _merge_independent(
     if len(partitions) < 2:
         return partitions
     merged = _group(graph_module, {n for p in partitions for n in p.nodes}, horizontal=True)
-    if _violations(merged, ctx) or not all(any(_is_anchor(n) for n in p.nodes) for p in merged):
+    if _violations(merged, ctx) or not all(any(is_anchor(n) for n in p.nodes) for p in merged):
         return partitions
     return merged
-
-
-def _is_anchor(node: Node) -> bool:
-    lowering = lowering_for(node)
-    return lowering is not None and lowering.is_anchor
 
 
 def _can_cross(node: Node, ctx: GraphContext) -> bool:

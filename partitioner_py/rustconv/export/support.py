@@ -27,6 +27,7 @@ from rustconv.export.ops_lowering.conv import (
     pad_amounts,
     pad_unsupported_reason,
 )
+from rustconv.export.ops_lowering.registry import is_anchor
 from rustconv.export.ops_lowering.scan import (
     SCAN_OPS,
     is_scan,
@@ -54,12 +55,6 @@ __all__ = [
     "unsupported_reason",
     "scan_operands",
 ]
-
-
-def is_anchor(node: Node) -> bool:
-    """A convolution or linear scan: what a delegated partition is built around."""
-    lowering = lowering_for(node)
-    return lowering is not None and lowering.is_anchor
 
 
 def is_rustconv_kind(node: Node) -> bool:

@@ -76,6 +76,7 @@ from rustconv.export.ops_lowering.common import (
 )
 from rustconv.export.ops_lowering.registry import (
     OpLowering,
+    is_anchor,
     lowering_for,
     reason_for,
     register,
@@ -88,6 +89,7 @@ __all__ = [
     "NotSupported",
     "OpLowering",
     "aten_op",
+    "is_anchor",
     "lowering_for",
     "reason_for",
     "register",

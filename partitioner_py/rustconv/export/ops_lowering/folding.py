@@ -15,8 +15,8 @@ A node *computes a constant* (:func:`computes_constant`) when
 
 * it calls a functional, deterministic ATen or edge op: no mutation, no random
   numbers, not a quantize/dequantize op (a quantized weight stays with the
-  backend that runs the quantized op, see :mod:`.quantized`), not a
-  convolution or scan (those anchor partitions);
+  backend that runs the quantized op, see :mod:`.quantized`), not an anchor
+  (a convolution or scan, :attr:`OpLowering.is_anchor`: those anchor partitions);
 * every tensor it reads is a constant (parameter, buffer, lifted constant) or
   computes a constant itself, and it reads at least one;
 * its result is one tensor (or a split's pieces, each then read through its
@@ -50,6 +50,8 @@ from torch.fx import Node
 from torch.utils import _pytree as pytree
 
 from rustconv.export.ops_lowering.common import SUPPORTED_DTYPES, NotSupported, aten_op
+from rustconv.export.ops_lowering.quantized import QUANT_NAMESPACES
+from rustconv.export.ops_lowering.registry import is_anchor
 
 if TYPE_CHECKING:
     from rustconv.export.ops_lowering.common import GraphContext
@@ -76,17 +78,13 @@ def _is_static(val: torch.Tensor) -> bool:
 
 def _op_reason(node: Node) -> str | None:
     """Why ``node``'s op cannot be evaluated at export, or None."""
-    from rustconv.export.ops_lowering.conv import CONV_OPS
-    from rustconv.export.ops_lowering.quantized import QUANT_NAMESPACES
-    from rustconv.export.ops_lowering.scan import SCAN_OPS
-
     op = aten_op(node)
     if op is None:
         if node.target is operator.getitem:
             return None  # a piece of a split evaluated at export
         return f"{node.target} is not an ATen or edge op"
-    if op in CONV_OPS or op in SCAN_OPS:
-        return "a convolution or scan is delegated, not evaluated at export"
+    if is_anchor(node):
+        return f"{op} is an anchor (a convolution or scan): delegated, not evaluated at export"
     if op.namespace in QUANT_NAMESPACES:
         return "a quantize/dequantize op stays with the backend running the quantized op"
     if op._schema.is_mutable:

@@ -23,7 +23,14 @@ from torch.fx import Node
 from rustconv.export.ops_lowering.builder import Builder
 from rustconv.export.ops_lowering.common import GraphContext, NotSupported, target_key
 
-__all__ = ["OpLowering", "register", "lowering_for", "registered", "computed_inside_reason"]
+__all__ = [
+    "OpLowering",
+    "register",
+    "lowering_for",
+    "is_anchor",
+    "registered",
+    "computed_inside_reason",
+]
 
 
 class OpLowering:
@@ -128,6 +135,13 @@ def lowering_for(node: Node) -> OpLowering | None:
         return _BY_TARGET.get(target_key(node))
     except TypeError:  # an unhashable target
         return None
+
+
+def is_anchor(node: Node) -> bool:
+    """Whether ``node``'s op is a registered anchor (:attr:`OpLowering.is_anchor`):
+    a convolution or linear scan, what a delegated partition is built around."""
+    lowering = lowering_for(node)
+    return lowering is not None and lowering.is_anchor
 
 
 def registered() -> list[OpLowering]:

@@ -1,0 +1,58 @@
+"""The reference interpreter (``rustconv.devtools.reference``) knows every op kind
+the schema does.
+
+The blob schema (``schema/rustconv.fbs``, generated into ``rustconv.fb``) is the
+one list of what a blob can hold; the lowering's tables (``UNARY_OPS``, the
+binary table, the reductions of ``norm``) name its enum members, so covering the
+schema's enums covers everything the lowering can emit. A kind added to the
+schema and not to the interpreter would otherwise surface only as a ``KeyError``
+in the first test that happens to lower it, or (before the reductions had their
+own table) as a silently wrong result.
+"""
+
+from __future__ import annotations
+
+import pytest
+from rustconv.devtools import reference
+from rustconv.export.ir import OPS
+from rustconv.fb.BinaryOp import BinaryOp
+from rustconv.fb.DType import DType
+from rustconv.fb.Op import Op
+from rustconv.fb.ReduceOp import ReduceOp
+from rustconv.fb.UnaryOp import UnaryOp
+
+
+def members(enum: type) -> dict[str, int]:
+    """The members of a generated flatbuffers enum class, by name."""
+    return {k: v for k, v in vars(enum).items() if not k.startswith("_") and isinstance(v, int)}
+
+
+def op_kinds() -> dict[str, int]:
+    """The ``Op`` union's tables (its ``NONE`` tag is no op)."""
+    return {k: v for k, v in members(Op).items() if k != "NONE"}
+
+
+@pytest.mark.parametrize(
+    ("enum", "table"),
+    [
+        (Op, "_NODES"),
+        (UnaryOp, "_UNARY"),
+        (BinaryOp, "_BINARY"),
+        (ReduceOp, "_REDUCE"),
+        (DType, "_TORCH_DTYPES"),
+        (DType, "_NUMPY_DTYPES"),
+    ],
+)
+def test_reference_covers_every_schema_member(enum, table):
+    known = op_kinds() if enum is Op else members(enum)
+    assert known, f"{enum.__name__} has no members: the generated class changed form"
+    covered = getattr(reference, table)
+    missing = sorted(name for name, code in known.items() if code not in covered)
+    assert not missing, f"reference.{table} lacks {enum.__name__} {missing}"
+    unknown = sorted(set(covered) - set(known.values()))
+    assert not unknown, f"reference.{table} has codes {unknown} the schema lacks"
+
+
+def test_ir_knows_every_op_kind():
+    """``rustconv.export.ir.OPS`` is the IR's registry of op kinds: the schema's, no more."""
+    assert set(OPS) == set(op_kinds().values())
