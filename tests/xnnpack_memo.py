@@ -10,8 +10,9 @@ whose inputs are equal in every part it can read gets the blob computed the
 first time:
 
 * the graph's code, every node's name, op, target, arguments, and every
-  ``meta`` entry but the stack trace and the provenance (``val`` shapes and
-  dtypes, ``debug_handle``, ``source_fn_stack``, quantization meta);
+  ``meta`` entry but the stack trace, the provenance and the partition's
+  tag (``val`` shapes, dtypes and strides, ``debug_handle``,
+  ``source_fn_stack``, the module paths and types of ``nn_module_stack``);
 * the graph signature;
 * every parameter, buffer and constant: name, dtype, shape and bytes;
 * the compile specs.
@@ -31,8 +32,10 @@ import torch
 
 #: Results kept: the repeats come from lowerings of one model, test after test.
 KEEP = 256
-#: Node meta that says where a node came from, not what it is.
-_PROVENANCE = frozenset({"stack_trace", "from_node", "seq_nr"})
+#: Node meta that says where a node came from, not what it is, and the
+#: partition's tag (the same on every node of a partition, numbered per
+#: lowering).
+_PROVENANCE = frozenset({"stack_trace", "from_node", "seq_nr", "delegation_tag"})
 
 
 def _described(value):
@@ -52,6 +55,10 @@ def fingerprint(edge_program, compile_specs) -> str:
     h.update(edge_program.graph_module.code.encode())
     for node in edge_program.graph.nodes:
         meta = {k: _described(v) for k, v in node.meta.items() if k not in _PROVENANCE}
+        if "nn_module_stack" in meta:
+            # Keyed by the ids of the module objects, new with each build of
+            # the model; the paths and types are what it says.
+            meta["nn_module_stack"] = list(meta["nn_module_stack"].values())
         h.update(
             repr((node.name, node.op, str(node.target), node.args, node.kwargs, meta)).encode()
         )
