@@ -19,6 +19,7 @@ module                    ATen ops                                       blob op
 :mod:`.split`             split, split_with_sizes, chunk + getitem       Slice
 :mod:`.elu`               elu (alpha, scale, input_scale numbers)        Binary, Unary,
                                                                          Where
+:mod:`.rectifiers`        leaky_relu, prelu (constant weight)            Binary, Where
 :mod:`.glu`               glu (static, even size along dim)              Slice, Unary,
                                                                          Binary
 :mod:`.select`            select (one index)                             Slice, Reshape
@@ -59,6 +60,7 @@ from rustconv.export.ops_lowering import (  # noqa: F401  (each module registers
     norm,
     permute,
     pow,
+    rectifiers,
     reshape,
     scan,
     select,

@@ -1,0 +1,90 @@
+"""LeakyReLU and PReLU (``aten.leaky_relu``, ``aten.prelu``) run in the fused
+kernels as the comparison, multiply and select they are
+(ops_lowering/rectifiers.py): a HiFi-GAN vocoder's or a ConvTasNet
+separator's conv chain no longer splits at every activation, and a PReLU
+between two RustConv calls no longer reaches XNNPACK alone, whose lowering
+of it failed (its channels-last pass: "Attempting to convert non-NHWC
+compatible node to NHWC"), so that the model did not lower at all.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+from executorch.exir import to_edge_transform_and_lower
+from rustconv import RustConvPartitioner
+from test_elu import ConvActConv, _run
+from torch.export import export
+
+ACTIVATIONS = {
+    "leaky_relu": lambda: torch.nn.LeakyReLU(),
+    "leaky_relu_0.2": lambda: torch.nn.LeakyReLU(0.2),
+    "leaky_relu_negative": lambda: torch.nn.LeakyReLU(-0.5),
+    "prelu_per_channel": lambda: torch.nn.PReLU(8, init=0.3),
+    "prelu_one": lambda: torch.nn.PReLU(init=-0.2),
+}
+
+
+def _model(act: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = ConvActConv(ACTIVATIONS[act]())
+    if act == "prelu_per_channel":  # a different slope per channel, some negative
+        with torch.no_grad():
+            model.act.weight.copy_(torch.linspace(-0.5, 0.8, 8))
+    return model
+
+
+@pytest.mark.parametrize("flow", ["to_edge", "transform"])
+@pytest.mark.parametrize("act", list(ACTIVATIONS))
+def test_rectifier_between_convs_is_one_call(act, flow, tmp_path):
+    x = torch.randn(2, 8, 30) * 3
+    x[0, :, :3] = -0.0
+    calls, leftover = _run(_model(act), (x,), flow, tmp_path)
+    assert (calls, leftover) == (1, [])
+
+
+class PReluOnTime(torch.nn.Module):
+    """PReLU on a ``[B, C]`` tensor (a conv's output summed over time): the
+    per-channel weight is then the last dimension."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(8, 8, 3)
+        self.act = torch.nn.PReLU(8)
+        with torch.no_grad():
+            self.act.weight.copy_(torch.linspace(-1.0, 1.0, 8))
+
+    def forward(self, x):
+        return self.act(self.conv(x).sum(-1))
+
+
+def test_prelu_on_two_dimensions_broadcasts_along_channels(tmp_path):
+    x = torch.randn(3, 8, 20)
+    calls, leftover = _run(PReluOnTime(), (x,), "transform", tmp_path)
+    assert calls == 1 and not [op for op in leftover if "prelu" in op], leftover
+
+
+class PReluWeightFromInput(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(8, 8, 3)
+
+    def forward(self, x, w):
+        return F.prelu(self.conv(x), w)
+
+
+def test_prelu_weight_given_at_run_time_is_left_with_the_reason():
+    ep = export(PReluWeightFromInput().eval(), (torch.randn(1, 8, 10), torch.rand(8)))
+    reasons = RustConvPartitioner().explain(ep)
+    (reason,) = [r for name, r in reasons.items() if "prelu" in name]
+    assert "constant" in reason, reasons
+
+
+def test_prelu_weight_given_at_run_time_still_lowers_and_runs():
+    """Left to XNNPACK or the portable kernels, the model still lowers."""
+    model = PReluWeightFromInput().eval()
+    inputs = (torch.randn(1, 8, 10), torch.rand(8))
+    edge = to_edge_transform_and_lower(
+        export(model, inputs), partitioner=[RustConvPartitioner(), XnnpackPartitioner()]
+    )
+    edge.to_executorch()
