@@ -99,3 +99,51 @@ def input_sets(*shapes, seed=0):
         "ones": tuple(torch.ones(s) for s in shapes),
         "ramp": tuple(torch.linspace(-1, 1, int(np.prod(s))).reshape(s) for s in shapes),
     }
+
+
+class ConvActConv(torch.nn.Module):
+    """A conv, an activation, a grouped conv: one RustConv call once the
+    activation runs in the fused kernels."""
+
+    def __init__(self, act):
+        super().__init__()
+        self.a = torch.nn.Conv1d(8, 8, 3, padding=1)
+        self.act = act
+        self.b = torch.nn.Conv1d(8, 8, 3, padding=1, groups=4)
+
+    def forward(self, x):
+        return self.b(self.act(self.a(x)))
+
+
+def run_activation_model(model, inputs, flow, tmp_path) -> tuple[int, list[str]]:
+    """(RustConv calls, ops left outside any delegate) of ``model`` lowered by
+    ``flow`` ("to_edge": RustConv alone; "transform": [RustConv, XNNPACK]),
+    after checking both runtimes against eager."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import to_edge, to_edge_transform_and_lower
+    from rustconv import RustConvPartitioner
+
+    model = model.eval()
+    with torch.no_grad():
+        want = model(*inputs)
+    if isinstance(want, tuple):  # a streaming model's (output, *states)
+        want = want[0]
+    ep = torch.export.export(model, inputs)
+    if flow == "to_edge":
+        edge = to_edge(ep).to_backend(RustConvPartitioner())
+    else:
+        edge = to_edge_transform_and_lower(
+            ep, partitioner=[RustConvPartitioner(), XnnpackPartitioner()]
+        )
+    delegate = torch.ops.higher_order.executorch_call_delegate
+    leftover = [
+        str(n.target)
+        for n in edge.exported_program().graph_module.graph.nodes
+        if n.op == "call_function" and n.target is not delegate and "getitem" not in n.name
+    ]
+    program = edge.to_executorch()
+    pte = save(program, tmp_path)
+    atol = 1e-4 * max(1.0, want.abs().max().item())
+    assert_close(run_runtime(pte, inputs)[0], want, f"{flow} runtime", atol)
+    assert_close(run_pte_runner(pte, inputs, tmp_path)[0], want, f"{flow} pte_runner", atol)
+    return delegate_backends(program).count("RustConvBackend"), leftover

@@ -6,56 +6,8 @@ the SEANet convs of transformers' Mimi no longer split at every activation.
 
 import pytest
 import torch
-from conftest import assert_close, delegate_backends, run_pte_runner, run_runtime, save
-from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-from executorch.exir import to_edge, to_edge_transform_and_lower
-from rustconv import RustConvPartitioner
+from conftest import ConvActConv, run_activation_model
 from torch.export import export
-
-_DELEGATE = torch.ops.higher_order.executorch_call_delegate
-
-
-def _lower(model, inputs, flow):
-    ep = export(model, inputs)
-    if flow == "to_edge":
-        return to_edge(ep).to_backend(RustConvPartitioner())
-    return to_edge_transform_and_lower(
-        ep, partitioner=[RustConvPartitioner(), XnnpackPartitioner()]
-    )
-
-
-def _run(model, inputs, flow, tmp_path):
-    """(RustConv calls, ops left outside any delegate), after checking both
-    runtimes against eager."""
-    model = model.eval()
-    with torch.no_grad():
-        want = model(*inputs)
-    if isinstance(want, tuple):  # a streaming model's (output, *states)
-        want = want[0]
-    edge = _lower(model, inputs, flow)
-    gm = edge.exported_program().graph_module
-    leftover = [
-        str(n.target)
-        for n in gm.graph.nodes
-        if n.op == "call_function" and n.target is not _DELEGATE and "getitem" not in n.name
-    ]
-    program = edge.to_executorch()
-    pte = save(program, tmp_path)
-    atol = 1e-4 * max(1.0, want.abs().max().item())
-    assert_close(run_runtime(pte, inputs)[0], want, f"{flow} runtime", atol)
-    assert_close(run_pte_runner(pte, inputs, tmp_path)[0], want, f"{flow} pte_runner", atol)
-    return delegate_backends(program).count("RustConvBackend"), leftover
-
-
-class ConvActConv(torch.nn.Module):
-    def __init__(self, act):
-        super().__init__()
-        self.a = torch.nn.Conv1d(8, 8, 3, padding=1)
-        self.act = act
-        self.b = torch.nn.Conv1d(8, 8, 3, padding=1, groups=4)
-
-    def forward(self, x):
-        return self.b(self.act(self.a(x)))
 
 
 class AtenElu(torch.nn.Module):
@@ -86,7 +38,7 @@ def test_elu_between_convs_is_one_call(act, flow, tmp_path):
     x = torch.randn(2, 8, 30) * 3
     x[0, :, :4] = 60.0  # exp overflows to inf on the positive side: never selected
     x[1, :, :4] = -60.0
-    calls, leftover = _run(model, (x,), flow, tmp_path)
+    calls, leftover = run_activation_model(model, (x,), flow, tmp_path)
     assert (calls, leftover) == (1, [])
 
 
@@ -124,6 +76,6 @@ def test_mimi_seanet_chains_through_its_elus(part, calls, tmp_path):
     import zoo_models
 
     example = getattr(zoo_models, f"hf_mimi_{part}")(False)
-    got, leftover = _run(example.module, example.inputs, "to_edge", tmp_path)
+    got, leftover = run_activation_model(example.module, example.inputs, "to_edge", tmp_path)
     assert got == calls
     assert not [op for op in leftover if "elu" in op], leftover

@@ -10,10 +10,10 @@ compatible node to NHWC"), so that the model did not lower at all.
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import ConvActConv, run_activation_model
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge_transform_and_lower
 from rustconv import RustConvPartitioner
-from test_elu import ConvActConv, _run
 from torch.export import export
 
 ACTIVATIONS = {
@@ -34,12 +34,17 @@ def _model(act: str) -> torch.nn.Module:
     return model
 
 
-@pytest.mark.parametrize("flow", ["to_edge", "transform"])
-@pytest.mark.parametrize("act", list(ACTIVATIONS))
+# Every activation with XNNPACK after RustConv (where a PReLU left alone
+# failed), two of them with RustConv alone.
+@pytest.mark.parametrize(
+    "act,flow",
+    [(act, "transform") for act in ACTIVATIONS]
+    + [("leaky_relu_0.2", "to_edge"), ("prelu_per_channel", "to_edge")],
+)
 def test_rectifier_between_convs_is_one_call(act, flow, tmp_path):
     x = torch.randn(2, 8, 30) * 3
     x[0, :, :3] = -0.0
-    calls, leftover = _run(_model(act), (x,), flow, tmp_path)
+    calls, leftover = run_activation_model(_model(act), (x,), flow, tmp_path)
     assert (calls, leftover) == (1, [])
 
 
@@ -60,7 +65,7 @@ class PReluOnTime(torch.nn.Module):
 
 def test_prelu_on_two_dimensions_broadcasts_along_channels(tmp_path):
     x = torch.randn(3, 8, 20)
-    calls, leftover = _run(PReluOnTime(), (x,), "transform", tmp_path)
+    calls, leftover = run_activation_model(PReluOnTime(), (x,), "transform", tmp_path)
     assert calls == 1 and not [op for op in leftover if "prelu" in op], leftover
 
 
