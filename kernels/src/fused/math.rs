@@ -298,6 +298,65 @@ pub(crate) fn gelu_tanh<const F: bool>(x: f32) -> f32 {
     x / (1.0 + exp_neg_clamped::<F>(two_u))
 }
 
+/// Where [`sin`] and [`cos`] are exact to about 1e-7: for `|x|` up to here
+/// the reduction by multiples of pi/2 below is exact (`j` below 2^13, so
+/// `j` times each part of pi/2, of at most 11 significant bits, is exact).
+/// Beyond, or for NaN and infinities, the caller takes libm's functions
+/// (`UnaryOp::apply_generic` checks the slice first).
+pub(crate) const TRIG_FAST_MAX: f32 = 8192.0;
+
+/// `sin(x)` for `|x| <= TRIG_FAST_MAX` (the Snake activation of audio
+/// codecs, `x + sin(a x)^2 / a`).
+#[inline(always)]
+pub(crate) fn sin<const F: bool>(x: f32) -> f32 {
+    sin_quadrant::<F>(x, 0)
+}
+
+/// `cos(x)` for `|x| <= TRIG_FAST_MAX`: the sine a quadrant on.
+#[inline(always)]
+pub(crate) fn cos<const F: bool>(x: f32) -> f32 {
+    sin_quadrant::<F>(x, 1)
+}
+
+/// `sin(x + shift * pi/2)`: `x = j pi/2 + r` with `|r| <= pi/4` (Cody and
+/// Waite's reduction by pi/2 in three parts), then the sine or cosine of
+/// `r` (Cephes sinf's and cosf's polynomials) as `j + shift` picks, its
+/// sign flipped in the lower half-turn. No branch: the quadrant's choice
+/// is a select and a sign bit.
+#[inline(always)]
+fn sin_quadrant<const F: bool>(x: f32, shift: u32) -> f32 {
+    const PIO2_1: f32 = 1.570_312_5;
+    const PIO2_2: f32 = 4.837_512_969_970_703e-4;
+    const PIO2_3: f32 = 7.549_789_954_891_882e-8;
+    // Round to nearest as `exp_parts` does: the low mantissa bits hold j.
+    const ROUND: f32 = 12_582_912.0;
+    let shifted = x * std::f32::consts::FRAC_2_PI + ROUND;
+    let j = shifted - ROUND;
+    let quadrant = shifted.to_bits().wrapping_add(shift);
+    let r = ((x - j * PIO2_1) - j * PIO2_2) - j * PIO2_3;
+    let z = r * r;
+    let s = fma::<F>(
+        r * z,
+        fma::<F>(
+            fma::<F>(-1.951_529_589_1e-4, z, 8.332_160_873_6e-3),
+            z,
+            -1.666_665_461_1e-1,
+        ),
+        r,
+    );
+    let c = fma::<F>(
+        z * z,
+        fma::<F>(
+            fma::<F>(2.443_315_711_809_948e-5, z, -1.388_731_625_493_765e-3),
+            z,
+            4.166_664_568_298_827e-2,
+        ),
+        fma::<F>(-0.5, z, 1.0),
+    );
+    let v = if quadrant & 1 == 0 { s } else { c };
+    f32::from_bits(v.to_bits() ^ ((quadrant & 2) << 30))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -316,6 +375,32 @@ mod tests {
                 "{name}({x}) = {got}, want {want} (error {err:e})"
             );
         }
+    }
+
+    #[test]
+    fn sin_and_cos_are_within_2e7_over_their_fast_range() {
+        sin_and_cos::<false>();
+        sin_and_cos::<true>();
+    }
+
+    fn sin_and_cos<const F: bool>() {
+        for (lo, hi) in [(-TRIG_FAST_MAX, TRIG_FAST_MAX), (-8.0, 8.0), (-1e-3, 1e-3)] {
+            for x in grid(lo, hi, 200_000) {
+                for (name, got, want) in [
+                    ("sin", sin::<F>(x), (x as f64).sin()),
+                    ("cos", cos::<F>(x), (x as f64).cos()),
+                ] {
+                    let err = (got as f64 - want).abs();
+                    assert!(
+                        err <= 2e-7,
+                        "{name}({x}) = {got}, want {want} (error {err:e})"
+                    );
+                }
+            }
+        }
+        // Tiny arguments keep their relative accuracy (-0.0 comes out +0.0).
+        assert_eq!(sin::<F>(1e-20), 1e-20);
+        assert_eq!(sin::<F>(-3e-30), -3e-30);
     }
 
     /// Each test runs both forms: with fused multiply-adds (as the AVX2,

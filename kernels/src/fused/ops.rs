@@ -52,10 +52,10 @@ macro_rules! elementwise_ops {
         }
         elementwise_ops!(@common $op $($variant = $name)+);
         impl $op {
-            /// The loops, inlined into each instruction-set variant of
-            /// [`unary`]; `F`: the variant's CPU has fused multiply-add.
+            /// The loops, one per op (`F`: the variant's CPU has fused
+            /// multiply-add); [`UnaryOp::apply_generic`] picks them.
             #[inline(always)]
-            pub(super) fn apply_generic<const F: bool>(self, x: &mut [f32]) {
+            fn apply_elements<const F: bool>(self, x: &mut [f32]) {
                 #[inline(always)]
                 fn each(x: &mut [f32], f: impl Fn(f32) -> f32) {
                     for v in x {
@@ -138,6 +138,32 @@ elementwise_ops! {
         Sqrt = "sqrt" => f32::sqrt,
         Rsqrt = "rsqrt" => |v: f32| 1.0 / v.sqrt(),
         Reciprocal = "reciprocal" => |v| 1.0 / v,
+        /// For `|x| <= math::TRIG_FAST_MAX` (see `apply_generic`).
+        Sin = "sin" => math::sin::<F>,
+        Cos = "cos" => math::cos::<F>,
+    }
+}
+
+impl UnaryOp {
+    /// The op's loop over `x`, inlined into each instruction-set variant
+    /// of [`unary`] and into the flat programs' (`F`: the variant's CPU
+    /// has fused multiply-add). The vector sine and cosine reduce their
+    /// argument exactly only up to `math::TRIG_FAST_MAX`; a slice holding
+    /// anything larger, or NaN or an infinity, takes libm's (rare: a
+    /// codec's Snake activation reads `sin(a x)` of activations).
+    #[inline(always)]
+    pub(super) fn apply_generic<const F: bool>(self, x: &mut [f32]) {
+        let libm: Option<fn(f32) -> f32> = match self {
+            UnaryOp::Sin => Some(f32::sin),
+            UnaryOp::Cos => Some(f32::cos),
+            _ => None,
+        };
+        match libm {
+            Some(f) if !x.iter().all(|v| v.abs() <= math::TRIG_FAST_MAX) => {
+                x.iter_mut().for_each(|v| *v = f(*v))
+            }
+            _ => self.apply_elements::<F>(x),
+        }
     }
 }
 

@@ -52,6 +52,8 @@ _UNARY: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
     UnaryOp.Sqrt: torch.sqrt,
     UnaryOp.Rsqrt: torch.rsqrt,
     UnaryOp.Reciprocal: torch.reciprocal,
+    UnaryOp.Sin: torch.sin,
+    UnaryOp.Cos: torch.cos,
 }
 
 _BINARY: dict[int, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {

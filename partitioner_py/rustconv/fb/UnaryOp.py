@@ -19,3 +19,5 @@ class UnaryOp(object):
     Sqrt = 13
     Rsqrt = 14
     Reciprocal = 15
+    Sin = 16
+    Cos = 17

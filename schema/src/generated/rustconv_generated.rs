@@ -211,10 +211,10 @@ impl flatbuffers::SimpleToVerifyInSlice for ValueKind {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_UNARY_OP: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_UNARY_OP: u8 = 15;
+pub const ENUM_MAX_UNARY_OP: u8 = 17;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_UNARY_OP: [UnaryOp; 16] = [
+pub const ENUM_VALUES_UNARY_OP: [UnaryOp; 18] = [
   UnaryOp::Identity,
   UnaryOp::Neg,
   UnaryOp::Abs,
@@ -231,6 +231,8 @@ pub const ENUM_VALUES_UNARY_OP: [UnaryOp; 16] = [
   UnaryOp::Sqrt,
   UnaryOp::Rsqrt,
   UnaryOp::Reciprocal,
+  UnaryOp::Sin,
+  UnaryOp::Cos,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -254,9 +256,11 @@ impl UnaryOp {
   pub const Sqrt: Self = Self(13);
   pub const Rsqrt: Self = Self(14);
   pub const Reciprocal: Self = Self(15);
+  pub const Sin: Self = Self(16);
+  pub const Cos: Self = Self(17);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 15;
+  pub const ENUM_MAX: u8 = 17;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::Identity,
     Self::Neg,
@@ -274,6 +278,8 @@ impl UnaryOp {
     Self::Sqrt,
     Self::Rsqrt,
     Self::Reciprocal,
+    Self::Sin,
+    Self::Cos,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -294,6 +300,8 @@ impl UnaryOp {
       Self::Sqrt => Some("Sqrt"),
       Self::Rsqrt => Some("Rsqrt"),
       Self::Reciprocal => Some("Reciprocal"),
+      Self::Sin => Some("Sin"),
+      Self::Cos => Some("Cos"),
       _ => None,
     }
   }

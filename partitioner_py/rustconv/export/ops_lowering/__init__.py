@@ -7,7 +7,8 @@ module                    ATen ops                                       blob op
 :mod:`.scan`              rustconv.linear_scan                           LinearScan
 :mod:`.unary`             neg, abs, relu, sigmoid, tanh, silu, gelu,     Unary
                           exp, log, log1p, softplus, sqrt, rsqrt,
-                          reciprocal; clone/alias/_to_copy (Identity)
+                          reciprocal, sin, cos; clone/alias/_to_copy
+                          (Identity)
 :mod:`.binary`            add, sub, rsub, mul, div, maximum, minimum,    Binary
                           gt, ge, lt, le, eq, ne
 :mod:`.where`             where                                          Where

@@ -55,6 +55,8 @@ UNARY_OPS: dict[torch._ops.OpOverload, int] = {
     _aten.sqrt.default: UnaryOp.Sqrt,
     _aten.rsqrt.default: UnaryOp.Rsqrt,
     _aten.reciprocal.default: UnaryOp.Reciprocal,
+    _aten.sin.default: UnaryOp.Sin,
+    _aten.cos.default: UnaryOp.Cos,
 }
 
 _GELU = {"none": UnaryOp.Gelu, "tanh": UnaryOp.GeluTanh}
