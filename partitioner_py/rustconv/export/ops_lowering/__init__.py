@@ -36,15 +36,17 @@ module                    ATen ops                                       blob op
 
 Importing this package registers them all. Each emits through the
 :class:`~rustconv.export.ops_lowering.builder.Builder` protocol, which
-``rustconv.export.lowering.LoweringBuilder`` implements.
+``rustconv.export.lowering.LoweringBuilder`` implements, and states what its
+blob op computes through :mod:`.evaluators` (``@evaluates``), which the blob
+interpreter (``rustconv.devtools.reference``) reads.
 
 Adding an anchor op (one a fused kernel is built around): its module here
-(its :class:`OpLowering` with ``is_anchor = True``) and its import line
-below; its table in ``schema/rustconv.fbs`` and its entry in
+(its :class:`OpLowering` with ``is_anchor = True``, and its evaluator) and
+its import line below; its table in ``schema/rustconv.fbs`` and its entry in
 ``rustconv.export.ir.OPS`` (generated class, value fields, anchor, fields
-read from outside its kernel); its arm in the blob interpreter
-(``rustconv.devtools.reference``). The runtime's side is one file and one
-registration too (``delegate/src/step/mod.rs``).
+read from outside its kernel). The runtime's side is one file and one
+registration too (``delegate/src/step/mod.rs``). A new unary or binary
+elementwise op is one row of the table in :mod:`.unary` or :mod:`.binary`.
 """
 
 from rustconv.export.ops_lowering import (  # noqa: F401  (each module registers its lowerings)
