@@ -15,6 +15,7 @@ silently wrong result.
 from __future__ import annotations
 
 import pytest
+import rustconv.export.ops_lowering
 from rustconv.devtools import reference
 from rustconv.export.ir import OPS
 from rustconv.export.ops_lowering.binary import BINARY_REFERENCE
@@ -56,6 +57,14 @@ def test_reference_covers_every_schema_member(enum, where, covered):
     assert not missing, f"{where} lacks {enum.__name__} {missing}"
     unknown = sorted(set(covered) - set(known.values()))
     assert not unknown, f"{where} has codes {unknown} the schema lacks"
+
+
+def test_each_evaluator_is_its_ops_module():
+    """An evaluator is written in the package whose modules are discovered, so
+    importing the package (as the interpreter does) finds every one."""
+    modules = set(rustconv.export.ops_lowering.MODULES)
+    for op_type, evaluate in evaluated_ops().items():
+        assert evaluate.__module__ in modules, (op_type, evaluate.__module__)
 
 
 def test_ir_knows_every_op_kind():
