@@ -8,8 +8,10 @@ the package it names (``from rustconv.export import blob`` names
 ``if TYPE_CHECKING:`` (never executed; annotations only), and the implicit
 import of a module's parent packages (every ``rustconv.x.y`` runs
 ``rustconv/__init__.py``; counting it would make every module a cycle with
-the package's public surface). Any strongly connected component of more
-than one module, or a module importing itself, fails the test.
+the package's public surface). A package that imports its modules by
+discovering them (``pkgutil.iter_modules(__path__)``, as ``ops_lowering``
+does) imports each module in its folder. Any strongly connected component of
+more than one module, or a module importing itself, fails the test.
 """
 
 import ast
@@ -69,8 +71,23 @@ def imports(
                     found.update(filter(None, [owner(target if target in known else base)]))
             visit(child)
 
-    visit(ast.parse(path.read_text(), str(path)))
+    tree = ast.parse(path.read_text(), str(path))
+    visit(tree)
+    if is_package and _discovers_its_modules(tree):
+        found.update(m for m in known if m.rpartition(".")[0] == name)
     return found
+
+
+def _discovers_its_modules(tree: ast.AST) -> bool:
+    """Whether a package's ``__init__`` lists its own folder's modules
+    (``pkgutil.iter_modules(__path__)``), to import each."""
+    return any(
+        isinstance(call, ast.Call)
+        and isinstance(call.func, ast.Attribute)
+        and call.func.attr == "iter_modules"
+        and any(isinstance(arg, ast.Name) and arg.id == "__path__" for arg in call.args)
+        for call in ast.walk(tree)
+    )
 
 
 def import_graph(package: Path = PACKAGE, type_checking: bool = False) -> dict[str, set[str]]:
@@ -145,10 +162,26 @@ def test_the_graph_sees_function_level_imports(tmp_path):
     assert cycles(graph) == [["pkg.a", "pkg.sub.b"]]
 
 
+def test_the_graph_sees_modules_a_package_discovers(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "import importlib, pkgutil\n"
+        "for info in pkgutil.iter_modules(__path__):\n"
+        "    importlib.import_module(f'{__name__}.{info.name}')\n"
+    )
+    (package / "a.py").write_text("import pkg\n")
+    (package / "b.py").write_text("")
+    graph = import_graph(package)
+    assert graph["pkg"] == {"pkg.a", "pkg.b"}
+    assert cycles(graph) == [["pkg", "pkg.a"]]
+
+
 def test_rustconv_has_no_import_cycles():
     graph = import_graph()
     assert "rustconv.export.partitioner" in graph and "rustconv.guided" in graph
     assert "rustconv.export.partitioner" in graph["rustconv.guided"]
+    assert "rustconv.export.ops_lowering.conv" in graph["rustconv.export.ops_lowering"]
     assert cycles(graph) == []
 
 

@@ -4,17 +4,24 @@ the schema does.
 The blob schema (``schema/rustconv.fbs``, generated into ``rustconv.fb``) is the
 one list of what a blob can hold; the lowering's tables (``UNARY_OPS``, the
 binary table, the reductions of ``norm``) name its enum members, so covering the
-schema's enums covers everything the lowering can emit. A kind added to the
-schema and not to the interpreter would otherwise surface only as a ``KeyError``
-in the first test that happens to lower it, or (before the reductions had their
-own table) as a silently wrong result.
+schema's enums covers everything the lowering can emit. What each one computes
+is registered by the op's own module (``@evaluates``, and a reference beside
+each row of the unary, binary and reduction tables). A kind added to the schema
+without one would otherwise surface only as a ``KeyError`` in the first test
+that happens to lower it, or (before the reductions had their own table) as a
+silently wrong result.
 """
 
 from __future__ import annotations
 
 import pytest
+import rustconv.export.ops_lowering
 from rustconv.devtools import reference
 from rustconv.export.ir import OPS
+from rustconv.export.ops_lowering.binary import BINARY_REFERENCE
+from rustconv.export.ops_lowering.evaluators import evaluated_ops
+from rustconv.export.ops_lowering.norm import REDUCE_REFERENCE
+from rustconv.export.ops_lowering.unary import UNARY_REFERENCE
 from rustconv.fb.BinaryOp import BinaryOp
 from rustconv.fb.DType import DType
 from rustconv.fb.Op import Op
@@ -33,24 +40,31 @@ def op_kinds() -> dict[str, int]:
 
 
 @pytest.mark.parametrize(
-    ("enum", "table"),
+    ("enum", "where", "covered"),
     [
-        (Op, "_NODES"),
-        (UnaryOp, "_UNARY"),
-        (BinaryOp, "_BINARY"),
-        (ReduceOp, "_REDUCE"),
-        (DType, "_TORCH_DTYPES"),
-        (DType, "_NUMPY_DTYPES"),
+        (Op, "the evaluators (@evaluates)", evaluated_ops()),
+        (UnaryOp, "unary.UNARY_REFERENCE", UNARY_REFERENCE),
+        (BinaryOp, "binary.BINARY_REFERENCE", BINARY_REFERENCE),
+        (ReduceOp, "norm.REDUCE_REFERENCE", REDUCE_REFERENCE),
+        (DType, "reference._TORCH_DTYPES", reference._TORCH_DTYPES),
+        (DType, "reference._NUMPY_DTYPES", reference._NUMPY_DTYPES),
     ],
 )
-def test_reference_covers_every_schema_member(enum, table):
+def test_reference_covers_every_schema_member(enum, where, covered):
     known = op_kinds() if enum is Op else members(enum)
     assert known, f"{enum.__name__} has no members: the generated class changed form"
-    covered = getattr(reference, table)
     missing = sorted(name for name, code in known.items() if code not in covered)
-    assert not missing, f"reference.{table} lacks {enum.__name__} {missing}"
+    assert not missing, f"{where} lacks {enum.__name__} {missing}"
     unknown = sorted(set(covered) - set(known.values()))
-    assert not unknown, f"reference.{table} has codes {unknown} the schema lacks"
+    assert not unknown, f"{where} has codes {unknown} the schema lacks"
+
+
+def test_each_evaluator_is_its_ops_module():
+    """An evaluator is written in the package whose modules are discovered, so
+    importing the package (as the interpreter does) finds every one."""
+    modules = set(rustconv.export.ops_lowering.MODULES)
+    for op_type, evaluate in evaluated_ops().items():
+        assert evaluate.__module__ in modules, (op_type, evaluate.__module__)
 
 
 def test_ir_knows_every_op_kind():

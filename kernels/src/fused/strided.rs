@@ -209,12 +209,13 @@ mod x86 {
 
     /// [`super::TileFn`] on AVX: 8 loads, the usual network of 24
     /// shuffles (pairs of lanes, then of pairs, then of 128-bit halves),
-    /// 8 stores.
+    /// 8 stores. Compiled with the AVX2 row's features (`per_backend!`'s
+    /// table), the row it runs on and the AVX-512 row includes.
     ///
     /// # Safety
-    /// AVX is present; the 8 lines of 8 at `src` are readable and those at
-    /// `dst` writable.
-    #[target_feature(enable = "avx")]
+    /// The AVX2 row's features are present; the 8 lines of 8 at `src` are
+    /// readable and those at `dst` writable.
+    #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn transpose_tile(src: *const f32, ss: usize, dst: *mut f32, ds: usize) {
         // SAFETY: unaligned loads and stores of 8 floats at the lines the
         // caller vouches for.

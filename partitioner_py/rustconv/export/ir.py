@@ -64,6 +64,12 @@ class OpSpec:
     #: Of ``value_fields``, those the runtime prepares at load, read whole by
     #: every row: stored from outside the op's kernel, never computed in it.
     outside_fields: tuple[str, ...] = ()
+    #: Computed element by element (broadcasting its operands): fusion may
+    #: place it in an anchor's epilogue or an elementwise pass.
+    elementwise: bool = False
+    #: A view (moves no element's value) that fusion may carry into an
+    #: epilogue after the anchor's result, so the kernel stores through it.
+    epilogue_view: bool = False
 
 
 #: Every blob op kind, by its ``Op`` union tag: the one place the IR learns a
@@ -73,14 +79,14 @@ OPS: dict[int, OpSpec] = {
         Conv1dT, ("input", "weight", "bias"), anchor=True, outside_fields=("weight", "bias")
     ),
     Op.LinearScan: OpSpec(LinearScanT, ("x0", "a", "u"), anchor=True),
-    Op.Unary: OpSpec(UnaryT, ("input",)),
-    Op.Binary: OpSpec(BinaryT, ("a", "b")),
-    Op.Where: OpSpec(WhereT, ("cond", "a", "b")),
-    Op.Clamp: OpSpec(ClampT, ("input",)),
+    Op.Unary: OpSpec(UnaryT, ("input",), elementwise=True),
+    Op.Binary: OpSpec(BinaryT, ("a", "b"), elementwise=True),
+    Op.Where: OpSpec(WhereT, ("cond", "a", "b"), elementwise=True),
+    Op.Clamp: OpSpec(ClampT, ("input",), elementwise=True),
     Op.Full: OpSpec(FullT, ("like",)),
-    Op.Permute: OpSpec(PermuteT, ("input",)),
+    Op.Permute: OpSpec(PermuteT, ("input",), epilogue_view=True),
     Op.Slice: OpSpec(SliceT, ("input",)),
-    Op.Reshape: OpSpec(ReshapeT, ("input",)),
+    Op.Reshape: OpSpec(ReshapeT, ("input",), epilogue_view=True),
     Op.Cat: OpSpec(CatT, ("inputs",)),
     Op.Reduce: OpSpec(ReduceT, ("input",)),
 }
@@ -89,8 +95,8 @@ OPS: dict[int, OpSpec] = {
 VALUE_FIELDS: dict[int, tuple[str, ...]] = {op: spec.value_fields for op, spec in OPS.items()}
 OP_TABLES: dict[int, type] = {op: spec.table for op, spec in OPS.items()}
 ANCHOR_OPS = frozenset(op for op, spec in OPS.items() if spec.anchor)
-ELEMENTWISE_OPS = frozenset({Op.Unary, Op.Binary, Op.Where, Op.Clamp})
-EPILOGUE_VIEW_OPS = frozenset({Op.Permute, Op.Reshape})
+ELEMENTWISE_OPS = frozenset(op for op, spec in OPS.items() if spec.elementwise)
+EPILOGUE_VIEW_OPS = frozenset(op for op, spec in OPS.items() if spec.epilogue_view)
 
 
 @dataclass

@@ -36,41 +36,27 @@ module                    ATen ops                                       blob op
 :mod:`.folding`           any pure op on constants only                  Constant (evaluated)
 ========================  =============================================  ============
 
-Importing this package registers them all. Each emits through the
+Importing this package imports every module in it (found in its folder, in
+name order), which registers them all. Each emits through the
 :class:`~rustconv.export.ops_lowering.builder.Builder` protocol, which
-``rustconv.export.lowering.LoweringBuilder`` implements.
+``rustconv.export.lowering.LoweringBuilder`` implements, and states what its
+blob op computes through :mod:`.evaluators` (``@evaluates``), which the blob
+interpreter (``rustconv.devtools.reference``) reads.
 
-Adding an anchor op (one a fused kernel is built around): its module here
-(its :class:`OpLowering` with ``is_anchor = True``) and its import line
-below; its table in ``schema/rustconv.fbs`` and its entry in
-``rustconv.export.ir.OPS`` (generated class, value fields, anchor, fields
-read from outside its kernel); its arm in the blob interpreter
-(``rustconv.devtools.reference``). The runtime's side is one file and one
-registration too (``delegate/src/step/mod.rs``).
+Adding an op kind is its module here: its :class:`OpLowering`
+(``@register``; ``is_anchor = True`` for an op a fused kernel is built
+around) and, for a new blob op, its evaluator (``@evaluates``). A new blob
+op also needs its table in ``schema/rustconv.fbs`` (then
+``scripts/gen_schema.sh``) and its entry in ``rustconv.export.ir.OPS``
+(generated class, value fields, anchor, fields read from outside its
+kernel, elementwise or view flags). The runtime's side is one file and one
+registration too (``delegate/src/step/mod.rs``). A new unary or binary
+elementwise op is one row of the table in :mod:`.unary` or :mod:`.binary`.
 """
 
-from rustconv.export.ops_lowering import (  # noqa: F401  (each module registers its lowerings)
-    batch_norm,
-    binary,
-    cat,
-    clamp,
-    conv,
-    elu,
-    full,
-    glu,
-    norm,
-    permute,
-    pow,
-    rectifiers,
-    reshape,
-    scan,
-    select,
-    slices,
-    split,
-    symint,
-    unary,
-    where,
-)
+import importlib
+import pkgutil
+
 from rustconv.export.ops_lowering.common import (
     SUPPORTED_DTYPES,
     GraphContext,
@@ -98,3 +84,10 @@ __all__ = [
     "register",
     "registered",
 ]
+
+#: Every module of this package, in name order: importing each registers its
+#: lowerings and evaluators, so a new module file is registered by being here.
+MODULES: tuple[str, ...] = tuple(
+    importlib.import_module(f"{__name__}.{info.name}").__name__
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda info: info.name)
+)

@@ -10,6 +10,8 @@ operands. Comparisons write 1.0/0.0 in the dtype of their inputs (see
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -23,6 +25,7 @@ from rustconv.export.ops_lowering.common import (
     bound_args,
     tensor_val,
 )
+from rustconv.export.ops_lowering.evaluators import BlobEnv, evaluates
 from rustconv.export.ops_lowering.operands import (
     check_broadcast,
     check_elementwise_dtypes,
@@ -35,38 +38,68 @@ from rustconv.fb.Binary import BinaryT
 from rustconv.fb.BinaryOp import BinaryOp
 from rustconv.fb.Op import Op
 
-__all__ = ["ARITHMETIC_OPS", "COMPARISON_OPS", "BinaryLowering", "comparison_dtype"]
+__all__ = [
+    "ARITHMETIC_OPS",
+    "BINARY_REFERENCE",
+    "COMPARISON_OPS",
+    "BinaryLowering",
+    "comparison_dtype",
+]
 
 _aten = torch.ops.aten
 
-ARITHMETIC_OPS: dict[torch._ops.OpOverload, int] = {
-    _aten.add.Tensor: BinaryOp.Add,
-    _aten.add.Scalar: BinaryOp.Add,
-    _aten.sub.Tensor: BinaryOp.Sub,
-    _aten.sub.Scalar: BinaryOp.Sub,
-    _aten.rsub.Tensor: BinaryOp.Sub,
-    _aten.rsub.Scalar: BinaryOp.Sub,
-    _aten.mul.Tensor: BinaryOp.Mul,
-    _aten.mul.Scalar: BinaryOp.Mul,
-    _aten.div.Tensor: BinaryOp.Div,
-    _aten.div.Scalar: BinaryOp.Div,
-    _aten.div.Tensor_mode: BinaryOp.Div,
-    _aten.div.Scalar_mode: BinaryOp.Div,
-    _aten.maximum.default: BinaryOp.Maximum,
-    _aten.minimum.default: BinaryOp.Minimum,
-}
 
+@dataclass(frozen=True)
+class _Binary:
+    """One ``BinaryOp``: what it computes and the ATen overloads lowered to it."""
+
+    code: int
+    #: Its meaning, in torch: the blob interpreter's evaluation of it.
+    reference: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    aten: tuple[torch._ops.OpOverload, ...]
+
+
+def _comparison(name: str, code: int) -> _Binary:
+    ops = getattr(_aten, name)
+    return _Binary(code, getattr(torch, name), (ops.Tensor, ops.Scalar))
+
+
+#: Every ``BinaryOp``, one row each (arithmetic, then comparisons): adding one
+#: to the schema is one row here (and one in the runtime's ``elementwise_ops!``).
+_ARITHMETIC = (
+    _Binary(BinaryOp.Add, torch.add, (_aten.add.Tensor, _aten.add.Scalar)),
+    _Binary(
+        BinaryOp.Sub,
+        torch.sub,
+        (_aten.sub.Tensor, _aten.sub.Scalar, _aten.rsub.Tensor, _aten.rsub.Scalar),
+    ),
+    _Binary(BinaryOp.Mul, torch.mul, (_aten.mul.Tensor, _aten.mul.Scalar)),
+    _Binary(
+        BinaryOp.Div,
+        torch.div,
+        (_aten.div.Tensor, _aten.div.Scalar, _aten.div.Tensor_mode, _aten.div.Scalar_mode),
+    ),
+    _Binary(BinaryOp.Maximum, torch.maximum, (_aten.maximum.default,)),
+    _Binary(BinaryOp.Minimum, torch.minimum, (_aten.minimum.default,)),
+)
+_COMPARISONS = (
+    _comparison("gt", BinaryOp.Gt),
+    _comparison("ge", BinaryOp.Ge),
+    _comparison("lt", BinaryOp.Lt),
+    _comparison("le", BinaryOp.Le),
+    _comparison("eq", BinaryOp.Eq),
+    _comparison("ne", BinaryOp.Ne),
+)
+
+ARITHMETIC_OPS: dict[torch._ops.OpOverload, int] = {
+    overload: row.code for row in _ARITHMETIC for overload in row.aten
+}
 COMPARISON_OPS: dict[torch._ops.OpOverload, int] = {
-    overload: code
-    for name, code in (
-        ("gt", BinaryOp.Gt),
-        ("ge", BinaryOp.Ge),
-        ("lt", BinaryOp.Lt),
-        ("le", BinaryOp.Le),
-        ("eq", BinaryOp.Eq),
-        ("ne", BinaryOp.Ne),
-    )
-    for overload in (getattr(_aten, name).Tensor, getattr(_aten, name).Scalar)
+    overload: row.code for row in _COMPARISONS for overload in row.aten
+}
+#: BinaryOp -> what it computes (:data:`_Binary.reference`).
+BINARY_REFERENCE: dict[int, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    row.code: row.reference for row in (*_ARITHMETIC, *_COMPARISONS)
 }
 
 _SWAPPED = frozenset({_aten.rsub.Tensor, _aten.rsub.Scalar})
@@ -157,3 +190,9 @@ class BinaryLowering(OpLowering):
         mul.output = builder.derived_value(source, f"{node.name}_alpha")
         builder.add(node, Op.Binary, mul)
         return mul.output
+
+
+@evaluates(Op.Binary)
+def _evaluate(op: BinaryT, env: BlobEnv) -> torch.Tensor:
+    result = BINARY_REFERENCE[op.op](env.operand(op.a, op.aScalar), env.operand(op.b, op.bScalar))
+    return result.float()  # comparisons: 1.0 / 0.0

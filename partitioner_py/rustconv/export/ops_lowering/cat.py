@@ -19,6 +19,7 @@ from rustconv.export.ops_lowering.common import (
     normalize_dim,
     tensor_val,
 )
+from rustconv.export.ops_lowering.evaluators import BlobEnv, evaluates
 from rustconv.export.ops_lowering.operands import check_elementwise_dtypes, tensor_operand
 from rustconv.export.ops_lowering.registry import OpLowering, register
 from rustconv.fb.Cat import CatT
@@ -58,3 +59,8 @@ class CatLowering(OpLowering):
         cat.dim = _dim(node)
         cat.output = builder.new_output(node)
         builder.add(node, Op.Cat, cat)
+
+
+@evaluates(Op.Cat)
+def _evaluate(op: CatT, env: BlobEnv) -> torch.Tensor:
+    return torch.cat([env.read(i) for i in op.inputs], dim=op.dim)

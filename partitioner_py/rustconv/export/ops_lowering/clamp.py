@@ -19,6 +19,7 @@ from rustconv.export.ops_lowering.common import (
     bound_args,
     tensor_val,
 )
+from rustconv.export.ops_lowering.evaluators import BlobEnv, evaluates
 from rustconv.export.ops_lowering.operands import (
     check_broadcast,
     check_elementwise_dtypes,
@@ -86,3 +87,11 @@ class ClampLowering(OpLowering):
         clamp.hasMax, clamp.max = high is not None, float(high if high is not None else 0.0)
         clamp.output = builder.new_output(node)
         builder.add(node, Op.Clamp, clamp)
+
+
+@evaluates(Op.Clamp)
+def _evaluate(op: ClampT, env: BlobEnv) -> torch.Tensor:
+    low = op.min if op.hasMin else None
+    high = op.max if op.hasMax else None
+    x = env.read(op.input)
+    return x.clone() if low is None and high is None else torch.clamp(x, low, high)

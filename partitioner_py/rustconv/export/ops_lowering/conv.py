@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch.fx import Node
 
 from rustconv.errors import UnsupportedGraphError
@@ -34,6 +35,7 @@ from rustconv.export.ops_lowering.common import (
     check_dtypes,
     tensor_val,
 )
+from rustconv.export.ops_lowering.evaluators import BlobEnv, evaluates
 from rustconv.export.ops_lowering.operands import tensor_operand
 from rustconv.export.ops_lowering.registry import OpLowering, computed_inside_reason, register
 from rustconv.fb.Conv1d import Conv1dT
@@ -307,3 +309,11 @@ class PadLowering(OpLowering):
 
     def emit(self, node: Node, builder: Builder) -> None:
         builder.mark_inline(node, "a zero pad folded into its convolution")
+
+
+@evaluates(Op.Conv1d)
+def _evaluate(op: Conv1dT, env: BlobEnv) -> torch.Tensor:
+    """The explicit left and right padding, then PyTorch's ``conv1d``."""
+    x = F.pad(env.read(op.input), (op.padLeft, op.padRight))
+    bias = None if op.bias < 0 else env.read(op.bias)
+    return F.conv1d(x, env.read(op.weight), bias, op.stride, 0, op.dilation, op.groups)

@@ -15,6 +15,7 @@ from rustconv.export.ops_lowering.common import (
     check_rank,
     tensor_val,
 )
+from rustconv.export.ops_lowering.evaluators import BlobEnv, evaluates
 from rustconv.export.ops_lowering.operands import check_elementwise_dtypes, tensor_operand
 from rustconv.export.ops_lowering.registry import OpLowering, register
 from rustconv.export.ops_lowering.scalars import SCALAR_TENSOR_OPS, is_number
@@ -78,3 +79,8 @@ class ScalarTensorLowering(OpLowering):
 
     def emit(self, node: Node, builder: Builder) -> None:
         builder.mark_inline(node, "a scalar constant folded into its users")
+
+
+@evaluates(Op.Full)
+def _evaluate(op: FullT, env: BlobEnv) -> torch.Tensor:
+    return torch.full(env.shape(op.like), op.value, dtype=torch.float32)

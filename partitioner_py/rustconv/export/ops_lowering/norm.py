@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import sympy
@@ -55,6 +57,7 @@ from rustconv.export.ops_lowering.common import (
     static_int,
     tensor_val,
 )
+from rustconv.export.ops_lowering.evaluators import BlobEnv, evaluates
 from rustconv.export.ops_lowering.operands import check_elementwise_dtypes, tensor_operand
 from rustconv.export.ops_lowering.registry import OpLowering, register
 from rustconv.export.ops_lowering.scalars import is_number
@@ -71,6 +74,7 @@ from rustconv.fb.ValueKind import ValueKind
 
 __all__ = [
     "REDUCE_OPS",
+    "REDUCE_REFERENCE",
     "NORM_OPS",
     "ReduceLowering",
     "LayerNormLowering",
@@ -80,12 +84,36 @@ __all__ = [
 
 _aten = torch.ops.aten
 
+
+@dataclass(frozen=True)
+class _Reduce:
+    """One ``ReduceOp``: what it computes and the ATen overloads lowered to it."""
+
+    code: int
+    #: Its meaning over the given dimensions (kept, as size 1), in torch: the
+    #: blob interpreter's evaluation of it.
+    reference: Callable[[torch.Tensor, list[int]], torch.Tensor]
+    aten: tuple[torch._ops.OpOverload, ...]
+
+
+#: Every ``ReduceOp``, one row each.
+_REDUCTIONS = (
+    _Reduce(ReduceOp.Mean, lambda x, dims: x.mean(dims, keepdim=True), (_aten.mean.dim,)),
+    _Reduce(ReduceOp.Sum, lambda x, dims: x.sum(dims, keepdim=True), (_aten.sum.dim_IntList,)),
+    _Reduce(
+        ReduceOp.Var,
+        lambda x, dims: x.var(dims, correction=0, keepdim=True),
+        (_aten.var.correction, _aten.var.dim),
+    ),
+)
+
 #: ATen overload -> the statistic it computes.
 REDUCE_OPS: dict[torch._ops.OpOverload, int] = {
-    _aten.mean.dim: ReduceOp.Mean,
-    _aten.sum.dim_IntList: ReduceOp.Sum,
-    _aten.var.correction: ReduceOp.Var,
-    _aten.var.dim: ReduceOp.Var,
+    overload: row.code for row in _REDUCTIONS for overload in row.aten
+}
+#: ReduceOp -> what it computes (:data:`_Reduce.reference`).
+REDUCE_REFERENCE: dict[int, Callable[[torch.Tensor, list[int]], torch.Tensor]] = {
+    row.code: row.reference for row in _REDUCTIONS
 }
 
 _LAYER_NORM = (_aten.native_layer_norm.default, _aten.layer_norm.default)
@@ -476,3 +504,8 @@ class ReduceLowering(OpLowering):
         reshape.input = y
         reshape.output = builder.new_output(node)
         builder.add(node, Op.Reshape, reshape)
+
+
+@evaluates(Op.Reduce)
+def _evaluate(op: ReduceT, env: BlobEnv) -> torch.Tensor:
+    return REDUCE_REFERENCE[op.op](env.read(op.input), [int(d) for d in op.dims])

@@ -15,6 +15,7 @@ from rustconv.export.ops_lowering.common import (
     normalize_dim,
     tensor_val,
 )
+from rustconv.export.ops_lowering.evaluators import BlobEnv, evaluates
 from rustconv.export.ops_lowering.operands import check_elementwise_dtypes, tensor_operand
 from rustconv.export.ops_lowering.registry import OpLowering, register
 from rustconv.fb.Op import Op
@@ -60,3 +61,8 @@ class PermuteLowering(OpLowering):
         permute.perm = _perm(node, tensor_val(source, "input").dim())
         permute.output = builder.new_output(node)
         builder.add(node, Op.Permute, permute)
+
+
+@evaluates(Op.Permute)
+def _evaluate(op: PermuteT, env: BlobEnv) -> torch.Tensor:
+    return env.read(op.input).permute([int(p) for p in op.perm])

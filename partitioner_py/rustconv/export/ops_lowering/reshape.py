@@ -28,6 +28,7 @@ from rustconv.export.ops_lowering.common import (
     shape_exprs,
     tensor_val,
 )
+from rustconv.export.ops_lowering.evaluators import BlobEnv, evaluates
 from rustconv.export.ops_lowering.operands import check_elementwise_dtypes, tensor_operand
 from rustconv.export.ops_lowering.registry import OpLowering, register
 from rustconv.fb.Op import Op
@@ -103,3 +104,23 @@ class ReshapeLowering(OpLowering):
         reshape.input = builder.value(bound_args(node)["self"], node, "input")
         reshape.output = builder.new_output(node)
         builder.add(node, Op.Reshape, reshape)
+
+
+@evaluates(Op.Reshape)
+def _evaluate(op: ReshapeT, env: BlobEnv) -> torch.Tensor:
+    shape = _reshaped(env.shape(op.input), env.dims(op.input), env.dims(op.output))
+    return env.read(op.input).reshape(shape)
+
+
+def _unit(dim) -> bool:
+    return dim.size == 1 and not dim.dynamic
+
+
+def _reshaped(actual: torch.Size, source: list, target: list) -> list[int]:
+    """The output shape: the input's non-unit sizes, in order, into the output's
+    non-unit dimensions (schema: ``Reshape`` only removes or inserts 1s)."""
+    sizes = iter(size for size, dim in zip(actual, source, strict=True) if not _unit(dim))
+    shape = [1 if _unit(dim) else next(sizes) for dim in target]
+    if next(sizes, None) is not None:
+        raise ValueError("reshape: input and output non-unit dimensions do not pair up")
+    return shape

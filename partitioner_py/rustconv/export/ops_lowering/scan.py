@@ -15,6 +15,7 @@ from rustconv.export.ops_lowering.common import (
     check_dtypes,
     tensor_val,
 )
+from rustconv.export.ops_lowering.evaluators import BlobEnv, evaluates
 from rustconv.export.ops_lowering.operands import tensor_operand
 from rustconv.export.ops_lowering.registry import OpLowering, register
 from rustconv.fb.LinearScan import LinearScanT
@@ -71,3 +72,8 @@ class ScanLowering(OpLowering):
         scan.u = builder.value(u, node, "u")
         scan.output = builder.new_output(node)
         builder.add(node, Op.LinearScan, scan)
+
+
+@evaluates(Op.LinearScan)
+def _evaluate(op: LinearScanT, env: BlobEnv) -> torch.Tensor:
+    return rustconv.ops.linear_scan(env.read(op.x0), env.read(op.a), env.read(op.u))

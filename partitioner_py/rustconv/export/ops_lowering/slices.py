@@ -27,6 +27,7 @@ from rustconv.export.ops_lowering.common import (
     static_int,
     tensor_val,
 )
+from rustconv.export.ops_lowering.evaluators import BlobEnv, evaluates
 from rustconv.export.ops_lowering.operands import check_elementwise_dtypes, tensor_operand
 from rustconv.export.ops_lowering.registry import OpLowering, register
 from rustconv.export.ops_lowering.slice_bounds import bound_expr, encode_bound
@@ -130,3 +131,10 @@ def _cuts(args: dict[str, Any], length: int | torch.SymInt) -> tuple[int, int] |
 def _shrink(conv: IRNode, left: int, right: int) -> None:
     conv.op.padLeft -= left
     conv.op.padRight -= right
+
+
+@evaluates(Op.Slice)
+def _evaluate(op: SliceT, env: BlobEnv) -> torch.Tensor:
+    """Python-style bounds, evaluated against the run-time size."""
+    index = (slice(None),) * op.dim + (slice(op.start, op.end, op.step),)
+    return env.read(op.input)[index]

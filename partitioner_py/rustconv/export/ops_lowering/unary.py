@@ -12,7 +12,12 @@ float dtype (the blob's masks already are 1.0/0.0 in that dtype).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
 import torch
+import torch.nn.functional as F
 from torch.fx import Node
 
 from rustconv.export.ops_lowering.builder import Builder
@@ -24,6 +29,7 @@ from rustconv.export.ops_lowering.common import (
     check_rank,
     tensor_val,
 )
+from rustconv.export.ops_lowering.evaluators import BlobEnv, evaluates
 from rustconv.export.ops_lowering.operands import (
     check_broadcast,
     check_elementwise_dtypes,
@@ -35,28 +41,52 @@ from rustconv.fb.Op import Op
 from rustconv.fb.Unary import UnaryT
 from rustconv.fb.UnaryOp import UnaryOp
 
-__all__ = ["UNARY_OPS", "UnaryLowering", "IdentityLowering"]
+__all__ = ["UNARY_OPS", "UNARY_REFERENCE", "UnaryLowering", "IdentityLowering"]
 
 _aten = torch.ops.aten
 
+
+@dataclass(frozen=True)
+class _Unary:
+    """One ``UnaryOp``: what it computes and the ATen overload lowered to it."""
+
+    code: int
+    #: Its meaning, in torch: the blob interpreter's evaluation of it.
+    reference: Callable[[torch.Tensor], torch.Tensor]
+    #: None where the code is reached otherwise (said beside its row).
+    aten: torch._ops.OpOverload | None = None
+
+
+#: Every ``UnaryOp``, one row each: adding one to the schema is one row here
+#: (and one in the runtime's ``elementwise_ops!``).
+_UNARY = (
+    _Unary(UnaryOp.Identity, torch.clone),  # copies of inputs and constants (IdentityLowering)
+    _Unary(UnaryOp.Neg, torch.neg, _aten.neg.default),
+    _Unary(UnaryOp.Abs, torch.abs, _aten.abs.default),
+    _Unary(UnaryOp.Relu, torch.relu, _aten.relu.default),
+    _Unary(UnaryOp.Sigmoid, torch.sigmoid, _aten.sigmoid.default),
+    _Unary(UnaryOp.Tanh, torch.tanh, _aten.tanh.default),
+    _Unary(UnaryOp.Silu, F.silu, _aten.silu.default),
+    _Unary(UnaryOp.Gelu, F.gelu, _aten.gelu.default),
+    _Unary(UnaryOp.GeluTanh, partial(F.gelu, approximate="tanh")),  # gelu's approximate="tanh"
+    _Unary(UnaryOp.Exp, torch.exp, _aten.exp.default),
+    _Unary(UnaryOp.Log, torch.log, _aten.log.default),
+    _Unary(UnaryOp.Log1p, torch.log1p, _aten.log1p.default),
+    _Unary(UnaryOp.Softplus, F.softplus, _aten.softplus.default),
+    _Unary(UnaryOp.Sqrt, torch.sqrt, _aten.sqrt.default),
+    _Unary(UnaryOp.Rsqrt, torch.rsqrt, _aten.rsqrt.default),
+    _Unary(UnaryOp.Reciprocal, torch.reciprocal, _aten.reciprocal.default),
+    _Unary(UnaryOp.Sin, torch.sin, _aten.sin.default),
+    _Unary(UnaryOp.Cos, torch.cos, _aten.cos.default),
+)
+
 #: ATen overload -> UnaryOp (gelu is resolved from its ``approximate`` argument).
 UNARY_OPS: dict[torch._ops.OpOverload, int] = {
-    _aten.neg.default: UnaryOp.Neg,
-    _aten.abs.default: UnaryOp.Abs,
-    _aten.relu.default: UnaryOp.Relu,
-    _aten.sigmoid.default: UnaryOp.Sigmoid,
-    _aten.tanh.default: UnaryOp.Tanh,
-    _aten.silu.default: UnaryOp.Silu,
-    _aten.gelu.default: UnaryOp.Gelu,
-    _aten.exp.default: UnaryOp.Exp,
-    _aten.log.default: UnaryOp.Log,
-    _aten.log1p.default: UnaryOp.Log1p,
-    _aten.softplus.default: UnaryOp.Softplus,
-    _aten.sqrt.default: UnaryOp.Sqrt,
-    _aten.rsqrt.default: UnaryOp.Rsqrt,
-    _aten.reciprocal.default: UnaryOp.Reciprocal,
-    _aten.sin.default: UnaryOp.Sin,
-    _aten.cos.default: UnaryOp.Cos,
+    row.aten: row.code for row in _UNARY if row.aten is not None
+}
+#: UnaryOp -> what it computes (:data:`_Unary.reference`).
+UNARY_REFERENCE: dict[int, Callable[[torch.Tensor], torch.Tensor]] = {
+    row.code: row.reference for row in _UNARY
 }
 
 _GELU = {"none": UnaryOp.Gelu, "tanh": UnaryOp.GeluTanh}
@@ -170,3 +200,8 @@ class IdentityLowering(OpLowering):
         producer = builder.producer(source)
         assert producer is not None
         builder.join_handles(producer, node)
+
+
+@evaluates(Op.Unary)
+def _evaluate(op: UnaryT, env: BlobEnv) -> torch.Tensor:
+    return UNARY_REFERENCE[op.op](env.read(op.input))

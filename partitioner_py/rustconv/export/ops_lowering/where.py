@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch.fx import Node
 
 from rustconv.export.ops_lowering.builder import Builder
@@ -19,6 +20,7 @@ from rustconv.export.ops_lowering.common import (
     bound_args,
     tensor_val,
 )
+from rustconv.export.ops_lowering.evaluators import BlobEnv, evaluates
 from rustconv.export.ops_lowering.operands import (
     WHERE_OPS,
     check_broadcast,
@@ -78,3 +80,9 @@ class WhereLowering(OpLowering):
         where.b, where.bScalar = builder.operand(b, node, "other")
         where.output = builder.new_output(node)
         builder.add(node, Op.Where, where)
+
+
+@evaluates(Op.Where)
+def _evaluate(op: WhereT, env: BlobEnv) -> torch.Tensor:
+    cond = env.read(op.cond) != 0
+    return torch.where(cond, env.operand(op.a, op.aScalar), env.operand(op.b, op.bScalar))
