@@ -447,6 +447,38 @@ mod tests {
         }
     }
 
+    /// A slice with an argument beyond the vector sine's exact reduction
+    /// (or NaN, or an infinity) takes libm's for the whole slice; within
+    /// it, the vector one, equal to libm's to 2e-7.
+    #[test]
+    fn sin_and_cos_beyond_the_vector_range_are_libms() {
+        for isa in Isa::all_available() {
+            for (op, libm) in [
+                (UnaryOp::Sin, f32::sin as fn(f32) -> f32),
+                (UnaryOp::Cos, f32::cos),
+            ] {
+                for big in [1.0e6, -8192.5, 3.0e38, f32::INFINITY, f32::NAN] {
+                    let x = [0.5, big, -2.0, 100.25];
+                    let mut got = x;
+                    op.apply(isa, &mut got);
+                    for (g, v) in got.iter().zip(x) {
+                        let want = libm(v);
+                        assert!(
+                            g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                            "{isa:?} {op:?}({v}) = {g}, libm's {want}"
+                        );
+                    }
+                }
+                let x = [0.5, 8192.0, -2.0, 100.25];
+                let mut got = x;
+                op.apply(isa, &mut got);
+                for (g, v) in got.iter().zip(x) {
+                    assert!((g - libm(v)).abs() <= 2e-7, "{isa:?} {op:?}({v}) = {g}");
+                }
+            }
+        }
+    }
+
     #[test]
     fn streaming_copies_every_length_at_every_alignment() {
         let src: Vec<f32> = (0..300).map(|i| i as f32 * 0.5 - 7.0).collect();
