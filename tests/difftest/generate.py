@@ -200,6 +200,11 @@ UNARY_FNS = {
     "reciprocal": 1,
     "hardtanh": 1,
     "relu6": 1,
+    "elu": 1,
+    "leaky_relu": 1,
+    "prelu": 1,
+    "sin": 1,
+    "cos": 1,
 }
 #: The guard a unary op gets (the model stays finite and well conditioned).
 UNARY_GUARDS = {
@@ -210,7 +215,7 @@ UNARY_GUARDS = {
     "rsqrt": ["abs1", "abs_half"],
     "reciprocal": ["abs1", "sigmoid_half"],
 }
-OTHER_UNARY = ["elu", "leaky_relu", "sin", "erf", "square", "hardswish"]
+OTHER_UNARY = ["erf", "square", "hardswish"]
 CMPS = ["gt", "ge", "lt", "le", "eq", "ne"]
 
 

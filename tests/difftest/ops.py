@@ -167,12 +167,15 @@ _UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "reciprocal": torch.reciprocal,
     "hardtanh": F.hardtanh,
     "relu6": F.relu6,
+    "elu": F.elu,
+    "leaky_relu": lambda x: F.leaky_relu(x, 0.1),
+    # A constant weight of one value (the module form: one per channel).
+    "prelu": lambda x: F.prelu(x, torch.tensor([-0.25], dtype=x.dtype)),
+    "sin": torch.sin,
+    "cos": torch.cos,
 }
 #: Unary ops RustConv does not run (partition boundaries).
 _OTHER_UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "elu": F.elu,
-    "leaky_relu": lambda x: F.leaky_relu(x, 0.1),
-    "sin": torch.sin,
     "erf": torch.erf,
     "square": torch.square,
     "hardswish": F.hardswish,
@@ -509,6 +512,9 @@ _UNARY_MODULES: dict[str, Callable[[], torch.nn.Module]] = {
     "softplus": torch.nn.Softplus,
     "hardtanh": torch.nn.Hardtanh,
     "relu6": torch.nn.ReLU6,
+    "elu": torch.nn.ELU,
+    "leaky_relu": lambda: torch.nn.LeakyReLU(0.1),
+    "prelu": lambda: torch.nn.PReLU(init=0.3),
 }
 
 
