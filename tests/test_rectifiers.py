@@ -93,3 +93,20 @@ def test_prelu_weight_given_at_run_time_still_lowers_and_runs():
         export(model, inputs), partitioner=[RustConvPartitioner(), XnnpackPartitioner()]
     )
     edge.to_executorch()
+
+
+def test_torchaudio_convtasnet_lowers_with_xnnpack_after_rustconv(tmp_path):
+    """torchaudio's ConvTasNet (PReLU between its depthwise separable convs):
+    XNNPACK alone fails to lower it (its channels-last pass, on a PReLU), and
+    so did [RustConv, XNNPACK] while RustConv left the PReLUs to XNNPACK. Now
+    RustConv takes the separator whole; XNNPACK only the transposed-conv
+    decoder, which it lowers."""
+    from torchaudio.models import ConvTasNet
+
+    torch.manual_seed(0)
+    model = ConvTasNet(
+        num_sources=2, enc_kernel_size=16, enc_num_feats=32, msk_kernel_size=3,
+        msk_num_feats=16, msk_num_hidden_feats=32, msk_num_layers=2, msk_num_stacks=1,
+    )  # fmt: skip
+    calls, leftover = run_activation_model(model, (torch.randn(1, 1, 800),), "transform", tmp_path)
+    assert calls == 1 and not [op for op in leftover if "prelu" in op], leftover
