@@ -426,9 +426,8 @@ pub(crate) fn short_rows(rows: usize, len: usize) -> bool {
 /// A flat program's set-up per line ([`super::flat`]: its leaves
 /// resolved, no walk of nodes) costs about as much as this many elements.
 /// Priced as the interpreter's [`LINE_SETUP`], a FastConformer's GLU filled
-/// 16 rows of 12 at a time went across the rows, and so through the
-/// interpreter (a flat program takes no strided line), instead of a flat
-/// line per row.
+/// 16 rows of 12 at a time went across the rows, gathering every operand
+/// with a stride, instead of a contiguous flat line per row.
 const FLAT_LINE_SETUP: usize = 32;
 
 /// [`short_rows`] for lines whose set-up costs `setup` elements.
