@@ -191,16 +191,23 @@ impl Recipes {
             identity: program.nodes()[root].expr == Expr::Anchor,
             flat: None,
         };
-        // The flat form runs where no dedicated recipe matched: they
-        // decline a line for the reason it would (an operand read with a
-        // stride), and binding its leaves as well costs a decode step's
-        // call a fifth of its time. A root that only views a tensor is
+        // The flat form runs where no dedicated recipe matched: binding
+        // its leaves as well costs a decode step's call a fifth of its
+        // time, for the few lines the recipe declines (an operand read
+        // with a stride), which the interpreter takes. A root that only views a tensor is
         // the interpreter's one copy (or the gather's), not two.
-        let dedicated = recipes.product.is_some()
-            || recipes.gate.is_some()
-            || recipes.skip_gate.is_some()
-            || recipes.chain.is_some()
-            || recipes.gather;
+        // A pair's roots are read together (`PairSource`), which only the
+        // discretisation computes of the dedicated recipes (the others
+        // match the first root alone).
+        let dedicated = if program.named_roots().len() > 1 {
+            recipes.discretise.is_some()
+        } else {
+            recipes.product.is_some()
+                || recipes.gate.is_some()
+                || recipes.skip_gate.is_some()
+                || recipes.chain.is_some()
+                || recipes.gather
+        };
         if !dedicated {
             recipes.flat = FlatForm::find(program);
         }

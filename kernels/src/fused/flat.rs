@@ -1,6 +1,7 @@
 //! A program flattened, once, into a list of instructions over blocks of
 //! elements: the general form an elementwise program without a cat takes
-//! where no dedicated recipe (`recipes.rs`, `conv_recipes.rs`,
+//! (of one root, or of several: a scan's `a` and `u` computed together,
+//! each root's instructions then its store) where no dedicated recipe (`recipes.rs`, `conv_recipes.rs`,
 //! `chain_recipes.rs`) matches and it is more than a view of a stored
 //! tensor (which the interpreter copies once; `compiled.rs` decides).
 //!
@@ -47,6 +48,9 @@ const MAX_INSTRS: usize = 24;
 
 /// Most distinct leaves.
 const MAX_LEAVES: usize = 8;
+
+/// Most roots: a scan's `a` and `u` computed together are two.
+const MAX_ROOTS: usize = 4;
 
 /// Most views between the root and one leaf.
 const MAX_VIEWS: usize = 8;
@@ -107,6 +111,11 @@ struct LeafPath {
 pub(super) struct FlatForm {
     instrs: [Instr; MAX_INSTRS],
     len: usize,
+    /// Where each root's instructions end: root `k`'s are
+    /// `instrs[ends[k - 1]..ends[k]]` (from 0 for the first), its values
+    /// in register 0 after them.
+    ends: [usize; MAX_ROOTS],
+    n_roots: usize,
     leaves: [LeafPath; MAX_LEAVES],
     n_leaves: usize,
     /// The root reads the anchor (an epilogue).
@@ -122,12 +131,14 @@ struct Builder<'p> {
 }
 
 impl FlatForm {
-    /// The flat form of a program of one root made of leaves, the
-    /// anchor, unary and binary ops, clamps and selects (views anywhere);
-    /// None for any other program (a cat, several roots) and for one
-    /// larger than the limits above.
+    /// The flat form of a program whose roots are made of leaves, the
+    /// anchor, unary and binary ops, clamps and selects (views anywhere):
+    /// each root's instructions in turn, then its store (a node shared by
+    /// several roots computed for each, as the interpreter's shared
+    /// nodes give the same values). None for any other program (a cat)
+    /// and for one larger than the limits above.
     pub(super) fn find(program: &Program) -> Option<Self> {
-        if program.nodes().is_empty() || program.named_roots().len() > 1 {
+        if program.nodes().is_empty() {
             return None;
         }
         let empty = LeafPath {
@@ -144,16 +155,28 @@ impl FlatForm {
                     op: Op::Unary(UnaryOp::Identity),
                 }; MAX_INSTRS],
                 len: 0,
+                ends: [0; MAX_ROOTS],
+                n_roots: 0,
                 leaves: [empty; MAX_LEAVES],
                 n_leaves: 0,
                 reads_anchor: false,
                 regs: 0,
             },
         };
-        let root = b.node(program.root(), empty, 0)?;
-        if root != Src::Reg(0) {
-            // A leaf or the anchor as it is: copied.
-            b.emit(0, root, Op::Unary(UnaryOp::Identity))?;
+        let single = [program.root()];
+        let roots = match program.named_roots() {
+            [] => &single[..],
+            roots => roots,
+        };
+        for &root in roots {
+            let root = b.node(root, empty, 0)?;
+            if root != Src::Reg(0) {
+                // A leaf or the anchor as it is: copied.
+                b.emit(0, root, Op::Unary(UnaryOp::Identity))?;
+            }
+            let form = &mut b.form;
+            *form.ends.get_mut(form.n_roots)? = form.len;
+            form.n_roots += 1;
         }
         Some(b.form)
     }
@@ -330,7 +353,25 @@ impl<'a> Flat<'a> {
         out: &mut [f32],
         tmp: &mut [f32],
     ) -> bool {
-        let len = out.len();
+        self.run_roots(line, anchor, 1, &mut [out], tmp)
+    }
+
+    /// [`Self::run`] of the program's first `roots` roots, into `outs`
+    /// (one per root, equally long; the first root alone is the
+    /// program's value as [`Program::eval`] computes it). False also
+    /// where the program has fewer roots or `outs` is not one per root.
+    pub(super) fn run_roots(
+        &self,
+        line: &super::program::Line,
+        anchor: &[f32],
+        roots: usize,
+        outs: &mut [&mut [f32]],
+        tmp: &mut [f32],
+    ) -> bool {
+        let len = outs.first().map_or(0, |o| o.len());
+        if roots > self.form.n_roots || outs.len() != roots || outs.iter().any(|o| o.len() != len) {
+            return false;
+        }
         if len == 0 {
             return true;
         }
@@ -355,9 +396,10 @@ impl<'a> Flat<'a> {
         flat(
             self.isa,
             &self.form.instrs[..self.form.len],
+            &self.form.ends[..roots],
             &reads[..self.form.n_leaves],
             Some(anchor),
-            out,
+            outs,
             regs,
             w,
             self.isa,
@@ -438,9 +480,10 @@ impl<'a> Flat<'a> {
         flat(
             self.isa,
             &self.form.instrs[..self.form.len],
+            &self.form.ends[..1],
             &reads[..self.form.n_leaves],
             None,
-            values,
+            &mut [values],
             regs,
             w,
             self.isa,
@@ -450,8 +493,10 @@ impl<'a> Flat<'a> {
 }
 
 per_backend! {
-    /// The instructions over `out`, block by block; `anchor` None: `out`
-    /// holds the anchor's values, replaced by the results. `regs`: the
+    /// The instructions over `outs`, block by block, each root's (those
+    /// ending at `ends`) then its store into its output; `anchor` None:
+    /// the first output holds the anchor's values, replaced by the
+    /// results. `regs`: the
     /// registers, `w` elements each (at least `min(out.len(), BLOCK)`),
     /// then one per strided leaf of `reads` and the last for the anchor's
     /// values of a run in place. `moves`: the instruction set the strided
@@ -459,9 +504,10 @@ per_backend! {
     #[allow(clippy::too_many_arguments)]
     fn flat(
         instrs: &[Instr],
+        ends: &[usize],
         reads: &[Read],
         anchor: Option<&[f32]>,
-        out: &mut [f32],
+        outs: &mut [&mut [f32]],
         regs: &mut [f32],
         w: usize,
         moves: Isa,
@@ -474,9 +520,10 @@ per_backend! {
 #[allow(clippy::too_many_arguments)]
 fn flat_generic<const F: bool>(
     instrs: &[Instr],
+    ends: &[usize],
     reads: &[Read],
     anchor: Option<&[f32]>,
-    out: &mut [f32],
+    outs: &mut [&mut [f32]],
     regs: &mut [f32],
     w: usize,
     moves: Isa,
@@ -487,9 +534,9 @@ fn flat_generic<const F: bool>(
         .count();
     let (regs, rest) = regs.split_at_mut(regs.len() - (strided + 1) * w);
     let (gathers, own) = rest.split_at_mut(strided * w);
-    for (b, out) in out.chunks_mut(BLOCK).enumerate() {
-        let at = b * BLOCK;
-        let n = out.len();
+    let len = outs.first().map_or(0, |o| o.len());
+    for at in (0..len).step_by(BLOCK) {
+        let n = BLOCK.min(len - at);
         // Each leaf's elements in this block: in place, or gathered into
         // its register.
         let mut blocks = [Operand::Scalar(0.0); MAX_LEAVES];
@@ -505,54 +552,70 @@ fn flat_generic<const F: bool>(
                 }
             };
         }
-        // Ops on registers alone run over whole vectors where the
-        // registers are that wide: a line's last few elements would
-        // otherwise take the loops' scalar tails (a sigmoid's division
-        // each: 8 of a 40-element line's took half its time). The lanes
-        // past `n` hold stale values, computed and never read.
-        let whole = n.next_multiple_of(LANES).min(w);
         let anchor: &[f32] = match anchor {
             // Empty where the program reads no anchor (a prologue's).
             Some(a) => a.get(at..at + n).unwrap_or_default(),
             None => {
-                own[..n].copy_from_slice(out);
+                own[..n].copy_from_slice(&outs[0][at..at + n]);
                 &own[..n]
             }
         };
-        for ins in instrs {
-            let d = usize::from(ins.dst);
-            let (low, high) = regs.split_at_mut((d + 1) * w);
-            let dst = &mut low[d * w..][..whole];
-            // A register operand is above `dst`: in `high`.
-            let slice = |src: Src| -> Operand {
-                match src {
-                    Src::Reg(r) => Operand::Slice(&high[(usize::from(r) - d - 1) * w..][..whole]),
-                    Src::Leaf(k) => blocks[usize::from(k)],
-                    Src::Anchor => Operand::Slice(anchor),
-                }
-            };
-            if ins.x != Src::Reg(ins.dst) {
-                match slice(ins.x) {
-                    Operand::Slice(v) => dst[..n].copy_from_slice(&v[..n]),
-                    Operand::Scalar(v) => dst.fill(v),
-                }
+        for (k, out) in outs.iter_mut().enumerate() {
+            let from = k.checked_sub(1).map_or(0, |j| ends[j]);
+            run_block::<F>(&instrs[from..ends[k]], &blocks, anchor, regs, w, n);
+            out[at..at + n].copy_from_slice(&regs[..n]);
+        }
+    }
+}
+
+/// Instructions over one block of `n` elements: `blocks` the leaves'
+/// elements, `anchor` the anchor's, `regs` the registers, `w` elements
+/// each.
+#[inline(always)]
+fn run_block<const F: bool>(
+    instrs: &[Instr],
+    blocks: &[Operand],
+    anchor: &[f32],
+    regs: &mut [f32],
+    w: usize,
+    n: usize,
+) {
+    // Ops on registers alone run over whole vectors where the registers
+    // are that wide: a line's last few elements would otherwise take the
+    // loops' scalar tails (a sigmoid's division each: 8 of a 40-element
+    // line's took half its time). The lanes past `n` hold stale values,
+    // computed and never read.
+    let whole = n.next_multiple_of(LANES).min(w);
+    for ins in instrs {
+        let d = usize::from(ins.dst);
+        let (low, high) = regs.split_at_mut((d + 1) * w);
+        let dst = &mut low[d * w..][..whole];
+        // A register operand is above `dst`: in `high`.
+        let slice = |src: Src| -> Operand {
+            match src {
+                Src::Reg(r) => Operand::Slice(&high[(usize::from(r) - d - 1) * w..][..whole]),
+                Src::Leaf(k) => blocks[usize::from(k)],
+                Src::Anchor => Operand::Slice(anchor),
             }
-            match ins.op {
-                Op::Unary(UnaryOp::Identity) => {}
-                Op::Unary(op) => op.apply_generic::<F>(dst),
-                Op::Clamp(min, max) => clamp(dst, min, max),
-                Op::Binary(op, b) => match slice(b) {
-                    // A leaf or the anchor has `n` elements here.
-                    Operand::Slice(v) if v.len() < whole => op.apply_generic::<F>(&mut dst[..n], v),
-                    Operand::Slice(v) => op.apply_generic::<F>(dst, v),
-                    Operand::Scalar(v) => op.apply_scalar_generic::<F>(dst, v),
-                },
-                Op::Where { cond, other } => {
-                    select_block(slice(cond), slice(other), &mut dst[..n], n)
-                }
+        };
+        if ins.x != Src::Reg(ins.dst) {
+            match slice(ins.x) {
+                Operand::Slice(v) => dst[..n].copy_from_slice(&v[..n]),
+                Operand::Scalar(v) => dst.fill(v),
             }
         }
-        out.copy_from_slice(&regs[..n]);
+        match ins.op {
+            Op::Unary(UnaryOp::Identity) => {}
+            Op::Unary(op) => op.apply_generic::<F>(dst),
+            Op::Clamp(min, max) => clamp(dst, min, max),
+            Op::Binary(op, b) => match slice(b) {
+                // A leaf or the anchor has `n` elements here.
+                Operand::Slice(v) if v.len() < whole => op.apply_generic::<F>(&mut dst[..n], v),
+                Operand::Slice(v) => op.apply_generic::<F>(dst, v),
+                Operand::Scalar(v) => op.apply_scalar_generic::<F>(dst, v),
+            },
+            Op::Where { cond, other } => select_block(slice(cond), slice(other), &mut dst[..n], n),
+        }
     }
 }
 
@@ -700,6 +763,99 @@ mod tests {
                 p.push(Expr::View { x: m, map: SWAP }, t.bcn)
             }
         }
+    }
+
+    /// Random programs of two or three roots sharing a subtree (as a
+    /// scan's `a` and `u` share `softplus(dt)`), one of them sometimes the
+    /// shared node itself: the flat form stores every root, each the
+    /// interpreter's `eval_roots` bit for bit along rows and across the
+    /// channels, its first root alone `eval`'s; compiled, the pair's rows
+    /// take it.
+    #[test]
+    fn random_programs_of_several_roots_store_each_root_bit_for_bit() {
+        use crate::fused::rows::{PairSource, ProgramRows};
+        let isas = Isa::all_available();
+        let mut rng = Rng::new(33);
+        let mut ran = 0;
+        for case in 0..200 {
+            let mut env = TestEnv::default();
+            let t = tensors(&mut env, &mut rng);
+            let mut p = Program::default();
+            let shared = grow(&mut p, &t, &mut rng, 1 + case % 3, false);
+            let roots: Vec<usize> = (0..2 + case % 2)
+                .map(|k| {
+                    if k == 1 && case % 5 == 0 {
+                        return shared;
+                    }
+                    let other = grow(&mut p, &t, &mut rng, case % 3, false);
+                    let op = BinaryOp::ALL[rng.range(0, BinaryOp::ALL.len() - 1)];
+                    p.push(
+                        Expr::Binary {
+                            op,
+                            a: shared,
+                            b: other,
+                        },
+                        t.bcn,
+                    )
+                })
+                .collect();
+            let n_roots = roots.len();
+            p.set_roots(roots);
+            let Some(form) = FlatForm::find(&p) else {
+                continue;
+            };
+            let isa = isas[case % isas.len()];
+            let geometry = form.geometry(&p, &env).expect("every leaf resolves");
+            let flat = form.bind(isa, &geometry, &env);
+            let mut tmp = vec![0.0; N * p.temporaries()];
+            let mut regs = vec![0.0; N * form.temporaries()];
+            let mut lines = Vec::new();
+            for (row, t0) in [(0, 0), (4, 63), (5, 1)] {
+                let mut base = [0; MAX_RANK];
+                (base[0], base[1], base[2]) = (row / C, row % C, t0);
+                lines.push((Line::along(base, 2), N - t0));
+            }
+            lines.push((Line::along([1, 0, 9, 0], 1), C));
+            for (line, len) in lines {
+                let mut want = vec![vec![0.0; len]; n_roots];
+                let mut refs: Vec<&mut [f32]> = want.iter_mut().map(|v| &mut v[..]).collect();
+                p.eval_roots(isa, &env, &[], &line, &mut refs, &mut tmp);
+                let mut got = vec![vec![f32::NAN; len]; n_roots];
+                let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|v| &mut v[..]).collect();
+                assert!(flat.run_roots(&line, &[], n_roots, &mut outs, &mut regs));
+                for (w, g) in want.iter().zip(&got) {
+                    assert_eq!(bits(w), bits(g), "case {case}, line {line:?}");
+                }
+                let mut first = vec![f32::NAN; len];
+                assert!(flat.run(&line, &[], &mut first, &mut regs));
+                assert_eq!(bits(&first), bits(&want[0]), "case {case}: the first root");
+            }
+            if n_roots == 2 {
+                let compiled = p.clone().compile_for(isa);
+                let rows = ProgramRows::new(&compiled, &env);
+                assert!(compiled.recipes().prologue(&compiled, &env).flat.is_some());
+                let mut tmp = vec![0.0; N * compiled.temporaries()];
+                let (mut a, mut u) = (vec![f32::NAN; N], vec![f32::NAN; N]);
+                rows.fill_pair(C + 1, 0, &mut a, &mut u, &mut tmp);
+                let mut want = [vec![0.0; N], vec![0.0; N]];
+                let [wa, wu] = &mut want;
+                p.eval_roots(
+                    isa,
+                    &env,
+                    &[],
+                    &Line::along([1, 1, 0, 0], 2),
+                    &mut [wa, wu],
+                    &mut tmp,
+                );
+                assert_eq!(
+                    [bits(&a), bits(&u)],
+                    want.map(|w| bits(&w)),
+                    "case {case}: rows"
+                );
+            }
+            ran += 1;
+        }
+        assert!(ran > 150, "{ran} of 200 programs flat");
     }
 
     fn bits(v: &[f32]) -> Vec<u32> {
