@@ -34,6 +34,7 @@ use super::program::{Env, Expr, Line, Program};
 use super::recipes::{
     Discretise, DiscretiseForm, DiscretiseGeometry, Gate, GateForm, GateGeometry,
 };
+use super::reduce::ReduceGeometry;
 use crate::simd::Isa;
 
 /// How many programs were compiled (their recipes matched) in this process.
@@ -131,6 +132,12 @@ impl CompiledProgram {
 
     pub(super) fn recipes(&self) -> &Recipes {
         &self.recipes
+    }
+
+    /// What a reduction of the program derives from shapes (`reduce.rs`),
+    /// kept per shape generation.
+    pub(super) fn reduction(&self) -> &ShapeCache<ReduceGeometry> {
+        &self.geometry.reduction
     }
 
     /// Line-sized temporaries evaluating the program needs: the
@@ -363,11 +370,13 @@ fn moves_only(program: &Program, i: usize) -> bool {
 
 /// Where the recipes' leaves lie, kept per shape generation
 /// ([`Recipes::prologue`], [`Recipes::epilogue`]): a program read as rows
-/// and one stored through as an epilogue keep theirs apart.
+/// and one stored through as an epilogue keep theirs apart; and what a
+/// reduction of the program derives ([`CompiledProgram::reduction`]).
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Geometries {
     prologue: ShapeCache<PrologueGeometry>,
     epilogue: ShapeCache<Option<EpilogueGeometry>>,
+    reduction: ShapeCache<ReduceGeometry>,
 }
 
 /// Where the leaves of the prologue recipes that fit a set of shapes lie
