@@ -23,9 +23,14 @@
 //! coordinate, so every read is a contiguous run (*columns*). Results do
 //! not depend on the thread count: every output's sum runs in a fixed
 //! order.
+//!
+//! What a call derives from shapes alone (the walk, where a stored root
+//! lies, whether rows lie end to end) is kept in the compiled program per
+//! shape generation ([`ReduceGeometry`]): a call of unchanged shapes maps
+//! no views.
 
 use super::compiled::CompiledProgram;
-use super::program::views::{Leaf, LeafMap};
+use super::program::views::{Leaf, LeafGeometry, LeafMap};
 use super::program::{Env, Line};
 use super::rows::ProgramRows;
 // The fewest elements one task reduces: the fused loops' one task grain.
@@ -82,12 +87,47 @@ pub fn reduce_scratch(temporaries: usize) -> usize {
 
 /// How a reduction walks its input (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Walk {
+pub(super) enum Walk {
     /// Each output reduces lines along `dim`, a reduced dimension.
     Rows { dim: usize },
     /// Blocks of outputs along `dim`, a kept dimension, accumulate a line
     /// per reduced coordinate.
     Columns { dim: usize },
+}
+
+/// What a reduction derives from shapes alone, kept per shape generation
+/// in its compiled program (`CompiledProgram::reduction`), so that a call
+/// of unchanged shapes walks no views: the walk (the loads' strides along
+/// each dimension), where the root lies, where it is a stored tensor, and
+/// whether its rows along the last dimension lie end to end.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct ReduceGeometry {
+    /// The reduced dimensions it was derived for.
+    dims: [bool; MAX_RANK],
+    walk: Walk,
+    leaf: Option<LeafGeometry>,
+    /// For rows along the last dimension: consecutive ones lie end to end
+    /// in everything the program reads (see [`Run::rows_in_lines`]).
+    rows_end_to_end: bool,
+}
+
+impl ReduceGeometry {
+    fn derive(program: &CompiledProgram, env: &dyn Env, dims: &[bool; MAX_RANK]) -> Self {
+        let root = program.root();
+        let shape = env.shape(program.nodes()[root].value);
+        let rank = shape.rank();
+        let walk = walk(program, env, dims);
+        ReduceGeometry {
+            dims: *dims,
+            walk,
+            leaf: program
+                .is_leaf(root)
+                .then(|| program.leaf_geometry(root, env))
+                .flatten(),
+            rows_end_to_end: matches!(walk, Walk::Rows { dim } if rank >= 2 && dim == rank - 1)
+                && program.rows_end_to_end(root, env, rank - 2, rank - 1, shape[rank - 1]),
+        }
+    }
 }
 
 /// Writes the statistics `stats` of `program`'s root over the dimensions
@@ -139,27 +179,55 @@ pub fn reduce(
     if out_shape.numel() == 0 || stats.is_empty() {
         return Ok(());
     }
+    let derive = || ReduceGeometry::derive(program, env, dims);
+    let kept = program.reduction().read(env.generation(), derive, |g| *g);
+    // Kept for other dimensions: a program reduced two ways (a plan
+    // compiles one per reduction, so never in a plan).
+    let geometry = if kept.dims == *dims { kept } else { derive() };
     let run = Run {
         program,
-        env,
         shape,
         out_shape,
         dims: *dims,
         count: (0..rank).filter(|&d| dims[d]).map(|d| shape[d]).product(),
         var: stats.iter().any(|s| s.op == ReduceOp::Var),
-        leaf: program
-            .is_leaf(program.root())
-            .then(|| program.leaf_map(program.root(), env))
-            .flatten(),
+        leaf: geometry.leaf.map(|g| g.bind(env)),
+        rows_end_to_end: geometry.rows_end_to_end,
         rows: ProgramRows::new(program, env),
     };
     let [a, b, c] = split_stats(stats);
     let outs = [a, b, c].map(|s| s.map(|(op, out)| (op, SharedOut::new(out))));
-    match run.walk() {
+    match geometry.walk {
         Walk::Rows { dim } => run.rows(dim, &outs, scratch),
         Walk::Columns { dim } => run.columns(dim, &outs, scratch),
     }
     Ok(())
+}
+
+/// How to walk `program`'s root, reduced over `dims`, for `env`'s shapes:
+/// rows where the loads are no less contiguous along the best reduced
+/// dimension than along the best kept one.
+fn walk(program: &CompiledProgram, env: &dyn Env, dims: &[bool; MAX_RANK]) -> Walk {
+    let shape = env.shape(program.nodes()[program.root()].value);
+    let rank = shape.rank();
+    let stride = |d: usize| program.max_load_stride(env, &Line::along([0; MAX_RANK], d));
+    // The innermost of the least strided, among dimensions of size > 1.
+    let best = |reduced: bool| {
+        (0..rank)
+            .filter(|&d| dims[d] == reduced && shape[d] > 1)
+            .map(|d| (stride(d), std::cmp::Reverse(d)))
+            .min()
+            .map(|(s, d)| (s, d.0))
+    };
+    let reduced = best(true);
+    match (reduced, best(false)) {
+        (Some((sr, _)), Some((sk, dk))) if sk < sr => Walk::Columns { dim: dk },
+        (Some((_, dr)), _) => Walk::Rows { dim: dr },
+        // Nothing longer than 1 is reduced: each output reads one element.
+        (None, _) => Walk::Rows {
+            dim: (0..rank).rev().find(|&d| dims[d]).unwrap_or(0),
+        },
+    }
 }
 
 /// Adds a line (the second argument) into a column block's partial sums.
@@ -184,7 +252,6 @@ fn split_stats<'a>(stats: &'a mut [Statistic]) -> [Option<(ReduceOp, &'a mut [f3
 
 struct Run<'a> {
     program: &'a CompiledProgram,
-    env: &'a dyn Env,
     shape: Shape,
     out_shape: Shape,
     dims: [bool; MAX_RANK],
@@ -194,6 +261,8 @@ struct Run<'a> {
     var: bool,
     /// The program's root, where it is a stored tensor (through views).
     leaf: Option<LeafMap<'a>>,
+    /// [`ReduceGeometry::rows_end_to_end`].
+    rows_end_to_end: bool,
     /// The program's lines, by its recipes where one fits (a flat list of
     /// instructions, a chain), else interpreted.
     rows: ProgramRows<'a>,
@@ -212,32 +281,6 @@ impl<'a> Run<'a> {
         }
         self.rows.eval_line(line, buf, tmp);
         buf
-    }
-    /// Rows where the loads are no less contiguous along the best reduced
-    /// dimension than along the best kept one.
-    fn walk(&self) -> Walk {
-        let rank = self.shape.rank();
-        let stride = |d: usize| {
-            self.program
-                .max_load_stride(self.env, &Line::along([0; MAX_RANK], d))
-        };
-        // The innermost of the least strided, among dimensions of size > 1.
-        let best = |reduced: bool| {
-            (0..rank)
-                .filter(|&d| self.dims[d] == reduced && self.shape[d] > 1)
-                .map(|d| (stride(d), std::cmp::Reverse(d)))
-                .min()
-                .map(|(s, d)| (s, d.0))
-        };
-        let reduced = best(true);
-        match (reduced, best(false)) {
-            (Some((sr, _)), Some((sk, dk))) if sk < sr => Walk::Columns { dim: dk },
-            (Some((_, dr)), _) => Walk::Rows { dim: dr },
-            // Nothing longer than 1 is reduced: each output reads one element.
-            (None, _) => Walk::Rows {
-                dim: (0..rank).rev().find(|&d| self.dims[d]).unwrap_or(0),
-            },
-        }
     }
 
     /// The coordinates of element `i` of a row-major walk over the
@@ -338,9 +381,7 @@ impl<'a> Run<'a> {
             && !self.dims[rank - 2]
             && self.shape[rank - 2] > 1
             && (1..=LINE_CHUNK / 2).contains(&len)
-            && self
-                .program
-                .rows_end_to_end(self.program.root(), self.env, rank - 2, rank - 1, len)
+            && self.rows_end_to_end
     }
 
     /// [`Self::rows`] for [`Self::rows_in_lines`]: per task, blocks of rows
@@ -532,8 +573,10 @@ fn add_dev(dev: &mut [f32], sq: &mut [f32], v: &[f32], mean: &[f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fused::ShapeGeneration;
     use crate::fused::{BinaryOp, Expr, Program};
     use crate::test_support::{Rng, TestEnv};
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     fn mask(dims: &[usize]) -> [bool; MAX_RANK] {
         let mut m = [false; MAX_RANK];
@@ -673,27 +716,115 @@ mod tests {
         }
     }
 
+    /// A [`TestEnv`] under a generation (or none), counting the shapes it
+    /// is asked.
+    struct Counting {
+        env: TestEnv,
+        generation: Option<ShapeGeneration>,
+        shapes: AtomicUsize,
+    }
+
+    impl Env for Counting {
+        fn shape(&self, value: usize) -> Shape {
+            self.shapes.fetch_add(1, Ordering::Relaxed);
+            self.env.shape(value)
+        }
+        fn data(&self, value: usize) -> &[f32] {
+            self.env.data(value)
+        }
+        fn generation(&self) -> Option<ShapeGeneration> {
+            self.generation
+        }
+    }
+
+    /// Calls of one shape generation take the walk and the root's place
+    /// kept from the first: each later one asks the env the root's shape
+    /// alone (for the outputs' sizes and the rows), while a call without
+    /// a generation maps the views again; every call gives the same bits.
+    /// A LayerNorm's input read in place along its channels (rows) and
+    /// transposed (columns), and a computed one (its flat form).
+    #[test]
+    fn calls_of_one_generation_keep_the_walk_and_the_leaf() {
+        let mut rng = Rng::new(12);
+        let mut env = TestEnv::default();
+        let x = env.stored(&[2, 5, 37], rng.vec(2 * 5 * 37, -2.0, 2.0));
+        let y = env.stored(&[2, 5, 37], rng.vec(2 * 5 * 37, -2.0, 2.0));
+        let direct = permuted(&mut env, x, &[0, 1, 2]);
+        let transposed = permuted(&mut env, x, &[0, 2, 1]);
+        let mut sum = direct.clone();
+        let (a, ly) = (sum.root(), sum.push(Expr::Load, y));
+        let v = sum.nodes()[a].value;
+        sum.push(
+            Expr::Binary {
+                op: BinaryOp::Add,
+                a,
+                b: ly,
+            },
+            v,
+        );
+        for (name, p, dims) in [
+            ("rows", direct, [2]),
+            ("columns", transposed, [1]),
+            ("sum", sum, [2]),
+        ] {
+            let p = p.compile();
+            let scratch = Scratch::new(1, reduce_scratch(p.temporaries()));
+            let shape = env.shape(p.nodes()[p.root()].value);
+            let n = shape.numel() / shape[dims[0]];
+            let mut counting = Counting {
+                env: TestEnv {
+                    shapes: env.shapes.clone(),
+                    data: env.data.clone(),
+                },
+                generation: Some(ShapeGeneration::fresh()),
+                shapes: AtomicUsize::new(0),
+            };
+            let call = |env: &Counting| {
+                let mut m = vec![f32::NAN; n];
+                let mut v = vec![f32::NAN; n];
+                let mut stats = [
+                    Statistic {
+                        op: ReduceOp::Mean,
+                        out: &mut m,
+                    },
+                    Statistic {
+                        op: ReduceOp::Var,
+                        out: &mut v,
+                    },
+                ];
+                reduce(&p, env, &mask(&dims), &mut stats, &scratch).unwrap();
+                let asked = env.shapes.swap(0, Ordering::Relaxed);
+                (
+                    asked,
+                    [m, v].map(|s| s.iter().map(|x| x.to_bits()).collect::<Vec<_>>()),
+                )
+            };
+            let (first, bits) = call(&counting);
+            for _ in 0..2 {
+                let (asked, again) = call(&counting);
+                assert_eq!(again, bits, "{name}");
+                assert!(
+                    asked <= 2 && asked < first,
+                    "{name}: asked {asked}, first {first}"
+                );
+            }
+            counting.generation = None;
+            for _ in 0..2 {
+                let (asked, again) = call(&counting);
+                assert_eq!(again, bits, "{name}");
+                assert_eq!(asked, first, "{name}: no generation maps again");
+            }
+        }
+    }
+
     #[test]
     fn the_walk_follows_memory() {
         let mut env = TestEnv::default();
         let x = env.stored(&[1, 8, 16], vec![0.0; 128]);
         let direct = permuted(&mut env, x, &[0, 1, 2]);
         let transposed = permuted(&mut env, x, &[0, 2, 1]);
-        let walk = |p: &Program, dims: &[usize]| {
-            let p = p.clone().compile();
-            Run {
-                program: &p,
-                env: &env,
-                shape: env.shape(p.nodes()[p.root()].value),
-                out_shape: Shape::default(),
-                dims: mask(dims),
-                count: 1,
-                var: false,
-                leaf: None,
-                rows: ProgramRows::new(&p, &env),
-            }
-            .walk()
-        };
+        let walk =
+            |p: &Program, dims: &[usize]| super::walk(&p.clone().compile(), &env, &mask(dims));
         assert_eq!(walk(&direct, &[2]), Walk::Rows { dim: 2 });
         assert_eq!(walk(&direct, &[1]), Walk::Columns { dim: 2 });
         assert_eq!(walk(&transposed, &[2]), Walk::Columns { dim: 1 });

@@ -346,8 +346,7 @@ impl PairSource for ProgramRows<'_> {
                 return;
             }
         }
-        self.program
-            .eval_roots(self.env, &[], &line, &mut [first, second], tmp);
+        self.eval_pair(&line, first, second, tmp);
     }
 
     fn pair_temporaries(&self) -> usize {
@@ -363,9 +362,7 @@ impl PairSource for ProgramRows<'_> {
         tmp: &mut [f32],
     ) {
         match self.col_line(row0, t) {
-            Some(line) => self
-                .program
-                .eval_roots(self.env, &[], &line, &mut [first, second], tmp),
+            Some(line) => self.eval_pair(&line, first, second, tmp),
             None => {
                 for (r, (f, s)) in first.iter_mut().zip(second.iter_mut()).enumerate() {
                     self.fill_pair(
@@ -382,6 +379,18 @@ impl PairSource for ProgramRows<'_> {
 }
 
 impl ProgramRows<'_> {
+    /// Both roots of a pair along `line`: flat where the program has a
+    /// flat form, else interpreted.
+    fn eval_pair(&self, line: &Line, first: &mut [f32], second: &mut [f32], tmp: &mut [f32]) {
+        if let Some(flat) = &self.recipes.flat {
+            if flat.run_roots(line, &[], 2, &mut [&mut *first, &mut *second], tmp) {
+                return;
+            }
+        }
+        self.program
+            .eval_roots(self.env, &[], line, &mut [first, second], tmp);
+    }
+
     /// The program along `line` into `out`: by its recipe where one fits
     /// the line, else interpreted.
     pub(super) fn eval_line(&self, line: &Line, out: &mut [f32], tmp: &mut [f32]) {
@@ -426,9 +435,8 @@ pub(crate) fn short_rows(rows: usize, len: usize) -> bool {
 /// A flat program's set-up per line ([`super::flat`]: its leaves
 /// resolved, no walk of nodes) costs about as much as this many elements.
 /// Priced as the interpreter's [`LINE_SETUP`], a FastConformer's GLU filled
-/// 16 rows of 12 at a time went across the rows, and so through the
-/// interpreter (a flat program takes no strided line), instead of a flat
-/// line per row.
+/// 16 rows of 12 at a time went across the rows, gathering every operand
+/// with a stride, instead of a contiguous flat line per row.
 const FLAT_LINE_SETUP: usize = 32;
 
 /// [`short_rows`] for lines whose set-up costs `setup` elements.

@@ -32,6 +32,29 @@ pub(crate) fn gather<const S: usize>(isa: Isa, line: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `out[i] = line[i * stride]` for any stride of 2 or more: [`gather`]'s
+/// vectors for the small ones (a column across a conv state's channels),
+/// a plain loop for the others. The interpreter's loads and the flat
+/// form's strided leaves both take it, so they move the same elements.
+///
+/// # Panics
+/// If `line` holds fewer than `stride * (out.len() - 1) + 1` elements.
+pub(crate) fn gather_by(isa: Isa, stride: usize, line: &[f32], out: &mut [f32]) {
+    match stride {
+        2 => gather::<2>(isa, line, out),
+        3 => gather::<3>(isa, line, out),
+        4 => gather::<4>(isa, line, out),
+        _ => {
+            if let Some(last) = out.len().checked_sub(1) {
+                assert!(line.len() > stride * last, "gather past the line");
+            }
+            for (o, &v) in out.iter_mut().zip(line.iter().step_by(stride)) {
+                *o = v;
+            }
+        }
+    }
+}
+
 /// `rows[i * S + t] = col[i]` for every `i < col.len()`, with the vectors
 /// of `isa`; `rows` holds at least `S * col.len()` elements and `t < S`.
 ///

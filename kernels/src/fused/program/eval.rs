@@ -218,16 +218,7 @@ fn load(isa: Isa, data: &[f32], shape: &Shape, line: &Line, out: &mut [f32]) {
             // A column across the channels of a `[B, C, K - 1]` conv state
             // (a decode step's read) has a small stride: deinterleaved a
             // vector at a time.
-            match stride {
-                2 => strided::gather::<2>(isa, line, out),
-                3 => strided::gather::<3>(isa, line, out),
-                4 => strided::gather::<4>(isa, line, out),
-                _ => {
-                    for (o, &v) in out.iter_mut().zip(line.iter().step_by(stride)) {
-                        *o = v;
-                    }
-                }
-            }
+            strided::gather_by(isa, stride, line, out);
         }
     }
 }

@@ -322,12 +322,7 @@ impl<'a> LeafMap<'a> {
         match *self {
             LeafMap::Const(c) => Some(Leaf::Scalar(c)),
             LeafMap::Stored { data, offset, coef } => {
-                let mut start = offset;
-                let mut stride = 0;
-                for ((&b, &s), &c) in line.base.iter().zip(&line.step).zip(&coef) {
-                    start += b * c;
-                    stride += s * c;
-                }
+                let (start, stride) = start_and_stride(offset, &coef, line);
                 match stride {
                     0 => Some(Leaf::Scalar(data[start])),
                     1 => {
@@ -340,6 +335,40 @@ impl<'a> LeafMap<'a> {
             }
         }
     }
+}
+
+impl<'a> LeafMap<'a> {
+    /// The `len` elements along `line` of a leaf that [`Self::read`]
+    /// declines (a stored tensor read with a stride of 2 or more: a
+    /// transposed operand, a line across channels): the run from the first
+    /// to the last, and the stride, for the caller to gather.
+    ///
+    /// # Panics
+    /// If the line leaves its tensor, as [`Self::read`].
+    #[inline]
+    pub(crate) fn strided(&self, line: &Line, len: usize) -> Option<(&'a [f32], usize)> {
+        match *self {
+            LeafMap::Const(_) => None,
+            LeafMap::Stored { data, offset, coef } => {
+                let (start, stride) = start_and_stride(offset, &coef, line);
+                let last = start + stride * len.checked_sub(1)?;
+                (stride > 1).then(|| (&data[start..=last], stride))
+            }
+        }
+    }
+}
+
+/// Where `line` starts in a stored leaf of `offset` and `coef`, and the
+/// stride between its elements.
+#[inline(always)]
+fn start_and_stride(offset: usize, coef: &[usize; MAX_RANK], line: &Line) -> (usize, usize) {
+    let mut start = offset;
+    let mut stride = 0;
+    for ((&b, &s), &c) in line.base.iter().zip(&line.step).zip(coef) {
+        start += b * c;
+        stride += s * c;
+    }
+    (start, stride)
 }
 
 /// A leaf's elements along a line, read in place ([`LeafMap::read`]).
