@@ -18,7 +18,8 @@ table at ``--out``.
   or the process died (a crash); upstream's when XNNPACK alone fails too;
 * ``EXPORT FAILS (upstream)``: ``torch.export`` or ``to_edge`` failed with no
   partitioner at all;
-* ``BUILD FAILS (catalogue)``: the builder or its eager call raised.
+* ``BUILD FAILS (catalogue)``: the builder or its eager call raised;
+* ``TIMEOUT``: the model took longer than ``--timeout``.
 
 Each model runs in a process of its own (forked), so a crash (a segfault
 inside a runtime) is reported and the sweep goes on.
@@ -190,7 +191,8 @@ def run_one(name: str, work: Path, timeout: float, alone: bool = False) -> dict:
     )
     process.start()
     process.join(timeout)
-    if process.is_alive():
+    timed_out = process.is_alive()
+    if timed_out:
         process.kill()
         process.join()
         how = f"timed out after {timeout:.0f} s"
@@ -198,7 +200,7 @@ def run_one(name: str, work: Path, timeout: float, alone: bool = False) -> dict:
         how = f"process died (exit {process.exitcode})"
     fields = json.loads(result.read_text()) if result.exists() else {"name": name}
     if "status" not in fields:
-        fields["status"] = "CRASH"
+        fields["status"] = "TIMEOUT" if timed_out else "CRASH"
         fields["detail"] = f"{how} in stage {fields.get('stage', 'start')}"
     fields.setdefault("seconds", round(time.monotonic() - start, 1))
     return fields
@@ -222,22 +224,25 @@ def preload() -> None:
     import zoo_harness  # noqa: F401
 
 
-def sweep(names: list[str], work: Path, timeout: float, out: Path | None) -> list[dict]:
-    """Every model in turn; the table at ``out`` rewritten after each, so an
-    interrupted sweep keeps what it found."""
+def sweep(
+    names: list[str], work: Path, timeout: float, out: Path | None, earlier: list[dict]
+) -> list[dict]:
+    """Every model in turn; the table at ``out`` (with ``earlier`` results)
+    rewritten after each, so an interrupted sweep keeps what it found."""
     results = []
     for name in names:
         fields = run_one(name, work / name, timeout)
-        if fields["status"] == "CRASH":
+        if fields["status"] == "CRASH":  # a timeout is said as it is, not classified
             alone = run_one(name, work / name, timeout, alone=True)
             whose = "ours" if alone["status"] == "OK" else "upstream"
             fields["status"] = f"RUN FAILS ({whose})"
             fields["detail"] += f" | XNNPACK alone: {alone['status']} {alone.get('detail') or ''}"
+        (work / name / "result.json").write_text(json.dumps(fields))  # as classified
         results.append(fields)
         print(line(fields), flush=True)
         if out:
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(table(results))
+            out.write_text(table(earlier + results))
     return results
 
 
@@ -329,6 +334,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", help="models to check (default: all)")
     parser.add_argument("--out", type=Path, help="markdown summary to write")
     parser.add_argument("--work", type=Path, default=ROOT / "out" / "zoo-sweep")
+    parser.add_argument(
+        "--keep",
+        action="store_true",
+        help="the table also lists the models of earlier runs in --work not run now",
+    )
     parser.add_argument("--timeout", type=float, default=600, help="seconds per model")
     args = parser.parse_args(argv)
     from sweep_models import SWEEP
@@ -337,7 +347,16 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown models {unknown}; known: {', '.join(SWEEP)}")
     preload()
-    results = sweep(args.names or list(SWEEP), args.work, args.timeout, args.out)
+    names = args.names or list(SWEEP)
+    earlier = []
+    if args.keep:
+        for name in SWEEP:
+            result = args.work / name / "result.json"
+            if name not in names and result.exists():
+                fields = json.loads(result.read_text())
+                if "status" in fields:
+                    earlier.append(fields)
+    results = sweep(names, args.work, args.timeout, args.out, earlier)
     bad = [r for r in results if r["status"] != "OK"]
     print(f"{len(results)} models, {len(results) - len(bad)} OK, {len(bad)} not")
     return 1 if bad else 0

@@ -340,6 +340,16 @@ def granite_moe_hybrid() -> Example:
     )  # fmt: skip
 
 
+def granite_hybrid_dense() -> Example:
+    """Granite 4.0's dense hybrids (granite-4.0-h-micro): no experts, only the
+    shared MLP, so no MoE routing (whose histc does not export)."""
+    return lm(
+        "GraniteMoeHybridConfig", "GraniteMoeHybridForCausalLM",
+        layer_types=["mamba", "attention"], num_local_experts=0, shared_intermediate_size=64,
+        **LM, **MAMBA2_HEADS,
+    )  # fmt: skip
+
+
 def falcon_h1() -> Example:
     return lm(
         "FalconH1Config", "FalconH1ForCausalLM", mamba_d_ssm=128,
@@ -347,12 +357,14 @@ def falcon_h1() -> Example:
     )  # fmt: skip
 
 
-def jamba() -> Example:
+def jamba(experts: bool = True) -> Example:
+    """With ``experts=False`` no layer is a mixture of experts (their
+    routing's histc does not export), so the Mamba layer is checked."""
     return lm(
         "JambaConfig", "JambaForCausalLM", attn_layer_period=2, attn_layer_offset=1,
-        expert_layer_period=2, expert_layer_offset=1, num_experts=2, num_experts_per_tok=1,
-        use_mamba_kernels=False, mamba_d_state=8, mamba_d_conv=4, mamba_expand=2,
-        mamba_dt_rank=8, **LM,
+        expert_layer_period=2 if experts else 4, expert_layer_offset=1 if experts else 3,
+        num_experts=2, num_experts_per_tok=1, use_mamba_kernels=False, mamba_d_state=8,
+        mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=8, **LM,
     )  # fmt: skip
 
 
@@ -383,11 +395,12 @@ LINEAR_ATTENTION = dict(
 )  # fmt: skip
 
 
-def qwen3_next() -> Example:
+def qwen3_next(experts: bool = True) -> Example:
+    """With ``experts=False`` every layer's MLP is dense (``mlp_only_layers``)."""
     return lm(
         "Qwen3NextConfig", "Qwen3NextForCausalLM", moe_intermediate_size=32,
         shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
-        **LM, **LINEAR_ATTENTION,
+        mlp_only_layers=[] if experts else [0, 1], **LM, **LINEAR_ATTENTION,
     )  # fmt: skip
 
 
@@ -492,12 +505,14 @@ def ta_wavernn() -> Example:
 
     torch.manual_seed(0)
     model = WaveRNN(
-        upsample_scales=[4, 4], n_classes=16, hop_length=16, n_res_block=2, n_rnn=32, n_fc=32,
+        upsample_scales=[2, 2], n_classes=16, hop_length=4, n_res_block=2, n_rnn=32, n_fc=32,
         kernel_size=5, n_freq=16, n_hidden=32, n_output=32,
     )  # fmt: skip
     randomize_norm_statistics(model, 2)
-    frames = 12  # the waveform covers (frames - kernel_size + 1) hops
-    return example(model, features(1, 1, (frames - 4) * 16), features(1, 1, 16, frames, seed=2))
+    # The waveform covers (frames - kernel_size + 1) hops; its GRUs run once
+    # per sample, unrolled by export, so it is kept short.
+    frames = 8
+    return example(model, features(1, 1, (frames - 4) * 4), features(1, 1, 16, frames, seed=2))
 
 
 def ta_hdemucs() -> Example:
@@ -571,11 +586,17 @@ SWEEP: dict[str, SweepModel] = {
         SweepModel("hf_bamba", "transformers BambaForCausalLM", bamba),
         SweepModel("hf_granite_moe_hybrid", "transformers GraniteMoeHybridForCausalLM",
                    granite_moe_hybrid),
+        SweepModel("hf_granite_hybrid_dense", "transformers GraniteMoeHybridForCausalLM "
+                   "(no experts)", granite_hybrid_dense),
         SweepModel("hf_falcon_h1", "transformers FalconH1ForCausalLM", falcon_h1),
         SweepModel("hf_jamba", "transformers JambaForCausalLM", jamba),
+        SweepModel("hf_jamba_dense", "transformers JambaForCausalLM (no experts)",
+                   lambda: jamba(experts=False)),
         SweepModel("hf_zamba2", "transformers Zamba2ForCausalLM", zamba2),
         SweepModel("hf_nemotron_h", "transformers NemotronHForCausalLM", nemotron_h),
         SweepModel("hf_qwen3_next", "transformers Qwen3NextForCausalLM", qwen3_next),
+        SweepModel("hf_qwen3_next_dense", "transformers Qwen3NextForCausalLM (no experts)",
+                   lambda: qwen3_next(experts=False)),
         SweepModel("hf_qwen3_5_text", "transformers Qwen3_5ForCausalLM", qwen3_5_text),
         SweepModel("hf_lfm2_moe", "transformers Lfm2MoeForCausalLM", lfm2_moe),
         SweepModel("hf_recurrent_gemma", "transformers RecurrentGemmaForCausalLM",
