@@ -34,7 +34,7 @@ use super::program::{Env, Expr, Line, Program};
 use super::recipes::{
     Discretise, DiscretiseForm, DiscretiseGeometry, Gate, GateForm, GateGeometry,
 };
-use super::reduce::ReduceGeometry;
+use super::reduce_geometry::ReduceGeometry;
 use crate::simd::Isa;
 
 /// How many programs were compiled (their recipes matched) in this process.

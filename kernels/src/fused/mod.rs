@@ -22,6 +22,7 @@ mod ops;
 mod program;
 mod recipes;
 mod reduce;
+mod reduce_geometry;
 mod rows;
 mod shape;
 mod strided;

@@ -30,8 +30,9 @@
 //! no views.
 
 use super::compiled::CompiledProgram;
-use super::program::views::{Leaf, LeafGeometry, LeafMap};
+use super::program::views::{Leaf, LeafMap};
 use super::program::{Env, Line};
+use super::reduce_geometry::{ReduceGeometry, Walk};
 use super::rows::ProgramRows;
 // The fewest elements one task reduces: the fused loops' one task grain.
 use super::rows::{SharedOut, LINE_CHUNK, MIN_TASK_ELEMS};
@@ -83,32 +84,6 @@ const BLOCK_ELEMS: usize = 64 * 1024;
 /// needing `temporaries` line-sized temporaries.
 pub fn reduce_scratch(temporaries: usize) -> usize {
     (temporaries + 7) * LINE_CHUNK
-}
-
-/// How a reduction walks its input (see the module docs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Walk {
-    /// Each output reduces lines along `dim`, a reduced dimension.
-    Rows { dim: usize },
-    /// Blocks of outputs along `dim`, a kept dimension, accumulate a line
-    /// per reduced coordinate.
-    Columns { dim: usize },
-}
-
-/// What a reduction derives from shapes alone, kept per shape generation
-/// in its compiled program (`CompiledProgram::reduction`), so that a call
-/// of unchanged shapes walks no views: the walk (the loads' strides along
-/// each dimension), where the root lies, where it is a stored tensor, and
-/// whether its rows along the last dimension lie end to end.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) struct ReduceGeometry {
-    /// The reduced dimensions it was derived for.
-    dims: [bool; MAX_RANK],
-    walk: Walk,
-    leaf: Option<LeafGeometry>,
-    /// For rows along the last dimension: consecutive ones lie end to end
-    /// in everything the program reads (see [`Run::rows_in_lines`]).
-    rows_end_to_end: bool,
 }
 
 impl ReduceGeometry {
