@@ -2,12 +2,7 @@
 //! instruction set its loops run with ([`Isa`], chosen here once, so that
 //! no call asks the CPU), and the recipes (`recipes.rs`,
 //! `conv_recipes.rs`, `chain_recipes.rs`) whose form it has, and its flat
-//! form (`flat.rs`: strided leaves, several roots and one cat included)
-//! for any other program, found by the one registry below. The
-//! interpreter (`program/eval.rs`) takes what has neither: a program that
-//! only moves stored values (a view or a cat of stored tensors: one copy
-//! per part), the lines a dedicated recipe declines, and the programs the
-//! flat form refuses (see `flat.rs`).
+//! form (`flat.rs`) for any other line, found by the one registry below.
 //!
 //! A recipe is matched on the program's structure alone, so the match is
 //! made here, once; what depends on the call is bound when a kernel call
@@ -206,9 +201,8 @@ impl Recipes {
         // The flat form runs where no dedicated recipe matched: binding
         // its leaves as well costs a decode step's call a fifth of its
         // time, for the few lines the recipe declines (an operand read
-        // with a stride), which the interpreter takes. A root that only
-        // views or cats stored tensors is the interpreter's one copy per
-        // part (or the gather's), not two.
+        // with a stride), which the interpreter takes. A root that only views a tensor is
+        // the interpreter's one copy (or the gather's), not two.
         // A pair's roots are read together (`PairSource`), which only the
         // discretisation computes of the dedicated recipes (the others
         // match the first root alone).
@@ -219,7 +213,7 @@ impl Recipes {
                 || recipes.gate.is_some()
                 || recipes.skip_gate.is_some()
                 || recipes.chain.is_some()
-                || moves_only(program, root)
+                || recipes.gather
         };
         if !dedicated {
             recipes.flat = FlatForm::find(program);
@@ -355,19 +349,6 @@ impl Recipes {
     }
 }
 
-/// Whether node `i` only moves stored values: a leaf, or a cat of such
-/// nodes, through views (a conv state before the new frames).
-fn moves_only(program: &Program, i: usize) -> bool {
-    match &program.nodes()[i].expr {
-        Expr::Load | Expr::Const(_) => true,
-        Expr::Broadcast { x } | Expr::View { x, .. } | Expr::Slice { x, .. } => {
-            moves_only(program, *x)
-        }
-        Expr::Cat { parts, .. } => parts.iter().all(|&p| moves_only(program, p)),
-        _ => false,
-    }
-}
-
 /// Where the recipes' leaves lie, kept per shape generation
 /// ([`Recipes::prologue`], [`Recipes::epilogue`]): a program read as rows
 /// and one stored through as an epilogue keep theirs apart; and what a
@@ -416,7 +397,7 @@ pub(super) struct Prologue<'a> {
     pub(super) chain: Option<Chain<'a>>,
     /// The root only views a stored tensor.
     pub(super) gather: Option<Gather<'a>>,
-    /// Any other program, as a list of instructions over
+    /// Any other program without a cat, as a list of instructions over
     /// blocks (`flat.rs`).
     pub(super) flat: Option<Flat<'a>>,
 }
@@ -435,7 +416,7 @@ pub(super) struct Gather<'a> {
 /// The epilogues the recipes compute in one pass: a scan's gate
 /// (`recipes.rs`), a gated convolution's (`conv_recipes.rs`), a chain
 /// of adds and products then an activation (`chain_recipes.rs`), and any
-/// other as a list of instructions (`flat.rs`).
+/// other without a cat as a list of instructions (`flat.rs`).
 // The chain is twice the others' size, but a sink is built on the stack
 // once per kernel call: boxing it would allocate in `execute`.
 #[allow(clippy::large_enum_variant)]

@@ -1,10 +1,9 @@
 //! A program flattened, once, into a list of instructions over blocks of
-//! elements: the general form an elementwise program takes where no
-//! dedicated recipe (`recipes.rs`, `conv_recipes.rs`, `chain_recipes.rs`)
-//! matches and it does more than move stored values (a view or a cat of
-//! stored tensors, which the interpreter copies once per part;
-//! `compiled.rs` decides). It has one root or several (a scan's `a` and
-//! `u` computed together: each root's instructions, then its store).
+//! elements: the general form an elementwise program without a cat takes
+//! (of one root, or of several: a scan's `a` and `u` computed together,
+//! each root's instructions then its store) where no dedicated recipe (`recipes.rs`, `conv_recipes.rs`,
+//! `chain_recipes.rs`) matches and it is more than a view of a stored
+//! tensor (which the interpreter copies once; `compiled.rs` decides).
 //!
 //! The interpreter (`program/eval.rs`) walks the tree for every line: per
 //! node a match, a view mapped through the env's shapes, a pass over a
@@ -30,23 +29,10 @@
 //! A leaf read with a stride along a line (a transposed operand, every
 //! line across the channels) is gathered a block at a time into a
 //! register of its own, with the interpreter's strided moves.
-//!
-//! A cat (one, its parts computed or stored: LFM2's conv state before the
-//! new frames' `B * x`) is flattened once per part, the cat replaced by
-//! that part: a branch of instructions each. A line runs, as the
-//! interpreter's cat splits it, one segment per part it crosses, each
-//! with its part's branch: a cat along the line's axis splits it, one
-//! across picks one branch for the whole line. The leaves within a part
-//! read the part's own line (the segment's, through the views above the
-//! cat, from the part's start). Still interpreted: a second cat, a cat
-//! within a part, the anchor within a part (which the interpreter reads
-//! from the line's start, not the segment's), and programs past the
-//! limits below.
 
 use super::ops::{clamp, select, BinaryOp, UnaryOp};
 use super::program::views::{Leaf, LeafGeometry, LeafMap};
-use super::program::{Env, Expr, Line, Program};
-use super::shape::MAX_RANK;
+use super::program::{Env, Expr, Program};
 use super::strided;
 use crate::simd::{per_backend, Isa};
 
@@ -65,10 +51,6 @@ const MAX_LEAVES: usize = 8;
 
 /// Most roots: a scan's `a` and `u` computed together are two.
 const MAX_ROOTS: usize = 4;
-
-/// Most parts of the program's one cat, each a branch of instructions (a
-/// conv state and the new frames are two).
-const MAX_PARTS: usize = 4;
 
 /// Most views between the root and one leaf.
 const MAX_VIEWS: usize = 8;
@@ -115,77 +97,25 @@ struct Instr {
     op: Op,
 }
 
-/// A leaf and the view nodes between the root (or the part of the cat
-/// it lies in) and it, outermost first.
+/// A leaf and the view nodes between the root and it, outermost first.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct LeafPath {
     node: usize,
     views: [usize; MAX_VIEWS],
     n_views: usize,
-    /// The leaf lies in a part of the cat: it reads the part's lines,
-    /// its views start at the part.
-    in_part: bool,
-}
-
-impl LeafPath {
-    const ROOT: LeafPath = LeafPath {
-        node: 0,
-        views: [0; MAX_VIEWS],
-        n_views: 0,
-        in_part: false,
-    };
-
-    fn views(&self) -> &[usize] {
-        &self.views[..self.n_views]
-    }
-}
-
-/// The instructions of one branch: the program's, its cat (if any)
-/// replaced by one of its parts.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Code {
-    instrs: [Instr; MAX_INSTRS],
-    len: usize,
-    /// Where each root's instructions end: root `k`'s are
-    /// `instrs[ends[k - 1]..ends[k]]` (from 0 for the first), its values
-    /// in register 0 after them.
-    ends: [usize; MAX_ROOTS],
-    /// The leaves the instructions read, a bit each (those of other parts
-    /// lie elsewhere along the line, and are not read).
-    leaves: u16,
-}
-
-impl Code {
-    const EMPTY: Code = Code {
-        instrs: [Instr {
-            dst: 0,
-            x: Src::Anchor,
-            op: Op::Unary(UnaryOp::Identity),
-        }; MAX_INSTRS],
-        len: 0,
-        ends: [0; MAX_ROOTS],
-        leaves: 0,
-    };
-}
-
-/// The program's one cat, and the views between the root and it.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct CatPath {
-    dim: usize,
-    /// Its node (in `above.node`) and the views above it.
-    above: LeafPath,
-    parts: [usize; MAX_PARTS],
-    n_parts: usize,
 }
 
 /// A program flattened: its instructions and leaves, found once, when the
 /// program is compiled.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct FlatForm {
-    /// One branch per part of the cat; one without a cat.
-    code: [Code; MAX_PARTS],
+    instrs: [Instr; MAX_INSTRS],
+    len: usize,
+    /// Where each root's instructions end: root `k`'s are
+    /// `instrs[ends[k - 1]..ends[k]]` (from 0 for the first), its values
+    /// in register 0 after them.
+    ends: [usize; MAX_ROOTS],
     n_roots: usize,
-    cat: Option<CatPath>,
     leaves: [LeafPath; MAX_LEAVES],
     n_leaves: usize,
     /// The root reads the anchor (an epilogue).
@@ -198,51 +128,55 @@ pub(super) struct FlatForm {
 struct Builder<'p> {
     program: &'p Program,
     form: FlatForm,
-    /// The part of the cat this walk takes, and the branch it writes.
-    branch: usize,
 }
 
 impl FlatForm {
     /// The flat form of a program whose roots are made of leaves, the
-    /// anchor, unary and binary ops, clamps and selects (views anywhere)
-    /// and at most one cat (reached by one path of views, its parts
-    /// without a cat): each root's instructions in turn, then its store
-    /// (a node shared by several roots computed for each, as the
-    /// interpreter's shared nodes give the same values), once per part of
-    /// the cat with the cat replaced by that part. None for any other
-    /// program (a cat within a part, two cats) and for one larger than
-    /// the limits above.
+    /// anchor, unary and binary ops, clamps and selects (views anywhere):
+    /// each root's instructions in turn, then its store (a node shared by
+    /// several roots computed for each, as the interpreter's shared
+    /// nodes give the same values). None for any other program (a cat)
+    /// and for one larger than the limits above.
     pub(super) fn find(program: &Program) -> Option<Self> {
         if program.nodes().is_empty() {
             return None;
         }
+        let empty = LeafPath {
+            node: 0,
+            views: [0; MAX_VIEWS],
+            n_views: 0,
+        };
+        let mut b = Builder {
+            program,
+            form: FlatForm {
+                instrs: [Instr {
+                    dst: 0,
+                    x: Src::Anchor,
+                    op: Op::Unary(UnaryOp::Identity),
+                }; MAX_INSTRS],
+                len: 0,
+                ends: [0; MAX_ROOTS],
+                n_roots: 0,
+                leaves: [empty; MAX_LEAVES],
+                n_leaves: 0,
+                reads_anchor: false,
+                regs: 0,
+            },
+        };
         let single = [program.root()];
         let roots = match program.named_roots() {
             [] => &single[..],
             roots => roots,
         };
-        let mut b = Builder {
-            program,
-            form: FlatForm {
-                code: [Code::EMPTY; MAX_PARTS],
-                n_roots: roots.len(),
-                cat: None,
-                leaves: [LeafPath::ROOT; MAX_LEAVES],
-                n_leaves: 0,
-                reads_anchor: false,
-                regs: 0,
-            },
-            branch: 0,
-        };
-        if roots.len() > MAX_ROOTS {
-            return None;
-        }
-        // The first walk finds the cat, if any; one more per other part.
-        b.walk(roots)?;
-        let parts = b.form.cat.map_or(1, |c| c.n_parts);
-        for branch in 1..parts {
-            b.branch = branch;
-            b.walk(roots)?;
+        for &root in roots {
+            let root = b.node(root, empty, 0)?;
+            if root != Src::Reg(0) {
+                // A leaf or the anchor as it is: copied.
+                b.emit(0, root, Op::Unary(UnaryOp::Identity))?;
+            }
+            let form = &mut b.form;
+            *form.ends.get_mut(form.n_roots)? = form.len;
+            form.n_roots += 1;
         }
         Some(b.form)
     }
@@ -250,12 +184,6 @@ impl FlatForm {
     /// Whether the program reads the anchor's values (an epilogue's).
     pub(super) fn reads_anchor(&self) -> bool {
         self.reads_anchor
-    }
-
-    /// Whether the program has a cat (its lines run a branch per part).
-    #[cfg(test)]
-    fn has_cat(&self) -> bool {
-        self.cat.is_some()
     }
 
     /// Line-sized temporaries a run takes its registers from: one per
@@ -272,27 +200,9 @@ impl FlatForm {
     pub(super) fn geometry(&self, program: &Program, env: &dyn Env) -> Option<FlatGeometry> {
         let mut leaves = [LeafGeometry::Const(0.0); MAX_LEAVES];
         for (leaf, path) in leaves.iter_mut().zip(&self.leaves[..self.n_leaves]) {
-            *leaf = program.leaf_geometry_through(path.views(), path.node, env)?;
+            *leaf = program.leaf_geometry_through(&path.views[..path.n_views], path.node, env)?;
         }
-        let mut cat = CatGeometry::default();
-        if let Some(c) = &self.cat {
-            // The root's lines mapped through the views above the cat:
-            // where the origin goes, and each unit step.
-            let down = |line: Line| {
-                c.above
-                    .views()
-                    .iter()
-                    .fold(line, |line, &v| program.view_line(v, env, &line))
-            };
-            cat.origin = down(Line::default()).base;
-            for (k, unit) in cat.units.iter_mut().enumerate() {
-                *unit = down(Line::along([0; MAX_RANK], k)).step;
-            }
-            for (size, &part) in cat.sizes.iter_mut().zip(&c.parts[..c.n_parts]) {
-                *size = env.shape(program.nodes()[part].value)[c.dim];
-            }
-        }
-        Some(FlatGeometry { leaves, cat })
+        Some(FlatGeometry { leaves })
     }
 
     /// The flat program on `isa`, its leaves where `geometry` puts them in
@@ -311,7 +221,6 @@ impl FlatForm {
             isa,
             form: self,
             leaves,
-            cat: geometry.cat,
         }
     }
 }
@@ -320,52 +229,9 @@ impl FlatForm {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct FlatGeometry {
     leaves: [LeafGeometry; MAX_LEAVES],
-    cat: CatGeometry,
-}
-
-/// Where the cat's coordinates lie for one set of shapes: the root's
-/// element at `c` is the cat's at `origin + sum(c[k] * units[k])` (the
-/// views above it are affine maps), and its parts' sizes along its
-/// dimension.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-struct CatGeometry {
-    origin: [usize; MAX_RANK],
-    units: [[usize; MAX_RANK]; MAX_RANK],
-    sizes: [usize; MAX_PARTS],
-}
-
-impl CatGeometry {
-    /// `line` of the root in the cat's coordinates.
-    fn map(&self, line: &Line) -> Line {
-        let mut to = Line {
-            base: self.origin,
-            step: [0; MAX_RANK],
-        };
-        for ((unit, &b), &s) in self.units.iter().zip(&line.base).zip(&line.step) {
-            for ((tb, ts), &u) in to.base.iter_mut().zip(&mut to.step).zip(unit) {
-                *tb += u * b;
-                *ts += u * s;
-            }
-        }
-        to
-    }
 }
 
 impl Builder<'_> {
-    /// Flattens the roots into the walk's branch.
-    fn walk(&mut self, roots: &[usize]) -> Option<()> {
-        for (k, &root) in roots.iter().enumerate() {
-            let root = self.node(root, LeafPath::ROOT, 0)?;
-            if root != Src::Reg(0) {
-                // A leaf or the anchor as it is: copied.
-                self.emit(0, root, Op::Unary(UnaryOp::Identity))?;
-            }
-            let code = &mut self.form.code[self.branch];
-            code.ends[k] = code.len;
-        }
-        Some(())
-    }
-
     /// Flattens node `i` (read through the views of `path`) into register
     /// `r` and above: returns where its values are (`r`, or a leaf or the
     /// anchor, which need no instruction), or None if the program has no
@@ -376,10 +242,6 @@ impl Builder<'_> {
             return self.leaf(LeafPath { node: i, ..path });
         }
         match program.nodes()[i].expr {
-            // The interpreter hands a cat's part the whole line's anchor
-            // values, from the line's start, not the part's segment: left
-            // to it.
-            Expr::Anchor if path.in_part => None,
             Expr::Anchor => {
                 self.form.reads_anchor = true;
                 Some(Src::Anchor)
@@ -409,32 +271,7 @@ impl Builder<'_> {
                 let cond = self.node(cond, path, r + 2)?;
                 self.emit(r, a, Op::Where { cond, other })
             }
-            Expr::Cat { ref parts, dim } => {
-                if path.in_part || parts.is_empty() || parts.len() > MAX_PARTS {
-                    return None;
-                }
-                let above = LeafPath { node: i, ..path };
-                match &self.form.cat {
-                    Some(cat) if cat.above.node == i && cat.above.views() == path.views() => {}
-                    Some(_) => return None,
-                    None => {
-                        let mut cat = CatPath {
-                            dim,
-                            above,
-                            parts: [0; MAX_PARTS],
-                            n_parts: parts.len(),
-                        };
-                        cat.parts[..parts.len()].copy_from_slice(parts);
-                        self.form.cat = Some(cat);
-                    }
-                }
-                let part = LeafPath {
-                    in_part: true,
-                    ..LeafPath::ROOT
-                };
-                self.node(parts[self.branch], part, r)
-            }
-            Expr::Load | Expr::Const(_) => None,
+            Expr::Cat { .. } | Expr::Load | Expr::Const(_) => None,
         }
     }
 
@@ -442,7 +279,7 @@ impl Builder<'_> {
     fn leaf(&mut self, path: LeafPath) -> Option<Src> {
         let form = &mut self.form;
         let same = |l: &LeafPath| {
-            l.node == path.node && l.views() == path.views() && l.in_part == path.in_part
+            l.node == path.node && l.views[..l.n_views] == path.views[..path.n_views]
         };
         let k = match form.leaves[..form.n_leaves].iter().position(same) {
             Some(k) => k,
@@ -452,7 +289,6 @@ impl Builder<'_> {
                 form.n_leaves - 1
             }
         };
-        form.code[self.branch].leaves |= 1 << k;
         Some(Src::Leaf(k as u8))
     }
 
@@ -462,13 +298,12 @@ impl Builder<'_> {
             return None;
         }
         let form = &mut self.form;
-        let code = &mut form.code[self.branch];
-        *code.instrs.get_mut(code.len)? = Instr {
+        *form.instrs.get_mut(form.len)? = Instr {
             dst: r as u8,
             x,
             op,
         };
-        code.len += 1;
+        form.len += 1;
         form.regs = form.regs.max(r + 1);
         Some(Src::Reg(r as u8))
     }
@@ -481,7 +316,6 @@ pub(super) struct Flat<'a> {
     isa: Isa,
     form: &'a FlatForm,
     leaves: [LeafMap<'a>; MAX_LEAVES],
-    cat: CatGeometry,
 }
 
 /// A leaf's elements along one line.
@@ -514,7 +348,7 @@ impl<'a> Flat<'a> {
     /// [`Program::eval`]).
     pub(super) fn run(
         &self,
-        line: &Line,
+        line: &super::program::Line,
         anchor: &[f32],
         out: &mut [f32],
         tmp: &mut [f32],
@@ -528,7 +362,7 @@ impl<'a> Flat<'a> {
     /// where the program has fewer roots or `outs` is not one per root.
     pub(super) fn run_roots(
         &self,
-        line: &Line,
+        line: &super::program::Line,
         anchor: &[f32],
         roots: usize,
         outs: &mut [&mut [f32]],
@@ -541,93 +375,9 @@ impl<'a> Flat<'a> {
         if len == 0 {
             return true;
         }
-        let Some(cat) = &self.form.cat else {
-            return self.run_branch(0, line, line, anchor, roots, outs, tmp);
-        };
-        // The line's segments, one per part it crosses, as the
-        // interpreter's cat splits it: `(part, t0, t1, start of the part)`.
-        let at = self.cat.map(line);
-        let (base, step) = (at.base[cat.dim], at.step[cat.dim]);
-        let mut segments = [(0, 0, 0, 0); MAX_PARTS];
-        let mut n = 0;
-        let mut lo = 0;
-        for (p, &size) in self.cat.sizes[..cat.n_parts].iter().enumerate() {
-            let hi = lo + size;
-            let (t0, t1) = if step == 0 {
-                if (lo..hi).contains(&base) {
-                    (0, len)
-                } else {
-                    (0, 0)
-                }
-            } else {
-                (
-                    lo.saturating_sub(base).div_ceil(step),
-                    hi.saturating_sub(base).div_ceil(step).min(len),
-                )
-            };
-            if t0 < t1 {
-                segments[n] = (p, t0, t1, lo);
-                n += 1;
-            }
-            lo = hi;
-        }
-        // A line the parts do not cover is a plan's bug: the interpreter
-        // leaves it unwritten, as it does. Each segment's registers fit
-        // where the whole line's do, so a run writes all or nothing.
-        let covered: usize = segments[..n].iter().map(|&(_, t0, t1, _)| t1 - t0).sum();
-        if covered != len
-            || self
-                .registers_for(tmp.len(), len, self.form.n_leaves)
-                .is_none()
-        {
-            return false;
-        }
-        for &(p, t0, t1, lo) in &segments[..n] {
-            let mut sub = *line;
-            for (b, &s) in sub.base.iter_mut().zip(&line.step) {
-                *b += t0 * s;
-            }
-            let mut part = self.cat.map(&sub);
-            part.base[cat.dim] -= lo;
-            let mut parts: [&mut [f32]; MAX_ROOTS] = Default::default();
-            for (to, out) in parts.iter_mut().zip(outs.iter_mut()) {
-                *to = &mut out[t0..t1];
-            }
-            let anchor = anchor.get(t0..t1).unwrap_or_default();
-            let ran = self.run_branch(p, &sub, &part, anchor, roots, &mut parts[..roots], tmp);
-            debug_assert!(ran, "a segment's registers fit");
-        }
-        true
-    }
-
-    /// The roots of branch `p` along `line` (the root's) into `outs`, its
-    /// leaves in a part of the cat read along `part` (the part's line);
-    /// false, writing nothing, where `tmp` is too short.
-    #[allow(clippy::too_many_arguments)]
-    fn run_branch(
-        &self,
-        p: usize,
-        line: &Line,
-        part: &Line,
-        anchor: &[f32],
-        roots: usize,
-        outs: &mut [&mut [f32]],
-        tmp: &mut [f32],
-    ) -> bool {
-        let code = &self.form.code[p];
-        let len = outs.first().map_or(0, |o| o.len());
         let mut reads = [Read::Scalar(0.0); MAX_LEAVES];
         let mut gathered = 0;
-        let leaves = self
-            .leaves
-            .iter()
-            .zip(&self.form.leaves[..self.form.n_leaves]);
-        for (k, (read, (leaf, path))) in reads.iter_mut().zip(leaves).enumerate() {
-            if code.leaves & (1 << k) == 0 {
-                // Another part's: not on this segment.
-                continue;
-            }
-            let line = if path.in_part { part } else { line };
+        for (read, leaf) in reads.iter_mut().zip(&self.leaves[..self.form.n_leaves]) {
             *read = match leaf.read(line, len) {
                 Some(Leaf::Scalar(v)) => Read::Scalar(v),
                 Some(Leaf::Contiguous(v, _)) => Read::Slice(v),
@@ -645,8 +395,8 @@ impl<'a> Flat<'a> {
         };
         flat(
             self.isa,
-            &code.instrs[..code.len],
-            &code.ends[..roots],
+            &self.form.instrs[..self.form.len],
+            &self.form.ends[..roots],
             &reads[..self.form.n_leaves],
             Some(anchor),
             outs,
@@ -668,20 +418,13 @@ impl<'a> Flat<'a> {
         len: usize,
         gathered: usize,
     ) -> Option<(&'t mut [f32], usize)> {
-        let (n, w) = self.registers_for(tmp.len(), len, gathered)?;
-        Some((&mut tmp[..n * w], w))
-    }
-
-    /// How many registers [`Self::registers`] takes of temporaries of
-    /// `room` elements, and their width, if they fit.
-    fn registers_for(&self, room: usize, len: usize, gathered: usize) -> Option<(usize, usize)> {
         let n = self.form.regs + gathered + 1;
         let w = len.min(BLOCK);
         let padded = w.next_multiple_of(LANES);
         [padded, w]
             .into_iter()
-            .find(|&w| n * w <= room)
-            .map(|w| (n, w))
+            .find(|&w| n * w <= tmp.len())
+            .map(|w| (&mut tmp[..n * w], w))
     }
 
     /// Whether rows of `len` elements along dimension `along` of the root,
@@ -692,21 +435,18 @@ impl<'a> Flat<'a> {
     /// T = 32; as one line, its vectors are independent of each other
     /// instead of a few dependent ones per row.
     pub(super) fn rows_are_one_line(&self, across: usize, along: usize, len: usize) -> bool {
-        // A cat's parts place their leaves in their own coordinates.
-        self.form.cat.is_none()
-            && self.leaves[..self.form.n_leaves]
-                .iter()
-                .all(|l| l.rows_end_to_end(across, along, len))
+        self.leaves[..self.form.n_leaves]
+            .iter()
+            .all(|l| l.rows_end_to_end(across, along, len))
     }
 
     /// Whether every leaf is read contiguously (or as one value) along
     /// dimension `along` of the root: lines along it run flat.
     pub(super) fn contiguous_along(&self, along: usize) -> bool {
-        self.form.cat.is_none()
-            && self.leaves[..self.form.n_leaves].iter().all(|l| match *l {
-                LeafMap::Const(_) => true,
-                LeafMap::Stored { coef, .. } => coef[along] <= 1,
-            })
+        self.leaves[..self.form.n_leaves].iter().all(|l| match *l {
+            LeafMap::Const(_) => true,
+            LeafMap::Stored { coef, .. } => coef[along] <= 1,
+        })
     }
 
     /// Whether the program computes each element from the anchor's value
@@ -714,7 +454,6 @@ impl<'a> Flat<'a> {
     /// can be finished in place at once.
     pub(super) fn pointwise(&self) -> bool {
         self.form.reads_anchor
-            && self.form.cat.is_none()
             && self.leaves[..self.form.n_leaves]
                 .iter()
                 .all(|l| matches!(l, LeafMap::Const(_)))
@@ -738,11 +477,10 @@ impl<'a> Flat<'a> {
                 *read = Read::Scalar(v);
             }
         }
-        let code = &self.form.code[0];
         flat(
             self.isa,
-            &code.instrs[..code.len],
-            &code.ends[..1],
+            &self.form.instrs[..self.form.len],
+            &self.form.ends[..1],
             &reads[..self.form.n_leaves],
             None,
             &mut [values],
@@ -1118,157 +856,6 @@ mod tests {
             ran += 1;
         }
         assert!(ran > 150, "{ran} of 200 programs flat");
-    }
-
-    /// Random programs with a cat of two computed parts (slices of random
-    /// subtrees), along time (rows split into segments) or along the
-    /// channels (each row in one part, lines across the channels split),
-    /// as a root's operand, under ops, or the root itself: the flat form
-    /// runs every line, each segment with its part's branch, and writes
-    /// the interpreter's values bit for bit.
-    #[test]
-    fn random_programs_with_a_cat_equal_the_interpreter_bit_for_bit() {
-        let isas = Isa::all_available();
-        let mut rng = Rng::new(34);
-        let (mut ran, mut split) = (0, 0);
-        for case in 0..300 {
-            let mut env = TestEnv::default();
-            let t = tensors(&mut env, &mut rng);
-            let anchor = case % 3 == 0;
-            let mut p = Program::default();
-            // Along time (dim 2) or the channels (dim 1): a first part of
-            // `k` and a second of the rest, each the end of a subtree.
-            let dim = 1 + case % 2;
-            let size = [C, N][dim - 1];
-            let k = rng.range(1, size - 1);
-            let mut part = |p: &mut Program, rng: &mut Rng, n: usize| {
-                let x = grow(p, &t, rng, case % 3, false);
-                let mut dims = [B, C, N];
-                dims[dim] = n;
-                let value = env.computed(&dims);
-                let slice = Expr::Slice {
-                    x,
-                    dim,
-                    start: (size - n) as i64,
-                    step: 1,
-                };
-                p.push(slice, value)
-            };
-            let a = part(&mut p, &mut rng, k);
-            let b = part(&mut p, &mut rng, size - k);
-            let cat = p.push(
-                Expr::Cat {
-                    parts: vec![a, b],
-                    dim,
-                },
-                t.bcn,
-            );
-            match case % 4 {
-                0 => {}
-                1 => {
-                    let op = UnaryOp::ALL[rng.range(0, UnaryOp::ALL.len() - 1)];
-                    p.push(Expr::Unary { op, x: cat }, t.bcn);
-                }
-                _ => {
-                    let other = grow(&mut p, &t, &mut rng, 1, anchor);
-                    let op = BinaryOp::ALL[rng.range(0, BinaryOp::ALL.len() - 1)];
-                    let (a, b) = if case % 4 == 2 {
-                        (cat, other)
-                    } else {
-                        (other, cat)
-                    };
-                    p.push(Expr::Binary { op, a, b }, t.bcn);
-                }
-            }
-            let Some(form) = FlatForm::find(&p) else {
-                continue;
-            };
-            assert!(form.has_cat());
-            let isa = isas[case % isas.len()];
-            let geometry = form.geometry(&p, &env).expect("every leaf resolves");
-            let flat = form.bind(isa, &geometry, &env);
-            let values = rng.vec(N, -3.0, 3.0);
-            let mut tmp = vec![0.0; N * p.temporaries()];
-            let mut regs = vec![0.0; N * form.temporaries()];
-            let mut lines = Vec::new();
-            for row in [0, 2, B * C - 1] {
-                for t0 in [0, 1, k.min(N - 1), N - 1] {
-                    let mut base = [0; MAX_RANK];
-                    (base[0], base[1], base[2]) = (row / C, row % C, t0);
-                    lines.push((Line::along(base, 2), N - t0));
-                }
-            }
-            for (b, n) in [(0, 0), (1, 7), (1, N - 1)] {
-                let mut base = [0; MAX_RANK];
-                (base[0], base[2]) = (b, n);
-                lines.push((Line::along(base, 1), C));
-            }
-            for (line, len) in lines {
-                let mut want = vec![0.0; len];
-                let mut got = vec![f32::NAN; len];
-                p.eval(isa, &env, &values[..len], &line, &mut want, &mut tmp);
-                assert!(
-                    flat.run(&line, &values[..len], &mut got, &mut regs),
-                    "case {case} declined line {line:?}"
-                );
-                assert_eq!(bits(&want), bits(&got), "case {case}, line {line:?}");
-                ran += 1;
-                split += usize::from(line.step[dim] == 1 && line.base[dim] < k);
-            }
-        }
-        assert!(ran > 3000 && split > 1000, "ran {ran}, split {split}");
-    }
-
-    /// Compiled, a cat with a computed part (LFM2's conv state before its
-    /// `B * x`, along time) takes the flat form and fills rows as the
-    /// interpreter does; a cat of stored tensors alone stays the
-    /// interpreter's copies.
-    #[test]
-    fn compiled_cats_of_computed_parts_run_flat() {
-        use crate::fused::rows::{ProgramRows, RowSource};
-        let (k, n) = (3, 8);
-        let mut rng = Rng::new(35);
-        let mut env = TestEnv::default();
-        let state = env.stored(&[1, C, k], rng.vec(C * k, -1.0, 1.0));
-        let bv = env.stored(&[1, C, n], rng.vec(C * n, -1.0, 1.0));
-        let x = env.stored(&[1, C, n], rng.vec(C * n, -1.0, 1.0));
-        let bx = env.computed(&[1, C, n]);
-        let full = env.computed(&[1, C, k + n]);
-        for computed in [true, false] {
-            let mut p = Program::default();
-            let s = p.push(Expr::Load, state);
-            let lb = p.push(Expr::Load, bv);
-            let part = if computed {
-                let lx = p.push(Expr::Load, x);
-                let op = BinaryOp::Mul;
-                p.push(Expr::Binary { op, a: lb, b: lx }, bx)
-            } else {
-                lb
-            };
-            p.push(
-                Expr::Cat {
-                    parts: vec![s, part],
-                    dim: 2,
-                },
-                full,
-            );
-            let compiled = p.clone().compile();
-            let flat = compiled.recipes().prologue(&compiled, &env).flat;
-            assert_eq!(flat.is_some(), computed);
-            let rows = ProgramRows::new(&compiled, &env);
-            let mut tmp = vec![0.0; crate::fused::rows::block_tmp(compiled.temporaries(), k + n)];
-            for t0 in [0, 1, k, k + n - 1] {
-                let len = k + n - t0;
-                let mut want = vec![0.0; C * len];
-                for (r, out) in want.chunks_exact_mut(len).enumerate() {
-                    let line = Line::along([0, r, t0, 0], 2);
-                    compiled.eval(&env, &[], &line, out, &mut tmp);
-                }
-                let mut got = vec![f32::NAN; C * len];
-                rows.fill_rows(0, C, t0, len, &mut got, &mut tmp);
-                assert_eq!(bits(&got), bits(&want), "t0 {t0}");
-            }
-        }
     }
 
     fn bits(v: &[f32]) -> Vec<u32> {
