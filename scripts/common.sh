@@ -71,6 +71,16 @@ build_all() {
     export PTE_RUNNER="$ROOT/target/release/pte_runner"
 }
 
+# The built backend library and pte_runner (RUSTCONV_BACKEND_LIB, PTE_RUNNER,
+# target/release by default), exported; exits 2 if either is missing.
+use_built_backend() {
+    export RUSTCONV_BACKEND_LIB=${RUSTCONV_BACKEND_LIB:-$ROOT/target/release/librustconv_backend.so}
+    export PTE_RUNNER=${PTE_RUNNER:-$ROOT/target/release/pte_runner}
+    for f in "$RUSTCONV_BACKEND_LIB" "$PTE_RUNNER"; do
+        [ -f "$f" ] || { echo "missing $f: run cargo build --release" >&2; exit 2; }
+    done
+}
+
 # ruff (Python formatter and linter) lives beside the environment, pinned, so
 # the big environment's hash stays that of the runtime requirements.
 RUFF_VERSION=0.17.5

@@ -17,11 +17,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$ROOT/scripts/common.sh"
 ensure_venv
-export RUSTCONV_BACKEND_LIB=${RUSTCONV_BACKEND_LIB:-$ROOT/target/release/librustconv_backend.so}
-export PTE_RUNNER=${PTE_RUNNER:-$ROOT/target/release/pte_runner}
-for f in "$RUSTCONV_BACKEND_LIB" "$PTE_RUNNER"; do
-    [ -f "$f" ] || { echo "missing $f: run cargo build --release" >&2; exit 2; }
-done
+use_built_backend
 args=("$@")
 seed=0 out=""
 while [ $# -gt 0 ]; do

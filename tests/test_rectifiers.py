@@ -17,7 +17,6 @@ from rustconv import RustConvPartitioner
 from torch.export import export
 
 ACTIVATIONS = {
-    "leaky_relu": lambda: torch.nn.LeakyReLU(),
     "leaky_relu_0.2": lambda: torch.nn.LeakyReLU(0.2),
     "leaky_relu_negative": lambda: torch.nn.LeakyReLU(-0.5),
     "prelu_per_channel": lambda: torch.nn.PReLU(8, init=0.3),

@@ -206,6 +206,43 @@ impl crate::fused::Env for TestEnv {
     }
 }
 
+/// A [`TestEnv`] under a shape generation (or none), counting the shapes
+/// it is asked: what a program keeps per generation asks none again.
+pub(crate) struct CountingEnv {
+    env: TestEnv,
+    pub(crate) generation: Option<crate::fused::ShapeGeneration>,
+    shapes: std::sync::atomic::AtomicUsize,
+}
+
+impl CountingEnv {
+    pub(crate) fn new(env: TestEnv, generation: Option<crate::fused::ShapeGeneration>) -> Self {
+        CountingEnv {
+            env,
+            generation,
+            shapes: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// The shapes asked since the last call.
+    pub(crate) fn asked(&self) -> usize {
+        self.shapes.swap(0, std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl crate::fused::Env for CountingEnv {
+    fn shape(&self, value: usize) -> crate::fused::Shape {
+        self.shapes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.env.shape(value)
+    }
+    fn data(&self, value: usize) -> &[f32] {
+        self.env.data(value)
+    }
+    fn generation(&self) -> Option<crate::fused::ShapeGeneration> {
+        self.generation
+    }
+}
+
 impl TestEnv {
     /// A stored value.
     pub(crate) fn stored(&mut self, dims: &[usize], data: Vec<f32>) -> usize {

@@ -595,8 +595,6 @@ WHY = {
     "aten.bmm.default": "attention's matmuls: XNNPACK's",
     "aten._softmax.default": "attention's softmax",
     "aten._log_softmax.default": "log_softmax over the classes",
-    "aten.cos.default": "rotary tables",
-    "aten.sin.default": "rotary tables",
     "aten.arange.start_step": "positions, masks, a decomposed reflection pad",
     "aten.cumsum.default": "positions",
     "aten.index.Tensor": "positions, masks, a decomposed reflection pad",
@@ -630,7 +628,6 @@ def outside(*ops: str) -> dict[str, str]:
 #: What a transformers decoder leaves to others.
 LLM_OPS = (
     "aten.embedding.default", "aten.mm.default", "aten.bmm.default", "aten._softmax.default",
-    "aten.cos.default", "aten.sin.default",
     "aten.arange.start_step", "aten.cumsum.default", "aten.index.Tensor",
     "aten.expand_copy.default", "aten.full.default", "aten.any.dim", "aten.bitwise_and.Tensor",
     "aten.logical_not.default",
@@ -650,7 +647,7 @@ MODELS: dict[str, ZooModel] = {
             hf_parakeet_encoder,
             outside(
                 "aten.mm.default", "aten.addmm.default", "aten.bmm.default",
-                "aten._softmax.default", "aten.cos.default", "aten.sin.default",
+                "aten._softmax.default",
                 "aten.arange.start_step", "aten.expand_copy.default",
                 "aten.any.dim", "aten.logical_not.default",
                 "aten.convolution.default: stride has 2 entries, expected 1 (1-D)",
@@ -716,7 +713,7 @@ MODELS: dict[str, ZooModel] = {
             "et_voxtral_streaming_stem", "executorch examples/models/voxtral_realtime "
             "StreamingAudioEncoderExport", et_voxtral_streaming_stem,
             outside(
-                "aten.mm.default", "aten.addmm.default", "aten.cos.default", "aten.sin.default",
+                "aten.mm.default", "aten.addmm.default",
                 "aten.arange.start_step", "aten.full.default", "aten.bitwise_and.Tensor",
                 "aten.remainder.Scalar", "aten._assert_scalar.default",
                 "aten._local_scalar_dense.default", "ge", "auto_functionalized_v2",

@@ -472,52 +472,15 @@ impl EpilogueRecipe<'_> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::super::conv_recipes::Product;
     use super::super::generation::ShapeGeneration;
     use super::super::ops::{BinaryOp, UnaryOp};
     use super::super::program::{Env, Expr, Line, Program};
     use super::super::rows::{block_tmp, EpilogueSink, ProgramRows, RowSink, RowSource};
-    use super::super::shape::{Shape, MAX_RANK};
+    use super::super::shape::MAX_RANK;
     use super::{CompiledProgram, EpilogueRecipe, Prologue};
-    use crate::test_support::{Rng, TestEnv};
-
-    /// A [`TestEnv`] under a generation (or none), counting the shapes it
-    /// is asked: a recipe's leaves bound from kept geometry ask none.
-    struct Counting {
-        env: TestEnv,
-        generation: Option<ShapeGeneration>,
-        shapes: AtomicUsize,
-    }
-
-    impl Counting {
-        fn new(env: TestEnv, generation: Option<ShapeGeneration>) -> Self {
-            Counting {
-                env,
-                generation,
-                shapes: AtomicUsize::new(0),
-            }
-        }
-
-        /// The shapes asked since the last call.
-        fn asked(&self) -> usize {
-            self.shapes.swap(0, Ordering::Relaxed)
-        }
-    }
-
-    impl Env for Counting {
-        fn shape(&self, value: usize) -> Shape {
-            self.shapes.fetch_add(1, Ordering::Relaxed);
-            self.env.shape(value)
-        }
-        fn data(&self, value: usize) -> &[f32] {
-            self.env.data(value)
-        }
-        fn generation(&self) -> Option<ShapeGeneration> {
-            self.generation
-        }
-    }
+    use crate::test_support::{CountingEnv as Counting, Rng, TestEnv};
 
     /// The values every case reads: `[1, c, n]` operands `a` and `b`, a
     /// `[c, 1]` parameter, a `[1, n, c]` operand read transposed, and

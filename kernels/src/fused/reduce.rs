@@ -550,8 +550,7 @@ mod tests {
     use super::*;
     use crate::fused::ShapeGeneration;
     use crate::fused::{BinaryOp, Expr, Program};
-    use crate::test_support::{Rng, TestEnv};
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use crate::test_support::{CountingEnv, Rng, TestEnv};
 
     fn mask(dims: &[usize]) -> [bool; MAX_RANK] {
         let mut m = [false; MAX_RANK];
@@ -691,27 +690,6 @@ mod tests {
         }
     }
 
-    /// A [`TestEnv`] under a generation (or none), counting the shapes it
-    /// is asked.
-    struct Counting {
-        env: TestEnv,
-        generation: Option<ShapeGeneration>,
-        shapes: AtomicUsize,
-    }
-
-    impl Env for Counting {
-        fn shape(&self, value: usize) -> Shape {
-            self.shapes.fetch_add(1, Ordering::Relaxed);
-            self.env.shape(value)
-        }
-        fn data(&self, value: usize) -> &[f32] {
-            self.env.data(value)
-        }
-        fn generation(&self) -> Option<ShapeGeneration> {
-            self.generation
-        }
-    }
-
     /// Calls of one shape generation take the walk and the root's place
     /// kept from the first: each later one asks the env the root's shape
     /// alone (for the outputs' sizes and the rows), while a call without
@@ -746,15 +724,14 @@ mod tests {
             let scratch = Scratch::new(1, reduce_scratch(p.temporaries()));
             let shape = env.shape(p.nodes()[p.root()].value);
             let n = shape.numel() / shape[dims[0]];
-            let mut counting = Counting {
-                env: TestEnv {
+            let mut counting = CountingEnv::new(
+                TestEnv {
                     shapes: env.shapes.clone(),
                     data: env.data.clone(),
                 },
-                generation: Some(ShapeGeneration::fresh()),
-                shapes: AtomicUsize::new(0),
-            };
-            let call = |env: &Counting| {
+                Some(ShapeGeneration::fresh()),
+            );
+            let call = |env: &CountingEnv| {
                 let mut m = vec![f32::NAN; n];
                 let mut v = vec![f32::NAN; n];
                 let mut stats = [
@@ -768,7 +745,7 @@ mod tests {
                     },
                 ];
                 reduce(&p, env, &mask(&dims), &mut stats, &scratch).unwrap();
-                let asked = env.shapes.swap(0, Ordering::Relaxed);
+                let asked = env.asked();
                 (
                     asked,
                     [m, v].map(|s| s.iter().map(|x| x.to_bits()).collect::<Vec<_>>()),
