@@ -36,6 +36,21 @@ def xnnpack_preprocess_memo():
     uninstall()
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cia_materialization_memo():
+    """torch's composite-op materialization skipped while the dispatcher's
+    registrations are unchanged (cia_memo.py); RUSTCONV_TEST_CIA_MEMO=0 turns
+    it off."""
+    if os.environ.get("RUSTCONV_TEST_CIA_MEMO") == "0":
+        yield
+        return
+    import cia_memo
+
+    uninstall = cia_memo.install()
+    yield
+    uninstall()
+
+
 def pte_runner_path() -> Path:
     path = Path(os.environ.get("PTE_RUNNER", ROOT / "target" / "release" / "pte_runner"))
     if not path.is_file():

@@ -221,7 +221,7 @@ def test_lfm2_like_model_generates_like_eager(tmp_path):
     from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
 
     torch.manual_seed(0)
-    model = blocks.Lfm2LikeLM(vocab=64, dim=64, layers="ccacca", window=32).eval()
+    model = blocks.Lfm2LikeLM(vocab=64, dim=64, layers="cac", window=32).eval()
     ep = export(
         copy.deepcopy(model), model.make_inputs(seq=8), dynamic_shapes=model.dynamic_shapes()
     )

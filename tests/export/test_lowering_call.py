@@ -94,3 +94,22 @@ def test_called_from_elsewhere_is_a_loud_error():
     ep = export(ConvLinear(), (torch.randn(1, 8, 16),))
     with pytest.raises(UnknownCaller, match="to_edge_transform_and_lower"):
         RustConvPartitioner().ops_to_not_decompose(ep)
+
+
+def test_default_table_ops_follow_newly_registered_composite_ops():
+    """The default decomposition table's ops are kept per count of registered
+    operators: a composite op registered later (a custom-op library loaded
+    between two lowerings) is in the next answer."""
+    from executorch.exir.program._program import _default_decomposition_table
+    from rustconv.export.partitioner import _default_table_ops
+
+    def now():
+        return _default_table_ops(len(torch._C._dispatch_get_all_op_names()))
+
+    assert now() == frozenset(_default_decomposition_table().keys())
+    lib = torch.library.Library("rustconv_test_table", "DEF")  # noqa: TOR901
+    lib.define("twice(Tensor x) -> Tensor")
+    lib.impl("twice", lambda x: x + x, "CompositeImplicitAutograd")
+    op = torch.ops.rustconv_test_table.twice.default
+    assert op in _default_decomposition_table()
+    assert op in now()

@@ -9,8 +9,10 @@ infrastructure's ``_export_llama`` and ``LLMEdgeManager``), with
   and decode steps (KV cache and conv states carried), in
   ``executorch.runtime`` and in pte_runner (which loads ExecuTorch's LLM
   custom ops for ``llama::custom_sdpa``);
-* q8da4w: the same argmax as the recipe as shipped on every call, and an
-  error against the quantized eager model within the shipped recipe's own.
+* q8da4w: logits within the recipe's quantization error of its quantized
+  eager model (by default); the same argmax as the recipe as shipped on every
+  call, and an error within the shipped recipe's own (``slow``: one more
+  export, about 100 s; on 2026-11-28 the two programs' logits were equal).
 
 Small model by default (LFM2's architecture, dim 128, 3 layers: conv,
 attention, conv); ``RUSTCONV_ZOO_FULL=1``: LFM2-350M's 16 layers.
@@ -126,10 +128,31 @@ def test_fp32_recipe_with_rustconv_matches_eager(runner, tmp_path_factory, tmp_p
         )
 
 
+#: The recipe's logits against its quantized eager model, as a fraction of
+#: their scale: 1.9-2.6% for the recipe as shipped (dynamic activation
+#: quantization rounds differently from torchao's fake quantization); with the
+#: 8da4w linears lost to fp32 (the bug below) the error was the logits' scale.
+Q8DA4W_ERROR = 0.05
+
+
+def test_q8da4w_recipe_with_rustconv_is_within_its_quantization_error(tmp_path_factory):
+    """Failed before rule one: with RustConvPartitioner in the list, XNNPACK's
+    dynamically quantized partitioner never saw the 8da4w linears and the
+    logits were off by their own scale."""
+    ours = program("lfm2_xnnpack_q8da4w", True, tmp_path_factory)
+    want = eager_logits(ours.eager, calls())
+    for k, (o, w) in enumerate(zip(run_runtime(ours.pte), want, strict=True)):
+        err, scale = (o - w).abs().max().item(), w.abs().max().item()
+        assert err <= Q8DA4W_ERROR * scale, (
+            f"call {k}: error vs quantized eager {err:.3e}, more than {Q8DA4W_ERROR:.0%} "
+            f"of the logits' scale {scale:.3e}"
+        )
+
+
+@pytest.mark.slow
 def test_q8da4w_recipe_with_rustconv_matches_the_recipe_as_shipped(tmp_path_factory):
-    """Failed before rule one (merged from the rules branch): with
-    RustConvPartitioner in the list, XNNPACK's dynamically quantized
-    partitioner never saw the 8da4w linears and the logits were wrong."""
+    """The recipe with RustConvPartitioner against the recipe as shipped (one
+    more export of the recipe)."""
     shipped = program("lfm2_xnnpack_q8da4w", False, tmp_path_factory)
     ours = program("lfm2_xnnpack_q8da4w", True, tmp_path_factory)
     want = eager_logits(shipped.eager, calls())
@@ -146,13 +169,15 @@ def test_q8da4w_recipe_with_rustconv_matches_the_recipe_as_shipped(tmp_path_fact
         )
 
 
-def test_q8da4w_recipe_as_shipped_runs_in_pte_runner(tmp_path_factory, tmp_path):
-    """pte_runner runs the shipped recipe's program (custom SDPA, 8da4w
-    linears in XNNPACK) and agrees with executorch.runtime."""
-    shipped = program("lfm2_xnnpack_q8da4w", False, tmp_path_factory)
-    for k, (a, b) in enumerate(
-        zip(run_pte_runner(shipped.pte, tmp_path), run_runtime(shipped.pte), strict=True)
-    ):
+@pytest.mark.parametrize(
+    "with_rustconv", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["ours", "shipped"]
+)
+def test_q8da4w_recipe_runs_in_pte_runner(with_rustconv, tmp_path_factory, tmp_path):
+    """pte_runner runs the recipe's program (custom SDPA, 8da4w linears in
+    XNNPACK, and the short convs in RustConv unless as shipped) and agrees
+    with executorch.runtime."""
+    pte = program("lfm2_xnnpack_q8da4w", with_rustconv, tmp_path_factory).pte
+    for k, (a, b) in enumerate(zip(run_pte_runner(pte, tmp_path), run_runtime(pte), strict=True)):
         assert torch.equal(a.argmax(-1), b.argmax(-1)), f"call {k}"
         assert (a - b).abs().max().item() <= 10 * tolerance(b), f"call {k}"
 
