@@ -5,10 +5,11 @@ stride-1 conv of their phases, interleaved by two reshapes and a permute
 One model holds a grid of transposed convs side by side (one export, one
 lowering for all of them): K not a multiple of the stride, K below it,
 padding, output padding, dilation 2, groups, stride 1, with and without bias,
-through ``executorch.runtime`` and ``pte_runner``. Then a HiFi-GAN upsampling
-block lands in one RustConv call beside XNNPACK, a dynamic length runs at
-several lengths, the blob holds the phase weights and not the original ones,
-and what is refused says why.
+through ``executorch.runtime`` and ``pte_runner``, reaching RustConv as
+``aten.convolution`` (transposed) or kept whole as ``aten.conv_transpose1d``.
+Then a HiFi-GAN upsampling block lands in one RustConv call beside XNNPACK, a
+dynamic length runs at several lengths, the blob holds the phase weights and
+not the original ones, and what is refused says why.
 """
 
 import pytest
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from conftest import assert_close, delegate_backends, run_pte_runner, run_runtime, save
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge, to_edge_transform_and_lower
+from executorch.exir.backend.partitioner import Partitioner, PartitionResult
 from rustconv import RustConvPartitioner
 from rustconv.export.ops_lowering.conv_transpose import phase_weight
 from rustconv.fb.ValueKind import ValueKind
@@ -61,7 +63,18 @@ def _leftover(edge) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("flow", ["to_edge", "transform"])
+class KeepConvTranspose(Partitioner):
+    """Takes nothing but keeps ``aten.conv_transpose1d`` whole: the form
+    RustConv meets when another partitioner of the list keeps it."""
+
+    def partition(self, exported_program):
+        return PartitionResult(tagged_exported_program=exported_program, partition_tags={})
+
+    def ops_to_not_decompose(self, ep):
+        return [torch.ops.aten.conv_transpose1d.default], None
+
+
+@pytest.mark.parametrize("flow", ["to_edge", "transform", "transform+keep"])
 def test_a_grid_of_transposed_convs_matches_eager_in_both_runtimes(flow, tmp_path):
     model = Grid(GRID).eval()
     x = torch.randn(2, 6, 11, generator=torch.Generator().manual_seed(0))
@@ -70,8 +83,14 @@ def test_a_grid_of_transposed_convs_matches_eager_in_both_runtimes(flow, tmp_pat
     ep = export(model, (x,))
     if flow == "to_edge":
         edge = to_edge(ep).to_backend(RustConvPartitioner())
-    else:
+    elif flow == "transform":
         edge = to_edge_transform_and_lower(ep, partitioner=[RustConvPartitioner()])
+    else:
+        partitioners = [RustConvPartitioner(), KeepConvTranspose()]
+        edge = to_edge_transform_and_lower(ep, partitioner=partitioners)
+        (lm, *_) = lowered_modules(edge)
+        targets = {str(n.target) for n in lm.original_module.graph.nodes}
+        assert any("conv_transpose1d" in t for t in targets), targets
     assert _leftover(edge) == []  # the slices of x too: every op is RustConv's
     program = edge.to_executorch()
     assert set(delegate_backends(program)) == {"RustConvBackend"}
