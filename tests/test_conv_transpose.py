@@ -180,6 +180,18 @@ def test_a_dynamic_length_runs_at_every_length(tmp_path):
         assert_close(run_pte_runner(pte, [xs], tmp_path)[0], want, f"pte_runner T={length}")
 
 
+def test_float16_stays_float16(tmp_path):
+    conv = nn.ConvTranspose1d(8, 4, 5, 2, padding=1, output_padding=1).half().eval()
+    x = torch.randn(1, 8, 9, generator=torch.Generator().manual_seed(3)).half()
+    program = to_edge(export(conv, (x,))).to_backend(RustConvPartitioner()).to_executorch()
+    assert delegate_backends(program) == ["RustConvBackend"]
+    got = run_runtime(save(program, tmp_path), [x])[0]
+    with torch.no_grad():
+        want = conv.float()(x.float())
+    assert got.dtype == torch.float16
+    assert_close(got.float(), want, "float16", atol=2e-3 * float(want.abs().max()))
+
+
 class FedWeight(nn.Module):
     def forward(self, x, w):
         return F.conv_transpose1d(x, w, stride=2)

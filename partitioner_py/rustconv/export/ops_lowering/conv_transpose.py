@@ -230,16 +230,12 @@ class ConvTransposeLowering(OpLowering):
         builder.add(node, Op.Conv1d, conv)
         result = conv.output
         if s > 1:
-            split = _node(
-                builder, node, Op.Reshape, ReshapeT(), result, [batch, channels, s, columns]
-            )
+            split = _node(builder, node, "split", ReshapeT(), result, [batch, channels, s, columns])
             permute = PermuteT()
             permute.perm = [0, 1, 3, 2]
-            swapped = _node(
-                builder, node, Op.Permute, permute, split, [batch, channels, columns, s]
-            )
+            swapped = _node(builder, node, "swapped", permute, split, [batch, channels, columns, s])
             result = _node(
-                builder, node, Op.Reshape, ReshapeT(), swapped, [batch, channels, columns * s]
+                builder, node, "interleaved", ReshapeT(), swapped, [batch, channels, columns * s]
             )
         start = p.padding - skip * s
         cut = right * s - tail  # from the end: constant, whatever T is
@@ -253,13 +249,14 @@ class ConvTransposeLowering(OpLowering):
         builder.add(node, Op.Slice, crop)
 
 
-def _node(builder: Builder, node: Node, op_type: int, op: Any, source: int, shape: list) -> int:
-    """Adds ``op`` reading ``source`` into a new value of ``shape``; returns it."""
+def _node(builder: Builder, node: Node, what: str, op: Any, source: int, shape: list) -> int:
+    """Adds ``op`` (a ``Reshape`` or ``Permute``) reading ``source`` into a new
+    value ``<node>_<what>`` of ``shape``; returns it."""
     op.input = source
     op.output = builder.new_intermediate(
-        f"{node.name}_{len(builder.graph.values)}", builder.graph.values[source].dtype, shape
+        f"{node.name}_{what}", builder.graph.values[source].dtype, shape
     )
-    builder.add(node, op_type, op)
+    builder.add(node, Op.Permute if isinstance(op, PermuteT) else Op.Reshape, op)
     return op.output
 
 
