@@ -36,8 +36,17 @@ impl StepKind for CopyStep {
     }
 
     fn run(&self, call: &Call) -> Result<(), KernelError> {
-        // Shape inference gave both the same number of elements.
-        call.out(self.output).copy_from_slice(call.view(self.input));
+        let (from, to) = (call.view(self.input), call.out(self.output));
+        // Shape inference gives both the same number of elements; a broken
+        // plan is an error, not a panic across the FFI.
+        if from.len() != to.len() {
+            return Err(KernelError::InvalidParam {
+                what: "elements of a reshape's output",
+                value: to.len(),
+                requirement: "must equal its input's",
+            });
+        }
+        to.copy_from_slice(from);
         Ok(())
     }
 }
