@@ -22,7 +22,7 @@ use rustconv_kernels::MAX_RANK;
 
 use crate::error::GraphError;
 use crate::graph::{GraphDesc, NodeDesc, OpDesc, Operand, Role};
-use crate::step::{AnchorOp, Epilogue, Fused, Operands, PassStep, Source, StepKind};
+use crate::step::{AnchorOp, CopyStep, Epilogue, Fused, Operands, PassStep, Source, StepKind};
 
 /// What a kernel computes before its main loop, into stored values its
 /// programs then load.
@@ -228,17 +228,17 @@ impl Context<'_> {
             }
         }
         let body = match anchors[..] {
-            [] => {
-                if writes.is_empty() && !reduced_for_others {
-                    return Err(bad("computes nothing that is read".into()));
+            [] if nodes.len() == 1 => match graph.nodes[nodes.start].op {
+                OpDesc::Regroup { input, output, .. } if writes == [output] => {
+                    Box::new(CopyStep::new(input, output)) as Box<dyn StepKind>
                 }
-                let mut results = Vec::new();
-                for &v in &writes {
-                    let program = self.program(&nodes, None, v).map_err(&bad)?;
-                    results.push((v, program));
-                }
-                Box::new(PassStep::new(results)) as Box<dyn StepKind>
-            }
+                _ => self
+                    .pass(&nodes, &writes, reduced_for_others)
+                    .map_err(&bad)?,
+            },
+            [] => self
+                .pass(&nodes, &writes, reduced_for_others)
+                .map_err(&bad)?,
             [(anchor, op)] => {
                 let [result] = writes[..] else {
                     return Err(bad(format!(
@@ -277,6 +277,24 @@ impl Context<'_> {
             statistics,
             body,
         })
+    }
+
+    /// The pass computing a kernel without an anchor: each of its `writes`
+    /// by its program.
+    fn pass(
+        &self,
+        nodes: &Range<usize>,
+        writes: &[usize],
+        reduced_for_others: bool,
+    ) -> Result<Box<dyn StepKind>, String> {
+        if writes.is_empty() && !reduced_for_others {
+            return Err("computes nothing that is read".into());
+        }
+        let mut results = Vec::new();
+        for &v in writes {
+            results.push((v, self.program(nodes, None, v)?));
+        }
+        Ok(Box::new(PassStep::new(results)))
     }
 
     /// Registers `Reduce` node `n` with the kernel's statistics (once):
@@ -645,6 +663,13 @@ impl ProgramBuilder<'_> {
                 // Computed by the statistics pass; read back as stored.
                 self.ctx.statistic(self.nodes, n)?;
                 Expr::Load
+            }
+            OpDesc::Regroup { .. } => {
+                return Err(format!(
+                    "'{}' reshapes by splitting or merging dimensions, which no view reads: \
+                     it copies a stored value, alone in its kernel",
+                    node.name
+                ));
             }
             OpDesc::Unary { op, input, .. } => Expr::Unary {
                 op,

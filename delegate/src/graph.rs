@@ -92,6 +92,16 @@ pub enum OpDesc {
         output: usize,
         map: [Option<u8>; MAX_RANK],
     },
+    /// A `Reshape` that splits or merges dimensions (no `map` pairs them):
+    /// no view reads it, so it copies its stored input, in row-major order,
+    /// into its stored output, a kernel of its own. `dims` are the output's
+    /// static sizes; the one dynamic dimension it may have (None) takes what
+    /// the input's size leaves.
+    Regroup {
+        input: usize,
+        output: usize,
+        dims: [Option<usize>; MAX_RANK],
+    },
     Cat {
         inputs: Vec<usize>,
         output: usize,
@@ -116,6 +126,7 @@ impl OpDesc {
             | OpDesc::Permute { input, .. }
             | OpDesc::Slice { input, .. }
             | OpDesc::Reshape { input, .. }
+            | OpDesc::Regroup { input, .. }
             | OpDesc::Reduce { input, .. } => vec![input],
             OpDesc::Binary { a, b, .. } => [a.value(), b.value()].into_iter().flatten().collect(),
             OpDesc::Where { cond, a, b, .. } => [Some(cond), a.value(), b.value()]
@@ -138,6 +149,7 @@ impl OpDesc {
             | OpDesc::Permute { output, .. }
             | OpDesc::Slice { output, .. }
             | OpDesc::Reshape { output, .. }
+            | OpDesc::Regroup { output, .. }
             | OpDesc::Cat { output, .. }
             | OpDesc::Reduce { output, .. } => output,
         }
@@ -154,7 +166,7 @@ impl OpDesc {
             OpDesc::Full { .. } => "full_like",
             OpDesc::Permute { .. } => "permute",
             OpDesc::Slice { .. } => "slice",
-            OpDesc::Reshape { .. } => "reshape",
+            OpDesc::Reshape { .. } | OpDesc::Regroup { .. } => "reshape",
             OpDesc::Cat { .. } => "cat",
             OpDesc::Reduce { op, .. } => op.name(),
         }
@@ -450,9 +462,15 @@ fn decode_op(
             let r = node.op_as_reshape().ok_or_else(|| missing("Reshape"))?;
             let input = index(&at("input"), r.input().into())?;
             let output = index(&at("output"), r.output().into())?;
-            let map = reshape_map(&values[input].dims, &values[output].dims)
-                .map_err(|reason| bad_node(id, name, &reason))?;
-            OpDesc::Reshape { input, output, map }
+            let (from, to) = (&values[input].dims, &values[output].dims);
+            match reshape_map(from, to) {
+                Some(map) => OpDesc::Reshape { input, output, map },
+                None => OpDesc::Regroup {
+                    input,
+                    output,
+                    dims: regroup_dims(from, to).map_err(|reason| bad_node(id, name, &reason))?,
+                },
+            }
         }
         fb::Op::Cat => {
             let c = node.op_as_cat().ok_or_else(|| missing("Cat"))?;
@@ -529,13 +547,11 @@ fn binary_op(op: fb::BinaryOp) -> Option<BinaryOp> {
     BinaryOp::from_schema_name(op.variant_name()?)
 }
 
-/// How a squeeze / unsqueeze maps output dimensions to input ones: the
-/// dimensions that are not a static 1 must pair up in order, equal in size
-/// and in being dynamic.
-pub fn reshape_map(
-    input: &[DimSpec],
-    output: &[DimSpec],
-) -> Result<[Option<u8>; MAX_RANK], String> {
+/// The dimension map of a reshape that only removes or inserts size-1
+/// dimensions (output dimension `d` reads input dimension `map[d]`, None a
+/// size-1 dimension), which the runtime reads as a view; None when it splits
+/// or merges dimensions ([`regroup_dims`]).
+pub fn reshape_map(input: &[DimSpec], output: &[DimSpec]) -> Option<[Option<u8>; MAX_RANK]> {
     let kept = |dims: &[DimSpec]| -> Vec<usize> {
         (0..dims.len())
             .filter(|&d| dims[d].dynamic || dims[d].size != 1)
@@ -544,16 +560,42 @@ pub fn reshape_map(
     let (ki, ko) = (kept(input), kept(output));
     let pairs = ki.len() == ko.len() && ki.iter().zip(&ko).all(|(&i, &o)| input[i] == output[o]);
     if !pairs {
-        return Err(format!(
-            "reshape from {input:?} to {output:?} does more than remove or insert size-1 \
-             dimensions; the runtime reads only those as views"
-        ));
+        return None;
     }
     let mut map = [None; MAX_RANK];
     for (&i, &o) in ki.iter().zip(&ko) {
         map[o] = Some(i as u8);
     }
-    Ok(map)
+    Some(map)
+}
+
+/// The output sizes of a reshape that splits or merges dimensions (None for
+/// its dynamic one), if every call can infer them: at most one dynamic
+/// output dimension, and the same number of elements at the upper bounds
+/// (a dynamic size scaled by a constant on both sides, such as a time axis
+/// `T` split into `[T / s, s]`).
+pub fn regroup_dims(
+    input: &[DimSpec],
+    output: &[DimSpec],
+) -> Result<[Option<usize>; MAX_RANK], String> {
+    let dynamic = output.iter().filter(|d| d.dynamic).count();
+    if dynamic > 1 {
+        return Err(format!(
+            "reshape from {input:?} to {output:?} regroups dimensions into {dynamic} dynamic \
+             ones; the runtime infers at most one"
+        ));
+    }
+    let numel = |dims: &[DimSpec]| dims.iter().try_fold(1usize, |n, d| n.checked_mul(d.size));
+    if numel(input).is_none() || numel(input) != numel(output) {
+        return Err(format!(
+            "reshape from {input:?} to {output:?} changes the number of elements"
+        ));
+    }
+    let mut dims = [None; MAX_RANK];
+    for (d, spec) in dims.iter_mut().zip(output) {
+        *d = (!spec.dynamic).then_some(spec.size);
+    }
+    Ok(dims)
 }
 
 fn bad_node(id: u32, name: &str, reason: &str) -> GraphError {
@@ -708,5 +750,75 @@ mod tests {
         assert_eq!(fb::BinaryOp::ENUM_VALUES.len(), BinaryOp::ALL.len());
         // A value a newer exporter may write is refused, not misread.
         assert_eq!(unary_op(fb::UnaryOp(u8::MAX)), None);
+    }
+
+    fn dims(sizes: &[(usize, bool)]) -> Vec<DimSpec> {
+        sizes
+            .iter()
+            .map(|&(size, dynamic)| DimSpec { size, dynamic })
+            .collect()
+    }
+
+    /// A reshape is a view where its non-unit dimensions pair up, and a
+    /// regroup (a copy) where it splits or merges them: a transposed conv's
+    /// phases `[B, Co*s, Q] -> [B, Co, s, Q]` and `[B, Co, Q, s] -> [B, Co, Q*s]`
+    /// with `Q` dynamic, whose one dynamic output size is inferred per call.
+    #[test]
+    fn reshapes_that_split_or_merge_dimensions_are_regroups() {
+        let squeeze = reshape_map(&dims(&[(1, false), (6, false)]), &dims(&[(6, false)]));
+        assert_eq!(squeeze.map(|m| m[0]), Some(Some(1)));
+        let split = (
+            dims(&[(2, false), (12, false), (9, true)]),
+            dims(&[(2, false), (3, false), (4, false), (9, true)]),
+        );
+        assert!(reshape_map(&split.0, &split.1).is_none());
+        assert_eq!(
+            regroup_dims(&split.0, &split.1),
+            Ok([Some(2), Some(3), Some(4), None])
+        );
+        let merge = (
+            dims(&[(3, false), (9, true), (4, false)]),
+            dims(&[(3, false), (36, true)]),
+        );
+        assert!(reshape_map(&merge.0, &merge.1).is_none());
+        assert_eq!(
+            regroup_dims(&merge.0, &merge.1),
+            Ok([Some(3), None, None, None])
+        );
+        // Two dynamic output sizes cannot both be inferred; nor can a
+        // reshape that changes the number of elements run.
+        let two = regroup_dims(&dims(&[(36, true)]), &dims(&[(9, true), (4, true)]));
+        assert!(two.unwrap_err().contains("at most one"));
+        let lossy = regroup_dims(&dims(&[(2, false), (6, false)]), &dims(&[(13, false)]));
+        assert!(lossy.unwrap_err().contains("number of elements"));
+        let huge = regroup_dims(&dims(&[(1 << 40, false); 4]), &dims(&[(1, false)]));
+        assert!(huge.is_err());
+    }
+
+    /// A regroup's dynamic size is what the input leaves at this call's
+    /// shape; an input that does not divide is refused, not truncated.
+    #[test]
+    fn a_regroup_infers_its_dynamic_size_per_call() {
+        use crate::ops::infer_shape;
+        use crate::shape::Shape;
+        let op = OpDesc::Regroup {
+            input: 0,
+            output: 1,
+            dims: [Some(3), None, None, None],
+        };
+        let shape = infer_shape(&op, 2, |_| Shape::new(&[3, 5, 4])).unwrap();
+        assert_eq!(shape.dims(), &[3, 20]);
+        let split = OpDesc::Regroup {
+            input: 0,
+            output: 1,
+            dims: [Some(2), Some(4), None, None],
+        };
+        assert_eq!(
+            infer_shape(&split, 3, |_| Shape::new(&[2, 12]))
+                .unwrap()
+                .dims(),
+            &[2, 4, 3]
+        );
+        assert!(infer_shape(&split, 3, |_| Shape::new(&[2, 13])).is_err());
     }
 }

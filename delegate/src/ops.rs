@@ -86,7 +86,8 @@ pub fn check_static(op: &OpDesc, values: &[ValueDesc]) -> Result<(), String> {
                 ));
             }
         }
-        OpDesc::Reshape { .. } => {} // its map was checked when decoded
+        // Their map or sizes were checked when decoded.
+        OpDesc::Reshape { .. } | OpDesc::Regroup { .. } => {}
         OpDesc::Reduce { input, dims, .. } => {
             same_rank(input, "input")?;
             if let Some(d) = (rank_of(out)..MAX_RANK).find(|&d| dims[d]) {
@@ -254,6 +255,24 @@ pub fn infer_shape(
                     "reshape of {:?} to {:?} (a dimension read as size 1 is not)",
                     x.dims(),
                     out.dims()
+                ));
+            }
+            Ok(out)
+        }
+        OpDesc::Regroup { input, dims, .. } => {
+            let x = shape_of(input);
+            let known: usize = dims[..rank].iter().flatten().product();
+            let mut out = [1usize; MAX_RANK];
+            for (o, d) in out.iter_mut().zip(&dims[..rank]) {
+                // The dynamic dimension: what the static ones leave.
+                *o = d.unwrap_or(x.numel().checked_div(known).unwrap_or(0));
+            }
+            let out = Shape::new(&out[..rank]);
+            if out.numel() != x.numel() {
+                return Err(format!(
+                    "reshape of {:?} into sizes {:?} (None: dynamic) loses elements",
+                    x.dims(),
+                    &dims[..rank]
                 ));
             }
             Ok(out)

@@ -880,6 +880,33 @@ class GraphGen:
             return self.emit({"op": "slice", "x": y, "dim": -1, "end": end}) or y
         return self.emit(op)
 
+    def a_conv_transpose(self, cur: str) -> str | None:
+        """``ConvTranspose1d``, an upsampler: weight ``[cin, cout / groups, K]``,
+        padding up to half its span, output padding below its stride."""
+        r = self.rng
+        x = self.conv_ready(cur)
+        if x is None:
+            return None
+        cin = self.shape(x)[1]
+        cout, groups, k, stride, dilation = self.conv_shape(cin)
+        span = dilation * (k - 1)
+        op: dict[str, Any] = {
+            "op": "conv_transpose",
+            "x": x,
+            "w": self.weight(cin, cout // groups, k),
+            "b": self.bias(cout),
+        }
+        for key, value, default in (
+            ("stride", stride, 1),
+            ("dilation", dilation, 1),
+            ("groups", groups, 1),
+            ("padding", r.randint(0, span // 2), 0),
+            ("output_padding", r.randint(0, max(stride, dilation) - 1), 0),
+        ):
+            if value != default:
+                op[key] = value
+        return self.emit(self.layer(op, 0.6))
+
     def a_state_conv(self, cur: str) -> str | None:
         """ExecuTorch's LFM2 ShortConv: cat(state, x) -> conv, state <- last K-1 steps."""
         r = self.rng
@@ -1074,6 +1101,7 @@ class GraphGen:
 #: Action name -> relative weight in the main chain.
 ACTIONS: dict[str, float] = {
     "conv": 5,
+    "conv_transpose": 0.5,
     "unary": 4,
     "binary": 5,
     "where": 1.5,

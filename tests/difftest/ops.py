@@ -96,6 +96,7 @@ def _operand_keys() -> dict[str, tuple[str, ...]]:
         "flip": unary,
         "pad": unary,
         "conv": ("x", "w", "b"),
+        "conv_transpose": ("x", "w", "b"),
         "scan": ("x0", "a", "u"),
         "linear": ("x", "w", "b"),
         "matmul": ("a", "b"),
@@ -405,6 +406,23 @@ def _conv(op, env, ctx):
         )
 
 
+def _conv_transpose(op, env, ctx):
+    x, w, b = _v(env, op["x"]), _v(env, op["w"]), _v(env, op.get("b"))
+    module = _module(op, ctx)
+    if module is not None:
+        return module(x)
+    return F.conv_transpose1d(
+        x,
+        w,
+        b,
+        stride=op.get("stride", 1),
+        padding=op.get("padding", 0),
+        output_padding=op.get("output_padding", 0),
+        groups=op.get("groups", 1),
+        dilation=op.get("dilation", 1),
+    )
+
+
 def _scan(op, env, ctx):
     import rustconv.ops  # noqa: F401  (registers torch.ops.rustconv.linear_scan)
 
@@ -523,7 +541,7 @@ def module_kinds(op: dict) -> bool:
     kind = op["op"]
     if kind == "unary":
         return op["fn"] in _UNARY_MODULES
-    if kind in ("conv", "linear"):
+    if kind in ("conv", "conv_transpose", "linear"):
         return True
     if kind in ("layer_norm", "rms_norm"):
         return op.get("w") is not None
@@ -571,6 +589,21 @@ def build_module(
             groups=groups,
             bias=b is not None,
             padding_mode=op.get("padding_mode", "zeros"),
+        )
+    elif kind == "conv_transpose":
+        w, b = take("w"), take("b")
+        cin, cout_g, k = w.shape
+        groups = op.get("groups", 1)
+        module = nn.ConvTranspose1d(
+            cin,
+            cout_g * groups,
+            k,
+            stride=op.get("stride", 1),
+            padding=op.get("padding", 0),
+            output_padding=op.get("output_padding", 0),
+            groups=groups,
+            bias=b is not None,
+            dilation=op.get("dilation", 1),
         )
     elif kind == "linear":
         w, b = take("w"), take("b")
@@ -627,6 +660,7 @@ KINDS: dict[str, Callable[[dict, dict, OpContext], Any]] = {
     "flip": _flip,
     "pad": _pad,
     "conv": _conv,
+    "conv_transpose": _conv_transpose,
     "scan": _scan,
     "linear": _linear,
     "matmul": _matmul,
@@ -665,6 +699,7 @@ RUSTCONV_KINDS = frozenset(
         "clone",
         "pad",
         "conv",
+        "conv_transpose",
         "scan",
     }
 )

@@ -204,6 +204,22 @@ def test_check_kernels_names_the_broken_rule():
     assert "before it is computed" in check_kernels(graph)
 
 
+def test_a_reshape_that_splits_or_merges_dimensions_is_a_kernel_of_its_own():
+    """A transposed conv's phases, interleaved: each regroup alone in its
+    kernel (the runtime copies it), the permute between them a pass, never in
+    the conv's epilogue; check_kernels refuses a regroup sharing a kernel."""
+    graph = assign_kernels(_ir(nn.ConvTranspose1d(4, 3, 4, 2, padding=1), torch.randn(1, 4, 8)))
+    assert [(OP_NAMES[n.op_type], n.kernel) for n in graph.nodes] == [
+        ("Conv1d", 0), ("Reshape", 1), ("Permute", 2), ("Reshape", 3), ("Slice", 4),
+    ]  # fmt: skip
+    assert [n.regroups(graph.values) for n in graph.nodes] == [False, True, False, True, False]
+    assert check_kernels(graph) is None
+    graph.nodes[2].kernel = 1
+    for node in graph.nodes[3:]:
+        node.kernel -= 1
+    assert "not alone in its kernel" in check_kernels(graph)
+
+
 def test_a_failed_check_falls_back_to_one_kernel_per_node(monkeypatch, caplog):
     from rustconv.export import fusion as fusion_module
 

@@ -367,3 +367,24 @@ def test_lowering_builder_satisfies_the_protocol_the_lowerings_use():
     for path in Path(rustconv.__file__).parent.glob("export/ops_lowering/*.py"):
         used |= set(re.findall(r"\bbuilder\.([a-z_]+)", path.read_text()))
     assert used and used <= members, sorted(used - members)
+
+
+def test_a_new_intermediate_takes_a_computed_shape_with_its_upper_bound():
+    """``Builder.new_intermediate``: a helper value whose shape no node has (a
+    transposed conv's phases ``[B, Co*s, T + c]``), its dynamic size an
+    expression of the length with the bound the length's range gives it."""
+    from rustconv.export.lowering import LoweringBuilder
+
+    ep = torch.export.export(
+        nn.ReLU(), (torch.randn(1, 2, 8),), dynamic_shapes=({2: Dim("t", max=50)},)
+    )
+    x = next(n for n in ep.graph.nodes if n.op == "placeholder")
+    length = x.meta["val"].shape[2]
+    builder = LoweringBuilder(ep)
+    index = builder.new_intermediate("phases", torch.float32, [1, 6, (length + 2) * 3])
+    value = builder.graph.values[index]
+    assert value.kind == ValueKind.Intermediate and value.dtype == torch.float32
+    assert [(d.size, d.dynamic) for d in value.dims] == [(1, False), (6, False), (156, True)]
+    assert str(value.shape[2]) == str(3 * length.node.expr + 6)
+    with pytest.raises(UnsupportedGraphError, match="dtype"):
+        builder.new_intermediate("ints", torch.int32, [4])

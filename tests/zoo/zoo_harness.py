@@ -88,9 +88,8 @@ def state_in_buffers(ep) -> bool:
 def outside_summary(edge_program) -> dict[str, list[str]]:
     """``RustConvPartitioner().explain()``, grouped by what a model's entry
     declares: every op that is not a RustConv op, under its name; and, for
-    every convolution and the nodes next to a 1-D, non-transposed one (its
-    operands and users), any other reason as "op: reason" (node names in it
-    generalised).
+    every convolution and the nodes next to a 1-D one (its operands and
+    users), any other reason as "op: reason" (node names in it generalised).
     Reasons elsewhere (integer index arithmetic, attention's 5-D views, an
     elementwise op with no conv near it) are left out: they say nothing
     about the convs. Values: the nodes."""
@@ -101,9 +100,8 @@ def outside_summary(edge_program) -> dict[str, list[str]]:
         if "convolution" not in str(n.target):
             continue
         near_conv.add(n.name)  # every convolution: why it is not ours, if it is not
-        # The neighbours of a 1-D, non-transposed one (one RustConv could run).
-        stride, transposed = n.args[3], len(n.args) > 6 and n.args[6]
-        if len(stride) == 1 and not transposed:
+        # The neighbours of a 1-D one (one RustConv could run, transposed too).
+        if len(n.args[3]) == 1:
             near_conv.update(a.name for a in n.all_input_nodes)
             near_conv.update(u.name for u in n.users)
     groups: dict[str, list[str]] = defaultdict(list)

@@ -1,9 +1,9 @@
 //! The kinds of step a plan runs, one type each: a conv (`ConvStep`), a
-//! scan (`ScanStep`), each in its anchor op's file, and an elementwise pass
-//! ([`PassStep`]). `fusion` builds each from the blob's kernel,
-//! `Plan::build` prepares it (a conv chooses its algorithm and what it
-//! stages through memory), and the executor runs it: the same value from
-//! fusion to execution, asked
+//! scan (`ScanStep`), each in its anchor op's file, an elementwise pass
+//! ([`PassStep`]) and a copy ([`CopyStep`], a reshape no view reads).
+//! `fusion` builds each from the blob's kernel, `Plan::build` prepares it
+//! (a conv chooses its algorithm and what it stages through memory), and
+//! the executor runs it: the same value from fusion to execution, asked
 //! through [`StepKind`] for everything a plan needs of it (what it reads
 //! and stages, its scratch, its description for logs, inspect and the
 //! profiler, its work, and its run).
@@ -21,11 +21,13 @@
 
 mod anchor;
 mod call;
+mod copy;
 mod kind;
 mod pass;
 
 pub use anchor::{AnchorKind, AnchorOp, Decode, DecodeAnchor, Fused, IndexFn, Operands};
 pub use call::Call;
+pub use copy::CopyStep;
 pub use kind::{Epilogue, Prepare, Source, StepKind};
 pub use pass::PassStep;
 

@@ -450,6 +450,69 @@ fn groupings_the_runtime_cannot_run_are_refused_with_the_reason() {
     assert!(e.contains("holds 2 convs or scans"), "{e}");
 }
 
+/// A transposed conv's phases `[1, C*S, n]` interleaved into `[1, C, n*S]`:
+/// a reshape splitting the channels, a permute, a reshape merging the time
+/// axis with the phases. Each reshape is a copy, alone in its kernel
+/// (`kernels`), its dynamic size inferred per call.
+fn interleave_blob(kernels: &[i32]) -> Vec<u8> {
+    let (c, p) = (2, 3);
+    build_blob_grouped(
+        &[
+            input("phases", 0, &[s(1), s(c * p), dynamic(NMAX as i64)]),
+            inter("split", &[s(1), s(c), s(p), dynamic(NMAX as i64)]),
+            inter("swapped", &[s(1), s(c), dynamic(NMAX as i64), s(p)]),
+            output("out", 0, &[s(1), s(c), dynamic(p * NMAX as i64)]),
+        ],
+        &[0],
+        &[3],
+        &[
+            N::Reshape {
+                input: 0,
+                output: 1,
+            },
+            N::Permute {
+                input: 1,
+                output: 2,
+                perm: &[0, 1, 3, 2],
+            },
+            N::Reshape {
+                input: 2,
+                output: 3,
+            },
+        ],
+        kernels,
+    )
+}
+
+#[test]
+fn reshapes_that_split_or_merge_dimensions_run_as_copies() {
+    let (c, p) = (2, 3);
+    let blob = interleave_blob(&[0, 1, 2]);
+    let d = init(&blob).unwrap();
+    assert_eq!(d.plan().unwrap().steps.len(), 3);
+    for n in [1, 5, NMAX] {
+        let x = ramp(c * p * n, 0.5);
+        let args = run(
+            &d,
+            vec![tensor(&[1, (c * p) as i32, n as i32], x.clone())],
+            vec![out_tensor(&[1, c as i32, (p * NMAX) as i32])],
+        );
+        assert_eq!(args.0[1].sizes, vec![1, c as i32, (p * n) as i32]);
+        let mut want = vec![0.0; c * p * n];
+        for ch in 0..c {
+            for q in 0..n {
+                for r in 0..p {
+                    want[ch * p * n + q * p + r] = x[(ch * p + r) * n + q];
+                }
+            }
+        }
+        assert_close(&args.0[1].data[..want.len()], &want);
+    }
+    // No view reads such a reshape: one sharing a kernel is refused.
+    let e = kernel_error(&interleave_blob(&[0, 1, 1]));
+    assert!(e.contains("splitting or merging dimensions"), "{e}");
+}
+
 #[test]
 fn inspect_entry_point_returns_the_plan_or_the_error_as_json() {
     use std::ffi::CStr;

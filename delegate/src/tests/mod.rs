@@ -144,6 +144,10 @@ enum N {
         output: u32,
         dim: u8,
     },
+    Reshape {
+        input: u32,
+        output: u32,
+    },
     Reduce {
         op: fb::ReduceOp,
         input: u32,
@@ -308,6 +312,11 @@ fn build_blob_grouped(
                         },
                     )
                     .as_union_value(),
+                ),
+                N::Reshape { input, output } => (
+                    fb::Op::Reshape,
+                    fb::Reshape::create(&mut b, &fb::ReshapeArgs { input, output })
+                        .as_union_value(),
                 ),
                 N::Cat {
                     inputs,

@@ -13,7 +13,8 @@ runtime's plan and its profiling events:
    only among them; that one becomes the new result. ``y * sigmoid(y)`` thus
    joins whole, while a result also read by another op stops the growth.
    A mask (a comparison's result) is never the result. Then a chain of
-   ``Permute``/``Reshape`` read only by each other may follow.
+   ``Permute``/``Reshape`` read only by each other may follow (not a
+   ``Reshape`` that splits or merges dimensions: see 4).
 3. **Everything else** is placed where it is read, in reverse topological
    order: a node read only by one kernel joins it (the anchor's prologue, an
    epilogue's side operand, or a pass kernel's expression); a node read by
@@ -22,6 +23,11 @@ runtime's plan and its profiling events:
    trip through memory); a node whose result must be materialised (a delegate
    output, or a convolution weight) gets a pass kernel of its own. Anchors are
    never duplicated.
+
+4. **Regroups.** A ``Reshape`` that splits or merges dimensions
+   (:func:`rustconv.export.ir.regroups`, a transposed convolution's phases
+   interleaved) is no view the runtime reads through: it copies its stored
+   input, so it is a kernel of its own, and what it reads is materialised.
 
 A ``Reduce`` is neither elementwise nor an anchor, so no epilogue grows over
 it: a normalisation of an anchor's output lands, with the elementwise nodes
@@ -44,6 +50,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 
 from rustconv.errors import UnsupportedGraphError
@@ -142,7 +149,11 @@ class _Fuser:
             if len(readers) != 1:
                 break
             (view,) = readers
-            if view.op_type not in EPILOGUE_VIEW_OPS or id(view) in self.placed:
+            if (
+                view.op_type not in EPILOGUE_VIEW_OPS
+                or view.regroups(self.graph.values)
+                or id(view) in self.placed
+            ):
                 break
             self._put(kernel, view)
             result = view.output
@@ -191,9 +202,9 @@ class _Fuser:
     def _place(self, node: IRNode) -> None:
         value = node.output
         consumers: dict[int, _Kernel] = {}
-        materialise = value in self.outputs
+        materialise = value in self.outputs or node.regroups(self.graph.values)
         for reader in self.readers.get(value, []):
-            if self._reads_from_outside(reader, value):
+            if self._reads_from_outside(reader, value) or reader.regroups(self.graph.values):
                 materialise = True
                 continue
             for kernel in self.placed.get(id(reader), []):
@@ -285,10 +296,11 @@ def check_kernels(graph: IRGraph) -> str | None:
     Checks what the runtime will: consecutive kernels numbered from 0, a
     topological node order, at most one anchor per kernel, exactly one
     materialised result per anchor kernel besides its reductions', conv
-    weights materialised, no mask materialised, and no reduction of its own
-    kernel's anchor.
+    weights materialised, no mask materialised, no reduction of its own
+    kernel's anchor, and every regroup alone in its kernel.
     """
     values = graph.values
+    sizes = Counter(node.kernel for node in graph.nodes)
     producers = graph.producers()
     kernel_of: dict[int, int] = {}
     available = {v for v in graph.inputs}
@@ -313,6 +325,8 @@ def check_kernels(graph: IRGraph) -> str | None:
             if node.kernel in anchors:
                 return f"kernel {node.kernel} has two anchors"
             anchors[node.kernel] = position
+        if node.regroups(values) and sizes[node.kernel] != 1:
+            return f"{node.name} splits or merges dimensions but is not alone in its kernel"
     materialised: dict[int, set[int]] = {}
     outputs = set(graph.outputs) | set(graph.state_updates())
     for node in graph.nodes:

@@ -47,6 +47,7 @@ __all__ = [
     "IRValue",
     "IRNode",
     "IRGraph",
+    "regroups",
 ]
 
 
@@ -97,6 +98,19 @@ OP_TABLES: dict[int, type] = {op: spec.table for op, spec in OPS.items()}
 ANCHOR_OPS = frozenset(op for op, spec in OPS.items() if spec.anchor)
 ELEMENTWISE_OPS = frozenset(op for op, spec in OPS.items() if spec.elementwise)
 EPILOGUE_VIEW_OPS = frozenset(op for op, spec in OPS.items() if spec.epilogue_view)
+
+
+def regroups(source: list[Any], target: list[Any]) -> bool:
+    """Whether a ``Reshape`` from dims ``source`` to ``target`` splits or merges
+    dimensions: its dimensions other than a static 1 do not pair up in order,
+    equal in size and in being dynamic (the runtime's ``reshape_map``). Such a
+    reshape is no view: the runtime copies its stored input, alone in its
+    kernel (schema/README.md, "Fused kernels")."""
+
+    def kept(dims: list[Any]) -> list[tuple[int, bool]]:
+        return [(int(d.size), bool(d.dynamic)) for d in dims if d.dynamic or d.size != 1]
+
+    return kept(source) != kept(target)
 
 
 @dataclass
@@ -157,6 +171,12 @@ class IRNode:
 
     def operands(self) -> list[int]:
         return [ref for _, ref in self.operand_fields()]
+
+    def regroups(self, values: list[IRValue]) -> bool:
+        """A ``Reshape`` that splits or merges dimensions (:func:`regroups`)."""
+        return self.op_type == Op.Reshape and regroups(
+            values[int(self.op.input)].dims, values[self.output].dims
+        )
 
     def remapped(self, mapping: dict[int, int], output: int | None = None) -> IRNode:
         """A copy reading ``mapping[v]`` instead of ``v`` (others unchanged)."""

@@ -31,6 +31,7 @@ scalar constants (read from metadata and folded into their users).
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -43,7 +44,7 @@ from torch.fx import Node
 from rustconv.errors import UnsupportedGraphError
 from rustconv.export.ir import IRGraph, IRNode, IRValue
 from rustconv.export.ops_lowering import GraphContext, lowering_for
-from rustconv.export.ops_lowering.common import NotSupported, shape_exprs
+from rustconv.export.ops_lowering.common import NotSupported, dim_expr, shape_exprs
 from rustconv.export.ops_lowering.folding import computes_constant, evaluate
 from rustconv.export.ops_lowering.registry import op_name, reason_for
 from rustconv.export.ops_lowering.scalars import is_scalar_like, scalar_value
@@ -327,6 +328,22 @@ class LoweringBuilder:
                 dtype=like.dtype,
                 shape=like.shape,
                 dims=list(like.dims),
+                kind=ValueKind.Intermediate,
+            )
+        )
+
+    def new_intermediate(
+        self, name: str, dtype: torch.dtype, shape: Sequence[int | torch.SymInt]
+    ) -> int:
+        """A fresh intermediate value of ``shape`` (a dynamic size a ``SymInt``)."""
+        if dtype not in DTYPES:
+            raise UnsupportedGraphError(f"{name!r} has unsupported dtype {dtype}")
+        return self.graph.add_value(
+            IRValue(
+                name=name,
+                dtype=dtype,
+                shape=tuple(dim_expr(size) for size in shape),
+                dims=make_dims(shape, self.ranges, repr(name)),
                 kind=ValueKind.Intermediate,
             )
         )

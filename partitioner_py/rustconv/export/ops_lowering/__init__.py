@@ -4,6 +4,8 @@
 module                    ATen ops                                       blob op
 ========================  =============================================  ============
 :mod:`.conv`              convolution, conv1d; zero constant_pad_nd      Conv1d
+:mod:`.conv_transpose`    conv_transpose1d, convolution transposed       Conv1d, Reshape,
+                          (a stride-1 conv of its phases, interleaved)   Permute, Slice
 :mod:`.scan`              rustconv.linear_scan                           LinearScan
 :mod:`.unary`             neg, abs, relu, sigmoid, tanh, silu, gelu,     Unary
                           exp, log, log1p, softplus, sqrt, rsqrt,

@@ -9,6 +9,7 @@ checks that the builder satisfies it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -53,6 +54,14 @@ class Builder(Protocol):
 
     def derived_value(self, source: int, name: str) -> int:
         """A fresh intermediate value shaped like ``source``."""
+        ...
+
+    def new_intermediate(
+        self, name: str, dtype: torch.dtype, shape: Sequence[int | torch.SymInt]
+    ) -> int:
+        """A fresh intermediate value of ``shape`` (sizes as in ``meta['val']``:
+        a dynamic one a ``SymInt``), for a helper node whose result has no
+        node's shape."""
         ...
 
     def value_like(self, node: Node, name: str, *, is_mask: bool = False) -> int:

@@ -6,6 +6,7 @@ lowering flow (``to_edge`` decomposes ``aten.conv1d`` to ``aten.convolution``;
 ``aten.conv1d``):
 
 * ``aten.convolution.default``  - explicit symmetric padding, ``transposed`` flag
+  (a transposed one is handed to :mod:`.conv_transpose`)
 * ``aten.conv1d.default``       - explicit symmetric padding
 * ``aten.conv1d.padding``       - ``padding="same"`` / ``"valid"``
 
@@ -35,6 +36,7 @@ from rustconv.export.ops_lowering.common import (
     check_dtypes,
     tensor_val,
 )
+from rustconv.export.ops_lowering.conv_transpose import ConvTransposeLowering, is_transposed
 from rustconv.export.ops_lowering.evaluators import BlobEnv, evaluates
 from rustconv.export.ops_lowering.operands import tensor_operand
 from rustconv.export.ops_lowering.registry import OpLowering, computed_inside_reason, register
@@ -116,7 +118,7 @@ def _conv_params(node: Node) -> ConvParams:
         raise NotSupported(f"{op} is not a convolution")
     args = bound_args(node)
     if op is _aten.convolution.default and args["transposed"]:
-        raise NotSupported("transposed convolution is not supported")
+        raise NotSupported("a transposed convolution (lowered by conv_transpose)")
     weight_val = tensor_val(args["weight"], "weight")
     stride = _single_int(args["stride"], "stride")
     dilation = _single_int(args["dilation"], "dilation")
@@ -206,6 +208,9 @@ class ConvLowering(OpLowering):
     is_anchor = True
 
     def check(self, node: Node, ctx: GraphContext) -> None:
+        if is_transposed(node):
+            _TRANSPOSED.check(node, ctx)
+            return
         p = _conv_params(node)
         if foldable_pad(p.input, ctx):
             x = tensor_val(p.input, "input")
@@ -233,10 +238,20 @@ class ConvLowering(OpLowering):
             )
 
     def outside_operands(self, node: Node) -> list[Node]:
+        if is_transposed(node):
+            return _TRANSPOSED.outside_operands(node)
         p = _conv_params(node)
         return [p.weight] + ([p.bias] if p.bias is not None else [])
 
+    def export_operands(self, node: Node) -> list[Node]:
+        if is_transposed(node):
+            return _TRANSPOSED.export_operands(node)
+        return []
+
     def emit(self, node: Node, builder: Builder) -> None:
+        if is_transposed(node):
+            _TRANSPOSED.emit(node, builder)
+            return
         p = _conv_params(node)
         source, extra_left, extra_right, pad = p.input, 0, 0, None
         if foldable_pad(source, builder.ctx):
@@ -273,6 +288,11 @@ class ConvLowering(OpLowering):
         return index
 
 
+#: ``aten.convolution`` with ``transposed=True`` is this module's target; it
+#: hands such a node to the lowering of ``aten.conv_transpose1d``.
+_TRANSPOSED = ConvTransposeLowering()
+
+
 @register
 class PadLowering(OpLowering):
     """A zero ``constant_pad_nd`` of the time axis feeding one conv: no node."""
@@ -289,6 +309,10 @@ class PadLowering(OpLowering):
         if len(users) != 1:
             raise NotSupported(f"has {len(users)} users; only a single conv user fuses")
         (user,) = users
+        if is_conv(user) and is_transposed(user):
+            raise NotSupported(
+                f"its user {user.name} is a transposed convolution, which folds no pad"
+            )
         if not is_conv(user) or ConvLowering().unsupported_reason(user, ctx) is not None:
             raise NotSupported(f"its user {user.name} is not a supported convolution")
         if _conv_params(user).input is not node:

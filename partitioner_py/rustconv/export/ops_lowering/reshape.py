@@ -4,7 +4,10 @@ Only reshapes that remove or insert dimensions of size 1: the other dimensions
 of input and output must pair up in order (compared as sympy expressions, so
 a dynamic length pairs with itself). Then the element order is unchanged and
 the runtime reads through the reshape with strides. A reshape that merges or
-splits real dimensions (``[2, 3] -> [6]``) is left to other backends.
+splits real dimensions (``[2, 3] -> [6]``) is left to other backends: the
+blob's ``Reshape`` can state one, but the runtime runs it as a copy of a
+stored value, alone in its kernel (:mod:`.conv_transpose` emits such reshapes
+to interleave its phases).
 
 A reshape right at the boundary with an op RustConv does not run (the views
 ``to_edge`` wraps around a linear's ``mm``: ``[1, N, D] -> [N, D] -> mm -> [1,
@@ -18,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch.fx import Node
 
+from rustconv.export.ir import regroups
 from rustconv.export.ops_lowering.builder import Builder
 from rustconv.export.ops_lowering.common import (
     GraphContext,
@@ -108,8 +112,11 @@ class ReshapeLowering(OpLowering):
 
 @evaluates(Op.Reshape)
 def _evaluate(op: ReshapeT, env: BlobEnv) -> torch.Tensor:
-    shape = _reshaped(env.shape(op.input), env.dims(op.input), env.dims(op.output))
-    return env.read(op.input).reshape(shape)
+    source, target = env.dims(op.input), env.dims(op.output)
+    if regroups(source, target):
+        # Row-major, the one dynamic dimension taking what the others leave.
+        return env.read(op.input).reshape([-1 if d.dynamic else d.size for d in target])
+    return env.read(op.input).reshape(_reshaped(env.shape(op.input), source, target))
 
 
 def _unit(dim) -> bool:
@@ -118,7 +125,7 @@ def _unit(dim) -> bool:
 
 def _reshaped(actual: torch.Size, source: list, target: list) -> list[int]:
     """The output shape: the input's non-unit sizes, in order, into the output's
-    non-unit dimensions (schema: ``Reshape`` only removes or inserts 1s)."""
+    non-unit dimensions (a ``Reshape`` that only removes or inserts 1s)."""
     sizes = iter(size for size, dim in zip(actual, source, strict=True) if not _unit(dim))
     shape = [1 if _unit(dim) else next(sizes) for dim in target]
     if next(sizes, None) is not None:
