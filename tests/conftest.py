@@ -51,6 +51,28 @@ def cia_materialization_memo():
     uninstall()
 
 
+#: Work units handed to the test workers first (``--dist loadgroup`` hands
+#: them out in collection order): the longest, ExecuTorch's LFM2 recipes
+#: (two to three minutes of export), then each zoo model's group. Collected
+#: last, as their directory sorts, one worker ran the recipes alone at the
+#: end of the run while the other had finished.
+_FIRST_GROUPS = ("lfm2-recipes", "zoo-")
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        marker = item.get_closest_marker("xdist_group")
+        name = (
+            (marker.args[0] if marker.args else marker.kwargs.get("name", "")) if marker else None
+        )
+        return next(
+            (i for i, g in enumerate(_FIRST_GROUPS) if name and name.startswith(g)),
+            len(_FIRST_GROUPS),
+        )
+
+    items.sort(key=rank)  # stable: the collection's order within a rank
+
+
 def pte_runner_path() -> Path:
     path = Path(os.environ.get("PTE_RUNNER", ROOT / "target" / "release" / "pte_runner"))
     if not path.is_file():

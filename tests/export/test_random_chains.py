@@ -3,6 +3,7 @@ and a scan lower to one RustConv call that computes what eager computes."""
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
@@ -95,7 +96,12 @@ class RandomBlock(nn.Module):
         return self._run(self.post, y, full)
 
 
-@pytest.mark.parametrize("seed", range(30))
+#: Chains drawn by the default run (2-3 s each on the 2-core machine);
+#: RUSTCONV_RANDOM_CHAINS=N draws N.
+CHAINS = int(os.environ.get("RUSTCONV_RANDOM_CHAINS", "20"))
+
+
+@pytest.mark.parametrize("seed", range(CHAINS))
 def test_random_chain_is_one_call_and_matches_eager(seed):
     torch.manual_seed(seed)
     model = RandomBlock(seed).eval()

@@ -37,7 +37,6 @@ behaviour (the buffer a delegate input, its new value a delegate output).
 from __future__ import annotations
 
 import functools
-
 import logging
 from collections.abc import Callable
 
