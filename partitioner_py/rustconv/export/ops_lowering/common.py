@@ -32,6 +32,7 @@ __all__ = [
     "shape_exprs",
     "same_expr",
     "static_int",
+    "single_int",
     "normalize_dim",
 ]
 
@@ -208,6 +209,18 @@ def static_int(value: Any, what: str) -> int:
         maybe = value.node.maybe_as_int()
         if maybe is not None:
             return int(maybe)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise NotSupported(f"{what} is {value!r}, not a constant int")
+    return value
+
+
+def single_int(value: Any, what: str) -> int:
+    """A concrete int from a 1-element list (a 1-D conv's stride, padding,
+    dilation) or a bare int, or :class:`NotSupported`."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != 1:
+            raise NotSupported(f"{what} has {len(value)} entries, expected 1 (1-D)")
+        value = value[0]
     if isinstance(value, bool) or not isinstance(value, int):
         raise NotSupported(f"{what} is {value!r}, not a constant int")
     return value

@@ -34,6 +34,7 @@ from rustconv.export.ops_lowering.common import (
     aten_op,
     bound_args,
     check_dtypes,
+    single_int,
     tensor_val,
 )
 from rustconv.export.ops_lowering.conv_transpose import ConvTransposeLowering, is_transposed
@@ -69,17 +70,6 @@ def is_conv(node: Node) -> bool:
 
 def is_pad(node: Node) -> bool:
     return aten_op(node) in PAD_OPS
-
-
-def _single_int(value: Any, what: str) -> int:
-    """A concrete int from a 1-element list (conv1d/convolution) or a bare int."""
-    if isinstance(value, (list, tuple)):
-        if len(value) != 1:
-            raise NotSupported(f"{what} has {len(value)} entries, expected 1 (1-D)")
-        value = value[0]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise NotSupported(f"{what} is {value!r}, not a constant int")
-    return value
 
 
 def _is_static(shape) -> bool:
@@ -120,8 +110,8 @@ def _conv_params(node: Node) -> ConvParams:
     if op is _aten.convolution.default and args["transposed"]:
         raise NotSupported("a transposed convolution (lowered by conv_transpose)")
     weight_val = tensor_val(args["weight"], "weight")
-    stride = _single_int(args["stride"], "stride")
-    dilation = _single_int(args["dilation"], "dilation")
+    stride = single_int(args["stride"], "stride")
+    dilation = single_int(args["dilation"], "dilation")
     groups = args["groups"]
     if isinstance(groups, bool) or not isinstance(groups, int):
         raise NotSupported(f"groups is {groups!r}, not a constant int")
@@ -143,7 +133,7 @@ def _conv_params(node: Node) -> ConvParams:
         else:
             raise NotSupported(f"padding mode {padding!r} is not supported")
     else:
-        pad_left = pad_right = _single_int(padding, "padding")
+        pad_left = pad_right = single_int(padding, "padding")
         if pad_left < 0:
             raise NotSupported(f"negative padding {pad_left}")
 

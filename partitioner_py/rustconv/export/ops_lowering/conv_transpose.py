@@ -47,6 +47,7 @@ from rustconv.export.ops_lowering.common import (
     aten_op,
     bound_args,
     check_dtypes,
+    single_int,
     tensor_val,
 )
 from rustconv.export.ops_lowering.folding import computes_constant
@@ -81,16 +82,6 @@ def is_transposed(node: Node) -> bool:
     return op is _aten.convolution.default and bool(bound_args(node)["transposed"])
 
 
-def _single_int(value: Any, what: str) -> int:
-    if isinstance(value, (list, tuple)):
-        if len(value) != 1:
-            raise NotSupported(f"{what} has {len(value)} entries, expected 1 (1-D)")
-        value = value[0]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise NotSupported(f"{what} is {value!r}, not a constant int")
-    return value
-
-
 @dataclass(frozen=True)
 class TransposedParams:
     """A transposed 1-D convolution's operands and attributes."""
@@ -108,7 +99,7 @@ class TransposedParams:
 def transposed_params(node: Node) -> TransposedParams:
     args = bound_args(node)
     ints = {
-        name: _single_int(args[name], name.replace("_", " "))
+        name: single_int(args[name], name.replace("_", " "))
         for name in ("stride", "padding", "output_padding", "dilation")
     }
     groups = args["groups"]
