@@ -223,14 +223,16 @@ def one_line(exc: BaseException) -> str:
 
 
 def max_abs_diff(got, want: np.ndarray) -> float:
-    """max |got - want| in float64, a block of channels at a time."""
+    """max |got - want| in float64, a block of elements at a time (outputs of
+    any rank, a vocoder's 1-D waveform included)."""
     got = np.asarray(got)
     if got.shape != want.shape:
         raise ValueError(f"output shape {got.shape} != reference {want.shape}")
+    got, want = got.reshape(-1), want.reshape(-1)
     worst = 0.0
-    step = max(1, (1 << 24) // max(1, want.shape[-1]))
-    for c in range(0, want.shape[1], step):
-        diff = np.abs(got[:, c : c + step].astype(np.float64) - want[:, c : c + step])
+    step = 1 << 24
+    for start in range(0, want.size, step):
+        diff = np.abs(got[start : start + step].astype(np.float64) - want[start : start + step])
         worst = max(worst, float(np.max(diff)) if diff.size else 0.0)
         if np.isnan(diff).any():
             return float("nan")

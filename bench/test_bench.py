@@ -40,6 +40,22 @@ def test_parse_plan_line():
     assert (scan.chosen, scan.estimates_ms, scan.prepared_mib) == ("sequential", {}, None)
 
 
+def test_max_abs_diff_takes_outputs_of_any_rank():
+    """A vocoder's output is a 1-D waveform (SpeechT5HifiGan called on one
+    spectrogram): the error check indexed a channel axis and crashed on it."""
+    want = np.linspace(-1.0, 1.0, 12, dtype=np.float32)
+    got = want.copy()
+    got[7] += 0.25
+    assert alternatives.max_abs_diff(got, want) == pytest.approx(0.25)
+    assert alternatives.max_abs_diff(got.reshape(2, 3, 2), want.reshape(2, 3, 2)) == (
+        pytest.approx(0.25)
+    )
+    got[3] = np.nan
+    assert math.isnan(alternatives.max_abs_diff(got, want))
+    with pytest.raises(ValueError, match="shape"):
+        alternatives.max_abs_diff(got.reshape(3, 4), want)
+
+
 def test_next_fast_len_and_settings():
     assert [workload.next_fast_len(n) for n in (1, 7, 11, 127, 1025)] == [1, 7, 12, 128, 1029]
     full = workload.make_settings(workload.KINDS, workload.FULL_C, workload.FULL_N, workload.FULL_K)

@@ -83,8 +83,10 @@ def example(module: torch.nn.Module, *inputs: torch.Tensor) -> Example:
     return Example(module.eval(), tuple(inputs), 0, COUNTED)
 
 
-def lm(config: str, model: str, vocab: int = 128, n: int = 8, **kwargs) -> Example:
-    """A causal LM: token ids in, logits out, no cache."""
+def lm(config: str, model: str, vocab: int = 128, n: int = 40, **kwargs) -> Example:
+    """A causal LM: token ids in, logits out, no cache. The prompt is 40 tokens:
+    transformers' LFM2 short conv was wrong from 32 up (issue 16), so a prefill
+    must reach past the lengths where a kernel picks another path."""
     kwargs = {"vocab_size": vocab, "use_cache": False, **kwargs}
     return example(Logits(hf(config, model, **kwargs)), tokens(vocab, n))
 

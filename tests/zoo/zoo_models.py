@@ -382,6 +382,33 @@ def hf_mimi_decoder(full: bool) -> Example:
     )  # fmt: skip
 
 
+def hf_speecht5_hifigan(full: bool) -> Example:
+    from transformers import SpeechT5HifiGan, SpeechT5HifiGanConfig
+
+    torch.manual_seed(0)
+    if full:  # SpeechT5's vocoder as released (microsoft/speecht5_hifigan's config)
+        config = SpeechT5HifiGanConfig()
+    else:
+        config = SpeechT5HifiGanConfig(
+            model_in_dim=16, upsample_initial_channel=32, upsample_rates=[4, 4],
+            upsample_kernel_sizes=[8, 8], resblock_kernel_sizes=[3, 7],
+            resblock_dilation_sizes=[[1, 3], [1, 3]],
+        )  # fmt: skip
+    model = SpeechT5HifiGan(config).eval()
+    with torch.no_grad():  # its input normalization, off its identity default
+        model.mean.copy_(0.5 * torch.randn(model.mean.shape, generator=_generator(3)))
+        model.scale.copy_(0.5 + torch.rand(model.scale.shape, generator=_generator(4)))
+    frames = 50 if full else 20
+    spectrogram = torch.randn(frames, config.model_in_dim, generator=_generator(1))
+    rates = config.upsample_rates
+    return Example(
+        model, (spectrogram,), 1,
+        f"one: the whole vocoder (input normalization, {len(rates)} ConvTranspose1d "
+        "upsamplers, each a conv of its phases interleaved, and the multi-receptive-field "
+        "blocks: dilated convs, leaky ReLUs, residual adds and their average), up to tanh",
+    )  # fmt: skip
+
+
 def _gated_deltanet(full: bool):
     from transformers import Qwen3_5TextConfig
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
@@ -660,6 +687,10 @@ MODELS: dict[str, ZooModel] = {
             "hf_mimi_decoder", "transformers MimiModel.decoder.decoder_seanet (SEANet)",
             hf_mimi_decoder,
             outside("aten.full.default"),
+        ),
+        ZooModel(
+            "hf_speecht5_hifigan", "transformers SpeechT5HifiGan (HiFi-GAN vocoder)",
+            hf_speecht5_hifigan, outside(),
         ),
         ZooModel(
             "hf_qwen3_5_gated_deltanet_conv", "transformers Qwen3_5GatedDeltaNet's conv path",

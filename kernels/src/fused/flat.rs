@@ -30,7 +30,7 @@
 //! line across the channels) is gathered a block at a time into a
 //! register of its own, with the interpreter's strided moves.
 
-use super::ops::{clamp, select, BinaryOp, UnaryOp};
+use super::ops::{clamp, pick, select, BinaryOp, UnaryOp};
 use super::program::views::{Leaf, LeafGeometry, LeafMap};
 use super::program::{Env, Expr, Program};
 use super::strided;
@@ -628,7 +628,7 @@ fn select_block(cond: Operand, other: Operand, dst: &mut [f32], n: usize) {
         (Operand::Slice(c), Operand::Slice(o)) => select(&c[..n], dst, &o[..n]),
         (Operand::Slice(c), Operand::Scalar(o)) => {
             for (x, &c) in dst.iter_mut().zip(&c[..n]) {
-                *x = if c != 0.0 { *x } else { o };
+                *x = pick(c, *x, o);
             }
         }
         (Operand::Scalar(c), _) if c != 0.0 => {}
