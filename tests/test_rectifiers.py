@@ -110,3 +110,20 @@ def test_torchaudio_convtasnet_lowers_with_xnnpack_after_rustconv(tmp_path):
     )  # fmt: skip
     calls, leftover = run_activation_model(model, (torch.randn(1, 1, 800),), "transform", tmp_path)
     assert calls == 2 and not [op for op in leftover if "prelu" in op], leftover
+
+
+def test_speecht5_hifigan_is_one_call_in_to_edge(tmp_path):
+    """transformers' SpeechT5 HiFi-GAN (the zoo's, tests' size: leaky ReLUs
+    between dilated convs, two ConvTranspose1d upsamplers) is one RustConv call
+    through ``to_edge(...).to_backend(...)`` too, nothing left outside
+    (tests/zoo checks one call through to_edge_transform_and_lower, and the
+    outputs at 1e-4 of their scale)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "zoo"))
+    import zoo_models
+
+    example = zoo_models.hf_speecht5_hifigan(False)
+    calls, leftover = run_activation_model(example.module, example.inputs, "to_edge", tmp_path)
+    assert calls == 1 and not leftover, leftover
