@@ -278,7 +278,7 @@ def _ops_the_default_table_decomposes(ep: ExportedProgram) -> list[torch._ops.Op
     decomposition table has an entry for: keeping them all makes our pass a no-op."""
     from executorch.exir.graph_module import get_control_flow_submodules
 
-    table = _default_table_ops(len(torch._C._dispatch_get_all_op_names()))
+    table = _default_table_ops()
     found: dict[torch._ops.OpOverload, None] = {}
     modules = [ep.graph_module]
     while modules:
@@ -291,14 +291,32 @@ def _ops_the_default_table_decomposes(ep: ExportedProgram) -> list[torch._ops.Op
     return list(found)
 
 
-@functools.lru_cache(maxsize=4)
-def _default_table_ops(registered_ops: int) -> frozenset[torch._ops.OpOverload]:
+def _default_table_ops() -> frozenset[torch._ops.OpOverload]:
     """The ops ExecuTorch's default decomposition table has an entry for.
 
     Listing them materializes the table (its composite ops come from every
-    registered operator): 0.1-0.2 s, once per lowering. The answer only
-    changes when operators are registered (a custom-op library loaded), so it
-    is kept per count of registered operators."""
+    registered operator): 0.12 s, once per lowering. The answer changes only
+    when an operator or a composite kernel is registered or dropped (a
+    custom-op library loaded or unloaded; the PT2E quantizer registers
+    composite kernels for ``quantized_decomposed`` ops defined earlier), so it
+    is kept per set of both, which the dispatcher lists in about 5 ms. A count
+    of operators is not enough: a kernel registered for an existing op, or one
+    library dropped and another as large loaded, keeps the count."""
+    return _table_ops_for(
+        frozenset(torch._C._dispatch_get_all_op_names()),
+        frozenset(
+            torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")
+        ),
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _table_ops_for(
+    operators: frozenset[str], composite: frozenset[str]
+) -> frozenset[torch._ops.OpOverload]:
+    """:func:`_default_table_ops` for these registrations (the arguments are
+    the cache's key)."""
+    del operators, composite
     from executorch.exir.program._program import _default_decomposition_table
 
     return frozenset(_default_decomposition_table().keys())
