@@ -55,7 +55,7 @@ use std::arch::x86_64::*;
 
 use num_complex::Complex;
 use rayon::prelude::*;
-use realfft::RealFftPlanner;
+use rustconv_fft_plans::Planner;
 
 use super::super::params::Conv1dGeometry;
 use crate::fused::{block_tmp, RowSink, RowSource, RowsIn, RowsOut};
@@ -174,7 +174,7 @@ impl LanesConv {
             n /= 4;
         }
 
-        let forward = RealFftPlanner::<f32>::new().plan_fft_forward(m);
+        let forward = Planner::new().forward(m);
         let bins = m / 2 + 1;
         let bits = m.trailing_zeros();
         let scale = 1.0 / m as f32;

@@ -97,7 +97,7 @@ use std::sync::Arc;
 
 use num_complex::Complex;
 use rayon::prelude::*;
-use realfft::{ComplexToReal, RealFftPlanner, RealToComplex};
+use rustconv_fft_plans::{ComplexToReal, Planner, RealToComplex};
 
 use super::algorithm::{ConvAlgorithm, Entry, NotFusable};
 use super::params::Conv1dGeometry;
@@ -409,9 +409,9 @@ impl RealConv {
     /// channel's spectrum.
     fn prepare(g: &Conv1dGeometry, w: &[f32], fft_len: usize) -> Self {
         let p = &g.params;
-        let mut planner = RealFftPlanner::<f32>::new();
-        let forward = planner.plan_fft_forward(fft_len);
-        let inverse = planner.plan_fft_inverse(fft_len);
+        let mut planner = Planner::new();
+        let forward = planner.forward(fft_len);
+        let inverse = planner.inverse(fft_len);
         let fft_scratch = forward.get_scratch_len().max(inverse.get_scratch_len());
 
         let bins = fft_len / 2 + 1;
