@@ -115,8 +115,9 @@ def test_default_table_ops_follow_a_composite_kernel_registered_after_its_op():
     """Failed when the answer was kept per count of operators: a composite
     kernel registered for an op defined earlier adds no operator, and the
     stale answer left the op out (our pass would then decompose it under the
-    other partitioners). Seen in the test run, where some test registers
-    composite kernels for ``quantized_decomposed`` ops."""
+    other partitioners). Seen in the test run: ExecuTorch's quant fusion
+    patterns (built by the LLM recipes' export) register composite kernels
+    for ``quantized_decomposed.add``, defined since ``exir`` was imported."""
     from rustconv.export.partitioner import _default_table_ops
 
     lib = torch.library.Library("rustconv_test_late", "DEF")  # noqa: TOR901

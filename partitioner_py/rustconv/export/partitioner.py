@@ -297,11 +297,13 @@ def _default_table_ops() -> frozenset[torch._ops.OpOverload]:
     Listing them materializes the table (its composite ops come from every
     registered operator): 0.12 s, once per lowering. The answer changes only
     when an operator or a composite kernel is registered or dropped (a
-    custom-op library loaded or unloaded; the PT2E quantizer registers
-    composite kernels for ``quantized_decomposed`` ops defined earlier), so it
-    is kept per set of both, which the dispatcher lists in about 5 ms. A count
-    of operators is not enough: a kernel registered for an existing op, or one
-    library dropped and another as large loaded, keeps the count."""
+    custom-op library loaded or unloaded; ExecuTorch's quant fusion patterns,
+    built when the LLM recipes' export runs, register composite kernels for
+    ``quantized_decomposed.add`` and ``add_relu``, defined when ``exir`` was
+    imported), so it is kept per set of both, which the dispatcher lists in
+    about 5 ms. A count of operators is not enough: a kernel registered for an
+    existing op, or one library dropped and another as large loaded, keeps
+    the count."""
     return _table_ops_for(
         frozenset(torch._C._dispatch_get_all_op_names()),
         frozenset(
