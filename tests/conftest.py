@@ -152,6 +152,15 @@ class ConvActConv(torch.nn.Module):
         return self.b(self.act(self.a(x)))
 
 
+def zoo_example(name: str):
+    """The zoo's model ``name`` at the tests' size (``tests/zoo/zoo_models.py``:
+    the upstream module, its inputs and expected calls)."""
+    sys.path.insert(0, str(ROOT / "tests" / "zoo"))
+    import zoo_models
+
+    return getattr(zoo_models, name)(False)
+
+
 def run_activation_model(model, inputs, flow, tmp_path) -> tuple[int, list[str]]:
     """(RustConv calls, ops left outside any delegate) of ``model`` lowered by
     ``flow`` ("to_edge": RustConv alone; "transform": [RustConv, XNNPACK]),

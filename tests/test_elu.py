@@ -6,7 +6,7 @@ the SEANet convs of transformers' Mimi no longer split at every activation.
 
 import pytest
 import torch
-from conftest import ConvActConv, run_activation_model
+from conftest import ConvActConv, run_activation_model, zoo_example
 from torch.export import export
 
 
@@ -69,13 +69,7 @@ def test_mimi_seanet_chains_through_its_elus(part, calls, tmp_path):
     stayed outside; now each is one call (the decoder's 4 ConvTranspose1d
     upsamplers too, since transposed convs are RustConv's), no ELU left outside.
     (tests/zoo checks the same through to_edge_transform_and_lower.)"""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "zoo"))
-    import zoo_models
-
-    example = getattr(zoo_models, f"hf_mimi_{part}")(False)
+    example = zoo_example(f"hf_mimi_{part}")
     got, leftover = run_activation_model(example.module, example.inputs, "to_edge", tmp_path)
     assert got == calls
     assert not [op for op in leftover if "elu" in op], leftover

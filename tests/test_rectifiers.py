@@ -10,7 +10,7 @@ compatible node to NHWC"), so that the model did not lower at all.
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ConvActConv, run_activation_model
+from conftest import ConvActConv, run_activation_model, zoo_example
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge_transform_and_lower
 from rustconv import RustConvPartitioner
@@ -118,12 +118,6 @@ def test_speecht5_hifigan_is_one_call_in_to_edge(tmp_path):
     through ``to_edge(...).to_backend(...)`` too, nothing left outside
     (tests/zoo checks one call through to_edge_transform_and_lower, and the
     outputs at 1e-4 of their scale)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "zoo"))
-    import zoo_models
-
-    example = zoo_models.hf_speecht5_hifigan(False)
+    example = zoo_example("hf_speecht5_hifigan")
     calls, leftover = run_activation_model(example.module, example.inputs, "to_edge", tmp_path)
     assert calls == 1 and not leftover, leftover
