@@ -121,15 +121,16 @@ def test_block_in_float16(name, tmp_path):
 
 @pytest.mark.parametrize("flow", FLOWS)
 def test_wide_conv_stack_runs_fft_gemm_with_relu_in_its_loops(flow, tmp_path):
-    """A conv stack wide enough for the cost model to pick fft_gemm (64
-    channels, K = 11): every conv runs it with its ReLU fused into the output
-    rows, still one call, matching eager."""
+    """A conv stack wide enough for the cost model to pick fft_gemm (128
+    channels, K = 11, 1024 samples; at 64 channels the GEMM runs as fast):
+    every conv runs it with its ReLU fused into the output rows, still one
+    call, matching eager."""
     import rustconv.runtime  # noqa: F401  (the plan comes from the Rust library)
     from rustconv.devtools.inspect import delegate_calls, plan_blob
 
     torch.manual_seed(0)
-    model = blocks.ConvStack(64, 11).eval()
-    example = model.make_inputs(seq=300)
+    model = blocks.ConvStack(128, 11).eval()
+    example = model.make_inputs(seq=1024)
     program = _program(model, example, flow)
     assert delegate_backends(program).count("RustConvBackend") == 1
     (call,) = delegate_calls(program.buffer)

@@ -158,6 +158,12 @@ const MAX_REACH: usize = 96;
 /// output spectra are stored and read back. Calibrated with
 /// `calibrate_fft_gemm` in `tests.rs` (see [`cost`]).
 const RELATIVE_RATE: f64 = 0.8;
+/// Extra time per multiply-add for each `1 / in_per_group`: each bin's
+/// complex product sums over the group's input channels only (the GEMM's
+/// inner products run over channels and taps), and the transforms, one per
+/// channel, weigh more beside a narrow mixing. Fitted with
+/// `calibrate_fft_gemm_channels` (see [`cost`]).
+const SHORT_CHANNELS: f64 = 32.0;
 /// Fixed seconds per tile (task set-up, panel loop).
 const SECONDS_PER_TILE: f64 = 0.5e-6;
 /// Tiles per pool thread the split aims for before it splits output
@@ -200,9 +206,23 @@ fn lengths(g: &Conv1dGeometry, backend: Backend) -> impl Iterator<Item = usize> 
 /// panel), the weight spectra (`L · K` per channel pair, once per tile,
 /// over columns padded to whole register rows) and the inverse (`M · L`
 /// per output channel and block), at [`RELATIVE_RATE`] times the `gemm`
-/// algorithm's large-matrix rate. Bytes: the compulsory ones plus the
-/// weights, which every tile streams once. The larger of the two, plus
-/// [`SECONDS_PER_TILE`] per tile.
+/// algorithm's large-matrix rate, slowed by `1 + SHORT_CHANNELS /
+/// in_per_group`. Bytes: the compulsory ones plus the weights, which every
+/// tile streams once. The larger of the two, plus [`SECONDS_PER_TILE`] per
+/// tile.
+///
+/// The channel term was fitted on `calibrate_fft_gemm_channels` (dense, 8
+/// to 256 channels, `K` = 5, 7, 11, 200 to 12800 outputs, one thread) on
+/// two Intel Xeon machines (this project's 2-core VM and the 16-core
+/// device machine, 2026-11-28), choosing between this and the `gemm`
+/// algorithm by the estimates: without it the model took this algorithm
+/// for 16 to 64 channels where it ran 1.1 to 3.2 times slower than the
+/// GEMM (HiFi-GAN's last stages: 16 channels, `K` = 7, 12800 outputs, 1.48
+/// against 0.53 ms); with it, the summed log-loss of the choices over the
+/// 138 points fell from 18.0 to 0.31, the worst pick 1.2 times the better
+/// algorithm's time (64 channels, `K` = 7, 800 outputs). Narrow groups
+/// measured 2.5 to 4.5 times the model's time at 8 and 16 channels, 1.1
+/// to 1.3 at 128 and 256.
 pub(crate) fn cost(g: &Conv1dGeometry, backend: Backend) -> f64 {
     lengths(g, backend)
         .map(|l| cost_at(g, backend, l))
@@ -228,7 +248,8 @@ fn cost_at(g: &Conv1dGeometry, backend: Backend, l: usize) -> f64 {
     let weight_spectra = (tiles_per_row * panels) as f64 * spectra_cols * lf * p.kernel_size as f64;
     let outer = (p.batch * p.groups) as f64;
     let macs = outer * (forward + mixing + weight_spectra + inverse);
-    let rate = DIRECT_MACS_PER_SEC * super::gemm::SPEEDUP_OVER_DIRECT * RELATIVE_RATE;
+    let rate = DIRECT_MACS_PER_SEC * super::gemm::SPEEDUP_OVER_DIRECT * RELATIVE_RATE
+        / (1.0 + SHORT_CHANNELS / cin);
     let weights = 4.0 * g.weight_elems as f64;
     let bytes = compulsory_bytes(g) + weights * (p.batch * tiles_per_row) as f64;
     let tiles = outer * tiles_per_row as f64;

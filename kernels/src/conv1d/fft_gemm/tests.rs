@@ -383,6 +383,50 @@ fn calibrate_fft_gemm() {
     }
 }
 
+/// Release-only sweep of channel counts, filter lengths and output lengths
+/// (dense, stride 1, "same" padding, with bias), the GEMM against this
+/// algorithm, one thread: best-of-`FFT_GEMM_REPS` (default 10) ms of each
+/// and the cost model's estimates, for the small-channel terms of
+/// [`cost`]:
+/// `cargo test --release -p rustconv-kernels calibrate_fft_gemm_channels -- --ignored --nocapture`.
+#[test]
+#[ignore = "timing; run by hand in release"]
+fn calibrate_fft_gemm_channels() {
+    use std::time::Instant;
+    let reps: usize = std::env::var("FFT_GEMM_REPS").map_or(10, |r| r.parse().unwrap());
+    for &c in &[8, 16, 32, 64, 128, 256] {
+        for &k in &[5, 7, 11] {
+            for &n in &[200, 800, 3200, 12800] {
+                if c * c * k * n > 256 * 256 * 11 * 3200 {
+                    continue;
+                }
+                let p = params(1, (c, c, 1), n, k, 1, (k / 2, k / 2), 1);
+                let mut rng = Rng::new(1);
+                let w = rng.vec(p.weight_elems(), -0.1, 0.1);
+                let b = rng.vec(p.bias_elems(), -0.1, 0.1);
+                let x = rng.vec(p.input_elems(), -1.0, 1.0);
+                let mut line = format!("C={c} K={k} N={n}:");
+                for a in [Algorithm::Gemm, Algorithm::FftGemm] {
+                    let conv = PreparedConv1d::new(&p, &w, Choice::Force(a)).unwrap();
+                    let scratch =
+                        Scratch::sized(1, conv.scratch_per_thread(), conv.shared_scratch());
+                    let mut y = vec![0.0; p.output_elems().unwrap()];
+                    let mut best = f64::INFINITY;
+                    for _ in 0..=reps {
+                        let t = Instant::now();
+                        conv.run(&p, &x, Some(&w), Some(&b), &mut y, &scratch)
+                            .unwrap();
+                        best = best.min(t.elapsed().as_secs_f64());
+                    }
+                    let est = crate::estimate_cost(a, &p).unwrap();
+                    line += &format!(" {} {:.4} est {:.4}", a.name(), best * 1e3, est * 1e3);
+                }
+                println!("{line}");
+            }
+        }
+    }
+}
+
 #[test]
 fn fused_epilogue_gets_every_output_once_in_rows() {
     use crate::fused::{RowsIn, RowsOut};
@@ -435,6 +479,39 @@ fn depthwise_convs_keep_their_own_algorithms() {
                     .algorithm();
                 assert_ne!(auto, Algorithm::FftGemm, "{p:?}");
             }
+        }
+    }
+}
+
+#[test]
+fn cost_model_keeps_narrow_groups_on_the_gemm() {
+    // Shapes where one algorithm ran at least 1.4 times faster than the
+    // other on both machines `SHORT_CHANNELS` was fitted on (one thread):
+    // narrow groups on the GEMM (a HiFi-GAN's last stages), wide groups
+    // with long filters on this algorithm (Wav2Letter's conv stack).
+    let gemm = [
+        (16, 7, 12800),
+        (16, 11, 3200),
+        (32, 7, 3200),
+        (32, 5, 12800),
+        (64, 5, 800),
+    ];
+    let fft_gemm = [
+        (128, 11, 3200),
+        (250, 11, 4096),
+        (256, 7, 800),
+        (64, 11, 12800),
+    ];
+    for (shapes, want) in [
+        (&gemm[..], Algorithm::Gemm),
+        (&fft_gemm[..], Algorithm::FftGemm),
+    ] {
+        for &(c, k, n) in shapes {
+            let p = params(1, (c, c, 1), n, k, 1, (k / 2, k / 2), 1);
+            let auto = PreparedConv1d::new(&p, &vec![0.0; p.weight_elems()], Choice::Auto)
+                .unwrap()
+                .algorithm();
+            assert_eq!(auto, want, "C={c} K={k} N={n}");
         }
     }
 }

@@ -1199,3 +1199,47 @@ fn fused_prologues_get_the_materialised_input() {
         }
     }
 }
+
+/// GFLOP/s of a HiFi-GAN vocoder's residual-block convs (SpeechT5's with
+/// 256 initial channels, 50 frames: each stage halves the channels and
+/// quadruples the length) on the GEMM and the FFT-GEMM, on each thread
+/// count of `GEMM_THREADS` (default `1,2`), with the cost model's choice
+/// and estimates (`VOC_SHAPES=C:N,...` for other channel counts and
+/// lengths):
+/// `GEMM_THREADS=1,4,16 cargo test --release -p rustconv-kernels calibrate_vocoder -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn calibrate_vocoder() {
+    let threads: Vec<usize> = std::env::var("GEMM_THREADS")
+        .unwrap_or_else(|_| "1,2".into())
+        .split(',')
+        .map(|t| t.parse().unwrap())
+        .collect();
+    let shapes =
+        std::env::var("VOC_SHAPES").unwrap_or_else(|_| "128:200,64:800,32:3200,16:12800".into());
+    for (c, n) in shapes.split(',').map(|s| {
+        let (c, n) = s.split_once(':').unwrap();
+        (c.parse::<usize>().unwrap(), n.parse::<usize>().unwrap())
+    }) {
+        for (k, d) in [(3, 1), (7, 1), (7, 3), (11, 1), (11, 5)] {
+            let pad = d * (k - 1) / 2;
+            let p = params(1, (c, c, 1), n, k, 1, (pad, pad), d);
+            let g = p.geometry().unwrap();
+            let chosen = PreparedConv1d::new(&p, &vec![0.0; p.weight_elems()], Choice::Auto)
+                .unwrap()
+                .algorithm();
+            let mut line = format!("C={c:3} N={n:5} K={k:2} d={d}: auto {:8}", chosen.name());
+            for algorithm in [Algorithm::Gemm, Algorithm::FftGemm] {
+                if !algorithm.applies(&g, Backend::detect()) {
+                    continue;
+                }
+                let (rates, est) = gflops(&p, algorithm, &threads);
+                line += &format!(" | {} (model {:.3} ms)", algorithm.name(), est * 1e3);
+                for (t, r) in threads.iter().zip(&rates) {
+                    line += &format!(" {t}T {r:6.1}");
+                }
+            }
+            println!("{line}");
+        }
+    }
+}
