@@ -144,8 +144,11 @@ const FILL_CHANNELS: usize = 64;
 /// Shortest chunk the tiling makes in order to find parallelism.
 const CHUNK_MIN: usize = 64;
 /// Fewest output channels in a tile when channel blocks are split for
-/// parallelism.
-const ROWS_MIN: usize = 32;
+/// parallelism. 32 stopped 128-channel convs of a few hundred outputs (a
+/// HiFi-GAN's first residual stage) at 8 tiles; at 16 they reach
+/// [`MIN_TILES`], which took them from 307-545 to 442-802 GFLOP/s on 16
+/// threads of the device machine (`calibrate_vocoder`, 2026-11-28).
+const ROWS_MIN: usize = 16;
 /// Tiles the split aims for at least, so that a pool can balance its
 /// threads. A constant rather than the pool size, so the tiling (and with
 /// it the summation order) does not depend on the number of threads.
@@ -546,10 +549,15 @@ impl Tiling {
     /// than [`MIN_TILES`] tiles (or fewer than the work allows, at
     /// [`MIN_TILE_MACS`] per tile), narrower chunks (down to [`CHUNK_MIN`])
     /// and then blocks of output channels (down to [`ROWS_MIN`], a multiple
-    /// of `block.mr`). Where there are several chunks, they are multiples of
-    /// the block, and a last chunk shorter than one block joins the one
-    /// before it (a ragged end costs a tile its narrow blocks, not a tile of
-    /// its own whose one block is mostly padding).
+    /// of `block.mr`), but only where the chunks give fewer than half the
+    /// target: a split adds a pass filling the chunks' shared windows, which
+    /// costs more than it balances when the chunks nearly suffice (32
+    /// channels, 3200 outputs: 14 chunks, 2 blocks of 16 rows ran 630 ->
+    /// 356 GFLOP/s at `K` = 3 on 16 threads). Where there are several
+    /// chunks, they are multiples of the block, and a last chunk shorter
+    /// than one block joins the one before it (a ragged end costs a tile its
+    /// narrow blocks, not a tile of its own whose one block is mostly
+    /// padding).
     fn new(g: &Conv1dGeometry, block: Block) -> Self {
         let p = &g.params;
         let cols = block.cols();
@@ -570,7 +578,11 @@ impl Tiling {
             chunks -= 1;
         }
 
-        let want_blocks = target.div_ceil(outer * chunks);
+        let want_blocks = if 2 * outer * chunks > target {
+            1
+        } else {
+            target.div_ceil(outer * chunks)
+        };
         let blocks = want_blocks.min(g.out_per_group / ROWS_MIN).max(1);
         let mut rows = g.out_per_group.div_ceil(blocks);
         if blocks > 1 {

@@ -973,6 +973,29 @@ fn fused_epilogues_get_the_stored_result() {
 }
 
 #[test]
+fn short_rows_split_channels_and_long_rows_keep_them_whole() {
+    // A HiFi-GAN's first residual stage (128 channels, 200 outputs) and a
+    // 256-channel layer of 50 outputs have too few chunks for a pool of 16
+    // threads: their channels are split into blocks of 16 rows until there
+    // are MIN_TILES tiles (blocks of 32 stopped them at 8). Where the chunks
+    // already give half the tiles or more (32 channels, 3200 outputs: 14
+    // chunks), the channels stay whole: a split would add a pass filling
+    // shared windows for little balance.
+    let block = choose_block(Backend::detect(), 128);
+    for (c, n) in [(128, 200), (256, 50)] {
+        let g = params(1, (c, c, 1), n, 7, 1, (3, 3), 1).geometry().unwrap();
+        let t = Tiling::new(&g, block);
+        assert!(t.chunks * t.row_blocks >= MIN_TILES, "{c}x{n}: {t:?}");
+    }
+    let g = params(1, (32, 32, 1), 3200, 7, 1, (3, 3), 1)
+        .geometry()
+        .unwrap();
+    let t = Tiling::new(&g, choose_block(Backend::detect(), 32));
+    assert!(2 * t.chunks > MIN_TILES, "{t:?}");
+    assert_eq!(t.row_blocks, 1, "{t:?}");
+}
+
+#[test]
 fn ragged_ends_join_the_last_chunk() {
     // wav2vec2's 512-channel layers at 1 s of audio: outputs 1599 .. 49.
     // No chunk is shorter than a block where there are several, and short
