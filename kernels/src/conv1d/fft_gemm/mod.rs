@@ -220,9 +220,9 @@ fn lengths(g: &Conv1dGeometry, backend: Backend) -> impl Iterator<Item = usize> 
 /// GEMM (HiFi-GAN's last stages: 16 channels, `K` = 7, 12800 outputs, 1.48
 /// against 0.53 ms); with it, the summed log-loss of the choices over the
 /// 138 points fell from 18.0 to 0.31, the worst pick 1.2 times the better
-/// algorithm's time (64 channels, `K` = 7, 800 outputs). Narrow groups
-/// measured 2.5 to 4.5 times the model's time at 8 and 16 channels, 1.1
-/// to 1.3 at 128 and 256.
+/// algorithm's time (64 channels, `K` = 7, 800 outputs). Measured against
+/// the `gemm` time, this estimate had been too low by 2 to 4.5 times at 8
+/// and 16 channels, 1.2 to 1.8 at 64 and 1.0 to 1.4 at 128 and 256.
 pub(crate) fn cost(g: &Conv1dGeometry, backend: Backend) -> f64 {
     lengths(g, backend)
         .map(|l| cost_at(g, backend, l))
