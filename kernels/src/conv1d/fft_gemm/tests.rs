@@ -488,7 +488,8 @@ fn cost_model_keeps_narrow_groups_on_the_gemm() {
     // Shapes where one algorithm ran at least 1.4 times faster than the
     // other on both machines `SHORT_CHANNELS` was fitted on (one thread):
     // narrow groups on the GEMM (a HiFi-GAN's last stages), wide groups
-    // with long filters on this algorithm (Wav2Letter's conv stack).
+    // with long filters on this algorithm; and Wav2Letter's conv stack
+    // (250 channels, `K` = 11: 2.2 times, `calibrate_fft_gemm`).
     let gemm = [
         (16, 7, 12800),
         (16, 11, 3200),
@@ -500,7 +501,7 @@ fn cost_model_keeps_narrow_groups_on_the_gemm() {
         (128, 11, 3200),
         (250, 11, 4096),
         (256, 7, 800),
-        (64, 11, 12800),
+        (128, 7, 3200),
     ];
     for (shapes, want) in [
         (&gemm[..], Algorithm::Gemm),
