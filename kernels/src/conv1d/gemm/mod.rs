@@ -153,6 +153,11 @@ const ROWS_MIN: usize = 16;
 /// threads. A constant rather than the pool size, so the tiling (and with
 /// it the summation order) does not depend on the number of threads.
 const MIN_TILES: usize = 16;
+/// Multiply-adds of a chunk's tile below which its output channels stay in
+/// one block where the chunks already give half of [`MIN_TILES`] (see
+/// [`Tiling::new`]): 8 Mi, about 80 µs on one core, where the shared
+/// windows' fill pass is a few per cent of the tile.
+const SPLIT_MIN_MACS: usize = 1 << 23;
 /// Multiply-adds below which a tile is not worth its task: small
 /// convolutions get fewer tiles than [`MIN_TILES`].
 const MIN_TILE_MACS: usize = 1 << 16;
@@ -549,11 +554,11 @@ impl Tiling {
     /// than [`MIN_TILES`] tiles (or fewer than the work allows, at
     /// [`MIN_TILE_MACS`] per tile), narrower chunks (down to [`CHUNK_MIN`])
     /// and then blocks of output channels (down to [`ROWS_MIN`], a multiple
-    /// of `block.mr`), but only where the chunks give fewer than half the
-    /// target: a split adds a pass filling the chunks' shared windows, which
-    /// costs more than it balances when the chunks nearly suffice (32
-    /// channels, 3200 outputs: 14 chunks, 2 blocks of 16 rows ran 630 ->
-    /// 356 GFLOP/s at `K` = 3 on 16 threads). Where there are several
+    /// of `block.mr`), except where the chunks give half the target or more
+    /// and their tiles are small ([`SPLIT_MIN_MACS`]): a split adds a pass
+    /// filling the chunks' shared windows, which then costs more than it
+    /// balances (32 channels, 3200 outputs: 14 chunks, 2 blocks of 16 rows
+    /// ran 630 -> 356 GFLOP/s at `K` = 3 on 16 threads). Where there are several
     /// chunks, they are multiples of the block, and a last chunk shorter
     /// than one block joins the one before it (a ragged end costs a tile its
     /// narrow blocks, not a tile of its own whose one block is mostly
@@ -578,7 +583,8 @@ impl Tiling {
             chunks -= 1;
         }
 
-        let want_blocks = if 2 * outer * chunks > target {
+        let tile_macs = direct_macs(g) as usize / (outer * chunks);
+        let want_blocks = if 2 * outer * chunks > target && tile_macs < SPLIT_MIN_MACS {
             1
         } else {
             target.div_ceil(outer * chunks)

@@ -978,9 +978,10 @@ fn short_rows_split_channels_and_long_rows_keep_them_whole() {
     // 256-channel layer of 50 outputs have too few chunks for a pool of 16
     // threads: their channels are split into blocks of 16 rows until there
     // are MIN_TILES tiles (blocks of 32 stopped them at 8). Where the chunks
-    // already give half the tiles or more (32 channels, 3200 outputs: 14
-    // chunks), the channels stay whole: a split would add a pass filling
-    // shared windows for little balance.
+    // already give half the tiles or more and the tiles are small (32
+    // channels, 3200 outputs: 14 chunks), the channels stay whole: a split
+    // would add a pass filling shared windows for little balance. Large
+    // tiles still split (`ragged_ends_join_the_last_chunk`).
     let block = choose_block(Backend::detect(), 128);
     for (c, n) in [(128, 200), (256, 50)] {
         let g = params(1, (c, c, 1), n, 7, 1, (3, 3), 1).geometry().unwrap();
