@@ -385,15 +385,14 @@ fn calibrate_fft_gemm() {
 
 /// Release-only sweep of channel counts, filter lengths and output lengths
 /// (dense, stride 1, "same" padding, with bias), the GEMM against this
-/// algorithm, one thread: best-of-`FFT_GEMM_REPS` (default 10) ms of each
-/// and the cost model's estimates, for the small-channel terms of
+/// algorithm, one thread (timed by the GEMM's `gflops`; `GEMM_REPS` calls):
+/// ms of each and the cost model's estimates, for the small-channel term of
 /// [`cost`]:
 /// `cargo test --release -p rustconv-kernels calibrate_fft_gemm_channels -- --ignored --nocapture`.
 #[test]
 #[ignore = "timing; run by hand in release"]
 fn calibrate_fft_gemm_channels() {
-    use std::time::Instant;
-    let reps: usize = std::env::var("FFT_GEMM_REPS").map_or(10, |r| r.parse().unwrap());
+    use crate::conv1d::gemm::tests::gflops;
     for &c in &[8, 16, 32, 64, 128, 256] {
         for &k in &[5, 7, 11] {
             for &n in &[200, 800, 3200, 12800] {
@@ -401,25 +400,12 @@ fn calibrate_fft_gemm_channels() {
                     continue;
                 }
                 let p = params(1, (c, c, 1), n, k, 1, (k / 2, k / 2), 1);
-                let mut rng = Rng::new(1);
-                let w = rng.vec(p.weight_elems(), -0.1, 0.1);
-                let b = rng.vec(p.bias_elems(), -0.1, 0.1);
-                let x = rng.vec(p.input_elems(), -1.0, 1.0);
+                let flops = 2.0 * crate::conv1d::cost::direct_macs(&p.geometry().unwrap());
                 let mut line = format!("C={c} K={k} N={n}:");
                 for a in [Algorithm::Gemm, Algorithm::FftGemm] {
-                    let conv = PreparedConv1d::new(&p, &w, Choice::Force(a)).unwrap();
-                    let scratch =
-                        Scratch::sized(1, conv.scratch_per_thread(), conv.shared_scratch());
-                    let mut y = vec![0.0; p.output_elems().unwrap()];
-                    let mut best = f64::INFINITY;
-                    for _ in 0..=reps {
-                        let t = Instant::now();
-                        conv.run(&p, &x, Some(&w), Some(&b), &mut y, &scratch)
-                            .unwrap();
-                        best = best.min(t.elapsed().as_secs_f64());
-                    }
-                    let est = crate::estimate_cost(a, &p).unwrap();
-                    line += &format!(" {} {:.4} est {:.4}", a.name(), best * 1e3, est * 1e3);
+                    let (rates, est) = gflops(&p, a, &[1]);
+                    let ms = flops / rates[0] / 1e6;
+                    line += &format!(" {} {ms:.4} est {:.4}", a.name(), est * 1e3);
                 }
                 println!("{line}");
             }

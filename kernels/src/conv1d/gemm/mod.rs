@@ -687,4 +687,4 @@ impl ConvAlgorithm for GemmConv {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -430,7 +430,7 @@ fn time(threads: usize, reps: usize, f: &mut (dyn FnMut() + Send)) -> f64 {
 
 /// GFLOP/s (2 flops per multiply-add) of `algorithm` at `p` on each
 /// thread count, and the cost model's single-thread estimate.
-fn gflops(p: &Conv1dParams, algorithm: Algorithm, threads: &[usize]) -> (Vec<f64>, f64) {
+pub(crate) fn gflops(p: &Conv1dParams, algorithm: Algorithm, threads: &[usize]) -> (Vec<f64>, f64) {
     let g = p.geometry().unwrap();
     let mut rng = Rng::new(1);
     let x = rng.vec(p.input_elems(), -1.0, 1.0);
