@@ -61,16 +61,25 @@ impl Block {
     }
 }
 
-/// The blocks `backend` offers: a regular one, and one with half the rows
-/// and twice the columns for groups with few output channels. Accumulators
+/// The blocks `backend` offers: a regular one, and one with fewer rows
+/// and more columns for groups with few output channels. Accumulators
 /// (`mr · nr` vectors), the `nr` loaded vectors and one broadcast fit the
 /// register file: 32 vector registers on AVX-512 and NEON, 16 on AVX2, and
 /// on the portable backend 16 SSE2 registers, two per `[f32; 8]`.
+///
+/// AVX2's narrow block is 2 × 5, not the 4 × 3 of the other backends'
+/// shape: 4 × 3 also takes all 16 registers, and LLVM spilled an
+/// accumulator to the stack and shuffled the others every step, which ran
+/// at 35-43 GFLOP/s where 6 × 2 and 2 × 5 reach 70-90 on the 2-core
+/// AVX2 AMD EPYC VM (`calibrate_blocks`, 2 to 512 channels, 2026-11-28);
+/// it was the block of every group whose output channels are a multiple
+/// of 4 and not of 6 (128, 256, 512). AVX-512's 4 × 6 runs as fast as its
+/// 8 × 3 on the 16-core Intel Xeon (within its noise, 4 to 512 channels).
 pub(crate) fn blocks(backend: Backend) -> [Block; 2] {
     let (regular, few, lanes) = match backend {
         Backend::Portable => ((4, 1), (2, 2), 8),
         #[cfg(target_arch = "x86_64")]
-        Backend::Avx2 => ((6, 2), (4, 3), 8),
+        Backend::Avx2 => ((6, 2), (2, 5), 8),
         #[cfg(target_arch = "x86_64")]
         Backend::Avx512 => ((8, 3), (4, 6), 16),
         #[cfg(target_arch = "aarch64")]
@@ -80,11 +89,17 @@ pub(crate) fn blocks(backend: Backend) -> [Block; 2] {
 }
 
 /// The block for `out_per_group` output channels on `backend`: the one
-/// that computes the fewest padding rows (the regular one on a tie).
+/// whose panels take the fewest steps, padding rows included. A step of
+/// a block keeps its `mr · nr` accumulators busy, so a panel's cost goes
+/// with its rows over that count (AVX2's 2 × 5 keeps 10 where 6 × 2
+/// keeps 12; the others' two blocks keep as many): the narrow block where
+/// the regular one would pad more rows than that difference makes up
+/// (the regular one on a tie).
 pub(crate) fn choose_block(backend: Backend, out_per_group: usize) -> Block {
     let [regular, few] = blocks(backend);
     let padded = |b: Block| out_per_group.next_multiple_of(b.mr);
-    if padded(few) < padded(regular) {
+    let acc = |b: Block| b.mr * b.nr;
+    if padded(few) * acc(regular) < padded(regular) * acc(few) {
         few
     } else {
         regular
@@ -233,17 +248,17 @@ impl std::fmt::Debug for TileKernel {
 }
 
 impl TileKernel {
-    /// The kernel for `out_per_group` output channels on `isa`.
-    pub(crate) fn new(isa: Isa, out_per_group: usize) -> Self {
+    /// The kernel of `block` (one of [`blocks`]'s for `isa`) on `isa`.
+    pub(crate) fn new(isa: Isa, block: Block) -> Self {
         let backend = isa.backend();
-        let block = choose_block(backend, out_per_group);
+        debug_assert!(blocks(backend).contains(&block), "{block:?}");
         /// `$f::<MR, NR>` for the blocks of [`blocks`].
         macro_rules! pick {
             ($f:ident) => {
                 match (block.mr, block.nr) {
                     (2, 2) => $f::<2, 2> as TileFn,
+                    (2, 5) => $f::<2, 5> as TileFn,
                     (4, 1) => $f::<4, 1> as TileFn,
-                    (4, 3) => $f::<4, 3> as TileFn,
                     (4, 6) => $f::<4, 6> as TileFn,
                     (6, 2) => $f::<6, 2> as TileFn,
                     (8, 3) => $f::<8, 3> as TileFn,
@@ -626,6 +641,30 @@ unsafe fn micro<S: Simd, const MR: usize, const NR: usize>(
         for (row, &b) in acc.iter_mut().zip(bias) {
             *row = [S::splat(b); NR];
         }
+        if let [o] = *offsets {
+            // One tap (a pointwise conv): one loop over the channels. In
+            // the nested loop below, the compiler reloads the `MR` filter
+            // pointers from the stack and recomputes them every channel,
+            // which with one tap per channel cost about as much as the
+            // multiply-adds (128 -> 256 channels at K = 1 ran at half the
+            // rate of K = 7 on AVX2). Same terms in the same order.
+            let mut xc = x.add(o);
+            for c in 0..cin {
+                let mut xv = [zero; NR];
+                for (r, v) in xv.iter_mut().enumerate() {
+                    *v = S::load(xc.add(r * S::LANES));
+                }
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let wi = S::splat(*w[i].add(c));
+                    for (a, &v) in row.iter_mut().zip(&xv) {
+                        *a = S::mul_add(*a, wi, v);
+                    }
+                }
+                xc = xc.add(chan_stride);
+            }
+            store::<S, MR, NR>(&acc, y, y_stride, rows);
+            return;
+        }
         let mut kk = 0;
         let mut xc = x;
         for _ in 0..cin {
@@ -645,10 +684,26 @@ unsafe fn micro<S: Simd, const MR: usize, const NR: usize>(
             }
             xc = xc.add(chan_stride);
         }
-        for (i, row) in acc.iter().enumerate().take(rows) {
-            for (r, &v) in row.iter().enumerate() {
-                S::store(y.add(i * y_stride + r * S::LANES), v);
-            }
+        store::<S, MR, NR>(&acc, y, y_stride, rows);
+    }
+}
+
+/// Stores the first `rows` rows of `acc` at `y + i·y_stride`.
+///
+/// # Safety
+/// `S`'s features are present; `y` is writable for `NR · LANES` values at
+/// each of the first `rows` rows.
+#[inline(always)]
+unsafe fn store<S: Simd, const MR: usize, const NR: usize>(
+    acc: &[[S::V; NR]; MR],
+    y: *mut f32,
+    y_stride: usize,
+    rows: usize,
+) {
+    for (i, row) in acc.iter().enumerate().take(rows) {
+        for (r, &v) in row.iter().enumerate() {
+            // SAFETY: in bounds by the contract; the features are present.
+            unsafe { S::store(y.add(i * y_stride + r * S::LANES), v) };
         }
     }
 }

@@ -26,8 +26,9 @@
 //! prepared. The instruction set (AVX-512, AVX2 + FMA, NEON or portable Rust)
 //! is the crate's SIMD layer (`crate::simd`), detected once at prepare,
 //! and with it the block: `MR × NR` vectors of 8 × 3 on AVX-512 and NEON,
-//! 6 × 2 on AVX2, 4 × 1 portable, or half the rows and twice the vectors
-//! when that computes fewer padding rows (groups with few outputs).
+//! 6 × 2 on AVX2, 4 × 1 portable, or a narrow one (4 × 6, 2 × 5 on AVX2,
+//! 2 × 2 portable) where its panels take fewer steps, padding rows
+//! included (groups with few outputs; `kernel::choose_block`).
 //!
 //! # Work split
 //!
@@ -220,9 +221,14 @@ impl GemmConv {
     /// The kernel on `isa`. Nothing here depends on the batch; the input
     /// length bounds the window.
     pub(crate) fn new(g: &Conv1dGeometry, isa: Isa) -> Self {
+        Self::with_block(g, isa, choose_block(isa.backend(), g.out_per_group))
+    }
+
+    /// [`Self::new`] on `block`, one of [`kernel::blocks`]'s for `isa`
+    /// (the tests' and calibration's choice).
+    pub(crate) fn with_block(g: &Conv1dGeometry, isa: Isa, block: Block) -> Self {
         let p = &g.params;
-        let kernel = TileKernel::new(isa, g.out_per_group);
-        let block = kernel.block();
+        let kernel = TileKernel::new(isa, block);
         // Chunks never exceed the output length nor the cap plus the ragged
         // end a last chunk takes in (Tiling::new), and calls have at most
         // the prepared length.

@@ -338,8 +338,57 @@ fn few_outputs_take_the_narrow_block() {
         assert_eq!(choose_block(backend, few.mr), few);
         // A tie (no padding rows either way) takes the regular block.
         assert_eq!(choose_block(backend, regular.mr * few.mr), regular);
+        // Wide groups take the regular block, whose steps keep at least as
+        // many accumulators, whatever their count's divisors (AVX2 ran
+        // 128 to 512 channels on a narrow block that spilled).
+        for out in [16, 32, 64, 128, 256, 512, 1000] {
+            assert_eq!(choose_block(backend, out), regular, "{backend:?} {out}");
+        }
         assert!(regular.mr * regular.cols() <= kernel::MAX_BLOCK_FLOATS);
         assert!(few.mr * few.cols() <= kernel::MAX_BLOCK_FLOATS);
+    }
+}
+
+/// GFLOP/s of each of this CPU's blocks, forced, on one thread:
+/// `cargo test --release -p rustconv-kernels calibrate_blocks -- --ignored --nocapture`.
+/// `GEMM_SHAPES=cin:cout:n:k,...` replaces the shapes ("same" padding).
+#[test]
+#[ignore]
+fn calibrate_blocks() {
+    let shapes = std::env::var("GEMM_SHAPES").unwrap_or_else(|_| {
+        "2:2:40000:7,4:4:20000:7,8:8:10000:7,16:16:12800:7,32:32:3200:7,64:64:800:7,\
+         128:256:256:1,256:256:1000:1,512:512:500:3"
+            .into()
+    });
+    let isa = Isa::detect();
+    let blocks = kernel::blocks(isa.backend());
+    println!("{:?}: blocks {blocks:?}", isa.backend());
+    for shape in shapes.split(',') {
+        let v: Vec<usize> = shape
+            .split(':')
+            .map(|x| x.trim().parse().unwrap())
+            .collect();
+        let (cin, cout, n, k) = (v[0], v[1], v[2], v[3]);
+        let p = params(1, (cin, cout, 1), n, k, 1, ((k - 1) / 2, k / 2), 1);
+        let g = p.geometry().unwrap();
+        let mut rng = Rng::new(1);
+        let x = rng.vec(p.input_elems(), -1.0, 1.0);
+        let w = rng.vec(p.weight_elems(), -1.0, 1.0);
+        let b = rng.vec(p.bias_elems(), -1.0, 1.0);
+        let flops = 2.0 * crate::conv1d::cost::direct_macs(&g);
+        let reps = (2e9 / flops).clamp(5.0, 300.0) as usize;
+        let mut line = format!("{cin:4}->{cout:<4} N={n:5} K={k:2}:");
+        for block in blocks {
+            let conv = GemmConv::with_block(&g, isa, block);
+            let scratch = Scratch::sized(1, conv.scratch_per_thread(), conv.shared_scratch());
+            let mut y = vec![0.0; g.output_elems];
+            let s = time(1, reps, &mut || {
+                conv.run(&g, &x, &w, Some(&b), &mut y, &scratch)
+            });
+            line += &format!(" {}x{} {:6.1}", block.mr, block.nr, flops / s / 1e9);
+        }
+        let chosen = choose_block(isa.backend(), cout);
+        println!("{line}  (chosen {}x{})", chosen.mr, chosen.nr);
     }
 }
 
@@ -607,7 +656,7 @@ fn ragged_edges_match_reference_on_every_backend() {
     // Output lengths around each backend's vector width and block (4, 8,
     // 16 lanes; blocks of 8 to 96 positions), output channels per group
     // that are not multiples of MR (2 to 8), below and above one panel,
-    // with groups, stride, dilation and padding.
+    // with groups, stride, dilation and padding, on each block.
     let mut rng = Rng::new(21);
     let out_lens = [
         1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 31, 33, 47, 48, 49, 95, 97, 100, 143, 600,
@@ -642,13 +691,16 @@ fn ragged_edges_match_reference_on_every_backend() {
                 let w = rng.vec(p.weight_elems(), -1.0, 1.0);
                 let b = rng.vec(p.bias_elems(), -1.0, 1.0);
                 let x = rng.vec(p.input_elems(), -1.0, 1.0);
-                let conv = GemmConv::new(&g, isa);
-                assert_eq!(conv.kernel.backend(), backend);
-                for bias in [None, Some(&b[..])] {
-                    let got = run_gemm(&conv, &p, &x, &w, bias);
-                    let ctx = format!("{backend:?}, bias {}: {p:?}", bias.is_some());
-                    check_output(&p, &x, &w, bias, &got, &ctx);
-                    cases += 1;
+                // Both of the backend's blocks, whichever the shape takes.
+                for block in kernel::blocks(backend) {
+                    let conv = GemmConv::with_block(&g, isa, block);
+                    assert_eq!(conv.kernel.backend(), backend);
+                    for bias in [None, Some(&b[..])] {
+                        let got = run_gemm(&conv, &p, &x, &w, bias);
+                        let ctx = format!("{backend:?} {block:?}, bias {}: {p:?}", bias.is_some());
+                        check_output(&p, &x, &w, bias, &got, &ctx);
+                        cases += 1;
+                    }
                 }
             }
         }
@@ -986,7 +1038,7 @@ fn short_rows_split_channels_and_long_rows_keep_them_whole() {
     for (c, n) in [(128, 200), (256, 50)] {
         let g = params(1, (c, c, 1), n, 7, 1, (3, 3), 1).geometry().unwrap();
         let t = Tiling::new(&g, block);
-        assert!(t.chunks * t.row_blocks >= MIN_TILES, "{c}x{n}: {t:?}");
+        assert!(enough_tiles(&t, block, c), "{c}x{n}: {t:?}");
     }
     let g = params(1, (32, 32, 1), 3200, 7, 1, (3, 3), 1)
         .geometry()
@@ -1013,8 +1065,16 @@ fn ragged_ends_join_the_last_chunk() {
             t.chunks == 1 || lens.iter().all(|&l| l >= block.cols()),
             "{out_len}: {t:?}"
         );
-        assert!(t.chunks * t.row_blocks >= MIN_TILES, "{out_len}: {t:?}");
+        assert!(enough_tiles(&t, block, 512), "{out_len}: {t:?}");
     }
+}
+
+/// Whether `t` has [`MIN_TILES`] tiles, or blocks of rows no larger than
+/// an even split into that many rounded up to `block.mr` (AVX2's 6-row
+/// block cuts 256 channels into 15 blocks of 18, 512 into 15 of 36).
+fn enough_tiles(t: &Tiling, block: Block, out_per_group: usize) -> bool {
+    let even = (out_per_group * t.chunks).div_ceil(MIN_TILES);
+    t.chunks * t.row_blocks >= MIN_TILES || t.rows <= even.next_multiple_of(block.mr)
 }
 
 /// Values by index for the prologue tests: stored ones with data, virtual
