@@ -131,12 +131,18 @@ pub(crate) struct Window {
     /// The phases some tap reads, ascending: row `i` holds phase
     /// `phases[i]`.
     pub phases: Box<[usize]>,
+    /// Where each (input channel, tap) of the micro-kernels' one loop
+    /// reads, in their order: `c · channel_stride + offsets[k]` at index
+    /// `c · taps + k`, for the `cin` input channels of a group.
+    pub reads: Box<[usize]>,
 }
 
 impl Window {
-    /// The window for `kernel_size` taps at `stride` and `dilation`, with
-    /// chunks of at most `max_chunk` outputs and blocks of `cols`.
+    /// The window of `cin` input channels for `kernel_size` taps at
+    /// `stride` and `dilation`, with chunks of at most `max_chunk` outputs
+    /// and blocks of `cols`.
     pub(crate) fn new(
+        cin: usize,
         kernel_size: usize,
         stride: usize,
         dilation: usize,
@@ -156,6 +162,10 @@ impl Window {
                 let row = phases.iter().position(|&r| r == k * dilation % stride);
                 row.expect("a phase some tap reads") * pitch + k * dilation / stride
             })
+            .collect::<Box<[usize]>>();
+        let channel_stride = phases.len() * pitch;
+        let reads = (0..cin)
+            .flat_map(|c| offsets.iter().map(move |&o| c * channel_stride + o))
             .collect();
         Window {
             pitch,
@@ -163,6 +173,7 @@ impl Window {
             stride,
             offsets,
             phases,
+            reads,
         }
     }
 
@@ -487,6 +498,7 @@ unsafe fn tile_generic<S: Simd, const MR: usize, const NR: usize>(
     let panels = a.rows.div_ceil(MR);
     let filter_len = a.cin * taps;
     assert!(a.weights.len() == a.rows * filter_len, "weights");
+    assert!(win.reads.len() == filter_len, "the window's channels");
     assert!(a.bias.is_none_or(|b| b.len() >= a.rows), "bias");
     assert!(a.cin == 0 || scratch.len() >= (a.cin - 1) * cs + win.pitch);
     assert!(MR * 2 * lanes <= MAX_BLOCK_FLOATS && NR >= 1);
@@ -519,13 +531,14 @@ unsafe fn tile_generic<S: Simd, const MR: usize, const NR: usize>(
             a.y.wrapping_add(r0 * a.y_stride)
         };
         // Every `block` call below is sound: the features by our contract.
-        // Reads: the window as argued above, every block ending at or
+        // Reads: the window as argued above (`reads` holds c·cs + o_k for
+        // c < cin, asserted to be cin·taps long), every block ending at or
         // before max(n, cols); cin·taps values from each of the MR filter
         // pointers, each the start of a whole filter inside `filters`
         // (sliced above). Writes: `rows` rows at `y`, the panel's (<= the
         // tile's remaining rows, of which columns j0 .. j0 + width <= n,
         // valid by our contract) or the stack buffer's (MR rows of `width`).
-        let args = (x, cs, &*win.offsets, a.cin, w, &bias);
+        let args = (x, &*win.reads, w, &bias);
         let mut j = 0;
         while j + cols <= a.n {
             // SAFETY: see above; j + cols <= n.
@@ -587,8 +600,8 @@ unsafe fn block<S: Simd, const MR: usize, const NR: usize>(
     rows: usize,
     vectors: usize,
 ) {
-    let (x, cs, offsets, cin, w, bias) = args;
-    let args = (x.wrapping_add(j0), cs, offsets, cin, w, bias);
+    let (x, reads, w, bias) = args;
+    let args = (x.wrapping_add(j0), reads, w, bias);
     let y = y.wrapping_add(j0);
     // SAFETY: by our contract.
     unsafe {
@@ -606,29 +619,30 @@ unsafe fn block<S: Simd, const MR: usize, const NR: usize>(
 pub(crate) type PanelDone<'a> = dyn FnMut(usize, usize, &mut [f32]) + 'a;
 
 /// The inputs of one micro-kernel call that do not depend on where its
-/// output goes: window, its channel stride, the taps' offsets, the input
-/// channels, the `MR` filter pointers and the bias.
-type MicroArgs<'a, const MR: usize> = (
-    *const f32,
-    usize,
-    &'a [usize],
-    usize,
-    [*const f32; MR],
-    &'a [f32; MR],
-);
+/// output goes: the window, where each (input channel, tap) reads in it
+/// ([`Window::reads`]), the `MR` filter pointers and the bias.
+type MicroArgs<'a, const MR: usize> = (*const f32, &'a [usize], [*const f32; MR], &'a [f32; MR]);
 
-/// `MR × NR` vectors of outputs: `y[i][j] = bias[i] + Σ_c Σ_k w[i][c][k] ·
-/// x[c·chan_stride + offsets[k] + j]`, channels then taps ascending, for
-/// `j < NR · LANES`; rows `i < rows` are stored at `y + i·y_stride`.
+/// `MR × NR` vectors of outputs: `y[i][j] = bias[i] + Σ_s w[i][s] ·
+/// x[reads[s] + j]` over the (input channel, tap) steps `s` in order
+/// (channels then taps ascending), for `j < NR · LANES`; rows `i < rows`
+/// are stored at `y + i·y_stride`.
+///
+/// One loop over the steps, each reading its offset from `reads`: nested
+/// loops over channels and taps made the compiler reload the `MR` filter
+/// pointers from the stack and recompute them every channel, which at
+/// one to three taps cost about as much as the multiply-adds
+/// (128 -> 128 channels, N = 1024, AVX2: 44-58 GFLOP/s at K = 2 and 3,
+/// 60-64 at K = 7; `calibrate_blocks`).
 ///
 /// # Safety
-/// `S`'s features are present; `x` is readable at `c·chan_stride +
-/// offsets[k] + j` for every `c < cin`, `k` and `j < NR · LANES`; each
-/// `w[i]` for `cin · offsets.len()` values; `y` writable for `NR · LANES` values at
-/// each of the first `rows` rows.
+/// `S`'s features are present; `x` is readable at `reads[s] + j` for
+/// every step `s` and `j < NR · LANES`; each `w[i]` for `reads.len()`
+/// values; `y` writable for `NR · LANES` values at each of the first
+/// `rows` rows.
 #[inline(always)]
 unsafe fn micro<S: Simd, const MR: usize, const NR: usize>(
-    (x, chan_stride, offsets, cin, w, bias): MicroArgs<'_, MR>,
+    (x, reads, w, bias): MicroArgs<'_, MR>,
     y: *mut f32,
     y_stride: usize,
     rows: usize,
@@ -641,48 +655,18 @@ unsafe fn micro<S: Simd, const MR: usize, const NR: usize>(
         for (row, &b) in acc.iter_mut().zip(bias) {
             *row = [S::splat(b); NR];
         }
-        if let [o] = *offsets {
-            // One tap (a pointwise conv): one loop over the channels. In
-            // the nested loop below, the compiler reloads the `MR` filter
-            // pointers from the stack and recomputes them every channel,
-            // which with one tap per channel cost about as much as the
-            // multiply-adds (128 -> 256 channels at K = 1 ran at half the
-            // rate of K = 7 on AVX2). Same terms in the same order.
-            let mut xc = x.add(o);
-            for c in 0..cin {
-                let mut xv = [zero; NR];
-                for (r, v) in xv.iter_mut().enumerate() {
-                    *v = S::load(xc.add(r * S::LANES));
-                }
-                for (i, row) in acc.iter_mut().enumerate() {
-                    let wi = S::splat(*w[i].add(c));
-                    for (a, &v) in row.iter_mut().zip(&xv) {
-                        *a = S::mul_add(*a, wi, v);
-                    }
-                }
-                xc = xc.add(chan_stride);
+        for (s, &at) in reads.iter().enumerate() {
+            let xs = x.add(at);
+            let mut xv = [zero; NR];
+            for (r, v) in xv.iter_mut().enumerate() {
+                *v = S::load(xs.add(r * S::LANES));
             }
-            store::<S, MR, NR>(&acc, y, y_stride, rows);
-            return;
-        }
-        let mut kk = 0;
-        let mut xc = x;
-        for _ in 0..cin {
-            for &o in offsets {
-                let xk = xc.add(o);
-                let mut xv = [zero; NR];
-                for (r, v) in xv.iter_mut().enumerate() {
-                    *v = S::load(xk.add(r * S::LANES));
+            for (i, row) in acc.iter_mut().enumerate() {
+                let wi = S::splat(*w[i].add(s));
+                for (a, &v) in row.iter_mut().zip(&xv) {
+                    *a = S::mul_add(*a, wi, v);
                 }
-                for (i, row) in acc.iter_mut().enumerate() {
-                    let wi = S::splat(*w[i].add(kk));
-                    for (a, &v) in row.iter_mut().zip(&xv) {
-                        *a = S::mul_add(*a, wi, v);
-                    }
-                }
-                kk += 1;
             }
-            xc = xc.add(chan_stride);
         }
         store::<S, MR, NR>(&acc, y, y_stride, rows);
     }

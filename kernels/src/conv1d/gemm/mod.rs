@@ -233,7 +233,14 @@ impl GemmConv {
         // end a last chunk takes in (Tiling::new), and calls have at most
         // the prepared length.
         let max_chunk = max_chunk(g, block);
-        let window = Window::new(p.kernel_size, p.stride, p.dilation, max_chunk, block.cols());
+        let window = Window::new(
+            g.in_per_group,
+            p.kernel_size,
+            p.stride,
+            p.dilation,
+            max_chunk,
+            block.cols(),
+        );
         let mut conv = GemmConv {
             kernel,
             window,

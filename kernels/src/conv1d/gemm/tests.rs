@@ -302,26 +302,30 @@ fn window_rows_per_phase() {
     // Stride 3, dilation 2, 5 taps: tap k reads padded position 3 l + 2 k,
     // phase (2 k) % 3 = 0, 2, 1, 0, 2 at offsets (2 k) / 3 = 0, 0, 1, 2, 2.
     // Rows of 100 + 2 values, padded to 112 (64-byte multiples).
-    let w = Window::new(5, 3, 2, 100, 48);
+    let w = Window::new(2, 5, 3, 2, 100, 48);
     assert_eq!((w.pitch, w.halo, w.stride), (112, 2, 3));
     assert_eq!(&*w.offsets, &[0, 2 * 112, 112 + 1, 2, 2 * 112 + 2]);
     assert_eq!(&*w.phases, &[0, 1, 2]);
     assert_eq!(w.channel_stride(), 336);
+    // The micro-kernels' reads: channel 0's taps, then channel 1's.
+    assert_eq!(&w.reads[..5], &*w.offsets);
+    let next: Vec<usize> = w.offsets.iter().map(|o| 336 + o).collect();
+    assert_eq!(&w.reads[5..], &next[..]);
     // Stride 2, dilation 2: every tap reads the even phase, the only row.
-    let w = Window::new(3, 2, 2, 10, 16);
+    let w = Window::new(2, 3, 2, 2, 10, 16);
     assert_eq!((w.pitch, w.halo), (32, 2));
     assert_eq!(&*w.offsets, &[0, 1, 2]);
     assert_eq!(&*w.phases, &[0]);
     assert_eq!(w.channel_stride(), 32);
     // Stride 4, K = 3: phases 0, 1, 2 are read, 3 has no row.
-    let w = Window::new(3, 4, 1, 20, 16);
+    let w = Window::new(2, 3, 4, 1, 20, 16);
     assert_eq!((w.pitch, w.halo), (32, 0));
     assert_eq!(&*w.offsets, &[0, 32, 64]);
     assert_eq!(&*w.phases, &[0, 1, 2]);
     assert_eq!(w.channel_stride(), 96);
     // A stride of 4e9 and 8 taps (a fuzzed blob's; finding the phases by
     // scanning every residue below the stride took minutes): 8 phases.
-    let w = Window::new(8, 4_000_000_000, 1, 20, 16);
+    let w = Window::new(2, 8, 4_000_000_000, 1, 20, 16);
     assert_eq!(&*w.phases, &[0, 1, 2, 3, 4, 5, 6, 7]);
     assert_eq!((w.halo, w.offsets[7]), (0, 7 * w.pitch));
 }
