@@ -162,19 +162,20 @@ impl Window {
                 let row = phases.iter().position(|&r| r == k * dilation % stride);
                 row.expect("a phase some tap reads") * pitch + k * dilation / stride
             })
-            .collect::<Box<[usize]>>();
-        let channel_stride = phases.len() * pitch;
-        let reads = (0..cin)
-            .flat_map(|c| offsets.iter().map(move |&o| c * channel_stride + o))
             .collect();
-        Window {
+        let mut window = Window {
             pitch,
             halo,
             stride,
             offsets,
             phases,
-            reads,
-        }
+            reads: Box::default(),
+        };
+        let cs = window.channel_stride();
+        window.reads = (0..cin)
+            .flat_map(|c| window.offsets.iter().map(move |&o| c * cs + o))
+            .collect();
+        window
     }
 
     /// Floats of scratch per input channel.
@@ -668,26 +669,10 @@ unsafe fn micro<S: Simd, const MR: usize, const NR: usize>(
                 }
             }
         }
-        store::<S, MR, NR>(&acc, y, y_stride, rows);
-    }
-}
-
-/// Stores the first `rows` rows of `acc` at `y + i·y_stride`.
-///
-/// # Safety
-/// `S`'s features are present; `y` is writable for `NR · LANES` values at
-/// each of the first `rows` rows.
-#[inline(always)]
-unsafe fn store<S: Simd, const MR: usize, const NR: usize>(
-    acc: &[[S::V; NR]; MR],
-    y: *mut f32,
-    y_stride: usize,
-    rows: usize,
-) {
-    for (i, row) in acc.iter().enumerate().take(rows) {
-        for (r, &v) in row.iter().enumerate() {
-            // SAFETY: in bounds by the contract; the features are present.
-            unsafe { S::store(y.add(i * y_stride + r * S::LANES), v) };
+        for (i, row) in acc.iter().enumerate().take(rows) {
+            for (r, &v) in row.iter().enumerate() {
+                S::store(y.add(i * y_stride + r * S::LANES), v);
+            }
         }
     }
 }
