@@ -30,7 +30,7 @@
 //! line across the channels) is gathered a block at a time into a
 //! register of its own, with the interpreter's strided moves.
 
-use super::ops::{clamp, pick, select, BinaryOp, UnaryOp};
+use super::ops::{clamp, select, select_scalar, BinaryOp, UnaryOp};
 use super::program::views::{Leaf, LeafGeometry, LeafMap};
 use super::program::{Env, Expr, Program};
 use super::strided;
@@ -626,11 +626,7 @@ fn run_block<const F: bool>(
 fn select_block(cond: Operand, other: Operand, dst: &mut [f32], n: usize) {
     match (cond, other) {
         (Operand::Slice(c), Operand::Slice(o)) => select(&c[..n], dst, &o[..n]),
-        (Operand::Slice(c), Operand::Scalar(o)) => {
-            for (x, &c) in dst.iter_mut().zip(&c[..n]) {
-                *x = pick(c, *x, o);
-            }
-        }
+        (Operand::Slice(c), Operand::Scalar(o)) => select_scalar(&c[..n], dst, o),
         (Operand::Scalar(c), _) if c != 0.0 => {}
         (Operand::Scalar(_), Operand::Slice(o)) => dst.copy_from_slice(&o[..n]),
         (Operand::Scalar(_), Operand::Scalar(o)) => dst.fill(o),

@@ -162,6 +162,8 @@ impl UnaryOp {
             Some(f) if !x.iter().all(|v| v.abs() <= math::TRIG_FAST_MAX) => {
                 x.iter_mut().for_each(|v| *v = f(*v))
             }
+            // Keeps some elements as they are: staged (see `staged`).
+            _ if self == UnaryOp::Relu => staged(x, |v| if v < 0.0 { 0.0 } else { v }),
             _ => self.apply_elements::<F>(x),
         }
     }
@@ -344,11 +346,56 @@ pub(crate) fn prefetch(data: &[f32]) {
     let _ = data;
 }
 
-/// `a[i] = if cond[i] != 0 { a[i] } else { b[i] }`.
+/// Elements a keep-or-replace loop computes on the stack before storing
+/// them back (see [`staged`]).
+const STAGE: usize = 64;
+
+/// `x[i] = f(x[i])`, for an `f` that keeps some elements as they are (a
+/// ReLU, a clamp), computed a block at a time into a buffer on the stack
+/// and copied back. Written in place, such a loop is a store of
+/// `select(m, x[i], y)` to where `x[i]` was loaded, which LLVM turns into a
+/// masked store of the `y`s: on AVX2 `vpmaskmovd`, one vector per 25 or so
+/// cycles on AMD Zen 3. In place a ReLU there took 0.8-0.97 ns per element,
+/// staged 0.17 (and the `where` of an ELU, staged in [`select`], was a
+/// quarter of a Mimi encoder's time). The store and the copy are plain
+/// vector moves, on every instruction set.
+#[inline(always)]
+pub(crate) fn staged(x: &mut [f32], f: impl Fn(f32) -> f32) {
+    let mut block = [0.0; STAGE];
+    for x in x.chunks_mut(STAGE) {
+        let block = &mut block[..x.len()];
+        for (o, &v) in block.iter_mut().zip(&*x) {
+            *o = f(v);
+        }
+        copy(x, block);
+    }
+}
+
+/// `a[i] = if cond[i] != 0 { a[i] } else { b[i] }`, staged as [`staged`]
+/// is (it keeps the elements of `a` where `cond` holds).
 #[inline(always)]
 pub(crate) fn select(cond: &[f32], a: &mut [f32], b: &[f32]) {
-    for ((x, &c), &y) in a.iter_mut().zip(cond).zip(b) {
-        *x = pick(c, *x, y);
+    let mut block = [0.0; STAGE];
+    let (cond, b) = (cond.chunks(STAGE), b.chunks(STAGE));
+    for ((a, c), b) in a.chunks_mut(STAGE).zip(cond).zip(b) {
+        let block = &mut block[..a.len()];
+        for (((o, &x), &c), &y) in block.iter_mut().zip(&*a).zip(c).zip(b) {
+            *o = pick(c, x, y);
+        }
+        copy(a, block);
+    }
+}
+
+/// [`select`] with every `b[i]` equal to `b`.
+#[inline(always)]
+pub(crate) fn select_scalar(cond: &[f32], a: &mut [f32], b: f32) {
+    let mut block = [0.0; STAGE];
+    for (a, c) in a.chunks_mut(STAGE).zip(cond.chunks(STAGE)) {
+        let block = &mut block[..a.len()];
+        for ((o, &x), &c) in block.iter_mut().zip(&*a).zip(c) {
+            *o = pick(c, x, b);
+        }
+        copy(a, block);
     }
 }
 
@@ -365,11 +412,17 @@ pub(crate) fn pick(c: f32, x: f32, y: f32) -> f32 {
 
 /// Clamps every element into `[min, max]` (either bound may be infinite);
 /// NaN stays NaN, as in `torch.clamp`.
+/// Staged (see [`staged`]): it keeps the elements already in range.
+#[inline(always)]
 pub(crate) fn clamp(x: &mut [f32], min: f32, max: f32) {
-    for v in x {
-        let lo = if *v < min { min } else { *v };
-        *v = if lo > max { max } else { lo };
-    }
+    staged(x, |v| {
+        let lo = if v < min { min } else { v };
+        if lo > max {
+            max
+        } else {
+            lo
+        }
+    })
 }
 
 #[cfg(test)]
