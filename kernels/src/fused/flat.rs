@@ -30,9 +30,10 @@
 //! line across the channels) is gathered a block at a time into a
 //! register of its own, with the interpreter's strided moves.
 
-use super::ops::{clamp, select, select_scalar, BinaryOp, UnaryOp};
+use super::ops::{clamp, copy, select, select_scalar, BinaryOp, UnaryOp};
 use super::program::views::{Leaf, LeafGeometry, LeafMap};
-use super::program::{Env, Expr, Program};
+use super::program::{Env, Expr, Line, Program};
+use super::shape::MAX_RANK;
 use super::strided;
 use crate::simd::{per_backend, Isa};
 
@@ -51,6 +52,13 @@ const MAX_LEAVES: usize = 8;
 
 /// Most roots: a scan's `a` and `u` computed together are two.
 const MAX_ROOTS: usize = 4;
+
+/// Most cats a flat program reads (a streaming conv's input is one).
+const MAX_CATS: usize = 2;
+
+/// Most pieces (choices of one part of every cat): a cat of up to four
+/// parts, or two of two.
+const MAX_PIECES: usize = 4;
 
 /// Most views between the root and one leaf.
 const MAX_VIEWS: usize = 8;
@@ -97,18 +105,65 @@ struct Instr {
     op: Op,
 }
 
-/// A leaf and the view nodes between the root and it, outermost first.
+/// A leaf (or a cat) and the view nodes between the root and it,
+/// outermost first; where a view is a cat, the part the way goes into.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct LeafPath {
     node: usize,
     views: [usize; MAX_VIEWS],
+    parts: [u8; MAX_VIEWS],
     n_views: usize,
 }
 
-/// A program flattened: its instructions and leaves, found once, when the
-/// program is compiled.
+impl LeafPath {
+    const ROOT: LeafPath = LeafPath {
+        node: 0,
+        views: [0; MAX_VIEWS],
+        parts: [0; MAX_VIEWS],
+        n_views: 0,
+    };
+
+    /// Whether both are the same node on the same way down.
+    fn same(&self, other: &LeafPath) -> bool {
+        let n = self.n_views;
+        self.node == other.node
+            && n == other.n_views
+            && self.views[..n] == other.views[..n]
+            && self.parts[..n] == other.parts[..n]
+    }
+
+    /// This way, one view further down (into part `part` of a cat).
+    fn below(mut self, view: usize, part: usize) -> Option<LeafPath> {
+        *self.views.get_mut(self.n_views)? = view;
+        self.parts[self.n_views] = u8::try_from(part).ok()?;
+        self.n_views += 1;
+        Some(self)
+    }
+}
+
+/// A program flattened: one [`Piece`] per choice of a part for every cat
+/// it reads (one piece where it reads none), and those cats, found once,
+/// when the program is compiled. A line runs each stretch of its elements
+/// that lies in one part of every cat as that choice's piece: a causal
+/// conv's streaming input, `cat(state, x)` along time, is the state's
+/// piece for the first `K - 1` elements of a row and `x`'s for the rest.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct FlatForm {
+    pieces: [Piece; MAX_PIECES],
+    n_pieces: usize,
+    /// The cats, each under views alone (a cat inside another's part is
+    /// left to the interpreter); piece `p` takes part `p`'s digits in the
+    /// mixed radix of their part counts, the last cat's least significant.
+    cats: [LeafPath; MAX_CATS],
+    /// Each cat's parts.
+    radix: [usize; MAX_CATS],
+    n_cats: usize,
+}
+
+/// A cat-free program (or a program with one part of each of its cats
+/// chosen): its instructions and leaves.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Piece {
     instrs: [Instr; MAX_INSTRS],
     len: usize,
     /// Where each root's instructions end: root `k`'s are
@@ -127,63 +182,78 @@ pub(super) struct FlatForm {
 /// The flattening walk's state.
 struct Builder<'p> {
     program: &'p Program,
-    form: FlatForm,
+    form: Piece,
+    /// The cats met so far; a walk that may not add any (`discover`
+    /// false) has no flat form where it meets another.
+    cats: [LeafPath; MAX_CATS],
+    n_cats: usize,
+    discover: bool,
+    /// The part this piece takes of each cat.
+    choice: [usize; MAX_CATS],
 }
 
 impl FlatForm {
     /// The flat form of a program whose roots are made of leaves, the
-    /// anchor, unary and binary ops, clamps and selects (views anywhere):
-    /// each root's instructions in turn, then its store (a node shared by
-    /// several roots computed for each, as the interpreter's shared
-    /// nodes give the same values). None for any other program (a cat)
-    /// and for one larger than the limits above.
+    /// anchor, unary and binary ops, clamps, selects and cats (views
+    /// anywhere): per choice of one part of every cat, each root's
+    /// instructions in turn, then its store (a node shared by several
+    /// roots computed for each, as the interpreter's shared nodes give the
+    /// same values). None for a cat inside another's part, and for a
+    /// program larger than the limits above.
     pub(super) fn find(program: &Program) -> Option<Self> {
         if program.nodes().is_empty() {
             return None;
         }
-        let empty = LeafPath {
-            node: 0,
-            views: [0; MAX_VIEWS],
-            n_views: 0,
-        };
+        // The first piece finds the cats (each on its first part).
         let mut b = Builder {
             program,
-            form: FlatForm {
-                instrs: [Instr {
-                    dst: 0,
-                    x: Src::Anchor,
-                    op: Op::Unary(UnaryOp::Identity),
-                }; MAX_INSTRS],
-                len: 0,
-                ends: [0; MAX_ROOTS],
-                n_roots: 0,
-                leaves: [empty; MAX_LEAVES],
-                n_leaves: 0,
-                reads_anchor: false,
-                regs: 0,
-            },
+            form: Piece::EMPTY,
+            cats: [LeafPath::ROOT; MAX_CATS],
+            n_cats: 0,
+            discover: true,
+            choice: [0; MAX_CATS],
         };
-        let single = [program.root()];
-        let roots = match program.named_roots() {
-            [] => &single[..],
-            roots => roots,
-        };
-        for &root in roots {
-            let root = b.node(root, empty, 0)?;
-            if root != Src::Reg(0) {
-                // A leaf or the anchor as it is: copied.
-                b.emit(0, root, Op::Unary(UnaryOp::Identity))?;
-            }
-            let form = &mut b.form;
-            *form.ends.get_mut(form.n_roots)? = form.len;
-            form.n_roots += 1;
+        let first = b.piece()?;
+        let (cats, n_cats) = (b.cats, b.n_cats);
+        let radix = cats.map(|c| match program.nodes()[c.node].expr {
+            Expr::Cat { ref parts, .. } => parts.len(),
+            _ => 1,
+        });
+        let n_pieces = radix[..n_cats].iter().product::<usize>();
+        if !(1..=MAX_PIECES).contains(&n_pieces) {
+            return None;
         }
-        Some(b.form)
+        let mut form = FlatForm {
+            pieces: [first; MAX_PIECES],
+            n_pieces,
+            cats,
+            radix,
+            n_cats,
+        };
+        for p in 1..n_pieces {
+            *form.pieces.get_mut(p)? = {
+                let mut choice = [0; MAX_CATS];
+                let mut rest = p;
+                for c in (0..n_cats).rev() {
+                    (choice[c], rest) = (rest % radix[c], rest / radix[c]);
+                }
+                let mut b = Builder {
+                    program,
+                    form: Piece::EMPTY,
+                    cats,
+                    n_cats,
+                    discover: false,
+                    choice,
+                };
+                b.piece()?
+            };
+        }
+        Some(form)
     }
 
     /// Whether the program reads the anchor's values (an epilogue's).
     pub(super) fn reads_anchor(&self) -> bool {
-        self.reads_anchor
+        self.pieces().iter().any(|p| p.reads_anchor)
     }
 
     /// Line-sized temporaries a run takes its registers from: one per
@@ -191,18 +261,42 @@ impl FlatForm {
     /// line reads it with a stride) and one for the anchor's values of a
     /// run in place; twice that, so that registers padded to whole
     /// vectors fit (at most twice a line of [`LANES`] or more elements).
+    /// The largest piece's.
     pub(super) fn temporaries(&self) -> usize {
-        2 * (self.regs + self.n_leaves + 1)
+        2 * self.widest()
     }
 
-    /// Where its leaves lie for `env`'s current shapes (shapes alone: see
-    /// [`LeafGeometry`]).
+    /// Registers the largest piece takes, at most.
+    fn widest(&self) -> usize {
+        let each = self.pieces().iter().map(|p| p.regs + p.n_leaves + 1);
+        each.max().unwrap_or(1)
+    }
+
+    fn pieces(&self) -> &[Piece] {
+        &self.pieces[..self.n_pieces]
+    }
+
+    /// Where its leaves and cats lie for `env`'s current shapes (shapes
+    /// alone: see [`LeafGeometry`]).
     pub(super) fn geometry(&self, program: &Program, env: &dyn Env) -> Option<FlatGeometry> {
-        let mut leaves = [LeafGeometry::Const(0.0); MAX_LEAVES];
-        for (leaf, path) in leaves.iter_mut().zip(&self.leaves[..self.n_leaves]) {
-            *leaf = program.leaf_geometry_through(&path.views[..path.n_views], path.node, env)?;
+        let mut leaves = [[LeafGeometry::Const(0.0); MAX_LEAVES]; MAX_PIECES];
+        for (piece, leaves) in self.pieces().iter().zip(&mut leaves) {
+            for (leaf, path) in leaves.iter_mut().zip(&piece.leaves[..piece.n_leaves]) {
+                let (views, parts) = (&path.views[..path.n_views], &path.parts[..path.n_views]);
+                *leaf = program.leaf_geometry_into(views, parts, path.node, env)?;
+            }
         }
-        Some(FlatGeometry { leaves })
+        let mut cats = [CatGeometry::default(); MAX_CATS];
+        for (cat, path) in cats.iter_mut().zip(&self.cats[..self.n_cats]) {
+            let (views, parts) = (&path.views[..path.n_views], &path.parts[..path.n_views]);
+            let (offset, coef, bounds) = program.cat_coordinate(views, parts, path.node, env)?;
+            *cat = CatGeometry {
+                offset,
+                coef,
+                bounds,
+            };
+        }
+        Some(FlatGeometry { leaves, cats })
     }
 
     /// The flat program on `isa`, its leaves where `geometry` puts them in
@@ -213,25 +307,120 @@ impl FlatForm {
         geometry: &FlatGeometry,
         env: &'a dyn Env,
     ) -> Flat<'a> {
-        let mut leaves = [LeafMap::Const(0.0); MAX_LEAVES];
-        for (map, leaf) in leaves.iter_mut().zip(&geometry.leaves[..self.n_leaves]) {
-            *map = leaf.bind(env);
+        let mut leaves = [[LeafMap::Const(0.0); MAX_LEAVES]; MAX_PIECES];
+        for ((piece, maps), of) in self.pieces().iter().zip(&mut leaves).zip(&geometry.leaves) {
+            for (map, leaf) in maps.iter_mut().zip(&of[..piece.n_leaves]) {
+                *map = leaf.bind(env);
+            }
         }
         Flat {
             isa,
             form: self,
             leaves,
+            cats: geometry.cats,
         }
     }
 }
 
-/// Where the leaves of a [`FlatForm`] lie for one set of shapes.
+impl Piece {
+    const EMPTY: Piece = Piece {
+        instrs: [Instr {
+            dst: 0,
+            x: Src::Anchor,
+            op: Op::Unary(UnaryOp::Identity),
+        }; MAX_INSTRS],
+        len: 0,
+        ends: [0; MAX_ROOTS],
+        n_roots: 0,
+        leaves: [LeafPath::ROOT; MAX_LEAVES],
+        n_leaves: 0,
+        reads_anchor: false,
+        regs: 0,
+    };
+}
+
+/// Where the leaves of a [`FlatForm`] lie for one set of shapes, per
+/// piece, and where its cats' parts are.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct FlatGeometry {
-    leaves: [LeafGeometry; MAX_LEAVES],
+    leaves: [[LeafGeometry; MAX_LEAVES]; MAX_PIECES],
+    cats: [CatGeometry; MAX_CATS],
+}
+
+/// Where a cat is along its dimension at root coordinates `c`, `offset +
+/// sum(c[d] * coef[d])` (wrapping: `Program::cat_coordinate`), and where
+/// its parts start (`bounds[k]..bounds[k + 1]` is part `k`; past the
+/// last part's end they are 0, empty ranges).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct CatGeometry {
+    offset: usize,
+    coef: [usize; MAX_RANK],
+    bounds: [usize; MAX_PIECES + 1],
+}
+
+impl CatGeometry {
+    /// Where `line` starts along the cat's dimension, and its step there.
+    fn along(&self, line: &Line) -> (usize, usize) {
+        let mut start = self.offset;
+        let mut step = 0;
+        for ((&b, &s), &c) in line.base.iter().zip(&line.step).zip(&self.coef) {
+            start = start.wrapping_add(b.wrapping_mul(c));
+            step += s * c;
+        }
+        (start, step)
+    }
+
+    /// The part holding coordinate `at`, if any.
+    fn part(&self, at: usize) -> Option<usize> {
+        (0..MAX_PIECES).find(|&k| (self.bounds[k]..self.bounds[k + 1]).contains(&at))
+    }
 }
 
 impl Builder<'_> {
+    /// The piece of this walk's choice of parts: each root's instructions
+    /// then its store.
+    fn piece(&mut self) -> Option<Piece> {
+        let program = self.program;
+        let single = [program.root()];
+        let roots = match program.named_roots() {
+            [] => &single[..],
+            roots => roots,
+        };
+        for &root in roots {
+            let root = self.node(root, LeafPath::ROOT, 0)?;
+            if root != Src::Reg(0) {
+                // A leaf or the anchor as it is: copied.
+                self.emit(0, root, Op::Unary(UnaryOp::Identity))?;
+            }
+            let form = &mut self.form;
+            *form.ends.get_mut(form.n_roots)? = form.len;
+            form.n_roots += 1;
+        }
+        Some(self.form)
+    }
+
+    /// The cat at `path`: its index among the cats, added where this walk
+    /// discovers them. None inside another cat's part.
+    fn cat(&mut self, path: LeafPath) -> Option<usize> {
+        let nodes = self.program.nodes();
+        let views = &path.views[..path.n_views];
+        if views
+            .iter()
+            .any(|&v| matches!(nodes[v].expr, Expr::Cat { .. }))
+        {
+            return None;
+        }
+        match self.cats[..self.n_cats].iter().position(|c| c.same(&path)) {
+            Some(c) => Some(c),
+            None if self.discover => {
+                *self.cats.get_mut(self.n_cats)? = path;
+                self.n_cats += 1;
+                Some(self.n_cats - 1)
+            }
+            None => None,
+        }
+    }
+
     /// Flattens node `i` (read through the views of `path`) into register
     /// `r` and above: returns where its values are (`r`, or a leaf or the
     /// anchor, which need no instruction), or None if the program has no
@@ -247,10 +436,11 @@ impl Builder<'_> {
                 Some(Src::Anchor)
             }
             Expr::Broadcast { x } | Expr::View { x, .. } | Expr::Slice { x, .. } => {
-                let mut below = path;
-                *below.views.get_mut(below.n_views)? = i;
-                below.n_views += 1;
-                self.node(x, below, r)
+                self.node(x, path.below(i, 0)?, r)
+            }
+            Expr::Cat { ref parts, .. } => {
+                let part = self.choice[self.cat(LeafPath { node: i, ..path })?];
+                self.node(parts[part], path.below(i, part)?, r)
             }
             Expr::Unary { op, x } => {
                 let x = self.node(x, path, r)?;
@@ -271,17 +461,17 @@ impl Builder<'_> {
                 let cond = self.node(cond, path, r + 2)?;
                 self.emit(r, a, Op::Where { cond, other })
             }
-            Expr::Cat { .. } | Expr::Load | Expr::Const(_) => None,
+            Expr::Load | Expr::Const(_) => None,
         }
     }
 
     /// The leaf at `path`, added unless the same one is already there.
     fn leaf(&mut self, path: LeafPath) -> Option<Src> {
         let form = &mut self.form;
-        let same = |l: &LeafPath| {
-            l.node == path.node && l.views[..l.n_views] == path.views[..path.n_views]
-        };
-        let k = match form.leaves[..form.n_leaves].iter().position(same) {
+        let k = match form.leaves[..form.n_leaves]
+            .iter()
+            .position(|l| l.same(&path))
+        {
             Some(k) => k,
             None => {
                 *form.leaves.get_mut(form.n_leaves)? = path;
@@ -315,7 +505,9 @@ pub(super) struct Flat<'a> {
     /// The program's instruction set.
     isa: Isa,
     form: &'a FlatForm,
-    leaves: [LeafMap<'a>; MAX_LEAVES],
+    /// Per piece.
+    leaves: [[LeafMap<'a>; MAX_LEAVES]; MAX_PIECES],
+    cats: [CatGeometry; MAX_CATS],
 }
 
 /// A leaf's elements along one line.
@@ -348,7 +540,7 @@ impl<'a> Flat<'a> {
     /// [`Program::eval`]).
     pub(super) fn run(
         &self,
-        line: &super::program::Line,
+        line: &Line,
         anchor: &[f32],
         out: &mut [f32],
         tmp: &mut [f32],
@@ -362,22 +554,81 @@ impl<'a> Flat<'a> {
     /// where the program has fewer roots or `outs` is not one per root.
     pub(super) fn run_roots(
         &self,
-        line: &super::program::Line,
+        line: &Line,
         anchor: &[f32],
         roots: usize,
         outs: &mut [&mut [f32]],
         tmp: &mut [f32],
     ) -> bool {
+        let form = self.form;
         let len = outs.first().map_or(0, |o| o.len());
-        if roots > self.form.n_roots || outs.len() != roots || outs.iter().any(|o| o.len() != len) {
+        let n_roots = form.pieces[0].n_roots;
+        if roots > n_roots || outs.len() != roots || outs.iter().any(|o| o.len() != len) {
             return false;
         }
         if len == 0 {
             return true;
         }
+        if form.n_cats == 0 {
+            return self.run_piece(0, line, anchor, outs, tmp);
+        }
+        // Registers for the largest piece, and a line inside every cat:
+        // declined before any stretch is written.
+        let cats = &self.cats[..form.n_cats];
+        let inside = cats.iter().all(|cat| {
+            let (start, step) = cat.along(line);
+            let last = start.wrapping_add(step * (len - 1));
+            cat.part(start).is_some() && cat.part(last).is_some()
+        });
+        if !inside || registers(tmp, len, form.widest()).is_none() {
+            return false;
+        }
+        let mut t = 0;
+        while t < len {
+            // This stretch's piece, and where the first of its parts ends.
+            let (mut piece, mut end) = (0, len);
+            for (cat, radix) in cats.iter().zip(&form.radix) {
+                let (start, step) = cat.along(line);
+                let k = cat
+                    .part(start.wrapping_add(step * t))
+                    .expect("inside the cat");
+                piece = piece * radix + k;
+                if step > 0 {
+                    end = end.min((cat.bounds[k + 1] - start).div_ceil(step));
+                }
+            }
+            let mut stretch = *line;
+            for (b, s) in stretch.base.iter_mut().zip(&line.step) {
+                *b += t * s;
+            }
+            let mut parts: [&mut [f32]; MAX_ROOTS] = Default::default();
+            for (part, out) in parts.iter_mut().zip(outs.iter_mut()) {
+                *part = &mut out[t..end];
+            }
+            let anchor = anchor.get(t..end).unwrap_or_default();
+            let ran = self.run_piece(piece, &stretch, anchor, &mut parts[..roots], tmp);
+            debug_assert!(ran, "registers were checked for the largest piece");
+            t = end;
+        }
+        true
+    }
+
+    /// [`Self::run_roots`] of piece `p` (which the caller checked `outs`
+    /// for).
+    fn run_piece(
+        &self,
+        p: usize,
+        line: &Line,
+        anchor: &[f32],
+        outs: &mut [&mut [f32]],
+        tmp: &mut [f32],
+    ) -> bool {
+        let piece = &self.form.pieces[p];
+        let leaves = &self.leaves[p][..piece.n_leaves];
+        let len = outs.first().map_or(0, |o| o.len());
         let mut reads = [Read::Scalar(0.0); MAX_LEAVES];
         let mut gathered = 0;
-        for (read, leaf) in reads.iter_mut().zip(&self.leaves[..self.form.n_leaves]) {
+        for (read, leaf) in reads.iter_mut().zip(leaves) {
             *read = match leaf.read(line, len) {
                 Some(Leaf::Scalar(v)) => Read::Scalar(v),
                 Some(Leaf::Contiguous(v, _)) => Read::Slice(v),
@@ -390,14 +641,14 @@ impl<'a> Flat<'a> {
                 }
             };
         }
-        let Some((regs, w)) = self.registers(tmp, len, gathered) else {
+        let Some((regs, w)) = registers(tmp, len, piece.regs + gathered + 1) else {
             return false;
         };
         flat(
             self.isa,
-            &self.form.instrs[..self.form.len],
-            &self.form.ends[..roots],
-            &reads[..self.form.n_leaves],
+            &piece.instrs[..piece.len],
+            &piece.ends[..outs.len()],
+            &reads[..piece.n_leaves],
             Some(anchor),
             outs,
             regs,
@@ -407,54 +658,41 @@ impl<'a> Flat<'a> {
         true
     }
 
-    /// The registers for lines of `len` elements with `gathered` leaves
-    /// read with a stride: `tmp`'s first blocks (of `len` elements where
-    /// shorter), one per register the instructions write, one per
-    /// gathered leaf and one for the anchor, if it holds them, and their
-    /// width: a whole number of vectors where `tmp` has room.
-    fn registers<'t>(
-        &self,
-        tmp: &'t mut [f32],
-        len: usize,
-        gathered: usize,
-    ) -> Option<(&'t mut [f32], usize)> {
-        let n = self.form.regs + gathered + 1;
-        let w = len.min(BLOCK);
-        let padded = w.next_multiple_of(LANES);
-        [padded, w]
-            .into_iter()
-            .find(|&w| n * w <= tmp.len())
-            .map(|w| (&mut tmp[..n * w], w))
-    }
-
     /// Whether rows of `len` elements along dimension `along` of the root,
     /// consecutive along dimension `across`, lie end to end in every leaf
     /// ([`LeafMap::rows_end_to_end`]): then such rows are one line, a run
     /// from the first row's start ([`Self::run`] of that line, `rows * len`
     /// long). A GLU of a conv's whole rows is 128 lines of 32 elements at
     /// T = 32; as one line, its vectors are independent of each other
-    /// instead of a few dependent ones per row.
+    /// instead of a few dependent ones per row. Never through a cat,
+    /// whose parts a run of several rows would leave.
     pub(super) fn rows_are_one_line(&self, across: usize, along: usize, len: usize) -> bool {
-        self.leaves[..self.form.n_leaves]
-            .iter()
-            .all(|l| l.rows_end_to_end(across, along, len))
+        self.form.n_cats == 0
+            && self.leaves[0][..self.form.pieces[0].n_leaves]
+                .iter()
+                .all(|l| l.rows_end_to_end(across, along, len))
     }
 
     /// Whether every leaf is read contiguously (or as one value) along
     /// dimension `along` of the root: lines along it run flat.
     pub(super) fn contiguous_along(&self, along: usize) -> bool {
-        self.leaves[..self.form.n_leaves].iter().all(|l| match *l {
-            LeafMap::Const(_) => true,
-            LeafMap::Stored { coef, .. } => coef[along] <= 1,
-        })
+        let pieces = self.form.pieces().iter().zip(&self.leaves);
+        pieces
+            .flat_map(|(p, l)| &l[..p.n_leaves])
+            .all(|l| match *l {
+                LeafMap::Const(_) => true,
+                LeafMap::Stored { coef, .. } => coef[along] <= 1,
+            })
     }
 
     /// Whether the program computes each element from the anchor's value
-    /// at the same place alone (every leaf a constant): a block of rows
-    /// can be finished in place at once.
+    /// at the same place alone (every leaf a constant, no cat): a block of
+    /// rows can be finished in place at once.
     pub(super) fn pointwise(&self) -> bool {
-        self.form.reads_anchor
-            && self.leaves[..self.form.n_leaves]
+        let piece = &self.form.pieces[0];
+        self.form.n_cats == 0
+            && piece.reads_anchor
+            && self.leaves[0][..piece.n_leaves]
                 .iter()
                 .all(|l| matches!(l, LeafMap::Const(_)))
     }
@@ -468,20 +706,21 @@ impl<'a> Flat<'a> {
         if !self.pointwise() {
             return false;
         }
-        let Some((regs, w)) = self.registers(tmp, values.len(), 0) else {
+        let piece = &self.form.pieces[0];
+        let Some((regs, w)) = registers(tmp, values.len(), piece.regs + 1) else {
             return false;
         };
         let mut reads = [Read::Scalar(0.0); MAX_LEAVES];
-        for (read, leaf) in reads.iter_mut().zip(&self.leaves[..self.form.n_leaves]) {
+        for (read, leaf) in reads.iter_mut().zip(&self.leaves[0][..piece.n_leaves]) {
             if let LeafMap::Const(v) = *leaf {
                 *read = Read::Scalar(v);
             }
         }
         flat(
             self.isa,
-            &self.form.instrs[..self.form.len],
-            &self.form.ends[..1],
-            &reads[..self.form.n_leaves],
+            &piece.instrs[..piece.len],
+            &piece.ends[..1],
+            &reads[..piece.n_leaves],
             None,
             &mut [values],
             regs,
@@ -490,6 +729,19 @@ impl<'a> Flat<'a> {
         );
         true
     }
+}
+
+/// `n` registers for lines of `len` elements: `tmp`'s first blocks (of
+/// `len` elements where shorter), one per register the instructions
+/// write, one per gathered leaf and one for the anchor, if it holds them,
+/// and their width: a whole number of vectors where `tmp` has room.
+fn registers(tmp: &mut [f32], len: usize, n: usize) -> Option<(&mut [f32], usize)> {
+    let w = len.min(BLOCK);
+    let padded = w.next_multiple_of(LANES);
+    [padded, w]
+        .into_iter()
+        .find(|&w| n * w <= tmp.len())
+        .map(|w| (&mut tmp[..n * w], w))
 }
 
 per_backend! {
@@ -556,14 +808,14 @@ fn flat_generic<const F: bool>(
             // Empty where the program reads no anchor (a prologue's).
             Some(a) => a.get(at..at + n).unwrap_or_default(),
             None => {
-                own[..n].copy_from_slice(&outs[0][at..at + n]);
+                copy(&mut own[..n], &outs[0][at..at + n]);
                 &own[..n]
             }
         };
         for (k, out) in outs.iter_mut().enumerate() {
             let from = k.checked_sub(1).map_or(0, |j| ends[j]);
             run_block::<F>(&instrs[from..ends[k]], &blocks, anchor, regs, w, n);
-            out[at..at + n].copy_from_slice(&regs[..n]);
+            copy(&mut out[at..at + n], &regs[..n]);
         }
     }
 }
@@ -600,7 +852,7 @@ fn run_block<const F: bool>(
         };
         if ins.x != Src::Reg(ins.dst) {
             match slice(ins.x) {
-                Operand::Slice(v) => dst[..n].copy_from_slice(&v[..n]),
+                Operand::Slice(v) => copy(&mut dst[..n], &v[..n]),
                 Operand::Scalar(v) => dst.fill(v),
             }
         }
@@ -628,7 +880,7 @@ fn select_block(cond: Operand, other: Operand, dst: &mut [f32], n: usize) {
         (Operand::Slice(c), Operand::Slice(o)) => select(&c[..n], dst, &o[..n]),
         (Operand::Slice(c), Operand::Scalar(o)) => select_scalar(&c[..n], dst, o),
         (Operand::Scalar(c), _) if c != 0.0 => {}
-        (Operand::Scalar(_), Operand::Slice(o)) => dst.copy_from_slice(&o[..n]),
+        (Operand::Scalar(_), Operand::Slice(o)) => copy(dst, &o[..n]),
         (Operand::Scalar(_), Operand::Scalar(o)) => dst.fill(o),
     }
 }
@@ -643,6 +895,8 @@ mod tests {
     const B: usize = 2;
     const C: usize = 3;
     const N: usize = 150;
+    /// A cat's first part along time (a conv's `K - 1`, or a longer state).
+    const P: usize = 70;
     /// `[B, N, C]` read as `[B, C, N]`, and back.
     const SWAP: [Option<u8>; MAX_RANK] = [Some(0), Some(2), Some(1), None];
 
@@ -658,9 +912,18 @@ mod tests {
         xt: usize,
         /// `[B, C, 2N]`, read every other element (stride 2 along time).
         z: usize,
+        /// `[B, C, P]`: a streaming conv's state.
+        state: usize,
         /// Shapes computed nodes take.
         bcn: usize,
         bnc: usize,
+        /// Shapes of cats' parts: `[B, C, P]`, `[B, C, N - P]`, `[B, C,
+        /// N - 2P]`, `[B, 1, N]`, `[B, C - 1, N]`.
+        bcp: usize,
+        bcq: usize,
+        bcr: usize,
+        b1n: usize,
+        bc1n: usize,
     }
 
     fn tensors(env: &mut TestEnv, rng: &mut Rng) -> Tensors {
@@ -672,8 +935,14 @@ mod tests {
             p: env.stored(&[C, 1], rng.vec(C, -2.0, 2.0)),
             xt: env.stored(&[B, N, C], rng.vec(B * C * N, -3.0, 3.0)),
             z: env.stored(&[B, C, 2 * N], rng.vec(B * C * 2 * N, -3.0, 3.0)),
+            state: env.stored(&[B, C, P], rng.vec(B * C * P, -3.0, 3.0)),
             bcn: env.computed(&[B, C, N]),
             bnc: env.computed(&[B, N, C]),
+            bcp: env.computed(&[B, C, P]),
+            bcq: env.computed(&[B, C, N - P]),
+            bcr: env.computed(&[B, C, N - 2 * P]),
+            b1n: env.computed(&[B, 1, N]),
+            bc1n: env.computed(&[B, C - 1, N]),
         }
     }
 
@@ -683,10 +952,22 @@ mod tests {
     /// and binary op, clamps, selects, and a subtree computed in `[B, N,
     /// C]` then permuted.
     fn grow(p: &mut Program, t: &Tensors, rng: &mut Rng, depth: usize, anchor: bool) -> usize {
+        grow_in(p, t, rng, depth, anchor, true)
+    }
+
+    /// [`grow`], with cats where `cat` (not inside another's part).
+    fn grow_in(
+        p: &mut Program,
+        t: &Tensors,
+        rng: &mut Rng,
+        depth: usize,
+        anchor: bool,
+        cat: bool,
+    ) -> usize {
         let pick = if depth == 0 {
             rng.range(0, 5)
         } else {
-            rng.range(0, 11)
+            rng.range(0, 12)
         };
         match pick {
             0 | 1 => p.push(Expr::Load, t.x[rng.range(0, 1)]),
@@ -723,30 +1004,70 @@ mod tests {
             }
             6 | 7 => {
                 let op = UnaryOp::ALL[rng.range(0, UnaryOp::ALL.len() - 1)];
-                let x = grow(p, t, rng, depth - 1, anchor);
+                let x = grow_in(p, t, rng, depth - 1, anchor, cat);
                 p.push(Expr::Unary { op, x }, t.bcn)
             }
             8 | 9 => {
                 let op = BinaryOp::ALL[rng.range(0, BinaryOp::ALL.len() - 1)];
-                let a = grow(p, t, rng, depth - 1, anchor);
-                let b = grow(p, t, rng, depth - 1, anchor);
+                let a = grow_in(p, t, rng, depth - 1, anchor, cat);
+                let b = grow_in(p, t, rng, depth - 1, anchor, cat);
                 p.push(Expr::Binary { op, a, b }, t.bcn)
             }
             10 => {
-                let x = grow(p, t, rng, depth - 1, anchor);
+                let x = grow_in(p, t, rng, depth - 1, anchor, cat);
                 let (min, max) = (rng.uniform(-2.0, 0.0), rng.uniform(0.0, 2.0));
                 p.push(Expr::Clamp { x, min, max }, t.bcn)
             }
+            12 if cat => {
+                // A slice of a part-sized stretch of a random node, from
+                // `start` along `dim`.
+                let part = |p: &mut Program, rng: &mut Rng, dim, start, value| {
+                    let x = grow_in(p, t, rng, depth - 1, anchor, false);
+                    p.push(
+                        Expr::Slice {
+                            x,
+                            dim,
+                            start,
+                            step: 1,
+                        },
+                        value,
+                    )
+                };
+                let (parts, dim) = match rng.range(0, 3) {
+                    // A streaming conv's input: its state then the new
+                    // samples, along time.
+                    0 => {
+                        let state = p.push(Expr::Load, t.state);
+                        (vec![state, part(p, rng, 2, P as i64, t.bcq)], 2)
+                    }
+                    1 => {
+                        let a = part(p, rng, 2, -(P as i64), t.bcp);
+                        (vec![a, part(p, rng, 2, P as i64, t.bcq)], 2)
+                    }
+                    // Zeros, a stretch, a stretch: a padding.
+                    2 => {
+                        let zeros = p.push(Expr::Const(0.0), t.bcp);
+                        let a = part(p, rng, 2, 1, t.bcp);
+                        (vec![zeros, a, part(p, rng, 2, 2 * P as i64, t.bcr)], 2)
+                    }
+                    // Along the channels: every line across them crosses.
+                    _ => {
+                        let a = part(p, rng, 1, C as i64 - 1, t.b1n);
+                        (vec![a, part(p, rng, 1, 1, t.bc1n)], 1)
+                    }
+                };
+                p.push(Expr::Cat { parts, dim }, t.bcn)
+            }
             _ if rng.range(0, 1) == 0 => {
-                let cond = grow(p, t, rng, depth - 1, anchor);
-                let a = grow(p, t, rng, depth - 1, anchor);
-                let b = grow(p, t, rng, depth - 1, anchor);
+                let cond = grow_in(p, t, rng, depth - 1, anchor, cat);
+                let a = grow_in(p, t, rng, depth - 1, anchor, cat);
+                let b = grow_in(p, t, rng, depth - 1, anchor, cat);
                 p.push(Expr::Where { cond, a, b }, t.bcn)
             }
             _ => {
                 // A product computed along `[B, N, C]`, then permuted.
                 let a = p.push(Expr::Load, t.xt);
-                let x = grow(p, t, rng, depth - 1, anchor);
+                let x = grow_in(p, t, rng, depth - 1, anchor, cat);
                 let b = p.push(Expr::View { x, map: SWAP }, t.bnc);
                 let m = p.push(
                     Expr::Binary {
@@ -860,8 +1181,14 @@ mod tests {
         assert!(ran > cases * 3 / 4, "{ran} of {cases} programs flat");
     }
 
+    /// The values' bits, every NaN as one: which NaN an op of two NaNs
+    /// keeps depends on its operands' order in the instruction, which the
+    /// compiler picks per loop (`sqrt(a) + log1p(b)` of a negative `a`
+    /// and a `b` below -1 gave +NaN in one loop and -NaN in the other).
     fn bits(v: &[f32]) -> Vec<u32> {
-        v.iter().map(|x| x.to_bits()).collect()
+        v.iter()
+            .map(|x| if x.is_nan() { f32::NAN } else { *x }.to_bits())
+            .collect()
     }
 
     /// Random programs along every row (from several starts) and across
@@ -874,7 +1201,7 @@ mod tests {
         // Each case on one of this CPU's instruction sets, in turn.
         let isas = Isa::all_available();
         let mut rng = Rng::new(27);
-        let (mut ran, mut gathered, mut unflat) = (0, 0, 0);
+        let (mut ran, mut gathered, mut unflat, mut catted) = (0, 0, 0, 0);
         // A third of the cases under emulation (QEMU), as the other grids.
         let cases = if crate::test_support::emulated() {
             140
@@ -891,6 +1218,7 @@ mod tests {
                 unflat += 1;
                 continue;
             };
+            catted += usize::from(p.nodes().iter().any(|n| matches!(n.expr, Expr::Cat { .. })));
             assert_eq!(
                 form.reads_anchor(),
                 { p.nodes().iter().any(|n| n.expr == Expr::Anchor) } && anchor
@@ -930,12 +1258,15 @@ mod tests {
                 gathered += usize::from(p.max_load_stride(&env, &line) > 1 && along);
             }
         }
-        // The walk stays within the limits for most programs, and rows
+        // The walk stays within the limits for most programs, cats among
+        // them (lines along time cross their parts' bounds at P and 2P,
+        // lines across the channels those of cats along them), and rows
         // gather (lines across the channels always do).
         assert!(
             unflat < cases / 10,
             "{unflat} of {cases} programs have no flat form"
         );
+        assert!(catted > cases / 16, "{catted} of {cases} flat programs cat");
         assert!(
             ran > cases * 5 / 2 && gathered > cases / 2,
             "ran {ran}, gathered {gathered}"

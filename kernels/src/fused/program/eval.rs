@@ -185,6 +185,9 @@ impl Program {
                         child.base[d] += t0 * line.step[d];
                     }
                     child.base[dim] -= lo;
+                    // The anchor's values of these elements (an anchor
+                    // reads the root's line, views or not).
+                    let anchor = anchor.get(t0..t1).unwrap_or_default();
                     self.eval_node(part, env, anchor, &child, &mut out[t0..t1], tmp, memo);
                 }
             }

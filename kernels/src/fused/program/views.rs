@@ -56,6 +56,73 @@ impl Program {
         }
     }
 
+    /// [`Self::view_map`] for a way down into part `part` of a cat (a
+    /// shift back by the parts before it along the cat's dimension, the
+    /// part's own coordinates); any other node's view map.
+    fn view_map_into(&self, i: usize, part: usize, env: &dyn Env) -> ViewMap {
+        match self.nodes[i].expr {
+            Expr::Cat { ref parts, dim } => ViewMap::Shift {
+                dim,
+                by: parts[..part]
+                    .iter()
+                    .map(|&p| env.shape(self.nodes[p].value)[dim])
+                    .sum(),
+            },
+            _ => self.view_map(i, env),
+        }
+    }
+
+    /// The origin of node `views[0]`'s coordinates and a unit step along
+    /// each dimension, mapped down through `views` (outermost first; into
+    /// part `parts[k]` of a cat `views[k]`): each view's shapes are asked
+    /// once. Below a cat's shift the origin's coordinates wrap around
+    /// (they are negative); every map is affine, so wrapping arithmetic
+    /// gives the right element for every line that lies in the part.
+    fn down_through(
+        &self,
+        views: &[usize],
+        parts: &[u8],
+        env: &dyn Env,
+    ) -> (Line, [Line; MAX_RANK]) {
+        let mut base = Line::default();
+        let mut units = [Line::default(); MAX_RANK];
+        for (d, u) in units.iter_mut().enumerate() {
+            u.step[d] = 1;
+        }
+        for (k, &v) in views.iter().enumerate() {
+            let part = parts.get(k).map_or(0, |&p| usize::from(p));
+            let map = self.view_map_into(v, part, env);
+            base = map.apply(&base);
+            for u in &mut units {
+                *u = map.apply(u);
+            }
+        }
+        (base, units)
+    }
+
+    /// Where a cat `cat` below `views` (as for [`Self::down_through`]) is
+    /// along its dimension at root coordinates `c`: `offset + sum(c[d] *
+    /// coef[d])` (wrapping, as there), and where each of its parts starts
+    /// along it, then its end (`bounds[k]..bounds[k + 1]` is part `k`);
+    /// `None` for any other node, or more parts than `bounds` holds.
+    pub(crate) fn cat_coordinate<const P: usize>(
+        &self,
+        views: &[usize],
+        parts: &[u8],
+        cat: usize,
+        env: &dyn Env,
+    ) -> Option<(usize, [usize; MAX_RANK], [usize; P])> {
+        let Expr::Cat { parts: ref of, dim } = self.nodes[cat].expr else {
+            return None;
+        };
+        let mut bounds = [0; P];
+        for (k, &p) in of.iter().enumerate() {
+            *bounds.get_mut(k + 1)? = bounds[k] + env.shape(self.nodes[p].value)[dim];
+        }
+        let (base, units) = self.down_through(views, parts, env);
+        Some((base.base[dim], units.map(|u| u.step[dim]), bounds))
+    }
+
     /// Whether node `i` is a *leaf*: a stored tensor or a constant, read
     /// through views only (what [`Self::leaf_map`] resolves).
     pub(crate) fn is_leaf(&self, mut i: usize) -> bool {
@@ -130,6 +197,18 @@ impl Program {
         i: usize,
         env: &dyn Env,
     ) -> Option<LeafGeometry> {
+        self.leaf_geometry_into(views, &[], i, env)
+    }
+
+    /// [`Self::leaf_geometry_through`] where the way down goes into part
+    /// `parts[k]` of a cat `views[k]` (see [`Self::down_through`]).
+    pub(crate) fn leaf_geometry_into(
+        &self,
+        views: &[usize],
+        parts: &[u8],
+        i: usize,
+        env: &dyn Env,
+    ) -> Option<LeafGeometry> {
         let geometry = self.leaf_geometry(i, env)?;
         let LeafGeometry::Stored {
             value,
@@ -139,25 +218,16 @@ impl Program {
         else {
             return Some(geometry);
         };
-        let down = |line: Line| {
-            views
-                .iter()
-                .fold(line, |line, &v| self.view_line(v, env, &line))
+        let at = |at: &[usize; MAX_RANK]| -> usize {
+            at.iter()
+                .zip(&coef)
+                .fold(0, |sum, (&c, &k)| sum.wrapping_add(c.wrapping_mul(k)))
         };
-        let at = |line: &Line, of: fn(&Line) -> &[usize; MAX_RANK]| -> usize {
-            of(line).iter().zip(&coef).map(|(&c, &k)| c * k).sum()
-        };
-        let base = down(Line::default());
-        let mut through = [0; MAX_RANK];
-        for (d, t) in through.iter_mut().enumerate() {
-            let mut unit = Line::default();
-            unit.step[d] = 1;
-            *t = at(&down(unit), |l| &l.step);
-        }
+        let (base, units) = self.down_through(views, parts, env);
         Some(LeafGeometry::Stored {
             value,
-            offset: offset + at(&base, |l| &l.base),
-            coef: through,
+            offset: offset.wrapping_add(at(&base.base)),
+            coef: units.map(|u| at(&u.step)),
         })
     }
 
@@ -213,6 +283,9 @@ enum ViewMap {
         start: usize,
         step: usize,
     },
+    /// Along `dim`, `by` fewer (into a cat's part: see
+    /// [`Program::down_through`]).
+    Shift { dim: usize, by: usize },
     /// Not a view.
     Same,
 }
@@ -232,8 +305,14 @@ impl ViewMap {
             }
             ViewMap::Slice { dim, start, step } => {
                 let mut child = *line;
-                child.base[dim] = start + step * line.base[dim];
+                // Wrapping: below a cat's shift (`Program::down_through`).
+                child.base[dim] = start.wrapping_add(step.wrapping_mul(line.base[dim]));
                 child.step[dim] = step * line.step[dim];
+                child
+            }
+            ViewMap::Shift { dim, by } => {
+                let mut child = *line;
+                child.base[dim] = line.base[dim].wrapping_sub(by);
                 child
             }
             ViewMap::Same => *line,
@@ -365,7 +444,9 @@ fn start_and_stride(offset: usize, coef: &[usize; MAX_RANK], line: &Line) -> (us
     let mut start = offset;
     let mut stride = 0;
     for ((&b, &s), &c) in line.base.iter().zip(&line.step).zip(coef) {
-        start += b * c;
+        // Wrapping: a leaf inside a cat's part has an offset below 0
+        // (`Program::down_through`); the sum is the element's index.
+        start = start.wrapping_add(b * c);
         stride += s * c;
     }
     (start, stride)
