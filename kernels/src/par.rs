@@ -27,6 +27,11 @@ use std::cell::Cell;
 
 use rayon::prelude::*;
 
+/// Fewest elements a task of an elementwise or scan loop takes (the fused
+/// loops' rows and drains, the statistics passes, the scans' rows): one
+/// task grain for all of them, defined here once.
+pub(crate) const MIN_TASK_ELEMS: usize = 16 * 1024;
+
 /// A set of threads that runs a loop's tasks.
 pub trait Pool: Sync {
     /// How many threads `run` may use, the calling thread included.

@@ -30,7 +30,7 @@
 //! line across the channels) is gathered a block at a time into a
 //! register of its own, with the interpreter's strided moves.
 
-use super::ops::{clamp, copy, elu, select, select_scalar, BinaryOp, UnaryOp};
+use super::ops::{clamp, copy, elu, select, select_into, select_scalar, BinaryOp, UnaryOp};
 use super::program::views::{Leaf, LeafGeometry, LeafMap};
 use super::program::{Env, Expr, Line, Program};
 use super::shape::MAX_RANK;
@@ -176,6 +176,10 @@ struct Piece {
     n_roots: usize,
     leaves: [LeafPath; MAX_LEAVES],
     n_leaves: usize,
+    /// Where its leaves start among all the pieces' (they share one list
+    /// of at most [`MAX_LEAVES`], so that binding a call's tensors costs
+    /// what it did before cats had pieces).
+    first: usize,
     /// The root reads the anchor (an epilogue).
     reads_anchor: bool,
     /// Registers the instructions write.
@@ -251,7 +255,12 @@ impl FlatForm {
                 b.piece()?
             };
         }
-        Some(form)
+        let mut first = 0;
+        for piece in &mut form.pieces[..n_pieces] {
+            piece.first = first;
+            first += piece.n_leaves;
+        }
+        (first <= MAX_LEAVES).then_some(form)
     }
 
     /// Whether the program reads the anchor's values (an epilogue's).
@@ -282,9 +291,10 @@ impl FlatForm {
     /// Where its leaves and cats lie for `env`'s current shapes (shapes
     /// alone: see [`LeafGeometry`]).
     pub(super) fn geometry(&self, program: &Program, env: &dyn Env) -> Option<FlatGeometry> {
-        let mut leaves = [[LeafGeometry::Const(0.0); MAX_LEAVES]; MAX_PIECES];
-        for (piece, leaves) in self.pieces().iter().zip(&mut leaves) {
-            for (leaf, path) in leaves.iter_mut().zip(&piece.leaves[..piece.n_leaves]) {
+        let mut leaves = [LeafGeometry::Const(0.0); MAX_LEAVES];
+        for piece in self.pieces() {
+            let of = &mut leaves[piece.first..piece.first + piece.n_leaves];
+            for (leaf, path) in of.iter_mut().zip(&piece.leaves) {
                 let (views, parts) = (&path.views[..path.n_views], &path.parts[..path.n_views]);
                 *leaf = program.leaf_geometry_into(views, parts, path.node, env)?;
             }
@@ -310,11 +320,11 @@ impl FlatForm {
         geometry: &FlatGeometry,
         env: &'a dyn Env,
     ) -> Flat<'a> {
-        let mut leaves = [[LeafMap::Const(0.0); MAX_LEAVES]; MAX_PIECES];
-        for ((piece, maps), of) in self.pieces().iter().zip(&mut leaves).zip(&geometry.leaves) {
-            for (map, leaf) in maps.iter_mut().zip(&of[..piece.n_leaves]) {
-                *map = leaf.bind(env);
-            }
+        let mut leaves = [LeafMap::Const(0.0); MAX_LEAVES];
+        let last = &self.pieces[self.n_pieces - 1];
+        let n = last.first + last.n_leaves;
+        for (map, leaf) in leaves.iter_mut().zip(&geometry.leaves[..n]) {
+            *map = leaf.bind(env);
         }
         Flat {
             isa,
@@ -337,16 +347,17 @@ impl Piece {
         n_roots: 0,
         leaves: [LeafPath::ROOT; MAX_LEAVES],
         n_leaves: 0,
+        first: 0,
         reads_anchor: false,
         regs: 0,
     };
 }
 
-/// Where the leaves of a [`FlatForm`] lie for one set of shapes, per
-/// piece, and where its cats' parts are.
+/// Where the leaves of a [`FlatForm`] lie for one set of shapes (every
+/// piece's, in one list), and where its cats' parts are.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) struct FlatGeometry {
-    leaves: [[LeafGeometry; MAX_LEAVES]; MAX_PIECES],
+    leaves: [LeafGeometry; MAX_LEAVES],
     cats: [CatGeometry; MAX_CATS],
 }
 
@@ -537,8 +548,8 @@ pub(super) struct Flat<'a> {
     /// The program's instruction set.
     isa: Isa,
     form: &'a FlatForm,
-    /// Per piece.
-    leaves: [[LeafMap<'a>; MAX_LEAVES]; MAX_PIECES],
+    /// Every piece's ([`Piece::first`]).
+    leaves: [LeafMap<'a>; MAX_LEAVES],
     cats: [CatGeometry; MAX_CATS],
 }
 
@@ -645,6 +656,11 @@ impl<'a> Flat<'a> {
         true
     }
 
+    /// The leaves `piece` reads, bound.
+    fn leaves_of(&self, piece: &Piece) -> &[LeafMap<'a>] {
+        &self.leaves[piece.first..piece.first + piece.n_leaves]
+    }
+
     /// [`Self::run_roots`] of piece `p` (which the caller checked `outs`
     /// for).
     fn run_piece(
@@ -656,7 +672,7 @@ impl<'a> Flat<'a> {
         tmp: &mut [f32],
     ) -> bool {
         let piece = &self.form.pieces[p];
-        let leaves = &self.leaves[p][..piece.n_leaves];
+        let leaves = self.leaves_of(piece);
         let len = outs.first().map_or(0, |o| o.len());
         let mut reads = [Read::Scalar(0.0); MAX_LEAVES];
         let mut gathered = 0;
@@ -672,6 +688,24 @@ impl<'a> Flat<'a> {
                     Read::Strided(v, stride)
                 }
             };
+        }
+        // A piece that only views a leaf (a cat's stored state) is that
+        // leaf's elements: read straight into the output, as the
+        // interpreter loads it, not through a register block by block.
+        let copy_of_leaf = Instr {
+            dst: 0,
+            x: Src::Leaf(0),
+            op: Op::Unary(UnaryOp::Identity),
+        };
+        if let ([out], [instr]) = (&mut *outs, &piece.instrs[..piece.len]) {
+            if *instr == copy_of_leaf {
+                match reads[0] {
+                    Read::Scalar(v) => out.fill(v),
+                    Read::Slice(v) => copy(out, &v[..len]),
+                    Read::Strided(v, stride) => strided::gather_by(self.isa, stride, v, out),
+                }
+                return true;
+            }
         }
         let Some((regs, w)) = registers(tmp, len, piece.regs + gathered + 1) else {
             return false;
@@ -700,17 +734,25 @@ impl<'a> Flat<'a> {
     /// whose parts a run of several rows would leave.
     pub(super) fn rows_are_one_line(&self, across: usize, along: usize, len: usize) -> bool {
         self.form.n_cats == 0
-            && self.leaves[0][..self.form.pieces[0].n_leaves]
+            && self
+                .leaves_of(&self.form.pieces[0])
                 .iter()
                 .all(|l| l.rows_end_to_end(across, along, len))
     }
 
     /// Whether every leaf is read contiguously (or as one value) along
-    /// dimension `along` of the root: lines along it run flat.
+    /// dimension `along` of the root, and no cat splits the lines: lines
+    /// along it run flat at one set-up each. A line through a cat runs a
+    /// set-up per part: a decode step's rows (`cat(state, x)` along time,
+    /// 3 + 1 elements) are then better read across the channels, where
+    /// each line lies in one part (read along, LFM2's decode step ran 45%
+    /// slower on the device, 16-core Xeon).
     pub(super) fn contiguous_along(&self, along: usize) -> bool {
-        let pieces = self.form.pieces().iter().zip(&self.leaves);
-        pieces
-            .flat_map(|(p, l)| &l[..p.n_leaves])
+        if self.form.n_cats > 0 {
+            return false;
+        }
+        self.leaves_of(&self.form.pieces[0])
+            .iter()
             .all(|l| match *l {
                 LeafMap::Const(_) => true,
                 LeafMap::Stored { coef, .. } => coef[along] <= 1,
@@ -724,7 +766,8 @@ impl<'a> Flat<'a> {
         let piece = &self.form.pieces[0];
         self.form.n_cats == 0
             && piece.reads_anchor
-            && self.leaves[0][..piece.n_leaves]
+            && self
+                .leaves_of(piece)
                 .iter()
                 .all(|l| matches!(l, LeafMap::Const(_)))
     }
@@ -743,7 +786,7 @@ impl<'a> Flat<'a> {
             return false;
         };
         let mut reads = [Read::Scalar(0.0); MAX_LEAVES];
-        for (read, leaf) in reads.iter_mut().zip(&self.leaves[0][..piece.n_leaves]) {
+        for (read, leaf) in reads.iter_mut().zip(self.leaves_of(piece)) {
             if let LeafMap::Const(v) = *leaf {
                 *read = Read::Scalar(v);
             }
@@ -840,14 +883,14 @@ fn flat_generic<const F: bool>(
             // Empty where the program reads no anchor (a prologue's).
             Some(a) => a.get(at..at + n).unwrap_or_default(),
             None => {
-                copy(&mut own[..n], &outs[0][at..at + n]);
+                own[..n].copy_from_slice(&outs[0][at..at + n]);
                 &own[..n]
             }
         };
         for (k, out) in outs.iter_mut().enumerate() {
             let from = k.checked_sub(1).map_or(0, |j| ends[j]);
             run_block::<F>(&instrs[from..ends[k]], &blocks, anchor, regs, w, n);
-            copy(&mut out[at..at + n], &regs[..n]);
+            out[at..at + n].copy_from_slice(&regs[..n]);
         }
     }
 }
@@ -883,9 +926,18 @@ fn run_block<const F: bool>(
             }
         };
         if ins.x != Src::Reg(ins.dst) {
-            match slice(ins.x) {
-                Operand::Slice(v) => copy(&mut dst[..n], &v[..n]),
-                Operand::Scalar(v) => dst.fill(v),
+            match (ins.op, slice(ins.x)) {
+                // A select of a leaf or the anchor (a leaky ReLU's `x`)
+                // writes the register from it: one pass, no copy first.
+                (Op::Where { cond, other }, Operand::Slice(x)) => {
+                    if let (Operand::Slice(c), Operand::Slice(o)) = (slice(cond), slice(other)) {
+                        select_into(&c[..n], &x[..n], &o[..n], &mut dst[..n]);
+                        continue;
+                    }
+                    copy(&mut dst[..n], &x[..n]);
+                }
+                (_, Operand::Slice(v)) => dst[..n].copy_from_slice(&v[..n]),
+                (_, Operand::Scalar(v)) => dst.fill(v),
             }
         }
         match ins.op {

@@ -399,6 +399,16 @@ pub(crate) fn elu<const F: bool>(x: &mut [f32], alpha: f32) {
     })
 }
 
+/// `out[i] = if cond[i] != 0 { a[i] } else { b[i] }`, into a buffer of its
+/// own: no element is kept in place, so the loop stores plain vectors
+/// (see [`staged`]) without a block on the stack.
+#[inline(always)]
+pub(crate) fn select_into(cond: &[f32], a: &[f32], b: &[f32], out: &mut [f32]) {
+    for (((o, &c), &x), &y) in out.iter_mut().zip(cond).zip(a).zip(b) {
+        *o = pick(c, x, y);
+    }
+}
+
 /// [`select`] with every `b[i]` equal to `b`.
 #[inline(always)]
 pub(crate) fn select_scalar(cond: &[f32], a: &mut [f32], b: f32) {

@@ -34,10 +34,11 @@ use super::program::views::{Leaf, LeafMap};
 use super::program::{Env, Line};
 use super::reduce_geometry::{ReduceGeometry, Walk};
 use super::rows::ProgramRows;
+use super::rows::{SharedOut, LINE_CHUNK};
 // The fewest elements one task reduces: the fused loops' one task grain.
-use super::rows::{SharedOut, LINE_CHUNK, MIN_TASK_ELEMS};
 use super::shape::{Shape, MAX_RANK};
 use crate::error::KernelError;
+use crate::par::MIN_TASK_ELEMS;
 use crate::scratch::Scratch;
 
 /// A statistic over the reduced dimensions.

@@ -1038,10 +1038,8 @@ impl RowSink for EpilogueSink<'_> {
 /// Elements per line chunk of [`materialise`] and [`drain`].
 pub const LINE_CHUNK: usize = 1024;
 
-/// Fewest elements per task of [`materialise`] and [`drain`], and of
-/// the statistics passes (reduce.rs), which split the same fused work:
-/// one task grain for every fused loop.
-pub(super) const MIN_TASK_ELEMS: usize = 16 * 1024;
+// Fewest elements per task of [`materialise`] and [`drain`].
+use crate::par::MIN_TASK_ELEMS;
 
 /// f32 elements of per-thread scratch [`materialise`] or [`drain`] needs
 /// for a source or sink needing `temporaries` line-sized temporaries (and

@@ -21,8 +21,8 @@ use crate::scratch::Scratch;
 /// `u`, `y` and a few interpreter temporaries within a 48 KiB L1.
 pub const FUSED_CHUNK: usize = 1024;
 
-/// Fewest elements per task.
-const MIN_TASK_ELEMS: usize = 16 * 1024;
+// Fewest elements per task.
+use crate::par::MIN_TASK_ELEMS;
 
 /// f32 elements of per-thread scratch [`super::linear_scan_rows`] needs when its
 /// operands need `temporaries` line-sized temporaries at most.

@@ -286,8 +286,8 @@ const MIN_PIECE: usize = 16 * 1024;
 /// this (4 KiB of maps, 1 KiB of start states).
 const MAX_PIECES: usize = 256;
 
-/// Fewest elements in a task of the rows strategy.
-const MIN_TASK_ELEMS: usize = 16 * 1024;
+// Fewest elements in a task of the rows strategy.
+use crate::par::MIN_TASK_ELEMS;
 
 // The size from which the rows strategy writes its output with non-temporal
 // stores: the one threshold the fused epilogues use too (fused/ops.rs).
