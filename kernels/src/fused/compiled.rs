@@ -397,8 +397,8 @@ pub(super) struct Prologue<'a> {
     pub(super) chain: Option<Chain<'a>>,
     /// The root only views a stored tensor.
     pub(super) gather: Option<Gather<'a>>,
-    /// Any other program without a cat, as a list of instructions over
-    /// blocks (`flat.rs`).
+    /// Any other program, as a list of instructions over blocks
+    /// (`flat.rs`).
     pub(super) flat: Option<Flat<'a>>,
 }
 
@@ -416,7 +416,7 @@ pub(super) struct Gather<'a> {
 /// The epilogues the recipes compute in one pass: a scan's gate
 /// (`recipes.rs`), a gated convolution's (`conv_recipes.rs`), a chain
 /// of adds and products then an activation (`chain_recipes.rs`), and any
-/// other without a cat as a list of instructions (`flat.rs`).
+/// other as a list of instructions (`flat.rs`).
 // The chain is twice the others' size, but a sink is built on the stack
 // once per kernel call: boxing it would allocate in `execute`.
 #[allow(clippy::large_enum_variant)]

@@ -1,9 +1,10 @@
 //! A program flattened, once, into a list of instructions over blocks of
-//! elements: the general form an elementwise program without a cat takes
-//! (of one root, or of several: a scan's `a` and `u` computed together,
-//! each root's instructions then its store) where no dedicated recipe (`recipes.rs`, `conv_recipes.rs`,
-//! `chain_recipes.rs`) matches and it is more than a view of a stored
-//! tensor (which the interpreter copies once; `compiled.rs` decides).
+//! elements: the general form an elementwise program takes (of one root,
+//! or of several: a scan's `a` and `u` computed together, each root's
+//! instructions then its store) where no dedicated recipe (`recipes.rs`,
+//! `conv_recipes.rs`, `chain_recipes.rs`) matches and it is more than a
+//! view of a stored tensor (which the interpreter copies once;
+//! `compiled.rs` decides).
 //!
 //! The interpreter (`program/eval.rs`) walks the tree for every line: per
 //! node a match, a view mapped through the env's shapes, a pass over a
@@ -28,7 +29,27 @@
 //! interpreter's bit for bit (the tests check this on random programs).
 //! A leaf read with a stride along a line (a transposed operand, every
 //! line across the channels) is gathered a block at a time into a
-//! register of its own, with the interpreter's strided moves.
+//! register of its own, with the interpreter's strided moves. One
+//! peephole: `nn.ELU` as the blob writes it (a compare, `exp`, a
+//! difference and a product with constants, and a select) is one
+//! instruction, the same arithmetic in one loop.
+//!
+//! # Cats
+//!
+//! A program with cats (a streaming conv's input, `cat(state, x)`, with
+//! the previous layer's activation on `x`; a padding) is flattened once
+//! per choice of one part of every cat (a `Piece`): below a cat the way
+//! to a leaf goes into the chosen part, shifted back by the parts before
+//! it. A line is cut where it crosses a part's bounds, and each stretch
+//! runs its piece. Interpreted, the cats of a transformers Mimi encoder's
+//! prologues took about a quarter of its time (2-core AVX2 VM); flat, with
+//! the ELU peephole, the encoder and decoder ran 7-17% faster on the
+//! 16-core Xeon device (`docs/bench/ab-s39-device.md`). A first version
+//! (session 33) slowed LFM2's decode step by 30-88%: its rows (3 state
+//! elements and 1 new one) were read along time at a set-up per part.
+//! Lines through a cat are now priced as the interpreter's, so such steps
+//! read across the channels (each line in one part), and a piece that
+//! only views a leaf (the state) reads it straight into the output.
 
 use super::ops::{clamp, copy, elu, select, select_into, select_scalar, BinaryOp, UnaryOp};
 use super::program::views::{Leaf, LeafGeometry, LeafMap};

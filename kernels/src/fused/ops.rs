@@ -356,9 +356,9 @@ const STAGE: usize = 64;
 /// `select(m, x[i], y)` to where `x[i]` was loaded, which LLVM turns into a
 /// masked store of the `y`s: on AVX2 `vpmaskmovd`, one vector per 25 or so
 /// cycles on AMD Zen 3. In place a ReLU there took 0.8-0.97 ns per element,
-/// staged 0.17 (and the `where` of an ELU, staged in [`select`], was a
-/// quarter of a Mimi encoder's time). The store and the copy are plain
-/// vector moves, on every instruction set.
+/// staged 0.17 (and the masked stores of the ELUs' `where`s, in
+/// [`select`], were a quarter of a Mimi encoder's fused elementwise time).
+/// The store and the copy are plain vector moves, on every instruction set.
 #[inline(always)]
 pub(crate) fn staged(x: &mut [f32], f: impl Fn(f32) -> f32) {
     let mut block = [0.0; STAGE];
