@@ -1204,41 +1204,17 @@ mod tests {
         let y = env.stored(&[B, C, N], rng.vec(B * C * N, -3.0, 3.0));
         let state = env.stored(&[B, C, P], rng.vec(B * C * P, -3.0, 3.0));
         let (bcn, bcq) = (env.computed(&[B, C, N]), env.computed(&[B, C, N - P]));
+        let bin = |p: &mut Program, op, a, b| p.push(Expr::Binary { op, a, b }, bcn);
+        let konst = |p: &mut Program, c| p.push(Expr::Const(c), bcn);
         let elu = |p: &mut Program, x: usize, alpha: f32| {
-            let zero = p.push(Expr::Const(0.0), bcn);
-            let cond = p.push(
-                Expr::Binary {
-                    op: BinaryOp::Gt,
-                    a: x,
-                    b: zero,
-                },
-                bcn,
-            );
-            let exp = p.push(
-                Expr::Unary {
-                    op: UnaryOp::Exp,
-                    x,
-                },
-                bcn,
-            );
-            let one = p.push(Expr::Const(1.0), bcn);
-            let m1 = p.push(
-                Expr::Binary {
-                    op: BinaryOp::Sub,
-                    a: exp,
-                    b: one,
-                },
-                bcn,
-            );
-            let k = p.push(Expr::Const(alpha), bcn);
-            let b = p.push(
-                Expr::Binary {
-                    op: BinaryOp::Mul,
-                    a: m1,
-                    b: k,
-                },
-                bcn,
-            );
+            let zero = konst(p, 0.0);
+            let cond = bin(p, BinaryOp::Gt, x, zero);
+            let op = UnaryOp::Exp;
+            let exp = p.push(Expr::Unary { op, x }, bcn);
+            let one = konst(p, 1.0);
+            let m1 = bin(p, BinaryOp::Sub, exp, one);
+            let k = konst(p, alpha);
+            let b = bin(p, BinaryOp::Mul, m1, k);
             p.push(Expr::Where { cond, a: x, b }, bcn)
         };
         let mut programs = Vec::new();
@@ -1248,14 +1224,7 @@ mod tests {
         programs.push(p);
         let mut p = Program::default();
         let (lx, ly) = (p.push(Expr::Load, x), p.push(Expr::Load, y));
-        let sum = p.push(
-            Expr::Binary {
-                op: BinaryOp::Add,
-                a: lx,
-                b: ly,
-            },
-            bcn,
-        );
+        let sum = bin(&mut p, BinaryOp::Add, lx, ly);
         elu(&mut p, sum, 0.7);
         programs.push(p);
         let mut p = Program::default();
