@@ -639,8 +639,12 @@ impl<'a> Flat<'a> {
         // Registers for the largest piece, and a line inside every cat:
         // declined before any stretch is written.
         let cats = &self.cats[..form.n_cats];
-        let inside = cats.iter().all(|cat| {
-            let (start, step) = cat.along(line);
+        // Where the line starts along each cat, and its step there.
+        let mut along = [(0, 0); MAX_CATS];
+        for (a, cat) in along.iter_mut().zip(cats) {
+            *a = cat.along(line);
+        }
+        let inside = cats.iter().zip(&along).all(|(cat, &(start, step))| {
             let last = start.wrapping_add(step * (len - 1));
             cat.part(start).is_some() && cat.part(last).is_some()
         });
@@ -651,8 +655,7 @@ impl<'a> Flat<'a> {
         while t < len {
             // This stretch's piece, and where the first of its parts ends.
             let (mut piece, mut end) = (0, len);
-            for (cat, radix) in cats.iter().zip(&form.radix) {
-                let (start, step) = cat.along(line);
+            for ((cat, radix), &(start, step)) in cats.iter().zip(&form.radix).zip(&along) {
                 let k = cat
                     .part(start.wrapping_add(step * t))
                     .expect("inside the cat");
