@@ -111,6 +111,48 @@ macro_rules! elementwise_ops {
                     $($op::$variant => each(a, b, $f),)+
                 }
             }
+
+            /// `out[i] = a[i] op b[i]` (as far as the shortest goes): the
+            /// function of [`Self::apply_generic`] in one pass where the
+            /// left operand is not the destination (a flat program's
+            /// first instruction on a leaf, or its last into the output),
+            /// so the same values bit for bit without a copy first.
+            #[inline(always)]
+            pub(super) fn apply_into_generic<const F: bool>(
+                self,
+                a: &[f32],
+                b: &[f32],
+                out: &mut [f32],
+            ) {
+                #[inline(always)]
+                fn each(a: &[f32], b: &[f32], out: &mut [f32], f: impl Fn(f32, f32) -> f32) {
+                    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+                        *o = f(x, y);
+                    }
+                }
+                match self {
+                    $($op::$variant => each(a, b, out, $f),)+
+                }
+            }
+
+            /// [`Self::apply_into_generic`] with every `b` equal to `b`.
+            #[inline(always)]
+            pub(super) fn apply_scalar_into_generic<const F: bool>(
+                self,
+                a: &[f32],
+                b: f32,
+                out: &mut [f32],
+            ) {
+                #[inline(always)]
+                fn each(a: &[f32], y: f32, out: &mut [f32], f: impl Fn(f32, f32) -> f32) {
+                    for (o, &x) in out.iter_mut().zip(a) {
+                        *o = f(x, y);
+                    }
+                }
+                match self {
+                    $($op::$variant => each(a, b, out, $f),)+
+                }
+            }
         }
     };
 }
