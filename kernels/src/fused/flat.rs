@@ -937,9 +937,9 @@ fn flat_generic<const F: bool>(
 /// One root's instructions over one block of `n` elements, its values
 /// stored into `out` (`n` long): `blocks` the leaves' elements, `anchor`
 /// the anchor's, `regs` the registers, `w` elements each. The last
-/// instruction writes `out` itself where it computes from a leaf or the
-/// anchor (a gate `b * x` of two leaves is then one pass, not a pass and
-/// a copy); from its own register, that register is copied.
+/// instruction writes `out` itself where it takes one pass
+/// ([`Instr::one_pass`]: a gate `b * x` of two leaves); otherwise its
+/// register is copied there.
 #[inline(always)]
 fn run_block<const F: bool>(
     instrs: &[Instr],
@@ -1354,12 +1354,6 @@ mod tests {
         }
     }
 
-    /// Random programs of two or three roots sharing a subtree (as a
-    /// scan's `a` and `u` share `softplus(dt)`), one of them sometimes the
-    /// shared node itself: the flat form stores every root, each the
-    /// interpreter's `eval_roots` bit for bit along rows and across the
-    /// channels, its first root alone `eval`'s; compiled, the pair's rows
-    /// take it.
     /// A root whose last instruction reads a leaf or the anchor (a gate
     /// `b * x`, `x * 0.5`, a select) writes the output itself in one
     /// pass: the interpreter's values bit for bit, on lines of every
@@ -1414,6 +1408,12 @@ mod tests {
         }
     }
 
+    /// Random programs of two or three roots sharing a subtree (as a
+    /// scan's `a` and `u` share `softplus(dt)`), one of them sometimes the
+    /// shared node itself: the flat form stores every root, each the
+    /// interpreter's `eval_roots` bit for bit along rows and across the
+    /// channels, its first root alone `eval`'s; compiled, the pair's rows
+    /// take it.
     #[test]
     fn random_programs_of_several_roots_store_each_root_bit_for_bit() {
         use crate::fused::rows::{PairSource, ProgramRows};
