@@ -1,7 +1,8 @@
 //! A program flattened, once, into a list of instructions over blocks of
 //! elements: the general form an elementwise program takes (of one root,
-//! or of several: a scan's `a` and `u` computed together, each root's
-//! instructions then its store) where no dedicated recipe (`recipes.rs`,
+//! or of several: a scan's `a` and `u` computed together, the largest
+//! node both read computed once, then each root's instructions and its
+//! store) where no dedicated recipe (`recipes.rs`,
 //! `conv_recipes.rs`, `chain_recipes.rs`) matches and it is more than a
 //! view of a stored tensor (which the interpreter copies once;
 //! `compiled.rs` decides).
@@ -205,10 +206,12 @@ pub(super) struct FlatForm {
 struct Piece {
     instrs: [Instr; MAX_INSTRS],
     len: usize,
-    /// Where each root's instructions end: root `k`'s are
-    /// `instrs[ends[k - 1]..ends[k]]` (from 0 for the first), its values
-    /// in register 0 after them.
-    ends: [usize; MAX_ROOTS],
+    /// Where each run of instructions ends: `instrs[..ends[0]]` compute
+    /// the node several roots read (none, or [`Builder::keep`]'s), once
+    /// per block, into a register above every root's; root `k`'s are
+    /// `instrs[ends[k]..ends[k + 1]]`, its values in register 0 after
+    /// them.
+    ends: [usize; MAX_ROOTS + 1],
     n_roots: usize,
     leaves: [LeafPath; MAX_LEAVES],
     n_leaves: usize,
@@ -233,29 +236,39 @@ struct Builder<'p> {
     discover: bool,
     /// The part this piece takes of each cat.
     choice: [usize; MAX_CATS],
+    /// Whether to compute a node several roots read once (see
+    /// [`Builder::share`]).
+    share: bool,
+    /// That node and its register, once computed.
+    kept: Option<(usize, Src)>,
+    /// Registers the instructions may write: below the kept node's.
+    limit: usize,
 }
 
 impl FlatForm {
     /// The flat form of a program whose roots are made of leaves, the
     /// anchor, unary and binary ops, clamps, selects and cats (views
     /// anywhere): per choice of one part of every cat, each root's
-    /// instructions in turn, then its store (a node shared by several
-    /// roots computed for each, as the interpreter's shared nodes give the
-    /// same values). None for a cat inside another's part, and for a
-    /// program larger than the limits above.
+    /// instructions in turn, then its store. Of several roots, the largest
+    /// node more than one of them computes (a scan's `softplus(dt)`, read
+    /// by its `a` and `u`) is computed once, first, into a register the
+    /// roots' instructions leave alone; where the roots then lack
+    /// registers, it is computed for each (as the interpreter's shared
+    /// nodes, the same values). None for a cat inside another's part, and
+    /// for a program larger than the limits above.
     pub(super) fn find(program: &Program) -> Option<Self> {
         if program.nodes().is_empty() {
             return None;
         }
+        Self::find_sharing(program, true).or_else(|| Self::find_sharing(program, false))
+    }
+
+    /// [`Self::find`], computing a node several roots read once where
+    /// `share`.
+    fn find_sharing(program: &Program, share: bool) -> Option<Self> {
         // The first piece finds the cats (each on its first part).
-        let mut b = Builder {
-            program,
-            form: Piece::EMPTY,
-            cats: [LeafPath::ROOT; MAX_CATS],
-            n_cats: 0,
-            discover: true,
-            choice: [0; MAX_CATS],
-        };
+        let mut b = Builder::new(program, [LeafPath::ROOT; MAX_CATS], 0, [0; MAX_CATS], share);
+        b.discover = true;
         let first = b.piece()?;
         let (cats, n_cats) = (b.cats, b.n_cats);
         let radix = cats.map(|c| match program.nodes()[c.node].expr {
@@ -280,15 +293,7 @@ impl FlatForm {
                 for c in (0..n_cats).rev() {
                     (choice[c], rest) = (rest % radix[c], rest / radix[c]);
                 }
-                let mut b = Builder {
-                    program,
-                    form: Piece::EMPTY,
-                    cats,
-                    n_cats,
-                    discover: false,
-                    choice,
-                };
-                b.piece()?
+                Builder::new(program, cats, n_cats, choice, share).piece()?
             };
         }
         let mut first = 0;
@@ -379,7 +384,7 @@ impl Piece {
             op: Op::Unary(UnaryOp::Identity),
         }; MAX_INSTRS],
         len: 0,
-        ends: [0; MAX_ROOTS],
+        ends: [0; MAX_ROOTS + 1],
         n_roots: 0,
         leaves: [LeafPath::ROOT; MAX_LEAVES],
         n_leaves: 0,
@@ -426,9 +431,30 @@ impl CatGeometry {
     }
 }
 
-impl Builder<'_> {
-    /// The piece of this walk's choice of parts: each root's instructions
-    /// then its store.
+impl<'p> Builder<'p> {
+    /// A walk that adds no cat to `cats` (see `discover`).
+    fn new(
+        program: &'p Program,
+        cats: [LeafPath; MAX_CATS],
+        n_cats: usize,
+        choice: [usize; MAX_CATS],
+        share: bool,
+    ) -> Self {
+        Builder {
+            program,
+            form: Piece::EMPTY,
+            cats,
+            n_cats,
+            discover: false,
+            choice,
+            share,
+            kept: None,
+            limit: REGS,
+        }
+    }
+
+    /// The piece of this walk's choice of parts: the node several roots
+    /// read, then each root's instructions and its store.
     fn piece(&mut self) -> Option<Piece> {
         let program = self.program;
         let single = [program.root()];
@@ -436,6 +462,12 @@ impl Builder<'_> {
             [] => &single[..],
             roots => roots,
         };
+        if self.share && roots.len() > 1 {
+            if let Some(node) = self.common(roots) {
+                self.keep(node);
+            }
+        }
+        self.form.ends[0] = self.form.len;
         for &root in roots {
             let root = self.node(root, LeafPath::ROOT, 0)?;
             if root != Src::Reg(0) {
@@ -443,10 +475,54 @@ impl Builder<'_> {
                 self.emit(0, root, Op::Unary(UnaryOp::Identity))?;
             }
             let form = &mut self.form;
-            *form.ends.get_mut(form.n_roots)? = form.len;
+            *form.ends.get_mut(form.n_roots + 1)? = form.len;
             form.n_roots += 1;
         }
         Some(self.form)
+    }
+
+    /// The largest node (the last, as nodes follow their operands) that
+    /// more than one of `roots` computes, reached from each through ops
+    /// alone (no view between, so every root reads it at the same
+    /// coordinates).
+    fn common(&self, roots: &[usize]) -> Option<usize> {
+        let nodes = self.program.nodes();
+        let mut reached_by = vec![0_usize; nodes.len()];
+        for (k, &root) in roots.iter().enumerate() {
+            let mut stack = vec![root];
+            while let Some(i) = stack.pop() {
+                if self.program.is_leaf(i) || reached_by[i] & (1 << k) != 0 {
+                    continue;
+                }
+                reached_by[i] |= 1 << k;
+                match nodes[i].expr {
+                    Expr::Unary { x, .. } | Expr::Clamp { x, .. } => stack.push(x),
+                    Expr::Binary { a, b, .. } => stack.extend([a, b]),
+                    Expr::Where { cond, a, b } => stack.extend([cond, a, b]),
+                    _ => {}
+                }
+            }
+        }
+        (0..nodes.len()).rev().find(|&i| {
+            let computed = !matches!(nodes[i].expr, Expr::Anchor | Expr::Cat { .. })
+                && !self.program.is_leaf(i);
+            computed && reached_by[i].count_ones() > 1
+        })
+    }
+
+    /// Computes `node` into the highest register its instructions fit
+    /// below, and keeps it there for the roots, whose instructions then
+    /// write only the registers below it. Nothing where it fits nowhere.
+    fn keep(&mut self, node: usize) {
+        let saved = (self.form, self.cats, self.n_cats);
+        for base in (1..REGS).rev() {
+            if let Some(src @ Src::Reg(_)) = self.node(node, LeafPath::ROOT, base) {
+                self.kept = Some((node, src));
+                self.limit = base;
+                return;
+            }
+            (self.form, self.cats, self.n_cats) = saved;
+        }
     }
 
     /// The cat at `path`: its index among the cats, added where this walk
@@ -477,6 +553,10 @@ impl Builder<'_> {
     /// flat form.
     fn node(&mut self, i: usize, path: LeafPath, r: usize) -> Option<Src> {
         let program = self.program;
+        match self.kept {
+            Some((node, src)) if node == i && path.n_views == 0 => return Some(src),
+            _ => {}
+        }
         if program.is_leaf(i) {
             return self.leaf(LeafPath { node: i, ..path });
         }
@@ -563,7 +643,7 @@ impl Builder<'_> {
 
     /// Appends `r = op(x, ...)`.
     fn emit(&mut self, r: usize, x: Src, op: Op) -> Option<Src> {
-        if r >= REGS {
+        if r >= self.limit {
             return None;
         }
         let form = &mut self.form;
@@ -752,7 +832,7 @@ impl<'a> Flat<'a> {
         flat(
             self.isa,
             &piece.instrs[..piece.len],
-            &piece.ends[..outs.len()],
+            &piece.ends[..=outs.len()],
             &reads[..piece.n_leaves],
             Some(anchor),
             outs,
@@ -833,7 +913,7 @@ impl<'a> Flat<'a> {
         flat(
             self.isa,
             &piece.instrs[..piece.len],
-            &piece.ends[..1],
+            &piece.ends[..=1],
             &reads[..piece.n_leaves],
             None,
             &mut [values],
@@ -859,8 +939,9 @@ fn registers(tmp: &mut [f32], len: usize, n: usize) -> Option<(&mut [f32], usize
 }
 
 per_backend! {
-    /// The instructions over `outs`, block by block, each root's (those
-    /// ending at `ends`) then its store into its output; `anchor` None:
+    /// The instructions over `outs`, block by block: those before
+    /// `ends[0]`, then each root's (to `ends[k + 1]`) and its store into
+    /// its output; `anchor` None:
     /// the first output holds the anchor's values, replaced by the
     /// results. `regs`: the
     /// registers, `w` elements each (at least `min(out.len(), BLOCK)`),
@@ -926,16 +1007,18 @@ fn flat_generic<const F: bool>(
                 &own[..n]
             }
         };
-        for (k, out) in outs.iter_mut().enumerate() {
+        // One loop, so that `run_block` is inlined once.
+        for (k, &end) in ends.iter().enumerate() {
             let from = k.checked_sub(1).map_or(0, |j| ends[j]);
-            let out = &mut out[at..at + n];
-            run_block::<F>(&instrs[from..ends[k]], &blocks, anchor, regs, w, n, out);
+            let out = k.checked_sub(1).map(|j| &mut outs[j][at..at + n]);
+            run_block::<F>(&instrs[from..end], &blocks, anchor, regs, w, n, out);
         }
     }
 }
 
-/// One root's instructions over one block of `n` elements, its values
-/// stored into `out` (`n` long): `blocks` the leaves' elements, `anchor`
+/// A run of instructions over one block of `n` elements: a root's, its
+/// values stored into `out` (`n` long), or (`out` None) those computing
+/// the node several roots read, kept in its register. `blocks` the leaves' elements, `anchor`
 /// the anchor's, `regs` the registers, `w` elements each. The last
 /// instruction writes `out` itself where it takes one pass
 /// ([`Instr::one_pass`]: a gate `b * x` of two leaves); otherwise its
@@ -948,7 +1031,7 @@ fn run_block<const F: bool>(
     regs: &mut [f32],
     w: usize,
     n: usize,
-    out: &mut [f32],
+    mut out: Option<&mut [f32]>,
 ) {
     // Ops on registers alone run over whole vectors where the registers
     // are that wide: a line's last few elements would otherwise take the
@@ -970,18 +1053,19 @@ fn run_block<const F: bool>(
             w,
             whole,
         };
-        let last = i + 1 == instrs.len();
-        // The root's values are in register 0 (`Piece::ends`).
-        debug_assert!(!last || d == 0);
-        let dst = if last && ins.one_pass() {
-            &mut *out
-        } else {
-            &mut low[d * w..][..whole]
+        let dst = match out.as_deref_mut() {
+            // A root's values are in register 0 (`Piece::ends`).
+            Some(out) if i + 1 == instrs.len() && ins.one_pass() => {
+                debug_assert_eq!(d, 0);
+                out
+            }
+            _ => &mut low[d * w..][..whole],
         };
         apply::<F>(ins, &operands, dst, n);
     }
-    if instrs.last().is_some_and(|last| !last.one_pass()) {
-        out.copy_from_slice(&regs[..n]);
+    match (out, instrs.last()) {
+        (Some(out), Some(last)) if !last.one_pass() => out.copy_from_slice(&regs[..n]),
+        _ => {}
     }
 }
 
@@ -1403,6 +1487,66 @@ mod tests {
                     p.eval(isa, &env, anchor, &line, &mut want, &mut tmp);
                     assert!(flat.run(&line, anchor, &mut got, &mut regs));
                     assert_eq!(bits(&want), bits(&got), "case {case}, {isa:?}, from {t0}");
+                }
+            }
+        }
+    }
+
+    /// A scan's `a = exp(dt * A)` and `u = dt * x`, `dt = softplus(p)`
+    /// (as the recipes would take it, here with `A` a stored tensor):
+    /// `softplus` is computed once per block, kept for both roots, each
+    /// root the interpreter's bit for bit. A root that is the shared node
+    /// itself is stored from its register.
+    #[test]
+    fn a_node_several_roots_read_is_computed_once() {
+        let mut rng = Rng::new(21);
+        let mut env = TestEnv::default();
+        let t = tensors(&mut env, &mut rng);
+        let un = |p: &mut Program, op, x| p.push(Expr::Unary { op, x }, t.bcn);
+        let bin = |p: &mut Program, op, a, b| p.push(Expr::Binary { op, a, b }, t.bcn);
+        for dt_is_a_root in [false, true] {
+            let mut p = Program::default();
+            let (lp, la, lx) = (
+                p.push(Expr::Load, t.x[0]),
+                p.push(Expr::Load, t.x[1]),
+                p.push(Expr::Load, t.xt),
+            );
+            let x = p.push(Expr::View { x: lx, map: SWAP }, t.bcn);
+            let dt = un(&mut p, UnaryOp::Softplus, lp);
+            let da = bin(&mut p, BinaryOp::Mul, dt, la);
+            let a = un(&mut p, UnaryOp::Exp, da);
+            let u = bin(&mut p, BinaryOp::Mul, dt, x);
+            let roots = if dt_is_a_root {
+                vec![a, u, dt]
+            } else {
+                vec![a, u]
+            };
+            let n_roots = roots.len();
+            p.set_roots(roots);
+            let form = FlatForm::find(&p).expect("a flat form");
+            let piece = &form.pieces()[0];
+            let softplus = piece.instrs[..piece.len]
+                .iter()
+                .filter(|i| i.op == Op::Unary(UnaryOp::Softplus))
+                .count();
+            assert_eq!(softplus, 1, "{:?}", &piece.instrs[..piece.len]);
+            assert_eq!(piece.ends[0], 1, "softplus first, alone");
+            for isa in Isa::all_available() {
+                let geometry = form.geometry(&p, &env).expect("every leaf resolves");
+                let flat = form.bind(isa, &geometry, &env);
+                let mut tmp = vec![0.0; N * p.temporaries()];
+                let mut regs = vec![0.0; N * form.temporaries()];
+                for line in [Line::along([1, 2, 3, 0], 2), Line::along([0, 0, 7, 0], 1)] {
+                    let len = if line.step[2] == 1 { N - 3 } else { C };
+                    let mut want = vec![vec![0.0; len]; n_roots];
+                    let mut refs: Vec<&mut [f32]> = want.iter_mut().map(|v| &mut v[..]).collect();
+                    p.eval_roots(isa, &env, &[], &line, &mut refs, &mut tmp);
+                    let mut got = vec![vec![f32::NAN; len]; n_roots];
+                    let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|v| &mut v[..]).collect();
+                    assert!(flat.run_roots(&line, &[], n_roots, &mut outs, &mut regs));
+                    for (k, (w, g)) in want.iter().zip(&got).enumerate() {
+                        assert_eq!(bits(w), bits(g), "root {k}, {isa:?}, {line:?}");
+                    }
                 }
             }
         }
