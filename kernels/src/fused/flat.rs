@@ -1422,18 +1422,31 @@ mod tests {
             let elus: Vec<_> = elus.filter(|i| matches!(i.op, Op::Elu(_))).collect();
             // The cat's: its state's piece is a copy, the new samples' an ELU.
             assert_eq!(elus.len(), 1, "case {case}");
-            for isa in Isa::all_available() {
-                let geometry = form.geometry(p, &env).expect("every leaf resolves");
-                let flat = form.bind(isa, &geometry, &env);
-                let mut tmp = vec![0.0; N * p.temporaries()];
-                let mut regs = vec![0.0; N * form.temporaries()];
-                for row in 0..B * C {
-                    let line = Line::along([row / C, row % C, 0, 0], 2);
-                    let (mut want, mut got) = (vec![0.0; N], vec![f32::NAN; N]);
-                    p.eval(isa, &env, &[], &line, &mut want, &mut tmp);
-                    assert!(flat.run(&line, &[], &mut got, &mut regs));
-                    assert_eq!(bits(&want), bits(&got), "case {case}, {isa:?}, row {row}");
-                }
+            let rows = (0..B * C).map(|row| (Line::along([row / C, row % C, 0, 0], 2), N, &[][..]));
+            assert_runs_as_eval(p, &form, &env, rows, &format!("case {case}"));
+        }
+    }
+
+    /// Runs `form`, `p`'s flat form, along every `(line, len, anchor)` on
+    /// every instruction set, and asserts it writes what `p.eval` does,
+    /// bit for bit.
+    fn assert_runs_as_eval<'a>(
+        p: &Program,
+        form: &FlatForm,
+        env: &TestEnv,
+        lines: impl Iterator<Item = (Line, usize, &'a [f32])> + Clone,
+        what: &str,
+    ) {
+        for isa in Isa::all_available() {
+            let geometry = form.geometry(p, env).expect("every leaf resolves");
+            let flat = form.bind(isa, &geometry, env);
+            let mut tmp = vec![0.0; N * p.temporaries()];
+            let mut regs = vec![0.0; N * form.temporaries()];
+            for (line, len, anchor) in lines.clone() {
+                let (mut want, mut got) = (vec![0.0; len], vec![f32::NAN; len]);
+                p.eval(isa, env, anchor, &line, &mut want, &mut tmp);
+                assert!(flat.run(&line, anchor, &mut got, &mut regs));
+                assert_eq!(bits(&want), bits(&got), "{what}, {isa:?}, {line:?}");
             }
         }
     }
@@ -1475,20 +1488,10 @@ mod tests {
             let piece = &form.pieces()[0];
             let last = piece.instrs[piece.len - 1];
             assert!(last.one_pass(), "case {case}: {last:?}");
-            for isa in Isa::all_available() {
-                let geometry = form.geometry(p, &env).expect("every leaf resolves");
-                let flat = form.bind(isa, &geometry, &env);
-                let mut tmp = vec![0.0; N * p.temporaries()];
-                let mut regs = vec![0.0; N * form.temporaries()];
-                for t0 in [0, 1, 13, 100, N - 3] {
-                    let line = Line::along([1, 2, t0, 0], 2);
-                    let anchor = &anchor[t0..];
-                    let (mut want, mut got) = (vec![0.0; N - t0], vec![f32::NAN; N - t0]);
-                    p.eval(isa, &env, anchor, &line, &mut want, &mut tmp);
-                    assert!(flat.run(&line, anchor, &mut got, &mut regs));
-                    assert_eq!(bits(&want), bits(&got), "case {case}, {isa:?}, from {t0}");
-                }
-            }
+            let lines = [0, 1, 13, 100, N - 3]
+                .into_iter()
+                .map(|t0| (Line::along([1, 2, t0, 0], 2), N - t0, &anchor[t0..]));
+            assert_runs_as_eval(p, &form, &env, lines, &format!("case {case}"));
         }
     }
 
