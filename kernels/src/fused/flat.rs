@@ -1524,7 +1524,6 @@ mod tests {
             } else {
                 vec![a, u]
             };
-            let n_roots = roots.len();
             p.set_roots(roots);
             let form = FlatForm::find(&p).expect("a flat form");
             let piece = &form.pieces()[0];
@@ -1541,18 +1540,36 @@ mod tests {
                 let mut regs = vec![0.0; N * form.temporaries()];
                 for line in [Line::along([1, 2, 3, 0], 2), Line::along([0, 0, 7, 0], 1)] {
                     let len = if line.step[2] == 1 { N - 3 } else { C };
-                    let mut want = vec![vec![0.0; len]; n_roots];
-                    let mut refs: Vec<&mut [f32]> = want.iter_mut().map(|v| &mut v[..]).collect();
-                    p.eval_roots(isa, &env, &[], &line, &mut refs, &mut tmp);
-                    let mut got = vec![vec![f32::NAN; len]; n_roots];
-                    let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|v| &mut v[..]).collect();
-                    assert!(flat.run_roots(&line, &[], n_roots, &mut outs, &mut regs));
-                    for (k, (w, g)) in want.iter().zip(&got).enumerate() {
-                        assert_eq!(bits(w), bits(g), "root {k}, {isa:?}, {line:?}");
-                    }
+                    let what = format!("{isa:?}");
+                    assert_roots_as_eval(&p, &flat, &env, (&line, len), &mut tmp, &mut regs, &what);
                 }
             }
         }
+    }
+
+    /// Runs `flat`, `p`'s flat form, along `line` (`len` elements) into
+    /// every root, and asserts it writes what `p.eval_roots` does, bit for
+    /// bit; returns those values.
+    fn assert_roots_as_eval(
+        p: &Program,
+        flat: &Flat,
+        env: &TestEnv,
+        (line, len): (&Line, usize),
+        tmp: &mut [f32],
+        regs: &mut [f32],
+        what: &str,
+    ) -> Vec<Vec<f32>> {
+        let n_roots = p.roots().len();
+        let mut want = vec![vec![0.0; len]; n_roots];
+        let mut refs: Vec<&mut [f32]> = want.iter_mut().map(|v| &mut v[..]).collect();
+        p.eval_roots(flat.isa, env, &[], line, &mut refs, tmp);
+        let mut got = vec![vec![f32::NAN; len]; n_roots];
+        let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|v| &mut v[..]).collect();
+        assert!(flat.run_roots(line, &[], n_roots, &mut outs, regs));
+        for (k, (w, g)) in want.iter().zip(&got).enumerate() {
+            assert_eq!(bits(w), bits(g), "{what}, root {k}, {line:?}");
+        }
+        want
     }
 
     /// Random programs of two or three roots sharing a subtree (as a
@@ -1613,15 +1630,9 @@ mod tests {
             }
             lines.push((Line::along([1, 0, 9, 0], 1), C));
             for (line, len) in lines {
-                let mut want = vec![vec![0.0; len]; n_roots];
-                let mut refs: Vec<&mut [f32]> = want.iter_mut().map(|v| &mut v[..]).collect();
-                p.eval_roots(isa, &env, &[], &line, &mut refs, &mut tmp);
-                let mut got = vec![vec![f32::NAN; len]; n_roots];
-                let mut outs: Vec<&mut [f32]> = got.iter_mut().map(|v| &mut v[..]).collect();
-                assert!(flat.run_roots(&line, &[], n_roots, &mut outs, &mut regs));
-                for (w, g) in want.iter().zip(&got) {
-                    assert_eq!(bits(w), bits(g), "case {case}, line {line:?}");
-                }
+                let what = format!("case {case}");
+                let want =
+                    assert_roots_as_eval(&p, &flat, &env, (&line, len), &mut tmp, &mut regs, &what);
                 let mut first = vec![f32::NAN; len];
                 assert!(flat.run(&line, &[], &mut first, &mut regs));
                 assert_eq!(bits(&first), bits(&want[0]), "case {case}: the first root");
