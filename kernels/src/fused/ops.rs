@@ -114,9 +114,10 @@ macro_rules! elementwise_ops {
 
             /// `out[i] = a[i] op b[i]` (as far as the shortest goes): the
             /// function of [`Self::apply_generic`] in one pass where the
-            /// left operand is not the destination (a flat program's
-            /// first instruction on a leaf, or its last into the output),
-            /// so the same values bit for bit without a copy first.
+            /// left operand is not the destination (a flat instruction
+            /// whose `x` is a leaf, the anchor or another register, or a
+            /// root's last into the output), so the same values bit for
+            /// bit without a copy first.
             #[inline(always)]
             pub(super) fn apply_into_generic<const F: bool>(
                 self,
