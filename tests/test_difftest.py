@@ -23,7 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from difftest import speed  # noqa: E402
-from difftest.check import Checker, Failure, Result, compare  # noqa: E402
+from difftest.check import Checker, Failure, Result, compare, output_dtype  # noqa: E402
 from difftest.generate import generate_graph, generate_program  # noqa: E402
 from difftest.shrink import shrink, size  # noqa: E402
 from difftest.spec import n_calls, single  # noqa: E402
@@ -154,6 +154,35 @@ def test_compare_tolerance():
     nan = eager.clone()
     nan[0, 0, 0] = float("nan")
     assert compare(nan.numpy(), eager, ref, "float32")["index"] == [0, 0, 0]
+
+
+def test_outputs_after_a_narrowing_cast_take_that_dtypes_tolerance():
+    """An output downstream of a cast of a computed value to float16 or
+    bfloat16 is compared in that dtype (the seed 43009 regression); a cast
+    of a leaf is exact everywhere and changes nothing."""
+    graph = {
+        "dtype": "float32",
+        "ops": [
+            {"out": "c", "op": "conv", "x": "x", "w": "w"},
+            {"out": "h", "op": "cast", "x": "c", "to": "float16"},
+            {"out": "b", "op": "cast", "x": "h", "to": "bfloat16"},
+            {"out": "hb", "op": "cast", "x": "b", "to": "float32"},
+            {"out": "h32", "op": "cast", "x": "h", "to": "float32"},
+            {"out": "w16", "op": "cast", "x": "w", "to": "float16"},
+            {"out": "w32", "op": "cast", "x": "w16", "to": "float32"},
+            {"out": "s", "op": "binary", "fn": "add", "a": "c", "b": "h32"},
+        ],
+        "outputs": ["c", "h32", "hb", "w32", "s"],
+    }
+    got = {name: output_dtype(graph, name) for name in graph["outputs"]}
+    assert got == {
+        "c": "float32", "h32": "float16", "hb": "bfloat16", "w32": "float32", "s": "float16",
+    }  # fmt: skip
+    # One float16 ulp at 1.375 fails float32's tolerance, not float16's.
+    ref = torch.tensor([1.3759765625, 0.5], dtype=torch.float64)
+    off = torch.tensor([1.375, 0.5])
+    assert compare(off.numpy(), ref.float(), ref, "float32") is not None
+    assert compare(off.numpy(), ref.float(), ref, "float16") is None
 
 
 def test_triage_compares_a_shrunk_program_with_its_own_baseline():

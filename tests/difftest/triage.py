@@ -32,7 +32,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from difftest.check import Checker, Failure, Result
+from difftest.check import Checker, Failure, Result, compare, output_dtype
 from difftest.shrink import shrink, size
 from difftest.spec import dump, single, subset
 
@@ -296,7 +296,6 @@ def _diagnose(program: dict) -> str | None:
         from executorch.exir import to_edge
         from rustconv import RustConvPartitioner
 
-        from difftest.check import compare
         from difftest.spec import DiffModel, call_inputs, dynamic_shapes, example_inputs
 
         ep = torch.export.export(
@@ -318,10 +317,11 @@ def _diagnose(program: dict) -> str | None:
         got, _ = run_lowered(edge, inputs)
         eager = DiffModel(program).eval()(*inputs)
         ref = DiffModel(program, reference=True)(*call_inputs(program, 0, reference=True))
+        graph = program["graphs"][0]
         wrong = [
             i
-            for i, (g, e, r) in enumerate(zip(got, eager, ref, strict=True))
-            if compare(g.detach().double().numpy(), e, r, program["graphs"][0]["dtype"])
+            for i, (g, e, r, name) in enumerate(zip(got, eager, ref, graph["outputs"], strict=True))
+            if compare(g.detach().double().numpy(), e, r, output_dtype(graph, name))
         ]
         if wrong:
             return f"the blob is wrong too (reference interpreter, outputs {wrong}): lowering"
