@@ -1042,7 +1042,7 @@ fn run_block<const F: bool>(
     // One call site of `apply`: each inlines every op's loops (a second
     // one, for the last instruction, made the AVX2 variant 3.5 times
     // larger and Mimi's decoder 10% slower on the 16-core Xeon;
-    // tests/test_code_size.py bounds each variant's size).
+    // tests/test_release_machine_code.py bounds each variant's size).
     for (i, ins) in instrs.iter().enumerate() {
         let d = usize::from(ins.dst);
         let (low, high) = regs.split_at_mut((d + 1) * w);
