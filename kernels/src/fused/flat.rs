@@ -95,6 +95,11 @@ const MAX_VIEWS: usize = 8;
 /// interpreted.
 const REGS: usize = 4;
 
+/// Most nodes several roots read that a piece computes once (a scan's
+/// `softplus(dt)` for its `a` and `u`, and a gate shared by two others).
+/// Each takes a register from the roots' below it.
+const MAX_KEPT: usize = 2;
+
 /// Elements of the widest vector (AVX-512's), a multiple of the others':
 /// registers are padded to a whole number of them where room allows.
 const LANES: usize = 16;
@@ -207,8 +212,8 @@ struct Piece {
     instrs: [Instr; MAX_INSTRS],
     len: usize,
     /// Where each run of instructions ends: `instrs[..ends[0]]` compute
-    /// the node several roots read (none, or [`Builder::keep`]'s), once
-    /// per block, into a register above every root's; root `k`'s are
+    /// the nodes several roots read (none, or [`Builder::keep`]'s), once
+    /// per block, into registers above every root's; root `k`'s are
     /// `instrs[ends[k]..ends[k + 1]]`, its values in register 0 after
     /// them.
     ends: [usize; MAX_ROOTS + 1],
@@ -236,12 +241,13 @@ struct Builder<'p> {
     discover: bool,
     /// The part this piece takes of each cat.
     choice: [usize; MAX_CATS],
-    /// Whether to compute a node several roots read once (see
-    /// [`Builder::share`]).
-    share: bool,
-    /// That node and its register, once computed.
-    kept: Option<(usize, Src)>,
-    /// Registers the instructions may write: below the kept node's.
+    /// How many nodes several roots read to compute once, at most (see
+    /// [`Builder::keep`]).
+    share: usize,
+    /// Those nodes and their registers, once computed.
+    kept: [(usize, Src); MAX_KEPT],
+    n_kept: usize,
+    /// Registers the instructions may write: below the kept nodes'.
     limit: usize,
 }
 
@@ -252,20 +258,24 @@ impl FlatForm {
     /// instructions in turn, then its store. Of several roots, the largest
     /// node more than one of them computes (a scan's `softplus(dt)`, read
     /// by its `a` and `u`) is computed once, first, into a register the
-    /// roots' instructions leave alone; where the roots then lack
-    /// registers, it is computed for each (as the interpreter's shared
-    /// nodes, the same values). None for a cat inside another's part, and
-    /// for a program larger than the limits above.
+    /// roots' instructions leave alone, and so is the largest one left
+    /// outside it, up to [`MAX_KEPT`]; where the roots then lack
+    /// registers, one fewer is kept, down to none (each computed for every
+    /// root, as the interpreter's shared nodes: the same values). None for
+    /// a cat inside another's part, and for a program larger than the
+    /// limits above.
     pub(super) fn find(program: &Program) -> Option<Self> {
         if program.nodes().is_empty() {
             return None;
         }
-        Self::find_sharing(program, true).or_else(|| Self::find_sharing(program, false))
+        (0..=MAX_KEPT)
+            .rev()
+            .find_map(|share| Self::find_sharing(program, share))
     }
 
-    /// [`Self::find`], computing a node several roots read once where
-    /// `share`.
-    fn find_sharing(program: &Program, share: bool) -> Option<Self> {
+    /// [`Self::find`], computing at most `share` nodes several roots read
+    /// once.
+    fn find_sharing(program: &Program, share: usize) -> Option<Self> {
         // The first piece finds the cats (each on its first part).
         let mut b = Builder::new(program, [LeafPath::ROOT; MAX_CATS], 0, [0; MAX_CATS], share);
         b.discover = true;
@@ -438,7 +448,7 @@ impl<'p> Builder<'p> {
         cats: [LeafPath; MAX_CATS],
         n_cats: usize,
         choice: [usize; MAX_CATS],
-        share: bool,
+        share: usize,
     ) -> Self {
         Builder {
             program,
@@ -448,12 +458,13 @@ impl<'p> Builder<'p> {
             discover: false,
             choice,
             share,
-            kept: None,
+            kept: [(0, Src::Anchor); MAX_KEPT],
+            n_kept: 0,
             limit: REGS,
         }
     }
 
-    /// The piece of this walk's choice of parts: the node several roots
+    /// The piece of this walk's choice of parts: the nodes several roots
     /// read, then each root's instructions and its store.
     fn piece(&mut self) -> Option<Piece> {
         let program = self.program;
@@ -462,9 +473,12 @@ impl<'p> Builder<'p> {
             [] => &single[..],
             roots => roots,
         };
-        if self.share && roots.len() > 1 {
-            if let Some(node) = self.common(roots) {
-                self.keep(node);
+        if roots.len() > 1 {
+            while self.n_kept < self.share {
+                match self.common(roots) {
+                    Some(node) if self.keep(node) => {}
+                    _ => break,
+                }
             }
         }
         self.form.ends[0] = self.form.len;
@@ -484,14 +498,17 @@ impl<'p> Builder<'p> {
     /// The largest node (the last, as nodes follow their operands) that
     /// more than one of `roots` computes, reached from each through ops
     /// alone (no view between, so every root reads it at the same
-    /// coordinates).
+    /// coordinates) and not through a node already kept.
     fn common(&self, roots: &[usize]) -> Option<usize> {
         let nodes = self.program.nodes();
         let mut reached_by = vec![0_usize; nodes.len()];
         for (k, &root) in roots.iter().enumerate() {
             let mut stack = vec![root];
             while let Some(i) = stack.pop() {
-                if self.program.is_leaf(i) || reached_by[i] & (1 << k) != 0 {
+                if self.program.is_leaf(i)
+                    || self.kept_at(i).is_some()
+                    || reached_by[i] & (1 << k) != 0
+                {
                     continue;
                 }
                 reached_by[i] |= 1 << k;
@@ -511,18 +528,29 @@ impl<'p> Builder<'p> {
     }
 
     /// Computes `node` into the highest register its instructions fit
-    /// below, and keeps it there for the roots, whose instructions then
-    /// write only the registers below it. Nothing where it fits nowhere.
-    fn keep(&mut self, node: usize) {
+    /// below the limit, and keeps it there for the roots, whose
+    /// instructions (and the next kept node's) then write only the
+    /// registers below it. False, with nothing added, where it fits nowhere.
+    fn keep(&mut self, node: usize) -> bool {
         let saved = (self.form, self.cats, self.n_cats);
-        for base in (1..REGS).rev() {
+        for base in (1..self.limit).rev() {
             if let Some(src @ Src::Reg(_)) = self.node(node, LeafPath::ROOT, base) {
-                self.kept = Some((node, src));
+                self.kept[self.n_kept] = (node, src);
+                self.n_kept += 1;
                 self.limit = base;
-                return;
+                return true;
             }
             (self.form, self.cats, self.n_cats) = saved;
         }
+        false
+    }
+
+    /// Where kept node `i` is, if it is one.
+    fn kept_at(&self, i: usize) -> Option<Src> {
+        let kept = &self.kept[..self.n_kept];
+        kept.iter()
+            .find(|&&(node, _)| node == i)
+            .map(|&(_, src)| src)
     }
 
     /// The cat at `path`: its index among the cats, added where this walk
@@ -553,9 +581,10 @@ impl<'p> Builder<'p> {
     /// flat form.
     fn node(&mut self, i: usize, path: LeafPath, r: usize) -> Option<Src> {
         let program = self.program;
-        match self.kept {
-            Some((node, src)) if node == i && path.n_views == 0 => return Some(src),
-            _ => {}
+        if path.n_views == 0 {
+            if let Some(src) = self.kept_at(i) {
+                return Some(src);
+            }
         }
         if program.is_leaf(i) {
             return self.leaf(LeafPath { node: i, ..path });
@@ -1018,7 +1047,7 @@ fn flat_generic<const F: bool>(
 
 /// A run of instructions over one block of `n` elements: a root's, its
 /// values stored into `out` (`n` long), or (`out` None) those computing
-/// the node several roots read, kept in its register. `blocks` the leaves' elements, `anchor`
+/// the nodes several roots read, kept in their registers. `blocks` the leaves' elements, `anchor`
 /// the anchor's, `regs` the registers, `w` elements each. The last
 /// instruction writes `out` itself where it takes one pass
 /// ([`Instr::one_pass`]: a gate `b * x` of two leaves); otherwise its
@@ -1548,6 +1577,69 @@ mod tests {
         }
     }
 
+    /// Two nodes several roots read, neither inside the other (`dt =
+    /// softplus(p)` of `dt * y` and `dt * g`, `g = sigmoid(q)` of `dt * g`
+    /// and `g * p`): each computed once per block, first, each root the
+    /// interpreter's bit for bit. One more root that needs three registers
+    /// leaves room for one kept node (the later, `g`), one that needs four
+    /// for none; the values stay the same.
+    #[test]
+    fn two_nodes_several_roots_read_are_each_computed_once() {
+        let mut rng = Rng::new(22);
+        let mut env = TestEnv::default();
+        let t = tensors(&mut env, &mut rng);
+        let un = |p: &mut Program, op, x| p.push(Expr::Unary { op, x }, t.bcn);
+        let bin = |p: &mut Program, op, a, b| p.push(Expr::Binary { op, a, b }, t.bcn);
+        // Registers the extra root needs -> (softplus, sigmoid, ends[0]).
+        for (depth, want) in [(0, (1, 1, 2)), (3, (2, 1, 1)), (4, (2, 2, 0))] {
+            let mut p = Program::default();
+            let (lp, lq, ly) = (
+                p.push(Expr::Load, t.x[0]),
+                p.push(Expr::Load, t.x[1]),
+                p.push(Expr::Load, t.xt),
+            );
+            let y = p.push(Expr::View { x: ly, map: SWAP }, t.bcn);
+            let dt = un(&mut p, UnaryOp::Softplus, lp);
+            let g = un(&mut p, UnaryOp::Sigmoid, lq);
+            let mut roots = vec![
+                bin(&mut p, BinaryOp::Mul, dt, y),
+                bin(&mut p, BinaryOp::Mul, dt, g),
+                bin(&mut p, BinaryOp::Mul, g, lp),
+            ];
+            if depth > 0 {
+                // lp - (lq - exp(lp)), or lp - (lq - (y - exp(lp))): each
+                // right-hand operand one register up.
+                let mut right = un(&mut p, UnaryOp::Exp, lp);
+                for &a in [y, lq, lp][4 - depth..].iter() {
+                    right = bin(&mut p, BinaryOp::Sub, a, right);
+                }
+                roots.push(right);
+            }
+            p.set_roots(roots);
+            let form = FlatForm::find(&p).expect("a flat form");
+            let piece = &form.pieces()[0];
+            let instrs = &piece.instrs[..piece.len];
+            let count = |op| instrs.iter().filter(|i| i.op == op).count();
+            let got = (
+                count(Op::Unary(UnaryOp::Softplus)),
+                count(Op::Unary(UnaryOp::Sigmoid)),
+                piece.ends[0],
+            );
+            assert_eq!(got, want, "depth {depth}: {instrs:?}");
+            for isa in Isa::all_available() {
+                let geometry = form.geometry(&p, &env).expect("every leaf resolves");
+                let flat = form.bind(isa, &geometry, &env);
+                let mut tmp = vec![0.0; N * p.temporaries()];
+                let mut regs = vec![0.0; N * form.temporaries()];
+                for line in [Line::along([1, 2, 3, 0], 2), Line::along([0, 0, 7, 0], 1)] {
+                    let len = if line.step[2] == 1 { N - 3 } else { C };
+                    let what = format!("{isa:?}, depth {depth}");
+                    assert_roots_as_eval(&p, &flat, &env, (&line, len), &mut tmp, &mut regs, &what);
+                }
+            }
+        }
+    }
+
     /// Runs `flat`, `p`'s flat form, along `line` (`len` elements) into
     /// every root, and asserts it writes what `p.eval_roots` does, bit for
     /// bit; returns those values.
@@ -1574,11 +1666,11 @@ mod tests {
     }
 
     /// Random programs of two or three roots sharing a subtree (as a
-    /// scan's `a` and `u` share `softplus(dt)`), one of them sometimes the
-    /// shared node itself: the flat form stores every root, each the
-    /// interpreter's `eval_roots` bit for bit along rows and across the
-    /// channels, its first root alone `eval`'s; compiled, the pair's rows
-    /// take it.
+    /// scan's `a` and `u` share `softplus(dt)`), sometimes two, one root
+    /// sometimes the shared node itself: the flat form stores every root,
+    /// each the interpreter's `eval_roots` bit for bit along rows and
+    /// across the channels, its first root alone `eval`'s; compiled, the
+    /// pair's rows take it.
     #[test]
     fn random_programs_of_several_roots_store_each_root_bit_for_bit() {
         use crate::fused::rows::{PairSource, ProgramRows};
@@ -1596,12 +1688,18 @@ mod tests {
             let t = tensors(&mut env, &mut rng);
             let mut p = Program::default();
             let shared = grow(&mut p, &t, &mut rng, 1 + case % 3, false);
+            // A quarter of the cases: a second shared node, outside the
+            // first, read by the second and third roots.
+            let second = (case % 4 == 3).then(|| grow(&mut p, &t, &mut rng, 1, false));
             let roots: Vec<usize> = (0..2 + case % 2)
                 .map(|k| {
                     if k == 1 && case % 5 == 0 {
                         return shared;
                     }
-                    let other = grow(&mut p, &t, &mut rng, case % 3, false);
+                    let other = match second {
+                        Some(second) if k > 0 => second,
+                        _ => grow(&mut p, &t, &mut rng, case % 3, false),
+                    };
                     let op = BinaryOp::ALL[rng.range(0, BinaryOp::ALL.len() - 1)];
                     p.push(
                         Expr::Binary {
