@@ -27,6 +27,9 @@ pub(crate) struct Entry {
     /// Estimated single-thread seconds of one call at the shape on the
     /// backend (see `cost.rs`); asked only where `applies` holds.
     pub cost: fn(&Conv1dGeometry, Backend) -> f64,
+    /// The share of that time more threads do not shorten (see
+    /// `cost::on_threads`): `cost::SERIAL` unless fitted for the algorithm.
+    pub serial: f64,
     /// Whether it can run with weights fed at run time (see [`Weights`]):
     /// false for an algorithm that derives data from the weights at
     /// prepare.

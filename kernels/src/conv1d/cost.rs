@@ -30,3 +30,17 @@ pub(crate) fn compulsory_bytes(g: &Conv1dGeometry) -> f64 {
 pub(crate) fn roofline(macs: f64, rate: f64, bytes: f64) -> f64 {
     (macs / rate).max(bytes / BYTES_PER_SEC)
 }
+
+/// The share of a call's single-thread time that more threads do not
+/// shorten (Amdahl's serial fraction), for an algorithm with no fitted one
+/// of its own: the `gemm` algorithm's, 7.3 times faster on 16 threads than
+/// on one and 3.2 times on 4 (medians over 36 shapes of HiFi-GAN's blocks,
+/// 32 to 256 channels, on the 16-core Intel Xeon device, 2026-11-28:
+/// `calibrate_fft_gemm_threads`).
+pub(crate) const SERIAL: f64 = 0.08;
+
+/// Seconds on `threads` threads of a call taking `seconds` on one, of an
+/// algorithm whose serial fraction is `serial`.
+pub(crate) fn on_threads(seconds: f64, serial: f64, threads: usize) -> f64 {
+    seconds * (serial + (1.0 - serial) / threads.max(1) as f64)
+}

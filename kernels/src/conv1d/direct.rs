@@ -22,6 +22,7 @@ pub(super) const ENTRY: Entry = Entry {
     applies: |_, _| true,
     // Scalar: the same on every backend.
     cost: |g, _| cost(g),
+    serial: super::cost::SERIAL,
     takes_fed_weights: true,
     prepare: |_, _, _| Some(Box::new(DirectConv)),
 };

@@ -31,7 +31,9 @@ use crate::simd::{Backend, Isa};
 /// How [`PreparedConv1d::new`] picks the algorithm.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Choice {
-    /// The cheapest applicable algorithm by the cost model.
+    /// The cheapest applicable algorithm by the cost model, on the
+    /// threads of the pool current at preparation (the delegate's, at
+    /// `init`).
     Auto,
     /// Prepare every applicable algorithm, time one call of each at the
     /// prepared (maximum) shape on the current rayon pool, keep the fastest.
@@ -40,12 +42,17 @@ pub enum Choice {
     Force(Algorithm),
 }
 
-/// Estimated single-thread seconds of `algorithm` for `p` on this CPU's
-/// instruction set, or None where it does not apply (or `p` is invalid).
-/// The benchmark prints this beside each candidate's measured time so the
-/// model can be checked.
+/// Estimated seconds of `algorithm` for `p` on this CPU's instruction set
+/// and the current pool's threads (what [`Choice::Auto`] compares), or
+/// None where it does not apply (or `p` is invalid). The delegate's plan
+/// log shows it, and the benchmark prints it beside each candidate's
+/// measured time so the model can be checked.
 pub fn estimate_cost(algorithm: Algorithm, p: &Conv1dParams) -> Option<f64> {
-    algorithm.estimate(&p.geometry().ok()?, Backend::detect())
+    algorithm.estimate_on(
+        &p.geometry().ok()?,
+        Backend::detect(),
+        crate::par::threads(),
+    )
 }
 
 /// Whether `a` can compute `g` on `backend` with weights of this kind
@@ -149,10 +156,11 @@ impl PreparedConv1d {
                 Self::with(Algorithm::Gemm, g, weights, isa)
             }
             Choice::Auto => {
+                let threads = crate::par::threads();
                 let best = Algorithm::ALL
                     .into_iter()
                     .filter(|&a| usable(a, &g, &weights, backend))
-                    .filter_map(|a| a.estimate(&g, backend).map(|c| (a, c)))
+                    .filter_map(|a| a.estimate_on(&g, backend, threads).map(|c| (a, c)))
                     .min_by(|x, y| x.1.total_cmp(&y.1))
                     .map_or(Algorithm::Direct, |(a, _)| a);
                 Self::with(best, g, weights, isa)
@@ -748,6 +756,60 @@ mod tests {
             assert_eq!(
                 conv.run(&p, &x, None, None, &mut y, &scratch).err(),
                 Some(KernelError::MissingWeights)
+            );
+        }
+    }
+
+    /// `Choice::Auto` prices each algorithm on the threads of the pool it
+    /// is prepared on: at a shape where `fft_gemm` is the cheaper on one
+    /// thread but scales worse than the GEMM (`cost::on_threads`), a
+    /// 16-thread pool gets the GEMM.
+    #[test]
+    fn auto_chooses_for_the_threads_of_the_current_pool() {
+        /// A pool that only reports its size (preparing runs no task).
+        struct Sized(usize);
+        impl crate::par::Pool for Sized {
+            fn threads(&self) -> usize {
+                self.0
+            }
+            fn run(&self, tasks: usize, task: &(dyn Fn(usize, usize) + Sync)) {
+                (0..tasks).for_each(|i| task(0, i));
+            }
+        }
+        let on = |threads: usize, p: &Conv1dParams| {
+            let w = vec![0.5; p.weight_elems()];
+            crate::par::install(&Sized(threads), || {
+                PreparedConv1d::new(p, &w, Choice::Auto)
+                    .unwrap()
+                    .algorithm()
+            })
+        };
+        let mut checked = 0;
+        for c in [32, 64, 128, 256] {
+            for (n, k) in [(800, 7), (800, 11), (3200, 11), (12800, 11)] {
+                let p = conv_params(1, (c, c, 1), n, k, 1, (k / 2, k / 2), 1);
+                if on(1, &p) != Algorithm::FftGemm {
+                    continue;
+                }
+                let g = p.geometry().unwrap();
+                let backend = Backend::detect();
+                let cost = |a: Algorithm, t| a.estimate_on(&g, backend, t).unwrap();
+                let gemm_cheaper = cost(Algorithm::Gemm, 16) < cost(Algorithm::FftGemm, 16);
+                let want = if gemm_cheaper {
+                    Algorithm::Gemm
+                } else {
+                    Algorithm::FftGemm
+                };
+                assert_eq!(on(16, &p), want, "C={c} N={n} K={k}");
+                checked += usize::from(gemm_cheaper);
+            }
+        }
+        // The SIMD backends' estimates have such shapes among these; the
+        // portable fallback's need not.
+        if Backend::detect() != Backend::Portable {
+            assert!(
+                checked > 0,
+                "no shape where the thread count changes the choice"
             );
         }
     }

@@ -561,6 +561,7 @@ pub(super) const ENTRY: Entry = Entry {
     name: "depthwise_simd",
     applies: |g, _| applies(g),
     cost,
+    serial: super::cost::SERIAL,
     takes_fed_weights: true,
     prepare: |g, weights, isa| Some(Box::new(DepthwiseConv::new(g, weights, isa)?)),
 };

@@ -450,6 +450,7 @@ pub(super) const ENTRY: Entry = Entry {
     name: "fft",
     applies,
     cost,
+    serial: super::cost::SERIAL,
     takes_fed_weights: false,
     prepare: |g, weights, isa| match weights {
         Weights::Constant(w) => Some(Box::new(FftConv::prepare(g, w, isa))),

@@ -197,6 +197,17 @@ fn lengths(g: &Conv1dGeometry, backend: Backend) -> impl Iterator<Item = usize> 
     })
 }
 
+/// The share of a call's single-thread time more threads do not shorten
+/// (see `cost::on_threads`): 3.3 times faster on 16 threads than on one,
+/// 2.1 times on 4 (medians over 36 shapes of HiFi-GAN's blocks, 32 to 256
+/// channels, `K` = 3 to 11 at dilations 1 to 5, on the 16-core Intel Xeon
+/// device, 2026-11-28: `calibrate_fft_gemm_threads`), where the GEMM
+/// scales 7.3 and 3.2 times. Where column tiles are few, the pool splits
+/// the output channels into runs, and each run transforms the whole input
+/// block again. On 16 threads the GEMM was the faster of the two at all 36
+/// shapes, this algorithm at 6 of them on one thread.
+pub(crate) const SERIAL: f64 = 0.25;
+
 /// Estimated single-thread seconds (see `cost.rs`) at the best length.
 ///
 /// Multiply-adds: per (batch item, group) and tile of `NJ` blocks (padded
@@ -555,6 +566,7 @@ pub(super) const ENTRY: Entry = Entry {
     name: "fft_gemm",
     applies,
     cost,
+    serial: SERIAL,
     takes_fed_weights: true,
     prepare: |g, _, isa| Some(Box::new(FftGemmConv::prepare(g, isa))),
 };

@@ -642,6 +642,7 @@ pub(super) const ENTRY: Entry = Entry {
     name: "gemm",
     applies: |g, _| applies(g),
     cost,
+    serial: super::cost::SERIAL,
     takes_fed_weights: true,
     prepare: |g, _, isa| Some(Box::new(GemmConv::new(g, isa))),
 };
