@@ -1563,17 +1563,7 @@ mod tests {
                 .count();
             assert_eq!(softplus, 1, "{:?}", &piece.instrs[..piece.len]);
             assert_eq!(piece.ends[0], 1, "softplus first, alone");
-            for isa in Isa::all_available() {
-                let geometry = form.geometry(&p, &env).expect("every leaf resolves");
-                let flat = form.bind(isa, &geometry, &env);
-                let mut tmp = vec![0.0; N * p.temporaries()];
-                let mut regs = vec![0.0; N * form.temporaries()];
-                for line in [Line::along([1, 2, 3, 0], 2), Line::along([0, 0, 7, 0], 1)] {
-                    let len = if line.step[2] == 1 { N - 3 } else { C };
-                    let what = format!("{isa:?}");
-                    assert_roots_as_eval(&p, &flat, &env, (&line, len), &mut tmp, &mut regs, &what);
-                }
-            }
+            assert_every_isa_roots_as_eval(&p, &form, &env, "");
         }
     }
 
@@ -1626,16 +1616,23 @@ mod tests {
                 piece.ends[0],
             );
             assert_eq!(got, want, "depth {depth}: {instrs:?}");
-            for isa in Isa::all_available() {
-                let geometry = form.geometry(&p, &env).expect("every leaf resolves");
-                let flat = form.bind(isa, &geometry, &env);
-                let mut tmp = vec![0.0; N * p.temporaries()];
-                let mut regs = vec![0.0; N * form.temporaries()];
-                for line in [Line::along([1, 2, 3, 0], 2), Line::along([0, 0, 7, 0], 1)] {
-                    let len = if line.step[2] == 1 { N - 3 } else { C };
-                    let what = format!("{isa:?}, depth {depth}");
-                    assert_roots_as_eval(&p, &flat, &env, (&line, len), &mut tmp, &mut regs, &what);
-                }
+            assert_every_isa_roots_as_eval(&p, &form, &env, &format!("depth {depth}"));
+        }
+    }
+
+    /// [`assert_roots_as_eval`] of `form`, `p`'s flat form, on every
+    /// instruction set, along a row from its fourth element and across the
+    /// channels.
+    fn assert_every_isa_roots_as_eval(p: &Program, form: &FlatForm, env: &TestEnv, what: &str) {
+        for isa in Isa::all_available() {
+            let geometry = form.geometry(p, env).expect("every leaf resolves");
+            let flat = form.bind(isa, &geometry, env);
+            let mut tmp = vec![0.0; N * p.temporaries()];
+            let mut regs = vec![0.0; N * form.temporaries()];
+            for line in [Line::along([1, 2, 3, 0], 2), Line::along([0, 0, 7, 0], 1)] {
+                let len = if line.step[2] == 1 { N - 3 } else { C };
+                let what = format!("{isa:?} {what}");
+                assert_roots_as_eval(p, &flat, env, (&line, len), &mut tmp, &mut regs, &what);
             }
         }
     }
