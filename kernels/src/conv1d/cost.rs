@@ -5,8 +5,11 @@
 //! bandwidth (a roofline). The rates below are per core, calibrated on the
 //! benchmark's per-candidate timings (`bench/`, which prints each
 //! candidate's measured time beside this estimate); only their ratios
-//! matter for the choice. Where the model is wrong for a deployment,
-//! the `algorithm` compile spec forces a choice or asks for measurement.
+//! matter for the choice. The choice compares them on the threads of the
+//! pool it prepares on: each algorithm's serial fraction ([`on_threads`])
+//! scales its single-thread time, since the algorithms split their work
+//! differently well. Where the model is wrong for a deployment, the
+//! `algorithm` compile spec forces a choice or asks for measurement.
 
 use super::params::Conv1dGeometry;
 
