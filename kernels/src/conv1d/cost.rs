@@ -39,7 +39,7 @@ pub(crate) fn roofline(macs: f64, rate: f64, bytes: f64) -> f64 {
 /// of its own: the `gemm` algorithm's, 7.3 times faster on 16 threads than
 /// on one and 3.2 times on 4 (medians over 36 shapes of HiFi-GAN's blocks,
 /// 32 to 256 channels, on the 16-core Intel Xeon device, 2026-11-28:
-/// `calibrate_fft_gemm_threads`).
+/// `calibrate_vocoder`).
 pub(crate) const SERIAL: f64 = 0.08;
 
 /// Seconds on `threads` threads of a call taking `seconds` on one, of an

@@ -201,7 +201,7 @@ fn lengths(g: &Conv1dGeometry, backend: Backend) -> impl Iterator<Item = usize> 
 /// (see `cost::on_threads`): 3.3 times faster on 16 threads than on one,
 /// 2.1 times on 4 (medians over 36 shapes of HiFi-GAN's blocks, 32 to 256
 /// channels, `K` = 3 to 11 at dilations 1 to 5, on the 16-core Intel Xeon
-/// device, 2026-11-28: `calibrate_fft_gemm_threads`), where the GEMM
+/// device, 2026-11-28: `calibrate_vocoder`), where the GEMM
 /// scales 7.3 and 3.2 times. Where column tiles are few, the pool splits
 /// the output channels into runs, and each run transforms the whole input
 /// block again. On 16 threads the GEMM was the faster of the two at all 36

@@ -420,45 +420,6 @@ fn calibrate_fft_gemm_channels() {
     }
 }
 
-/// This algorithm against the GEMM on several thread counts, at the shapes
-/// of HiFi-GAN's multi-receptive-field blocks (SpeechT5's vocoder, 50
-/// frames: 256 channels over 200 samples to 32 over 12800; `K` = 3, 7, 11
-/// at dilations 1, 3, 5), where the single-thread cost model chooses
-/// between them: `CALIBRATE_THREADS=1,4,16 cargo test --release -p
-/// rustconv-kernels calibrate_fft_gemm_threads -- --ignored --nocapture`.
-#[test]
-#[ignore = "timing; run by hand in release"]
-fn calibrate_fft_gemm_threads() {
-    use crate::conv1d::gemm::tests::gflops;
-    let threads: Vec<usize> = std::env::var("CALIBRATE_THREADS")
-        .unwrap_or_else(|_| "1".into())
-        .split(',')
-        .map(|t| t.parse().unwrap())
-        .collect();
-    for &(c, n) in &[(256, 200), (128, 800), (64, 3200), (32, 12800)] {
-        for &k in &[3, 7, 11] {
-            for &d in &[1, 3, 5] {
-                let pad = d * (k - 1) / 2;
-                let p = params(1, (c, c, 1), n, k, 1, (pad, pad), d);
-                let g = p.geometry().unwrap();
-                let flops = 2.0 * crate::conv1d::cost::direct_macs(&g);
-                let mut line = format!("C={c} N={n} K={k} d={d}:");
-                for a in [Algorithm::Gemm, Algorithm::FftGemm] {
-                    if !a.applies(&g, crate::simd::Backend::detect()) {
-                        continue;
-                    }
-                    let (rates, est) = gflops(&p, a, &threads);
-                    line += &format!(" {} est {:.4}", a.name(), est * 1e3);
-                    for (t, r) in threads.iter().zip(&rates) {
-                        line += &format!(" t{t} {:.4}", flops / r / 1e6);
-                    }
-                }
-                println!("{line}");
-            }
-        }
-    }
-}
-
 #[test]
 fn fused_epilogue_gets_every_output_once_in_rows() {
     use crate::fused::{RowsIn, RowsOut};
