@@ -10,11 +10,12 @@
 //! `fft_gemm` 841 µs, `direct` 1.48 ms. Here every output channel's filter
 //! (`cin · K` contiguous values) is multiplied with the call's columns (the
 //! `cin · K` inputs each output reads, gathered once per task, padding as
-//! zeros): one vector load of the filter shared by up to four
-//! accumulators, so the call reads each weight once and is bound by
-//! reading them (2.75 MB for that layer). The weights are prefetched
-//! [`AHEAD`] floats ahead of the multiply-adds: without it one thread read
-//! them at about half the speed.
+//! zeros), so the call reads each weight once and is bound by reading them
+//! (2.75 MB for that layer). A call of one output per row (a decode step)
+//! reads [`STREAMS`] filters side by side, sharing each load of its column
+//! ([`rows_generic`]); calls of more share each load of a filter between
+//! up to four outputs' accumulators, prefetching the weights [`AHEAD`]
+//! floats ahead of the multiply-adds.
 //!
 //! # Measured
 //!
@@ -23,9 +24,17 @@
 //! the 2-core AMD EPYC VM, 2026-11-25: 0.99 ms at 2 threads and 1.18 ms at
 //! 1, where the previous build (the direct loop at one output) took
 //! 14.8 ms; XNNPACK alone 0.375 and 0.62 ms. The matrix-vector products
-//! alone take about 0.45 ms of it at 2 threads; the rest is the 24 steps a
+//! alone took about 0.45 ms of it at 2 threads; the rest is the 24 steps a
 //! token makes (each layer's state update, then its conv with the `cat` of
 //! state and token staged through memory).
+//!
+//! On the 2-core AMD EPYC (Zen 3) VM, whose DRAM holds the weights
+//! (25 GB/s copy bandwidth), 2026-11-29, median of 5 alternating rounds:
+//! the filters read as eight streams took the same program from 3.19 to
+//! 1.88 ms at 1 thread and from 1.62 to 1.12 ms at 2, against XNNPACK's
+//! 2.65 and 1.51 (0.83x and 0.69x before, 1.41x and 1.34x after); on the
+//! 16-core Xeon (the weights in its L3) both builds ran within noise
+//! (1.73 and 1.67 ms at 1 thread, 0.54 and 0.56 at 16).
 //!
 //! [`PreparedConv1d`](super::PreparedConv1d) sends every call of at most
 //! four outputs per row of a dense or grouped conv here, whatever
@@ -109,6 +118,15 @@ const _: () = assert!(
 /// unsafe for the CPU features it is compiled for.
 type DotsFn = unsafe fn(&[f32], &[f32], &mut [f32], &[f32]);
 
+/// Output channels a call of one output per row multiplies together,
+/// each filter a stream of its own, sharing each load of the column (see
+/// [`rows_generic`]).
+const STREAMS: usize = 8;
+
+/// `out[r] = Σ_j filters[r · col.len() + j] · col[j]` for `r < M`; unsafe
+/// for the CPU features it is compiled for.
+type RowsFn = unsafe fn(&[f32], &[f32], &mut [f32]);
+
 /// Takes a task's outputs: its rows' values (`rows × n`, row after row)
 /// and the rest of the slot (the epilogue's temporaries).
 type TaskOut<'a> = &'a mut dyn FnMut(&mut [f32], &mut [f32]);
@@ -119,6 +137,9 @@ pub(crate) struct Gemv {
     isa: Isa,
     /// Indexed by the number of outputs per pass minus one.
     dots: [DotsFn; DOTS_OUTPUTS],
+    /// A call of one output per row: indexed by the number of output
+    /// channels multiplied together minus one.
+    rows: [RowsFn; STREAMS],
     /// The weights packed with output channels in the lanes, for a conv
     /// whose every call runs here with several outputs ([`Self::pack`]).
     panels: Option<Panels>,
@@ -127,38 +148,33 @@ pub(crate) struct Gemv {
 impl Gemv {
     /// The kernel on `isa`.
     pub(crate) fn new(isa: Isa) -> Self {
-        let dots: [DotsFn; DOTS_OUTPUTS] = match isa.backend() {
-            Backend::Portable => [
-                dots_portable::<1>,
-                dots_portable::<2>,
-                dots_portable::<3>,
-                dots_portable::<4>,
-            ],
+        /// A kernel's variants for one backend: the dot products' for 1
+        /// to [`DOTS_OUTPUTS`] outputs, the rows' for 1 to [`STREAMS`]
+        /// filters.
+        macro_rules! variants {
+            ($dots:ident, $rows:ident) => {
+                (
+                    [$dots::<1>, $dots::<2>, $dots::<3>, $dots::<4>],
+                    [
+                        $rows::<1>, $rows::<2>, $rows::<3>, $rows::<4>, $rows::<5>, $rows::<6>,
+                        $rows::<7>, $rows::<8>,
+                    ],
+                )
+            };
+        }
+        let (dots, rows): ([DotsFn; DOTS_OUTPUTS], [RowsFn; STREAMS]) = match isa.backend() {
+            Backend::Portable => variants!(dots_portable, rows_portable),
             #[cfg(target_arch = "x86_64")]
-            Backend::Avx2 => [
-                dots_avx2::<1>,
-                dots_avx2::<2>,
-                dots_avx2::<3>,
-                dots_avx2::<4>,
-            ],
+            Backend::Avx2 => variants!(dots_avx2, rows_avx2),
             #[cfg(target_arch = "x86_64")]
-            Backend::Avx512 => [
-                dots_avx512::<1>,
-                dots_avx512::<2>,
-                dots_avx512::<3>,
-                dots_avx512::<4>,
-            ],
+            Backend::Avx512 => variants!(dots_avx512, rows_avx512),
             #[cfg(target_arch = "aarch64")]
-            Backend::Neon => [
-                dots_neon::<1>,
-                dots_neon::<2>,
-                dots_neon::<3>,
-                dots_neon::<4>,
-            ],
+            Backend::Neon => variants!(dots_neon, rows_neon),
         };
         Gemv {
             isa,
             dots,
+            rows,
             panels: None,
         }
     }
@@ -403,6 +419,24 @@ impl Gemv {
                         let o = group * cout + r0;
                         let bias = bias.map(|bias| &bias[o..o + rows]);
                         panels.outputs(group, r0..r0 + rows, n, panel_cols, bias, values);
+                        out(values, tmp);
+                        return;
+                    }
+                    if n == 1 {
+                        // A decode step: STREAMS filters at a time.
+                        for (r, values) in values.chunks_mut(STREAMS).enumerate() {
+                            let o = group * cout + r0 + r * STREAMS;
+                            let filters = &w[o * filter_len..][..values.len() * filter_len];
+                            let rows = self.rows[values.len() - 1];
+                            // SAFETY: `new` chose `rows` for a backend whose
+                            // features this CPU has; it checks its bounds.
+                            unsafe { rows(filters, &cols[..filter_len], values) };
+                            if let Some(bias) = bias {
+                                for (v, b) in values.iter_mut().zip(&bias[o..]) {
+                                    *v += b;
+                                }
+                            }
+                        }
                         out(values, tmp);
                         return;
                     }
@@ -693,6 +727,72 @@ unsafe fn dots_generic<S: Simd, const T: usize>(
     }
 }
 
+/// `out[r] = Σ_j filters[r · len + j] · col[j]` for `r < M`, `len =
+/// col.len()`: each column vector loaded once for the `M` filters, which
+/// are read side by side, as `M` streams, one accumulator each; then the
+/// lanes added as a tree, then the tail (less than a vector).
+///
+/// A call of one output per row is bound by reading its filters, and one
+/// filter at a time (as [`dots_generic`] reads them, prefetching ahead)
+/// left most of the memory's bandwidth unused. A C model of these loops,
+/// 250 -> 250 channels at `K = 11` (2.75 MB of weights a layer), one
+/// core, 2026-11-29: one stream, prefetched or not, 10-14 GB/s on a Zen 3
+/// core reading from DRAM, four streams of two chains 16-18, eight of one
+/// 16-22; from the 16-core Xeon's 300 MB L3 every arrangement read 26-29.
+/// Software prefetch slowed every arrangement on the Zen 3 core and sped
+/// none on the Xeon. Eight accumulators are enough independent chains for
+/// the multiply-adds' latency (two per cycle, four cycles each).
+///
+/// # Safety
+/// `S`'s features are present. Bounds are checked (panics).
+#[inline(always)]
+unsafe fn rows_generic<S: Simd, const M: usize>(filters: &[f32], col: &[f32], out: &mut [f32]) {
+    let len = col.len();
+    assert!(filters.len() == M * len && out.len() == M && S::LANES <= 16);
+    let whole = len - len % S::LANES;
+    let mut sums = [0.0f32; M];
+    // SAFETY: features by our contract; every load reads LANES values at
+    // j with j + LANES <= whole <= len, of `col` and of filter r (inside
+    // `filters`, asserted); the lane buffer holds 16 >= LANES values.
+    unsafe {
+        let mut acc = [S::splat(0.0); M];
+        for j in (0..whole).step_by(S::LANES) {
+            let xv = S::load(col.as_ptr().add(j));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                *acc = S::mul_add(*acc, S::load(filters.as_ptr().add(r * len + j)), xv);
+            }
+        }
+        let mut lanes = [0.0f32; 16];
+        for (sum, &acc) in sums.iter_mut().zip(&acc) {
+            S::store(lanes.as_mut_ptr(), acc);
+            let mut width = S::LANES;
+            while width > 1 {
+                width /= 2;
+                for i in 0..width {
+                    lanes[i] += lanes[i + width];
+                }
+            }
+            *sum = lanes[0];
+        }
+    }
+    for (r, (sum, out)) in sums.iter().zip(out).enumerate() {
+        let filter = &filters[r * len..][..len];
+        *out = filter[whole..]
+            .iter()
+            .zip(&col[whole..])
+            .fold(*sum, |s, (w, x)| s + w * x);
+    }
+}
+
+per_backend! {
+    /// [`rows_generic`] on one backend.
+    unsafe fn [rows_portable, rows_avx2, rows_avx512, rows_neon]<const M: usize>(
+        filters: &[f32],
+        col: &[f32],
+        out: &mut [f32],
+    ) => rows_generic::<S, M>
+}
+
 per_backend! {
     /// [`dots_generic`] on one backend.
     unsafe fn [dots_portable, dots_avx2, dots_avx512, dots_neon]<const T: usize>(
@@ -955,15 +1055,22 @@ mod tests {
     #[test]
     fn result_does_not_depend_on_pool_size() {
         let mut rng = Rng::new(7);
-        let p = params(2, (64, 100, 2), 2, 11, 1, (10, 0), 1);
-        let g = p.geometry().unwrap();
-        let x = rng.vec(p.input_elems(), -1.0, 1.0);
-        let w = rng.vec(p.weight_elems(), -1.0, 1.0);
-        let gemv = Gemv::new(Isa::detect());
-        let run_on = |threads| run_on(&gemv, &g, &x, &w, None, threads);
-        let single = run_on(1);
-        for threads in [2, 5] {
-            assert_eq!(run_on(threads), single, "{threads} threads");
+        // One output per row (the filters in streams) and two.
+        for in_len in [1, 2] {
+            let p = params(2, (64, 100, 2), in_len, 11, 1, (10, 0), 1);
+            let g = p.geometry().unwrap();
+            let x = rng.vec(p.input_elems(), -1.0, 1.0);
+            let w = rng.vec(p.weight_elems(), -1.0, 1.0);
+            let gemv = Gemv::new(Isa::detect());
+            let run_on = |threads| run_on(&gemv, &g, &x, &w, None, threads);
+            let single = run_on(1);
+            for threads in [2, 5] {
+                assert_eq!(
+                    run_on(threads),
+                    single,
+                    "{threads} threads, {in_len} inputs"
+                );
+            }
         }
     }
 }
