@@ -132,14 +132,30 @@ const CHUNK_MAX: usize = 512;
 /// machine measured); wide groups get shorter chunks.
 const WINDOW_FLOATS: usize = 1 << 17;
 /// Floats of shared windows a conv may keep (4 MiB): where a call splits
-/// its chunks into blocks of rows, each chunk's window is filled once into
+/// its chunks into blocks of rows and a fill is dear
+/// ([`Tiling::shares_windows`]), each chunk's window is filled once into
 /// the scratch's shared region and read by its tiles, instead of by every
-/// tile into its own slot. A redundant fill costs about as much as the
-/// multiply-adds of a tile of 32 rows at K = 2 (wav2vec2's last layers:
-/// 91 and 67 GFLOP/s against 124 and 96 with one fill per chunk). Shapes
-/// needing more (long outputs split into two or three blocks of rows,
-/// where a fill is a few % of a tile) fill per tile.
+/// tile into its own slot. Shapes needing more (long outputs split into
+/// two or three blocks of rows, where a fill is a few % of a tile) fill
+/// per tile.
 const SHARED_WINDOW_FLOATS: usize = 1 << 20;
+/// Multiply-adds per float of its window (`rows × K`) from which a tile
+/// of a unit-stride conv fills its own window rather than share its
+/// chunk's. A shared window costs a pass of its own before the tiles (one
+/// more wait for the whole pool) and is read from other cores' caches,
+/// while a unit-stride fill is a copy of whole rows, a few per cent of 64
+/// rows' multiply-adds at K = 3. Measured with `calibrate_vocoder` on the
+/// 16-core Xeon, 2026-11-29, both ways in turn: 128 channels over 800
+/// outputs (64 rows a tile, K = 3 to 11) ran 1.17-1.38x as fast with
+/// their own windows on 2 threads, 1.27x on 4 and 1.24x on 16; 256
+/// channels over 200 (about 32 rows) 1.10x on 4 threads and 1.18x on 16.
+/// A strided window is a gather into phases instead, and a redundant one
+/// costs about as much as the multiply-adds of a tile of 32 rows at K = 2
+/// (wav2vec2's last layers: 91 and 67 GFLOP/s against 124 and 96
+/// sharing); its 512-channel stride-2 layers ran 0.64-0.93x as fast
+/// filling their own even at 256 rows a tile (`calibrate_speech`, same
+/// day), so strided convs always share.
+const SHARED_FILL_MACS: usize = 128;
 /// Input channels per task when a shared window is filled.
 const FILL_CHANNELS: usize = 64;
 /// Shortest chunk the tiling makes in order to find parallelism.
@@ -267,11 +283,10 @@ impl GemmConv {
     }
 
     /// Floats of shared windows a call of `g` tiled by `tiling` fills: one
-    /// window per (batch item, group, chunk), where the chunks are split
-    /// into blocks of rows (every tile would fill the same window
-    /// otherwise); 0 where they are not.
+    /// window per (batch item, group, chunk), where its tiles share them
+    /// ([`Tiling::shares_windows`]); 0 where they do not.
     fn shared_need(&self, g: &Conv1dGeometry, tiling: &Tiling) -> usize {
-        if tiling.row_blocks > 1 {
+        if tiling.shares_windows(g) {
             g.params.batch * g.params.groups * tiling.chunks * self.scratch_per_thread()
         } else {
             0
@@ -613,6 +628,15 @@ impl Tiling {
             rows,
             row_blocks: g.out_per_group.div_ceil(rows),
         }
+    }
+
+    /// Whether a chunk's tiles share one window: where its rows are split
+    /// into blocks (each would fill the same window) and the fill is dear,
+    /// a strided gather or fewer than [`SHARED_FILL_MACS`] multiply-adds
+    /// per float of window.
+    fn shares_windows(&self, g: &Conv1dGeometry) -> bool {
+        let p = &g.params;
+        self.row_blocks > 1 && (p.stride > 1 || self.rows * p.kernel_size < SHARED_FILL_MACS)
     }
 
     /// This tiling with every chunk's rows in one block (for a prologue

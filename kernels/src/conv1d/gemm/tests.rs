@@ -1103,9 +1103,44 @@ fn split_and_whole_cases() -> Vec<Conv1dParams> {
         params(2, (48, 256, 1), 401, 3, 2, (1, 1), 1),
         params(1, (16, 96, 2), 150, 4, 3, (2, 1), 2),
         params(1, (3, 64, 1), 1000, 10, 5, (0, 0), 1),
+        // Split, but each tile fills its own window (64 rows, K = 7).
+        params(1, (128, 128, 1), 800, 7, 1, (3, 3), 1),
         // Long: whole rows already.
         params(1, (32, 40, 1), 3000, 3, 2, (1, 1), 1),
     ]
+}
+
+#[test]
+fn tiles_share_windows_only_where_a_fill_is_dear() {
+    // (in, out, length, K, stride): whether a chunk's tiles share its
+    // window where its rows are split into blocks, and whether some
+    // backend's block splits them.
+    let cases = [
+        // wav2vec2's 512-channel stride-2 layers, whatever their rows.
+        ((512, 512), 1599, 3, 2, true, true),
+        ((512, 512), 199, 2, 2, true, true),
+        // A HiFi-GAN's residual stages: 32 to 64 rows a block at K = 7.
+        ((256, 256), 200, 7, 1, false, true),
+        ((128, 128), 800, 7, 1, false, true),
+        // Pointwise: fewer multiply-adds per window float than its own
+        // fill pays for.
+        ((512, 512), 200, 1, 1, true, true),
+        // Not split into blocks of rows at all.
+        ((32, 32), 12800, 3, 1, false, false),
+    ];
+    for ((cin, cout), n, k, stride, shares, split) in cases {
+        let p = params(1, (cin, cout, 1), n, k, stride, (k / 2, k / 2), 1);
+        let g = p.geometry().unwrap();
+        let mut split_somewhere = false;
+        for isa in Isa::all_available() {
+            let tiling = Tiling::new(&g, choose_block(isa.backend(), g.out_per_group));
+            let splits = tiling.row_blocks > 1;
+            let ctx = format!("{isa:?} {p:?} {tiling:?}");
+            assert_eq!(tiling.shares_windows(&g), splits && shares, "{ctx}");
+            split_somewhere |= splits;
+        }
+        assert_eq!(split_somewhere, split, "{p:?}");
+    }
 }
 
 #[test]
@@ -1120,9 +1155,9 @@ fn shared_windows_agree_with_windows_per_tile() {
         let w = rng.vec(p.weight_elems(), -1.0, 1.0);
         let b = rng.vec(p.bias_elems(), -1.0, 1.0);
         let conv = GemmConv::new(&g, Isa::detect());
-        let split = Tiling::new(&g, conv.kernel.block()).row_blocks > 1;
-        assert_eq!(conv.shared_scratch() > 0, split, "{p:?}");
-        shared_somewhere |= split;
+        let shares = Tiling::new(&g, conv.kernel.block()).shares_windows(&g);
+        assert_eq!(conv.shared_scratch() > 0, shares, "{p:?}");
+        shared_somewhere |= shares;
         for threads in [1, 2] {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
