@@ -1052,6 +1052,41 @@ mod tests {
         }
     }
 
+    /// Every count of filters read side by side (1 to [`STREAMS`]) on
+    /// every backend, filters shorter than a vector, with and without a
+    /// tail past the whole vectors: each output the dot product of its own
+    /// filter, whatever its neighbours.
+    #[test]
+    fn filters_in_streams_are_each_their_own_dot_product() {
+        let mut rng = Rng::new(11);
+        for isa in Isa::all_available() {
+            let gemv = Gemv::new(isa);
+            for len in [1, 3, 8, 16, 37, 100] {
+                let col = rng.vec(len, -1.0, 1.0);
+                for m in 1..=STREAMS {
+                    let filters = rng.vec(m * len, -1.0, 1.0);
+                    let mut out = vec![f32::NAN; m];
+                    // SAFETY: `Gemv::new` chose the variants for `isa`,
+                    // which this CPU has (`all_available`).
+                    unsafe { gemv.rows[m - 1](&filters, &col, &mut out) };
+                    for (r, &got) in out.iter().enumerate() {
+                        let filter = &filters[r * len..][..len];
+                        let want: f64 = filter
+                            .iter()
+                            .zip(&col)
+                            .map(|(&w, &x)| w as f64 * x as f64)
+                            .sum();
+                        let bound = 2.0 * len as f64 * f32::EPSILON as f64;
+                        assert!(
+                            (got as f64 - want).abs() <= bound,
+                            "{isa:?} len {len}, {m} filters, row {r}: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn result_does_not_depend_on_pool_size() {
         let mut rng = Rng::new(7);
