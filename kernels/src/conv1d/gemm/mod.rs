@@ -132,30 +132,37 @@ const CHUNK_MAX: usize = 512;
 /// machine measured); wide groups get shorter chunks.
 const WINDOW_FLOATS: usize = 1 << 17;
 /// Floats of shared windows a conv may keep (4 MiB): where a call splits
-/// its chunks into blocks of rows and a fill is dear
-/// ([`Tiling::shares_windows`]), each chunk's window is filled once into
+/// its chunks into blocks of rows, each chunk's window is filled once into
 /// the scratch's shared region and read by its tiles, instead of by every
-/// tile into its own slot. Shapes needing more (long outputs split into
-/// two or three blocks of rows, where a fill is a few % of a tile) fill
-/// per tile.
+/// tile into its own slot (unless they fill their own:
+/// [`Tiling::fills_own_windows`]). A redundant fill costs about as much as
+/// the multiply-adds of a tile of 32 rows at K = 2, stride 2 (wav2vec2's
+/// last layers: 91 and 67 GFLOP/s against 124 and 96 with one fill per
+/// chunk). Shapes needing more (long outputs split into two or three
+/// blocks of rows, where a fill is a few % of a tile) fill per tile.
 const SHARED_WINDOW_FLOATS: usize = 1 << 20;
 /// Multiply-adds per float of its window (`rows × K`) from which a tile
-/// of a unit-stride conv fills its own window rather than share its
-/// chunk's. A shared window costs a pass of its own before the tiles (one
-/// more wait for the whole pool) and is read from other cores' caches,
-/// while a unit-stride fill is a copy of whole rows, a few per cent of 64
-/// rows' multiply-adds at K = 3. Measured with `calibrate_vocoder` on the
-/// 16-core Xeon, 2026-11-29, both ways in turn: 128 channels over 800
-/// outputs (64 rows a tile, K = 3 to 11) ran 1.17-1.38x as fast with
-/// their own windows on 2 threads, 1.27x on 4 and 1.24x on 16; 256
-/// channels over 200 (about 32 rows) 1.10x on 4 threads and 1.18x on 16.
-/// A strided window is a gather into phases instead, and a redundant one
-/// costs about as much as the multiply-adds of a tile of 32 rows at K = 2
-/// (wav2vec2's last layers: 91 and 67 GFLOP/s against 124 and 96
-/// sharing); its 512-channel stride-2 layers ran 0.64-0.93x as fast
-/// filling their own even at 256 rows a tile (`calibrate_speech`, same
-/// day), so strided convs always share.
+/// of a unit-stride conv on a pool of [`OWN_WINDOW_THREADS`] or more fills
+/// its own window rather than share its chunk's. A shared window costs a
+/// pass of its own before the tiles (one more wait for the whole pool)
+/// and is read from other cores' caches, which a wide pool pays more for;
+/// a unit-stride fill is a copy of whole rows, a few per cent of 64 rows'
+/// multiply-adds at K = 3, but a prologue is computed again with it.
+/// Measured on the 16-core Xeon, 2026-11-29, both ways in turn
+/// (`calibrate_vocoder`, stored inputs): 128 channels over 800 outputs (64
+/// rows a tile, K = 3 to 11) ran 1.27x as fast with their own windows on 4
+/// threads and 1.24x on 16; 256 channels over 200 (about 32 rows) 1.10x
+/// and 1.18x. SpeechT5's HiFi-GAN (a LeakyReLU prologue before most
+/// convs) ran 26.4 -> 23.6 ms median at 16 threads, within noise at 4; on
+/// the 2-core Zen 3 VM at 2 threads it ran 8% slower (136 -> 147 ms
+/// median, faster in 3 of 10 rounds), hence the pool size. Strided windows
+/// are gathers into phases and always shared: wav2vec2's 512-channel
+/// stride-2 layers ran 0.64-0.93x as fast filling their own even at 256
+/// rows a tile (`calibrate_speech`).
 const SHARED_FILL_MACS: usize = 128;
+/// Fewest threads a pool has for tiles to fill their own windows (see
+/// [`SHARED_FILL_MACS`]).
+const OWN_WINDOW_THREADS: usize = 4;
 /// Input channels per task when a shared window is filled.
 const FILL_CHANNELS: usize = 64;
 /// Shortest chunk the tiling makes in order to find parallelism.
@@ -283,10 +290,11 @@ impl GemmConv {
     }
 
     /// Floats of shared windows a call of `g` tiled by `tiling` fills: one
-    /// window per (batch item, group, chunk), where its tiles share them
-    /// ([`Tiling::shares_windows`]); 0 where they do not.
+    /// window per (batch item, group, chunk), where the chunks are split
+    /// into blocks of rows (every tile would fill the same window
+    /// otherwise); 0 where they are not.
     fn shared_need(&self, g: &Conv1dGeometry, tiling: &Tiling) -> usize {
-        if tiling.shares_windows(g) {
+        if tiling.row_blocks > 1 {
             g.params.batch * g.params.groups * tiling.chunks * self.scratch_per_thread()
         } else {
             0
@@ -382,8 +390,9 @@ impl GemmConv {
 
         let mut tiling = Tiling::new(g, block);
         let need = self.shared_need(g, &tiling);
-        let shared = need > 0 && need <= self.shared_windows.min(scratch.shared_len());
-        if need > 0 && !shared && matches!(x, RowsIn::Fused(_)) {
+        let own = tiling.fills_own_windows(g, crate::par::threads());
+        let shared = !own && need > 0 && need <= self.shared_windows.min(scratch.shared_len());
+        if need > 0 && !shared && !own && matches!(x, RowsIn::Fused(_)) {
             tiling = tiling.whole_rows(g);
         }
         let per_item = p.groups * tiling.row_blocks * tiling.chunks;
@@ -630,13 +639,16 @@ impl Tiling {
         }
     }
 
-    /// Whether a chunk's tiles share one window: where its rows are split
-    /// into blocks (each would fill the same window) and the fill is dear,
-    /// a strided gather or fewer than [`SHARED_FILL_MACS`] multiply-adds
-    /// per float of window.
-    fn shares_windows(&self, g: &Conv1dGeometry) -> bool {
+    /// Whether the tiles of a chunk split into blocks of rows each fill
+    /// their own window on a pool of `threads` rather than share one:
+    /// unit stride, at least [`SHARED_FILL_MACS`] multiply-adds per float
+    /// of window, and at least [`OWN_WINDOW_THREADS`] threads.
+    fn fills_own_windows(&self, g: &Conv1dGeometry, threads: usize) -> bool {
         let p = &g.params;
-        self.row_blocks > 1 && (p.stride > 1 || self.rows * p.kernel_size < SHARED_FILL_MACS)
+        self.row_blocks > 1
+            && p.stride == 1
+            && self.rows * p.kernel_size >= SHARED_FILL_MACS
+            && threads >= OWN_WINDOW_THREADS
     }
 
     /// This tiling with every chunk's rows in one block (for a prologue

@@ -1111,24 +1111,25 @@ fn split_and_whole_cases() -> Vec<Conv1dParams> {
 }
 
 #[test]
-fn tiles_share_windows_only_where_a_fill_is_dear() {
-    // (in, out, length, K, stride): whether a chunk's tiles share its
-    // window where its rows are split into blocks, and whether some
-    // backend's block splits them.
+fn wide_pools_fill_their_own_windows_where_a_fill_is_cheap() {
+    // (in, out, length, K, stride): whether a chunk's tiles fill their own
+    // windows on a wide pool where its rows are split into blocks, and
+    // whether some backend's block splits them. Pools of fewer than
+    // OWN_WINDOW_THREADS always share.
     let cases = [
         // wav2vec2's 512-channel stride-2 layers, whatever their rows.
-        ((512, 512), 1599, 3, 2, true, true),
-        ((512, 512), 199, 2, 2, true, true),
+        ((512, 512), 1599, 3, 2, false, true),
+        ((512, 512), 199, 2, 2, false, true),
         // A HiFi-GAN's first residual stage: blocks of 32 to 48 rows at
         // K = 7.
-        ((256, 256), 200, 7, 1, false, true),
+        ((256, 256), 200, 7, 1, true, true),
         // Pointwise: fewer multiply-adds per window float than its own
         // fill pays for.
-        ((512, 512), 200, 1, 1, true, true),
+        ((512, 512), 200, 1, 1, false, true),
         // Not split into blocks of rows at all.
         ((32, 32), 12800, 3, 1, false, false),
     ];
-    for ((cin, cout), n, k, stride, shares, split) in cases {
+    for ((cin, cout), n, k, stride, own, split) in cases {
         let p = params(1, (cin, cout, 1), n, k, stride, (k / 2, k / 2), 1);
         let g = p.geometry().unwrap();
         let mut split_somewhere = false;
@@ -1136,7 +1137,11 @@ fn tiles_share_windows_only_where_a_fill_is_dear() {
             let tiling = Tiling::new(&g, choose_block(isa.backend(), g.out_per_group));
             let splits = tiling.row_blocks > 1;
             let ctx = format!("{isa:?} {p:?} {tiling:?}");
-            assert_eq!(tiling.shares_windows(&g), splits && shares, "{ctx}");
+            assert_eq!(tiling.fills_own_windows(&g, 16), splits && own, "{ctx}");
+            assert!(
+                !tiling.fills_own_windows(&g, OWN_WINDOW_THREADS - 1),
+                "{ctx}"
+            );
             split_somewhere |= splits;
         }
         assert_eq!(split_somewhere, split, "{p:?}");
@@ -1146,7 +1151,8 @@ fn tiles_share_windows_only_where_a_fill_is_dear() {
 #[test]
 fn shared_windows_agree_with_windows_per_tile() {
     // The same calls with and without the shared region: one window per
-    // chunk, or one per tile; bit for bit, on 1 and 2 threads.
+    // chunk, or one per tile; bit for bit, on 1 and 2 threads and on a
+    // pool wide enough for tiles to fill their own beside a shared region.
     let mut rng = Rng::new(23);
     let mut shared_somewhere = false;
     for p in split_and_whole_cases() {
@@ -1155,10 +1161,10 @@ fn shared_windows_agree_with_windows_per_tile() {
         let w = rng.vec(p.weight_elems(), -1.0, 1.0);
         let b = rng.vec(p.bias_elems(), -1.0, 1.0);
         let conv = GemmConv::new(&g, Isa::detect());
-        let shares = Tiling::new(&g, conv.kernel.block()).shares_windows(&g);
-        assert_eq!(conv.shared_scratch() > 0, shares, "{p:?}");
-        shared_somewhere |= shares;
-        for threads in [1, 2] {
+        let split = Tiling::new(&g, conv.kernel.block()).row_blocks > 1;
+        assert_eq!(conv.shared_scratch() > 0, split, "{p:?}");
+        shared_somewhere |= split;
+        for threads in [1, 2, OWN_WINDOW_THREADS] {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
@@ -1185,7 +1191,8 @@ fn fused_prologues_get_the_materialised_input() {
     // tensor (read across channels) or x * x2 from [B, C, N] ones, with
     // windows shared, per tile, or per tile with whole rows (no shared
     // region); a ReLU epilogue or a stored output: exactly the stored
-    // conv of the materialised input, on 1 and 2 threads.
+    // conv of the materialised input, on 1, 2 and OWN_WINDOW_THREADS
+    // threads.
     use crate::fused::{
         materialise, BinaryOp, Expr, Program, ProgramRows, RowSource, RowsIn, RowsOut, Shape,
         UnaryOp,
@@ -1250,7 +1257,7 @@ fn fused_prologues_get_the_materialised_input() {
                 n,
                 &Scratch::new(1, crate::fused::line_scratch(xt)),
             );
-            for threads in [1, 2] {
+            for threads in [1, 2, OWN_WINDOW_THREADS] {
                 let pool = rayon::ThreadPoolBuilder::new()
                     .num_threads(threads)
                     .build()
