@@ -66,7 +66,7 @@ pub(crate) enum Backend {
 
 /// The vector instructions the kernels prepared on this CPU run with
 /// (`"avx512"`, `"avx2"`, `"neon"` or `"portable"`), the one choice
-/// [`Backend::detect`] makes; for the plan's log, so a run on a device (or
+/// `Backend::detect` makes; for the plan's log, so a run on a device (or
 /// under emulation) shows which code it took.
 pub fn vector_instructions() -> &'static str {
     Isa::detect().name()
@@ -122,7 +122,7 @@ impl Backend {
 
 /// An instruction set this CPU has, checked once: what a compiled program
 /// (and each kernel its operands feed) keeps, and what the functions
-/// [`per_backend`] dispatches take. Only [`Isa::detect`] (and the tests' list of
+/// `per_backend!` dispatches take. Only [`Isa::detect`] (and the tests' list of
 /// every backend the CPU has) makes one, so holding one proves the CPU has
 /// its features: the dispatch on it asks nothing more.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -236,9 +236,10 @@ impl RowsIn<'_> {
     }
 }
 
-/// A [`Program`] read as rows: the root's last dimension is time and every
-/// other dimension enumerates rows (`[B, C, N]`: row `b * C + c`), or, for
-/// a per-row scalar (a scan's `x0 [B, C]`), every dimension enumerates rows.
+/// A [`Program`](super::program::Program) read as rows: the root's last
+/// dimension is time and every other dimension enumerates rows (`[B, C,
+/// N]`: row `b * C + c`), or, for a per-row scalar (a scan's `x0 [B, C]`),
+/// every dimension enumerates rows.
 pub struct ProgramRows<'a> {
     program: &'a CompiledProgram,
     /// [`CompiledProgram::temporaries`].
@@ -329,8 +330,9 @@ impl ProgramRows<'_> {
     }
 }
 
-/// A program with two roots of one shape ([`Program::set_roots`]) read as
-/// rows of both.
+/// A program with two roots of one shape
+/// ([`Program::set_roots`](super::program::Program::set_roots)) read as rows
+/// of both.
 impl PairSource for ProgramRows<'_> {
     fn fill_pair(
         &self,
