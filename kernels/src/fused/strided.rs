@@ -7,7 +7,12 @@
 //! (a third of a 4096-channel conv step); deinterleaving whole vectors does
 //! them at the speed of the loads: AVX-512 permutes of `S` loaded vectors
 //! into one, NEON's structure loads and stores (`vld2q` .. `vld4q`,
-//! `vst2q` .. `vst4q`). Elsewhere (AVX2 and older x86-64) plain loops.
+//! `vst2q` .. `vst4q`), and for gathers AVX2 permutes (`vpermps`) of each
+//! of `S` loaded vectors blended into one. AVX2 scatters (and older
+//! x86-64) stay plain loops: LLVM turns a load, blend and store of a row
+//! vector into a masked store (`vmaskmovps`), which Zen 3 runs so slowly
+//! that a 1024-channel conv step spent half its time in it (and
+//! `tests/test_release_machine_code.py` refuses them).
 //! Each move takes the instruction set its caller's program was compiled
 //! for ([`Isa`]) and matches it: no move asks the CPU.
 
@@ -201,6 +206,10 @@ fn simd_gather<const S: usize>(isa: Isa, line: &[f32], out: &mut [f32]) -> usize
         // CPU has); `gather` checked the line's length.
         #[cfg(target_arch = "x86_64")]
         Backend::Avx512 => unsafe { x86::gather::<S>(line, out) },
+        // SAFETY: AVX2 is present (as above); `gather` checked the line's
+        // length.
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2 => unsafe { x86::gather_avx2::<S>(line, out) },
         // SAFETY: NEON is present (as above); `gather` checked the line's
         // length.
         #[cfg(target_arch = "aarch64")]
@@ -379,6 +388,51 @@ mod x86 {
             }
         }
         16 * blocks
+    }
+
+    /// [`gather`] on AVX2: per block of 8 outputs, the `S` vectors of its
+    /// inputs each permuted (`vpermps`) and blended into place.
+    ///
+    /// # Safety
+    /// The AVX2 row's features are present and `line` holds `S *
+    /// (out.len() - 1) + 1` elements or more.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn gather_avx2<const S: usize>(line: &[f32], out: &mut [f32]) -> usize {
+        // Output lane i takes element S i of the block: lane S i % 8 of
+        // its vector S i / 8.
+        let (mut idx, mut mask) = ([[0i32; 8]; 4], [[0i32; 8]; 4]);
+        for i in 0..8 {
+            let e = S * i;
+            idx[e / 8][i] = (e % 8) as i32;
+            mask[e / 8][i] = -1;
+        }
+        // SAFETY: plain loads of 8 i32 from arrays of 8.
+        let (idx, mask): ([__m256i; 4], [__m256; 4]) = unsafe {
+            (
+                std::array::from_fn(|j| _mm256_loadu_si256(idx[j].as_ptr().cast())),
+                std::array::from_fn(|j| {
+                    _mm256_castsi256_ps(_mm256_loadu_si256(mask[j].as_ptr().cast()))
+                }),
+            )
+        };
+        // Blocks of 8 outputs whose `8 * S` inputs lie in the line.
+        let blocks = (line.len() / (8 * S)).min(out.len() / 8);
+        let (src, dst) = (line.as_ptr(), out.as_mut_ptr());
+        for b in 0..blocks {
+            // SAFETY: block `b` reads `line[8 S b .. 8 S (b + 1)]` and
+            // writes `out[8 b .. 8 (b + 1)]`, both in bounds (`blocks`
+            // above); unaligned loads and stores.
+            unsafe {
+                let p = src.add(8 * S * b);
+                let mut r = _mm256_permutevar8x32_ps(_mm256_loadu_ps(p), idx[0]);
+                for j in 1..S {
+                    let v = _mm256_permutevar8x32_ps(_mm256_loadu_ps(p.add(8 * j)), idx[j]);
+                    r = _mm256_blendv_ps(r, v, mask[j]);
+                }
+                _mm256_storeu_ps(dst.add(8 * b), r);
+            }
+        }
+        8 * blocks
     }
 }
 
