@@ -153,12 +153,13 @@ const SHARED_WINDOW_FLOATS: usize = 1 << 20;
 /// rows a tile, K = 3 to 11) ran 1.27x as fast with their own windows on 4
 /// threads and 1.24x on 16; 256 channels over 200 (about 32 rows) 1.10x
 /// and 1.18x. SpeechT5's HiFi-GAN (a LeakyReLU prologue before most
-/// convs) ran 26.4 -> 23.6 ms median at 16 threads, within noise at 4; on
-/// the 2-core Zen 3 VM at 2 threads it ran 8% slower (136 -> 147 ms
-/// median, faster in 3 of 10 rounds), hence the pool size. Strided windows
-/// are gathers into phases and always shared: wav2vec2's 512-channel
-/// stride-2 layers ran 0.64-0.93x as fast filling their own even at 256
-/// rows a tile (`calibrate_speech`).
+/// convs) ran 44.8 -> 42.2 ms median at 4 threads, 32.7 -> 31.5 at 8 and
+/// 20.4 -> 19.9 at 16 (faster in 5, 4 and 4 of 6 rounds); on the 2-core
+/// Zen 3 VM at 2 threads, filling their own windows ran it 8% slower (136
+/// -> 147 ms median, faster in 3 of 10 rounds), hence the pool size.
+/// Strided windows are gathers into phases and always shared: wav2vec2's
+/// 512-channel stride-2 layers ran 0.64-0.93x as fast filling their own
+/// even at 256 rows a tile (`calibrate_speech`).
 const SHARED_FILL_MACS: usize = 128;
 /// Fewest threads a pool has for tiles to fill their own windows (see
 /// [`SHARED_FILL_MACS`]).
