@@ -645,6 +645,28 @@ const _: () = assert!(CHAINS == 4, "the reduction below adds four chains");
 /// How far ahead of the multiply-adds the weights are prefetched, in floats.
 const AHEAD: usize = 2048;
 
+/// The lanes of `v` added as a tree (halves, then quarters, ...), the
+/// order every dot product here sums its lanes in.
+///
+/// # Safety
+/// `S`'s features are present.
+#[inline(always)]
+unsafe fn lane_tree_sum<S: Simd>(v: S::V) -> f32 {
+    let mut lanes = [0.0f32; 16];
+    assert!(S::LANES <= lanes.len());
+    // SAFETY: features by our contract; the buffer holds 16 >= LANES
+    // values (asserted).
+    unsafe { S::store(lanes.as_mut_ptr(), v) };
+    let mut width = S::LANES;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            lanes[i] += lanes[i + width];
+        }
+    }
+    lanes[0]
+}
+
 /// `out[t] = Σ_j filter[j] · cols[t · len + j]`, `len = filter.len()`, for
 /// `t < T`: [`CHAINS`] vectors of the filter at a time into as many
 /// accumulators per output, each filter load shared by the `T` outputs,
@@ -669,7 +691,7 @@ unsafe fn dots_generic<S: Simd, const T: usize>(
     // SAFETY: features by our contract; every load reads LANES values at
     // j + c · LANES < whole <= len (the steps), or at j with j + LANES <=
     // len (the vectors after them), of `filter` and of column t (inside
-    // `cols`, asserted); the lane buffer holds 16 >= LANES values.
+    // `cols`, asserted); the lanes are summed by `lane_tree_sum`.
     let whole = unsafe {
         let mut acc = [[S::splat(0.0); CHAINS]; T];
         let mut j = 0;
@@ -702,19 +724,10 @@ unsafe fn dots_generic<S: Simd, const T: usize>(
         // more than the multiply-adds of filters up to a few hundred
         // taps (SileroVAD's 1 -> 258, K = 256 layer: 28 -> 6 µs).
         let one = S::splat(1.0);
-        let mut lanes = [0.0f32; 16];
         for (sum, acc) in sums.iter_mut().zip(&acc) {
             let low = S::mul_add(acc[0], one, acc[1]);
             let high = S::mul_add(acc[2], one, acc[3]);
-            S::store(lanes.as_mut_ptr(), S::mul_add(low, one, high));
-            let mut width = S::LANES;
-            while width > 1 {
-                width /= 2;
-                for i in 0..width {
-                    lanes[i] += lanes[i + width];
-                }
-            }
-            *sum = lanes[0];
+            *sum = lane_tree_sum::<S>(S::mul_add(low, one, high));
         }
         whole
     };
@@ -753,7 +766,7 @@ unsafe fn rows_generic<S: Simd, const M: usize>(filters: &[f32], col: &[f32], ou
     let mut sums = [0.0f32; M];
     // SAFETY: features by our contract; every load reads LANES values at
     // j with j + LANES <= whole <= len, of `col` and of filter r (inside
-    // `filters`, asserted); the lane buffer holds 16 >= LANES values.
+    // `filters`, asserted); the lanes are summed by `lane_tree_sum`.
     unsafe {
         let mut acc = [S::splat(0.0); M];
         for j in (0..whole).step_by(S::LANES) {
@@ -762,17 +775,8 @@ unsafe fn rows_generic<S: Simd, const M: usize>(filters: &[f32], col: &[f32], ou
                 *acc = S::mul_add(*acc, S::load(filters.as_ptr().add(r * len + j)), xv);
             }
         }
-        let mut lanes = [0.0f32; 16];
         for (sum, &acc) in sums.iter_mut().zip(&acc) {
-            S::store(lanes.as_mut_ptr(), acc);
-            let mut width = S::LANES;
-            while width > 1 {
-                width /= 2;
-                for i in 0..width {
-                    lanes[i] += lanes[i + width];
-                }
-            }
-            *sum = lanes[0];
+            *sum = lane_tree_sum::<S>(acc);
         }
     }
     for (r, (sum, out)) in sums.iter().zip(out).enumerate() {
