@@ -1043,11 +1043,19 @@ pub const LINE_CHUNK: usize = 1024;
 // Fewest elements per task of [`materialise`] and [`drain`].
 use crate::par::MIN_TASK_ELEMS;
 
+/// Lines of [`LINE_CHUNK`] elements [`materialise`] holds for the time
+/// steps of short rows before it writes the rows from them: as many steps
+/// of a whole chunk of rows as the rows of a decode step's state (`K - 1`
+/// for K up to 5) have. Fewer rows a chunk would cost a program walk per
+/// step and chunk more: 10% of a conv step of 4096 channels (K = 4).
+const SHORT_COLS: usize = 4;
+
 /// f32 elements of per-thread scratch [`materialise`] or [`drain`] needs
 /// for a source or sink needing `temporaries` line-sized temporaries (and
-/// a column buffer, for short rows, or a tile, for transposed ones).
+/// the time steps of short rows, or a tile, for transposed ones).
 pub fn line_scratch(temporaries: usize) -> usize {
-    ((temporaries + 1) * LINE_CHUNK).max(ROW_BLOCK * ACROSS_TILE + col_tmp(temporaries, ROW_BLOCK))
+    ((temporaries + SHORT_COLS) * LINE_CHUNK)
+        .max(ROW_BLOCK * ACROSS_TILE + col_tmp(temporaries, ROW_BLOCK))
 }
 
 /// Stores `source`'s rows (`row_len` elements each) into `out`, in
@@ -1078,24 +1086,29 @@ pub fn materialise(
         && short_rows(run.min(LINE_CHUNK), row_len)
         && (out.len() / row_len).is_multiple_of(run)
     {
-        // Lines across the rows (one program walk per LINE_CHUNK rows and
-        // time step, not per row), scattered into the short rows.
+        // Lines across the rows (one program walk per time step and up to
+        // LINE_CHUNK rows, not per row): every time step's line first,
+        // then the rows written whole from them.
         let isa = source.isa();
+        let chunk = LINE_CHUNK.min(SHORT_COLS * LINE_CHUNK / row_len);
         let item = |(i, out): (usize, &mut [f32])| {
             scratch.with_slot(|slot| {
-                let (col, tmp) = slot.split_at_mut(LINE_CHUNK);
-                for c0 in (0..run).step_by(LINE_CHUNK) {
-                    let n = LINE_CHUNK.min(run - c0);
-                    for t in 0..row_len {
-                        source.fill_col(i * run + c0, t, &mut col[..n], tmp);
-                        let rows = &mut out[c0 * row_len..];
-                        match row_len {
-                            2 => strided::scatter::<2>(isa, rows, t, &col[..n]),
-                            3 => strided::scatter::<3>(isa, rows, t, &col[..n]),
-                            4 => strided::scatter::<4>(isa, rows, t, &col[..n]),
-                            _ => {
-                                for (row, &v) in rows.chunks_exact_mut(row_len).zip(&col[..n]) {
-                                    row[t] = v;
+                let (cols, tmp) = slot.split_at_mut(SHORT_COLS * LINE_CHUNK);
+                for c0 in (0..run).step_by(chunk) {
+                    let n = chunk.min(run - c0);
+                    let cols = &mut cols[..n * row_len];
+                    for (t, col) in cols.chunks_exact_mut(n).enumerate() {
+                        source.fill_col(i * run + c0, t, col, tmp);
+                    }
+                    let rows = &mut out[c0 * row_len..][..n * row_len];
+                    match row_len {
+                        2 => strided::interleave::<2>(isa, cols, rows),
+                        3 => strided::interleave::<3>(isa, cols, rows),
+                        4 => strided::interleave::<4>(isa, cols, rows),
+                        _ => {
+                            for (r, row) in rows.chunks_exact_mut(row_len).enumerate() {
+                                for (t, v) in row.iter_mut().enumerate() {
+                                    *v = cols[t * n + r];
                                 }
                             }
                         }

@@ -1,18 +1,22 @@
 //! Columns of short rows: `out[i] = line[i * S]` (a gather) and
-//! `rows[i * S + t] = col[i]` (a scatter) for strides `S` of 2 to 4.
+//! `rows[i * S + t] = cols[t][i]` (an interleave of `S` columns) for
+//! strides `S` of 2 to 4.
 //!
 //! A decode step reads and writes its conv state, `[B, C, K - 1]`, a time
 //! step (a column across the channels) at a time: one element in every
 //! `K - 1`. Element by element those moves were most of a step's time
-//! (a third of a 4096-channel conv step); deinterleaving whole vectors does
-//! them at the speed of the loads: AVX-512 permutes of `S` loaded vectors
-//! into one, NEON's structure loads and stores (`vld2q` .. `vld4q`,
-//! `vst2q` .. `vst4q`), and for gathers AVX2 permutes (`vpermps`) of each
-//! of `S` loaded vectors blended into one. AVX2 scatters (and older
-//! x86-64) stay plain loops: LLVM turns a load, blend and store of a row
-//! vector into a masked store (`vmaskmovps`), which Zen 3 runs so slowly
-//! that a 1024-channel conv step spent half its time in it (and
-//! `tests/test_release_machine_code.py` refuses them).
+//! (a third of a 4096-channel conv step); whole vectors do them at the
+//! speed of the loads. Gathers: AVX-512 permutes of `S` loaded vectors
+//! into one, AVX2 permutes (`vpermps`) of each of `S` loaded vectors
+//! blended into one, NEON's structure loads (`vld2q` .. `vld4q`).
+//! Interleaves write the rows from all `S` columns at once, so they only
+//! store: the same permutes and blends the other way, NEON's structure
+//! stores (`vst2q` .. `vst4q`). A column scattered into the rows on its
+//! own is a read-modify-write of every row vector, which LLVM compiles
+//! into masked stores on AVX2 (`vmaskmovps`, so slow on Zen 3 that a
+//! 1024-channel conv step spent half its time in it;
+//! `tests/test_release_machine_code.py` refuses them), and element by
+//! element it was a quarter of an LFM2 decode step's time there.
 //! Each move takes the instruction set its caller's program was compiled
 //! for ([`Isa`]) and matches it: no move asks the CPU.
 
@@ -60,19 +64,27 @@ pub(crate) fn gather_by(isa: Isa, stride: usize, line: &[f32], out: &mut [f32]) 
     }
 }
 
-/// `rows[i * S + t] = col[i]` for every `i < col.len()`, with the vectors
-/// of `isa`; `rows` holds at least `S * col.len()` elements and `t < S`.
+/// `rows[i * S + t] = cols[t * n + i]` for every `t < S` and `i < n`,
+/// where `n = cols.len() / S`: `S` columns of `n` elements, one after
+/// another in `cols`, stored as `n` rows of `S` (a decode step's state
+/// rows from their time steps), whole vectors of `rows` at a time with the
+/// vectors of `isa`. Nothing of `rows` is read, so no store depends on a
+/// load (a column at a time, each store was a read-modify-write of the
+/// rows' vectors, or a scalar store).
 ///
 /// # Panics
-/// If `rows` is shorter than that or `t >= S`.
-pub(crate) fn scatter<const S: usize>(isa: Isa, rows: &mut [f32], t: usize, col: &[f32]) {
+/// If `cols.len()` is not a multiple of `S` or `rows` is shorter than it.
+pub(crate) fn interleave<const S: usize>(isa: Isa, cols: &[f32], rows: &mut [f32]) {
     assert!(
-        t < S && rows.len() >= S * col.len(),
-        "scatter past the rows"
+        cols.len().is_multiple_of(S) && rows.len() >= cols.len(),
+        "interleave past the rows"
     );
-    let done = simd_scatter::<S>(isa, rows, t, col);
-    for (i, &v) in col.iter().enumerate().skip(done) {
-        rows[i * S + t] = v;
+    let n = cols.len() / S;
+    let done = simd_interleave::<S>(isa, cols, rows);
+    for i in done..n {
+        for t in 0..S {
+            rows[i * S + t] = cols[t * n + i];
+        }
     }
 }
 
@@ -218,19 +230,23 @@ fn simd_gather<const S: usize>(isa: Isa, line: &[f32], out: &mut [f32]) -> usize
     }
 }
 
-/// The vector part of [`scatter`] on `isa`: how many leading inputs it
+/// The vector part of [`interleave`] on `isa`: how many leading rows it
 /// stored.
 #[inline]
-fn simd_scatter<const S: usize>(isa: Isa, rows: &mut [f32], t: usize, col: &[f32]) -> usize {
+fn simd_interleave<const S: usize>(isa: Isa, cols: &[f32], rows: &mut [f32]) -> usize {
     match isa.backend() {
         // SAFETY: AVX-512 F is present (an `Isa` names only backends this
-        // CPU has); `scatter` checked the lengths.
+        // CPU has); `interleave` checked the lengths.
         #[cfg(target_arch = "x86_64")]
-        Backend::Avx512 => unsafe { x86::scatter::<S>(rows, t, col) },
-        // SAFETY: NEON is present (as above); `scatter` checked the
+        Backend::Avx512 => unsafe { x86::interleave::<S>(cols, rows) },
+        // SAFETY: AVX2 is present (as above); `interleave` checked the
+        // lengths.
+        #[cfg(target_arch = "x86_64")]
+        Backend::Avx2 => unsafe { x86::interleave_avx2::<S>(cols, rows) },
+        // SAFETY: NEON is present (as above); `interleave` checked the
         // lengths.
         #[cfg(target_arch = "aarch64")]
-        Backend::Neon => unsafe { neon::scatter::<S>(rows, t, col) },
+        Backend::Neon => unsafe { neon::interleave::<S>(cols, rows) },
         _ => 0,
     }
 }
@@ -351,43 +367,55 @@ mod x86 {
         16 * blocks
     }
 
+    /// [`interleave`] on AVX-512: per block of 16 rows, each of the `S`
+    /// output vectors is two-source permutes (`vpermt2ps`) of the first two
+    /// columns' vectors and of the third and fourth, blended: the mirror of
+    /// [`gather`].
+    ///
     /// # Safety
-    /// AVX-512 F is present, `t < S` and `rows` holds `S * col.len()`
-    /// elements or more.
+    /// AVX-512 F is present, `cols.len()` is a multiple of `S` and `rows`
+    /// holds at least `cols.len()` elements.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn scatter<const S: usize>(rows: &mut [f32], t: usize, col: &[f32]) -> usize {
-        // Vector `j` of a block's `S` holds row elements `16 j ..`: those
-        // at position `t` of their row take the block's `col` lane `q / S`.
-        let mut idx = [[0i32; 16]; 4];
-        let mut mask = [0u16; 4];
-        for (j, (idx, mask)) in idx.iter_mut().zip(&mut mask).enumerate().take(S) {
+    pub(super) unsafe fn interleave<const S: usize>(cols: &[f32], rows: &mut [f32]) -> usize {
+        // Output vector j's lane e is row element q = 16 j + e: lane q / S
+        // of column t = q % S, which is lane (t % 2) 16 + q / S of the pair
+        // of columns t belongs to; `high` marks the lanes of the second
+        // pair.
+        let (mut idx, mut high) = ([[0i32; 16]; 4], [0u16; 4]);
+        for (j, (idx, high)) in idx.iter_mut().zip(&mut high).enumerate().take(S) {
             for (e, v) in idx.iter_mut().enumerate() {
                 let q = 16 * j + e;
-                if q % S == t {
-                    *v = (q / S) as i32;
-                    *mask |= 1 << e;
+                *v = ((q % S % 2) * 16 + q / S) as i32;
+                if q % S >= 2 {
+                    *high |= 1 << e;
                 }
             }
         }
         // SAFETY: plain loads of 16 i32 from arrays of 16.
         let idx: [__m512i; 4] =
             std::array::from_fn(|j| unsafe { _mm512_loadu_si512(idx[j].as_ptr().cast()) });
-        let blocks = col.len() / 16;
-        let (src, dst) = (col.as_ptr(), rows.as_mut_ptr());
-        for b in 0..blocks {
-            // SAFETY: block `b` reads `col[16 b .. 16 (b + 1)]` and
-            // rewrites `rows[16 S b .. 16 S (b + 1)]`, in bounds since
-            // `rows` holds `S * col.len()`; unaligned loads and stores.
+        let n = cols.len() / S;
+        let (src, dst) = (cols.as_ptr(), rows.as_mut_ptr());
+        for b in 0..n / 16 {
+            // SAFETY: block `b` reads `cols[t n + 16 b ..][..16]` for every
+            // `t < S` (`16 (b + 1) <= n`) and writes `rows[16 S b ..][..16
+            // S]`, inside the `S n` elements `rows` holds; unaligned loads
+            // and stores.
             unsafe {
-                let c = _mm512_loadu_ps(src.add(16 * b));
+                let c = |t: usize| _mm512_loadu_ps(src.add(t.min(S - 1) * n + 16 * b));
+                let (c0, c1) = (c(0), c(1));
+                let (c2, c3) = if S > 2 { (c(2), c(3)) } else { (c0, c1) };
                 for j in 0..S {
-                    let p = dst.add(16 * (S * b + j));
-                    let v = _mm512_mask_permutexvar_ps(_mm512_loadu_ps(p), mask[j], idx[j], c);
-                    _mm512_storeu_ps(p, v);
+                    let mut v = _mm512_permutex2var_ps(c0, idx[j], c1);
+                    if S > 2 {
+                        let h = _mm512_permutex2var_ps(c2, idx[j], c3);
+                        v = _mm512_mask_blend_ps(high[j], v, h);
+                    }
+                    _mm512_storeu_ps(dst.add(16 * (S * b + j)), v);
                 }
             }
         }
-        16 * blocks
+        16 * (n / 16)
     }
 
     /// [`gather`] on AVX2: per block of 8 outputs, the `S` vectors of its
@@ -433,6 +461,58 @@ mod x86 {
             }
         }
         8 * blocks
+    }
+    /// [`interleave`] on AVX2: per block of 8 rows, each of the `S`
+    /// output vectors is the `S` columns' vectors permuted (`vpermps`) and
+    /// blended into place.
+    ///
+    /// # Safety
+    /// The AVX2 row's features are present, `cols.len()` is a multiple of
+    /// `S` and `rows` holds at least `cols.len()` elements.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn interleave_avx2<const S: usize>(cols: &[f32], rows: &mut [f32]) -> usize {
+        // Output vector j's lane e is row element q = 8 j + e: lane q / S
+        // of column q % S.
+        let (mut idx, mut mask) = ([[0i32; 8]; 4], [[[0i32; 8]; 4]; 4]);
+        for j in 0..S {
+            for e in 0..8 {
+                let q = 8 * j + e;
+                idx[j][e] = (q / S) as i32;
+                mask[j][q % S][e] = -1;
+            }
+        }
+        // SAFETY: plain loads of 8 i32 from arrays of 8.
+        let (idx, mask): ([__m256i; 4], [[__m256; 4]; 4]) = unsafe {
+            (
+                std::array::from_fn(|j| _mm256_loadu_si256(idx[j].as_ptr().cast())),
+                std::array::from_fn(|j| {
+                    std::array::from_fn(|t| {
+                        _mm256_castsi256_ps(_mm256_loadu_si256(mask[j][t].as_ptr().cast()))
+                    })
+                }),
+            )
+        };
+        let n = cols.len() / S;
+        let (src, dst) = (cols.as_ptr(), rows.as_mut_ptr());
+        for b in 0..n / 8 {
+            // SAFETY: block `b` reads `cols[t n + 8 b ..][..8]` for every
+            // `t < S` (`8 (b + 1) <= n`) and writes `rows[8 S b ..][..8 S]`,
+            // inside the `S n` elements `rows` holds; unaligned loads and
+            // stores.
+            unsafe {
+                let c: [__m256; 4] =
+                    std::array::from_fn(|t| _mm256_loadu_ps(src.add((t % S) * n + 8 * b)));
+                for j in 0..S {
+                    let mut v = _mm256_permutevar8x32_ps(c[0], idx[j]);
+                    for t in 1..S {
+                        let w = _mm256_permutevar8x32_ps(c[t], idx[j]);
+                        v = _mm256_blendv_ps(v, w, mask[j][t]);
+                    }
+                    _mm256_storeu_ps(dst.add(8 * (S * b + j)), v);
+                }
+            }
+        }
+        8 * (n / 8)
     }
 }
 
@@ -496,51 +576,27 @@ mod neon {
     }
 
     /// # Safety
-    /// NEON is present, `t < S` and `rows` holds `S * col.len()` elements
-    /// or more.
+    /// NEON is present, `cols.len()` is a multiple of `S` and `rows` holds
+    /// at least `cols.len()` elements.
     #[target_feature(enable = "neon")]
-    pub(super) unsafe fn scatter<const S: usize>(rows: &mut [f32], t: usize, col: &[f32]) -> usize {
-        let blocks = col.len() / 4;
-        let (src, dst) = (col.as_ptr(), rows.as_mut_ptr());
-        for b in 0..blocks {
-            // SAFETY: block `b` reads `col[4 b .. 4 (b + 1)]` and rewrites
-            // `rows[4 S b .. 4 S (b + 1)]`, in bounds since `rows` holds
-            // `S * col.len()`.
+    pub(super) unsafe fn interleave<const S: usize>(cols: &[f32], rows: &mut [f32]) -> usize {
+        let n = cols.len() / S;
+        let (src, dst) = (cols.as_ptr(), rows.as_mut_ptr());
+        for b in 0..n / 4 {
+            // SAFETY: block `b` reads `cols[t n + 4 b ..][..4]` for every
+            // `t < S` (`4 (b + 1) <= n`) and writes `rows[4 S b ..][..4 S]`,
+            // inside the `S n` elements `rows` holds.
             unsafe {
-                let c = vld1q_f32(src.add(4 * b));
+                let c = |t: usize| vld1q_f32(src.add(t * n + 4 * b));
                 let p = dst.add(4 * S * b);
                 match S {
-                    2 => {
-                        let mut r = vld2q_f32(p);
-                        match t {
-                            0 => r.0 = c,
-                            _ => r.1 = c,
-                        }
-                        vst2q_f32(p, r);
-                    }
-                    3 => {
-                        let mut r = vld3q_f32(p);
-                        match t {
-                            0 => r.0 = c,
-                            1 => r.1 = c,
-                            _ => r.2 = c,
-                        }
-                        vst3q_f32(p, r);
-                    }
-                    _ => {
-                        let mut r = vld4q_f32(p);
-                        match t {
-                            0 => r.0 = c,
-                            1 => r.1 = c,
-                            2 => r.2 = c,
-                            _ => r.3 = c,
-                        }
-                        vst4q_f32(p, r);
-                    }
+                    2 => vst2q_f32(p, float32x4x2_t(c(0), c(1))),
+                    3 => vst3q_f32(p, float32x4x3_t(c(0), c(1), c(2))),
+                    _ => vst4q_f32(p, float32x4x4_t(c(0), c(1), c(2), c(3))),
                 }
             }
         }
-        4 * blocks
+        4 * (n / 4)
     }
 }
 
@@ -605,27 +661,27 @@ mod tests {
                 let want: Vec<f32> = (0..n).map(|i| (i * S) as f32).collect();
                 assert_eq!(out, want, "gather S={S} n={n}");
             }
-            for t in 0..S {
-                let mut rows = vec![-1.0f32; S * n + 1];
-                let col: Vec<f32> = (0..n).map(|i| i as f32).collect();
-                scatter::<S>(isa, &mut rows, t, &col);
-                for (q, &v) in rows.iter().enumerate() {
-                    let want = if q < S * n && q % S == t {
-                        (q / S) as f32
-                    } else {
-                        -1.0
-                    };
-                    assert_eq!(v, want, "scatter S={S} t={t} n={n} element {q}");
-                }
+            // Rows one element longer than the columns fill: it must stay.
+            let cols: Vec<f32> = (0..S * n).map(|k| k as f32).collect();
+            let mut rows = vec![-1.0f32; S * n + 1];
+            interleave::<S>(isa, &cols, &mut rows);
+            for (q, &v) in rows.iter().enumerate() {
+                let want = if q < S * n {
+                    ((q % S) * n + q / S) as f32
+                } else {
+                    -1.0
+                };
+                assert_eq!(v, want, "interleave S={S} n={n} element {q}");
             }
         }
     }
 
-    /// Every stride, length (whole vectors, tails, lines exactly as long as
-    /// needed) and column, against the definition; the vector paths run on
-    /// every instruction set this CPU has (AVX-512 here, NEON under QEMU).
+    /// Every stride and length (whole vectors, tails, lines exactly as
+    /// long as needed), against the definition; the vector paths run on
+    /// every instruction set this CPU has (AVX2 and AVX-512 on x86-64, NEON
+    /// under QEMU).
     #[test]
-    fn gathers_and_scatters_move_exactly_their_elements() {
+    fn gathers_and_interleaves_move_exactly_their_elements() {
         for isa in Isa::all_available() {
             check_stride::<2>(isa);
             check_stride::<3>(isa);
@@ -640,8 +696,14 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "scatter past the rows")]
+    #[should_panic(expected = "interleave past the rows")]
     fn short_rows_are_refused_before_any_store() {
-        scatter::<3>(Isa::detect(), &mut [0.0; 47], 0, &[0.0; 16]);
+        interleave::<3>(Isa::detect(), &[0.0; 48], &mut [0.0; 47]);
+    }
+
+    #[test]
+    #[should_panic(expected = "interleave past the rows")]
+    fn columns_of_unequal_lengths_are_refused() {
+        interleave::<3>(Isa::detect(), &[0.0; 47], &mut [0.0; 48]);
     }
 }
