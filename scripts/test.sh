@@ -24,7 +24,10 @@ cargo clippy --release --workspace --all-targets --quiet -- -D warnings
 build_all
 
 log "Rust tests (with fuzz/: every corpus file replayed through its fuzz target)"
-cargo test --release --workspace --quiet
+# On a rayon pool of 6 threads, wider than CI's 2 cores: tasks then run on thread indices a
+# 2-thread pool never uses, so a test whose scratch is sized for fewer threads than its pool
+# fails here, as four did on a 16-core machine only.
+RAYON_NUM_THREADS=6 cargo test --release --workspace --quiet
 
 if [ "${RUSTCONV_SKIP_AARCH64:-0}" = 1 ]; then
     log "aarch64 kernel tests SKIPPED (RUSTCONV_SKIP_AARCH64=1)"

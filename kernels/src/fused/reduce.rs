@@ -722,7 +722,7 @@ mod tests {
             ("sum", sum, [2]),
         ] {
             let p = p.compile();
-            let scratch = Scratch::new(1, reduce_scratch(p.temporaries()));
+            let scratch = Scratch::new(crate::par::threads(), reduce_scratch(p.temporaries()));
             let shape = env.shape(p.nodes()[p.root()].value);
             let n = shape.numel() / shape[dims[0]];
             let mut counting = CountingEnv::new(
@@ -999,7 +999,7 @@ mod tests {
         let mut env = TestEnv::default();
         let x = env.stored(&[2, 8], vec![1.0; 16]);
         let p = permuted(&mut env, x, &[0, 1]);
-        let scratch = Scratch::new(1, reduce_scratch(0));
+        let scratch = Scratch::new(crate::par::threads(), reduce_scratch(0));
         let mut out = vec![0.0; 3];
         let mut stats = [Statistic {
             op: ReduceOp::Mean,
@@ -1024,7 +1024,7 @@ mod tests {
             op: ReduceOp::Mean,
             out: &mut out,
         }];
-        let small = Scratch::new(1, 8);
+        let small = Scratch::new(crate::par::threads(), 8);
         assert!(matches!(
             reduce(&p.clone().compile(), &env, &mask(&[1]), &mut stats, &small),
             Err(KernelError::BufferLen {

@@ -330,7 +330,7 @@ fn fused_depthwise_matches_the_plain_kernel() {
         let prepared =
             PreparedConv1d::new(&p, &w, Choice::Force(Algorithm::DepthwiseSimd)).unwrap();
         let mut yref = vec![0.0; batch * ch * out_len];
-        let scratch0 = Scratch::new(3, prepared.scratch_per_thread());
+        let scratch0 = Scratch::new(crate::par::threads(), prepared.scratch_per_thread());
         pool.install(|| prepared.run(&p, &xm, Some(&w), Some(&bias), &mut yref, &scratch0))
             .unwrap();
         let mut want = vec![0.0; batch * out_len * ch];
@@ -368,7 +368,7 @@ fn fused_depthwise_matches_the_plain_kernel() {
         assert_eq!(source.prefers_columns(), transposed_in);
         assert_eq!(sink.prefers_columns(), transposed_out);
         let (xt_, yt_) = (source.temporaries(), sink.temporaries());
-        let scratch = Scratch::new(3, prepared.rows_scratch_per_thread(xt_, yt_));
+        let scratch = Scratch::new(crate::par::threads(), prepared.rows_scratch_per_thread(xt_, yt_));
         pool.install(|| {
             prepared.run_rows(
                 &p,
@@ -520,7 +520,7 @@ fn check_fused_scan(b: usize, c: usize, n: usize) {
         .into_iter()
         .max()
         .unwrap();
-    let scratch = Scratch::new(2, scan_rows_scratch(temps));
+    let scratch = Scratch::new(crate::par::threads(), scan_rows_scratch(temps));
     pool.install(|| {
         linear_scan_rows(
             &p,
@@ -599,7 +599,7 @@ fn check_fused_scan(b: usize, c: usize, n: usize) {
         .temporaries()
         .max(sink.temporaries())
         .max(sx0.temporaries());
-    let scratch = Scratch::new(2, scan_rows_scratch(temps));
+    let scratch = Scratch::new(crate::par::threads(), scan_rows_scratch(temps));
     pool.install(|| {
         linear_scan_rows_pair(
             &p,
@@ -618,7 +618,7 @@ fn check_fused_scan(b: usize, c: usize, n: usize) {
     }
     // Scratch without room for the joint program's shared slot: a typed
     // error, not an out-of-bounds slice.
-    let small = Scratch::new(2, scan_rows_scratch(pj.temporaries() - 1));
+    let small = Scratch::new(crate::par::threads(), scan_rows_scratch(pj.temporaries() - 1));
     let mut plain = vec![0.0; want.len()];
     let r = pool.install(|| {
         linear_scan_rows_pair(
@@ -633,7 +633,7 @@ fn check_fused_scan(b: usize, c: usize, n: usize) {
 
     // Stored operands and a stored output through the same entry point.
     let mut y2 = vec![0.0; want.len()];
-    let scratch = Scratch::new(2, scan_rows_scratch(0));
+    let scratch = Scratch::new(crate::par::threads(), scan_rows_scratch(0));
     pool.install(|| {
         linear_scan_rows(
             &p,
@@ -1060,7 +1060,7 @@ fn fft_conv_runs_prologues_and_epilogues_in_its_block_loops() {
             y,
         );
         let mut yref = vec![0.0; batch * ch * n];
-        let scratch0 = Scratch::new(2, prepared.scratch_per_thread());
+        let scratch0 = Scratch::new(crate::par::threads(), prepared.scratch_per_thread());
         pool.install(|| prepared.run(&p, &x, Some(&w), Some(&bias), &mut yref, &scratch0))
             .unwrap();
         let mut want = yref.clone();
@@ -1089,7 +1089,7 @@ fn fft_conv_runs_prologues_and_epilogues_in_its_block_loops() {
             } else {
                 RowsOut::Slice(&mut stored)
             };
-            let scratch = Scratch::new(2, prepared.rows_scratch_per_thread(xt, yt));
+            let scratch = Scratch::new(crate::par::threads(), prepared.rows_scratch_per_thread(xt, yt));
             let r = pool.install(|| {
                 prepared.run_rows(&p, x_in, Some(&w), Some(&bias), y_out, xt, yt, &scratch)
             });
@@ -1142,7 +1142,7 @@ fn columns_of_short_rows_read_and_materialise_every_element() {
                 }
             }
             let mut out = vec![f32::NAN; c * s];
-            let scratch = Scratch::new(1, line_scratch(p.temporaries()));
+            let scratch = Scratch::new(crate::par::threads(), line_scratch(p.temporaries()));
             let p = p.compile();
             materialise(&ProgramRows::new(&p, &env), &mut out, s, &scratch);
             assert_eq!(out, env.data[x], "materialise s={s} c={c}");

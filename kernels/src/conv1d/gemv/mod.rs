@@ -924,7 +924,7 @@ mod tests {
             for a in [Algorithm::Direct, Algorithm::Gemm, Algorithm::FftGemm] {
                 let conv = PreparedConv1d::new(&max, &w, Choice::Force(a)).unwrap();
                 let scratch =
-                    Scratch::sized(2, conv.rows_scratch_per_thread(0, 0), conv.shared_scratch());
+                    Scratch::sized(crate::par::threads(), conv.rows_scratch_per_thread(0, 0), conv.shared_scratch());
                 let mut y = vec![f32::NAN; p.output_elems().unwrap()];
                 conv.run(&p, &x, Some(&w), Some(&bias), &mut y, &scratch)
                     .unwrap();
@@ -959,7 +959,7 @@ mod tests {
             let x = rng.vec(p.input_elems(), -1.0, 1.0);
             let conv = PreparedConv1d::new(&max, &w, Choice::Force(Algorithm::Gemm)).unwrap();
             let scratch =
-                Scratch::sized(3, conv.rows_scratch_per_thread(0, 0), conv.shared_scratch());
+                Scratch::sized(crate::par::threads(), conv.rows_scratch_per_thread(0, 0), conv.shared_scratch());
             let mut y = vec![f32::NAN; p.output_elems().unwrap()];
             conv.run(&p, &x, Some(&w), Some(&bias), &mut y, &scratch)
                 .unwrap();
@@ -972,7 +972,7 @@ mod tests {
             // the same bits, stored or through the epilogue.
             let source = Stored { x: &x, in_len };
             let per_thread = conv.rows_scratch_per_thread(source.temporaries(), 0);
-            let scratch = Scratch::sized(3, per_thread, conv.shared_scratch());
+            let scratch = Scratch::sized(crate::par::threads(), per_thread, conv.shared_scratch());
             let mut got = vec![f32::NAN; y.len()];
             let (x_in, out) = (RowsIn::Fused(&source), RowsOut::Slice(&mut got));
             conv.run_rows(&p, x_in, Some(&w), Some(&bias), out, 0, 0, &scratch)

@@ -534,7 +534,7 @@ mod tests {
                     }
                     let x = rng.vec(p.input_elems(), -1.0, 1.0);
                     let scratch = crate::Scratch::sized(
-                        3,
+                        crate::par::threads(),
                         conv.rows_scratch_per_thread(0, 0),
                         conv.shared_scratch(),
                     );
@@ -577,7 +577,7 @@ mod tests {
                         let source = Copied::new(&x, p.in_len, across);
                         let mut from_source = vec![f32::NAN; pg.output_elems];
                         let scratch = crate::Scratch::sized(
-                            3,
+                            crate::par::threads(),
                             conv.rows_scratch_per_thread(1, 0),
                             conv.shared_scratch(),
                         );
