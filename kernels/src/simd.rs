@@ -798,10 +798,13 @@ mod tests {
                         }
                     }
                     // The prologue's rows materialised: `K - 1` long rows
-                    // of a decode step's state are scattered by column.
+                    // of a decode step's state are written from their columns.
                     let source = ProgramRows::new(&pro, &env);
                     let mut out = vec![0.0; p.batch * p.in_channels * p.in_len];
-                    let scratch = Scratch::new(crate::par::threads(), crate::fused::line_scratch(source.temporaries()));
+                    let scratch = Scratch::new(
+                        crate::par::threads(),
+                        crate::fused::line_scratch(source.temporaries()),
+                    );
                     materialise(&source, &mut out, p.in_len, &scratch);
                 });
                 assert_eq!(detects_on_this_thread(), before, "{isa:?} {p:?}");

@@ -597,7 +597,8 @@ mod tests {
                     let per_thread = conv
                         .rows_scratch_per_thread(0, 0)
                         .max(conv.scratch_per_thread());
-                    let scratch = Scratch::sized(crate::par::threads(), per_thread, conv.shared_scratch());
+                    let scratch =
+                        Scratch::sized(crate::par::threads(), per_thread, conv.shared_scratch());
                     // A different filter each call: nothing may be kept from
                     // the one before (or from preparation, which saw none).
                     for call in 0..3 {

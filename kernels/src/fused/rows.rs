@@ -1043,11 +1043,12 @@ pub const LINE_CHUNK: usize = 1024;
 // Fewest elements per task of [`materialise`] and [`drain`].
 use crate::par::MIN_TASK_ELEMS;
 
-/// Lines of [`LINE_CHUNK`] elements [`materialise`] holds for the time
-/// steps of short rows before it writes the rows from them: as many steps
-/// of a whole chunk of rows as the rows of a decode step's state (`K - 1`
-/// for K up to 5) have. Fewer rows a chunk would cost a program walk per
-/// step and chunk more: 10% of a conv step of 4096 channels (K = 4).
+/// Time steps of [`LINE_CHUNK`] rows each that [`materialise`] holds
+/// before it writes short rows from them: every step of a decode step's
+/// state up to K = 5 (rows of `K - 1` <= 4), so such rows come in chunks
+/// of [`LINE_CHUNK`]. Chunks of `LINE_CHUNK / (K - 1)` rows cost a program
+/// walk per step and chunk more: 10% of a 4096-channel conv step (K = 4)
+/// on an AVX-512 Xeon.
 const SHORT_COLS: usize = 4;
 
 /// f32 elements of per-thread scratch [`materialise`] or [`drain`] needs
@@ -1100,19 +1101,7 @@ pub fn materialise(
                     for (t, col) in cols.chunks_exact_mut(n).enumerate() {
                         source.fill_col(i * run + c0, t, col, tmp);
                     }
-                    let rows = &mut out[c0 * row_len..][..n * row_len];
-                    match row_len {
-                        2 => strided::interleave::<2>(isa, cols, rows),
-                        3 => strided::interleave::<3>(isa, cols, rows),
-                        4 => strided::interleave::<4>(isa, cols, rows),
-                        _ => {
-                            for (r, row) in rows.chunks_exact_mut(row_len).enumerate() {
-                                for (t, v) in row.iter_mut().enumerate() {
-                                    *v = cols[t * n + r];
-                                }
-                            }
-                        }
-                    }
+                    strided::interleave_by(isa, row_len, cols, &mut out[c0 * row_len..]);
                 }
             })
         };

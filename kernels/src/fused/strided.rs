@@ -230,6 +230,34 @@ fn simd_gather<const S: usize>(isa: Isa, line: &[f32], out: &mut [f32]) -> usize
     }
 }
 
+/// `rows[i * stride + t] = cols[t * n + i]` (`n = cols.len() / stride`)
+/// for any stride of 1 or more: [`interleave`]'s vectors for the small
+/// ones (a decode step's state), a plain loop over the rows for the
+/// others.
+///
+/// # Panics
+/// If `stride` is 0, `cols.len()` is not a multiple of it or `rows` is
+/// shorter than `cols`.
+pub(crate) fn interleave_by(isa: Isa, stride: usize, cols: &[f32], rows: &mut [f32]) {
+    match stride {
+        2 => interleave::<2>(isa, cols, rows),
+        3 => interleave::<3>(isa, cols, rows),
+        4 => interleave::<4>(isa, cols, rows),
+        _ => {
+            assert!(
+                stride > 0 && cols.len().is_multiple_of(stride) && rows.len() >= cols.len(),
+                "interleave past the rows"
+            );
+            let n = cols.len() / stride;
+            for (i, row) in rows[..cols.len()].chunks_exact_mut(stride).enumerate() {
+                for (t, v) in row.iter_mut().enumerate() {
+                    *v = cols[t * n + i];
+                }
+            }
+        }
+    }
+}
+
 /// The vector part of [`interleave`] on `isa`: how many leading rows it
 /// stored.
 #[inline]
@@ -686,6 +714,29 @@ mod tests {
             check_stride::<2>(isa);
             check_stride::<3>(isa);
             check_stride::<4>(isa);
+        }
+    }
+
+    /// Every stride, the vector ones through [`interleave_by`] as well,
+    /// against the definition.
+    #[test]
+    fn interleave_by_moves_every_element_at_any_stride() {
+        for isa in Isa::all_available() {
+            for s in 1..=6 {
+                for n in [0, 1, 7, 8, 17, 100] {
+                    let cols: Vec<f32> = (0..s * n).map(|k| k as f32).collect();
+                    let mut rows = vec![-1.0f32; s * n + 1];
+                    interleave_by(isa, s, &cols, &mut rows);
+                    for (q, &v) in rows.iter().enumerate() {
+                        let want = if q < s * n {
+                            ((q % s) * n + q / s) as f32
+                        } else {
+                            -1.0
+                        };
+                        assert_eq!(v, want, "{isa:?} stride {s} n={n} element {q}");
+                    }
+                }
+            }
         }
     }
 

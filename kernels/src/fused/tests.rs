@@ -368,7 +368,10 @@ fn fused_depthwise_matches_the_plain_kernel() {
         assert_eq!(source.prefers_columns(), transposed_in);
         assert_eq!(sink.prefers_columns(), transposed_out);
         let (xt_, yt_) = (source.temporaries(), sink.temporaries());
-        let scratch = Scratch::new(crate::par::threads(), prepared.rows_scratch_per_thread(xt_, yt_));
+        let scratch = Scratch::new(
+            crate::par::threads(),
+            prepared.rows_scratch_per_thread(xt_, yt_),
+        );
         pool.install(|| {
             prepared.run_rows(
                 &p,
@@ -618,7 +621,10 @@ fn check_fused_scan(b: usize, c: usize, n: usize) {
     }
     // Scratch without room for the joint program's shared slot: a typed
     // error, not an out-of-bounds slice.
-    let small = Scratch::new(crate::par::threads(), scan_rows_scratch(pj.temporaries() - 1));
+    let small = Scratch::new(
+        crate::par::threads(),
+        scan_rows_scratch(pj.temporaries() - 1),
+    );
     let mut plain = vec![0.0; want.len()];
     let r = pool.install(|| {
         linear_scan_rows_pair(
@@ -1089,7 +1095,10 @@ fn fft_conv_runs_prologues_and_epilogues_in_its_block_loops() {
             } else {
                 RowsOut::Slice(&mut stored)
             };
-            let scratch = Scratch::new(crate::par::threads(), prepared.rows_scratch_per_thread(xt, yt));
+            let scratch = Scratch::new(
+                crate::par::threads(),
+                prepared.rows_scratch_per_thread(xt, yt),
+            );
             let r = pool.install(|| {
                 prepared.run_rows(&p, x_in, Some(&w), Some(&bias), y_out, xt, yt, &scratch)
             });

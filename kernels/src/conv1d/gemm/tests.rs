@@ -384,7 +384,11 @@ fn calibrate_blocks() {
         let mut line = format!("{cin:4}->{cout:<4} N={n:5} K={k:2}:");
         for block in blocks {
             let conv = GemmConv::with_block(&g, isa, block);
-            let scratch = Scratch::sized(crate::par::threads(), conv.scratch_per_thread(), conv.shared_scratch());
+            let scratch = Scratch::sized(
+                crate::par::threads(),
+                conv.scratch_per_thread(),
+                conv.shared_scratch(),
+            );
             let mut y = vec![0.0; g.output_elems];
             let s = time(1, reps, &mut || {
                 conv.run(&g, &x, &w, Some(&b), &mut y, &scratch)

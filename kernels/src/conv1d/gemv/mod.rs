@@ -923,8 +923,11 @@ mod tests {
             let mut outputs = Vec::new();
             for a in [Algorithm::Direct, Algorithm::Gemm, Algorithm::FftGemm] {
                 let conv = PreparedConv1d::new(&max, &w, Choice::Force(a)).unwrap();
-                let scratch =
-                    Scratch::sized(crate::par::threads(), conv.rows_scratch_per_thread(0, 0), conv.shared_scratch());
+                let scratch = Scratch::sized(
+                    crate::par::threads(),
+                    conv.rows_scratch_per_thread(0, 0),
+                    conv.shared_scratch(),
+                );
                 let mut y = vec![f32::NAN; p.output_elems().unwrap()];
                 conv.run(&p, &x, Some(&w), Some(&bias), &mut y, &scratch)
                     .unwrap();
@@ -958,8 +961,11 @@ mod tests {
             let p = Conv1dParams { in_len, ..max };
             let x = rng.vec(p.input_elems(), -1.0, 1.0);
             let conv = PreparedConv1d::new(&max, &w, Choice::Force(Algorithm::Gemm)).unwrap();
-            let scratch =
-                Scratch::sized(crate::par::threads(), conv.rows_scratch_per_thread(0, 0), conv.shared_scratch());
+            let scratch = Scratch::sized(
+                crate::par::threads(),
+                conv.rows_scratch_per_thread(0, 0),
+                conv.shared_scratch(),
+            );
             let mut y = vec![f32::NAN; p.output_elems().unwrap()];
             conv.run(&p, &x, Some(&w), Some(&bias), &mut y, &scratch)
                 .unwrap();
