@@ -27,7 +27,7 @@ pub trait RowSource: Sync {
     /// Line-sized temporaries `fill` needs.
     fn temporaries(&self) -> usize;
     /// The instruction set the source was prepared with, which the moves
-    /// of its values (columns scattered into short rows) take too.
+    /// of its values (short rows written from their columns) take too.
     fn isa(&self) -> Isa;
     /// Writes elements `t0 .. t0 + len` of rows `row0 .. row0 + rows` (rows
     /// of one batch item, consecutive channels) into `out`, row after row
