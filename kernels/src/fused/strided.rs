@@ -490,6 +490,7 @@ mod x86 {
         }
         8 * blocks
     }
+
     /// [`interleave`] on AVX2: per block of 8 rows, each of the `S`
     /// output vectors is the `S` columns' vectors permuted (`vpermps`) and
     /// blended into place.
