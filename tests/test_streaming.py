@@ -40,8 +40,8 @@ def _model(name):
     return STREAMING[name][0]().eval()
 
 
-def _program(model, flow="to_edge", partitioner=None):
-    example = model.make_inputs(seq=8)
+def _program(model, flow="to_edge", partitioner=None, dtype=torch.float32):
+    example = model.make_inputs(seq=8, dtype=dtype)
     dynamic = model.dynamic_shapes(blocks.seq_dim(64, min_len=1))
     ep = export(copy.deepcopy(model), example, dynamic_shapes=dynamic)
     partitioner = partitioner or RustConvPartitioner()
@@ -205,10 +205,39 @@ def test_state_memory_is_in_the_plan(tmp_path):
     program = _program(model)
     (call,) = delegate_calls(program.buffer)
     plan = plan_blob(call.blob, call.compile_specs)
-    # Three states [1, 8, 2] of f32, each on its own 64-byte line.
-    assert plan["state_bytes"] == 3 * 64
+    # Three states [1, 8, 2] of f32, each on its own 64-byte line, and as
+    # much again where their updates are written (the halves trade places
+    # after each call: no copy).
+    assert plan["state_bytes"] == 2 * 3 * 64
     states = [v for v in plan["values"] if v["role"] == "state"]
     assert [v["location"] for v in states] == ["state"] * 3
+    updates = [v for v in plan["values"] if v["location"] == "next state"]
+    assert len(updates) == 3, [v["location"] for v in plan["values"]]
+
+
+@pytest.mark.parametrize("name", ["lfm2_example_core", "conv_stack"])
+def test_float16_state_is_copied_rounded_and_streams_like_eager(name, tmp_path):
+    """A float16 state keeps the copy at the end of each call (rounded to
+    float16, as the model's copy_ would), where an f32 state trades halves
+    with its update: prefill and decode calls still match eager, and a
+    reset replays them."""
+    model = _model(name)
+    axis = STREAMING[name][1]
+    program = _program(copy.deepcopy(model).half(), dtype=torch.float16)
+    (call,) = delegate_calls(program.buffer)
+    plan = plan_blob(call.blob, call.compile_specs)
+    assert [v for v in plan["values"] if v["role"] == "state"], "no delegate-owned state"
+    assert not [v for v in plan["values"] if v["location"] == "next state"]
+    whole, calls = _pieces(model, axis)
+    want = _eager(model, [x.half().float() for x in whole])
+    method = Runtime.get().load_program(str(save(program, tmp_path))).load_method("forward")
+    calls = [[x.half() for x in call] for call in calls]
+    scale = max(1.0, want.abs().max().item())
+    got = _stream(method, calls, axis)
+    assert got.dtype == torch.float16
+    assert_close(got.float(), want, f"{name} fp16 stream", 2e-2 * scale)
+    rc_runtime.reset_state()
+    assert_close(_stream(method, calls, axis).float(), want, f"{name} fp16 reset", 2e-2 * scale)
 
 
 def test_lfm2_like_model_generates_like_eager(tmp_path):

@@ -52,9 +52,11 @@ pub struct ExecState {
     args: Vec<*mut u8>,
     /// Owns the memory that intermediates' entries of `data` point into.
     _arena: AlignedBuf,
-    /// The delegate-owned states, kept across calls (f32, laid out as
-    /// `Plan::state_init`), and the reset epoch they were last reset at.
-    states: AlignedBuf,
+    /// Owns the delegate-owned states, kept across calls (f32, two halves
+    /// laid out as `Plan::state_init`: a state's entry of `data` points into
+    /// one, a swapping state's update into the other), and the reset epoch
+    /// they were last reset at.
+    _states: AlignedBuf,
     state_epoch: u64,
     /// Per-thread kernel scratch (FFT buffers and the like), sized for the
     /// plan and the pool.
@@ -66,8 +68,11 @@ pub struct ExecState {
 // SAFETY: the raw pointers in `data` are only written and read inside one
 // `execute`, with the state locked, and point into buffers that outlive that
 // call (the arena owned here, the constants owned by the delegate, the call's
-// tensors); nothing keeps them across calls. During the kernels the state is
-// only read (the pool's threads see it through a shared reference).
+// tensors, the states' two halves); nothing keeps them across calls. During
+// the kernels the `ExecState` is only read (the pool's threads see it through
+// a shared reference): steps write through `data` into the values they own,
+// a swapping state's update half among them, and the halves trade places
+// only after the steps, through `&mut`.
 unsafe impl Send for ExecState {}
 unsafe impl Sync for ExecState {}
 
@@ -87,7 +92,9 @@ impl ExecState {
                 bytes: plan.arena_bytes,
             })?;
         let arena_base = arena.as_mut_ptr();
-        let mut states = AlignedBuf::zeroed(std::mem::size_of_val(plan.state_init.as_slice()));
+        // The states, and a second half where the swapping ones' updates go.
+        let state_bytes = std::mem::size_of_val(plan.state_init.as_slice());
+        let mut states = AlignedBuf::zeroed(plan.state_bytes());
         let states_base = states.as_mut_ptr();
         let mut shapes = vec![Shape::default(); plan.values.len()];
         let data: Vec<*mut u8> = plan
@@ -109,6 +116,9 @@ impl ExecState {
                     shapes[v] = bound_shape(plan, v);
                     states_base.wrapping_add(offset * std::mem::size_of::<f32>())
                 }
+                Location::NextState(offset) => {
+                    states_base.wrapping_add(state_bytes + offset * std::mem::size_of::<f32>())
+                }
                 // Never viewed: the step that names it does not read it.
                 Location::Released => {
                     shapes[v] = bound_shape(plan, v);
@@ -123,7 +133,7 @@ impl ExecState {
             args: vec![std::ptr::null_mut(); data.len()],
             data,
             _arena: arena,
-            states,
+            _states: states,
             state_epoch: crate::state::epoch(),
             scratch: Scratch::default(),
             events: KernelEvents::new(plan.steps.len()),
@@ -134,20 +144,14 @@ impl ExecState {
 
     /// Puts every delegate-owned state back to its initial value.
     pub fn reset_states(&mut self, plan: &Plan) {
-        let n = plan.state_init.len();
-        // SAFETY: `states` was allocated for `state_init.len()` f32s of this
-        // plan, is 64-byte aligned, and nothing else borrows it here.
-        let states =
-            unsafe { std::slice::from_raw_parts_mut(self.states.as_mut_ptr().cast::<f32>(), n) };
-        states.copy_from_slice(&plan.state_init);
-    }
-
-    /// The delegate-owned states' current contents (f32, laid out as
-    /// `Plan::state_init`), for tests and inspection.
-    pub fn states(&self, plan: &Plan) -> &[f32] {
-        // SAFETY: as in `reset_states`, read-only.
-        unsafe {
-            std::slice::from_raw_parts(self.states.as_ptr().cast::<f32>(), plan.state_init.len())
+        for slot in &plan.states {
+            // SAFETY: `data[value]` is the state's current range, `len`
+            // f32s inside `states` (one half or the other: swapping slots
+            // trade halves after a call), 64-byte aligned; nothing else
+            // borrows it here.
+            let state =
+                unsafe { std::slice::from_raw_parts_mut(self.data[slot.value].cast(), slot.len) };
+            state.copy_from_slice(&plan.state_init[slot.offset..][..slot.len]);
         }
     }
 }
@@ -240,7 +244,13 @@ impl Executable<'_> {
             workers.run(|| self.run_steps(state, clock, &mut spans))
         };
         state.events.spans = spans;
-        result?
+        result??;
+        // The updates written into the other half become the states; the
+        // states' half takes the next call's updates.
+        for slot in plan.states.iter().filter(|slot| slot.swaps) {
+            state.data.swap(slot.value, slot.update);
+        }
+        Ok(())
     }
 
     /// Every value's shape, stored or not, from the inputs' (already in
@@ -424,7 +434,7 @@ impl Executable<'_> {
                 }
             }
         }
-        for slot in &self.plan.states {
+        for slot in self.plan.states.iter().filter(|slot| !slot.swaps) {
             // SAFETY: `data[update]` is the update's arena slot, live to the
             // end of the call (plan.rs), of `len` f32s (its shape equals the
             // state's, checked before the steps); `data[value]` is the

@@ -146,6 +146,7 @@ fn document(plan: &Plan, threads: usize) -> PlanDoc {
                     Location::Released => "released",
                     Location::Virtual => "virtual",
                     Location::State(_) => "state",
+                    Location::NextState(_) => "next state",
                 },
                 arena_offset: match location {
                     Location::Arena(offset) => Some(offset),
@@ -163,7 +164,7 @@ fn document(plan: &Plan, threads: usize) -> PlanDoc {
         arena_bytes: plan.arena_bytes,
         scratch_bytes_per_thread: plan.scratch_per_thread * 4,
         shared_scratch_bytes: plan.shared_scratch * 4,
-        state_bytes: std::mem::size_of_val(plan.state_init.as_slice()),
+        state_bytes: plan.state_bytes(),
         threads,
         kernels,
         values,

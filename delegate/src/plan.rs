@@ -39,17 +39,28 @@ pub enum Location {
     /// Element offset into the delegate's state (f32, kept across calls; see
     /// [`Plan::states`]).
     State(usize),
+    /// A state's update written in place of its next value: the same
+    /// element offset into the state buffer's other half. After a call the
+    /// two halves of such a state trade places ([`StateSlot::swaps`]).
+    NextState(usize),
 }
 
 /// A mutable buffer the delegate owns (a conv's or a scan's state).
 #[derive(Clone, Debug)]
 pub struct StateSlot {
     pub value: usize,
-    /// The value copied into the state at the end of every call.
+    /// The value that becomes the state at the end of every call.
     pub update: usize,
     /// Element offset into the state buffer and element count.
     pub offset: usize,
     pub len: usize,
+    /// Whether its step writes the update straight into the state buffer's
+    /// other half ([`Location::NextState`]), which then becomes the state
+    /// by trading places with it: no copy at the end of the call (a decode
+    /// step's conv state is otherwise copied every token). Otherwise (a
+    /// float16 state, rounded as the model's `copy_` would; an update
+    /// that is an output) it is copied.
+    pub swaps: bool,
 }
 
 /// An original op of the model that a step implements.
@@ -181,6 +192,7 @@ impl Plan {
                     update,
                     offset: at,
                     len: value.max_numel(),
+                    swaps: false,
                 });
             }
         }
@@ -254,13 +266,31 @@ impl Plan {
                 last[v] = last[v].max(s);
             }
         }
-        // Read after the last step, when it is copied into its state.
-        for slot in &states {
-            last[slot.update] = steps.len();
+        // An f32 update that one step writes whole goes straight into the
+        // state buffer's other half; the others are read after the last
+        // step, when they are copied into their state.
+        for i in 0..states.len() {
+            let slot = &states[i];
+            let (value, update) = (&graph.values[slot.value], &graph.values[slot.update]);
+            let writers = steps.iter().filter(|s| s.writes.contains(&slot.update));
+            let swaps = value.dtype == DType::F32
+                && update.dtype == DType::F32
+                && matches!(update.role, Role::Intermediate)
+                && materialised[slot.update]
+                && update.max_numel() == slot.len
+                && writers.count() == 1
+                && states.iter().filter(|s| s.update == slot.update).count() == 1;
+            if swaps {
+                locations[slot.update] = Location::NextState(slot.offset);
+            } else {
+                last[slot.update] = steps.len();
+            }
+            states[i].swaps = swaps;
         }
         let in_arena = |v: usize| {
             let value = &graph.values[v];
             materialised[v]
+                && !matches!(locations[v], Location::NextState(_))
                 && first[v] != usize::MAX
                 && match value.role {
                     Role::Intermediate => true,
@@ -312,6 +342,17 @@ impl Plan {
             state_init,
             report,
         })
+    }
+
+    /// Bytes the delegate-owned states take: their initial contents' layout,
+    /// twice where some state swaps halves with its update.
+    pub fn state_bytes(&self) -> usize {
+        let half = std::mem::size_of_val(self.state_init.as_slice());
+        if self.states.iter().any(|slot| slot.swaps) {
+            2 * half
+        } else {
+            half
+        }
     }
 }
 

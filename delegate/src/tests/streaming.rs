@@ -97,6 +97,11 @@ fn state_carries_across_calls_and_resets_to_its_initial_value() {
     let plan = d.plan().unwrap();
     assert_eq!(plan.states.len(), 1);
     assert_eq!(plan.locations[1], Location::State(0));
+    // The update is written into the state buffer's other half, not the
+    // arena: no copy at the end of a call, the halves trade places.
+    assert!(plan.states[0].swaps);
+    assert_eq!(plan.locations[3], Location::NextState(0));
+    assert_eq!(plan.state_bytes(), 2 * 4 * plan.state_init.len());
     assert_eq!(plan.state_init, init_state());
     let n = 9;
     let x = ramp(C * n, 0.1);
