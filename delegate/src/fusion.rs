@@ -104,7 +104,8 @@ pub fn build(graph: &GraphDesc) -> Result<(Vec<Kernel>, Vec<bool>), GraphError> 
         .iter()
         .map(|v| !matches!(v.role, Role::Intermediate))
         .collect();
-    // A state's update is stored: it is copied into the state after the call.
+    // A state's update is stored: it becomes the state after the call
+    // (plan.rs: written into the state buffer's other half, or copied).
     for v in &graph.values {
         if let Role::State { update, .. } = v.role {
             materialised[update] = true;
