@@ -88,6 +88,34 @@ pub(crate) fn interleave<const S: usize>(isa: Isa, cols: &[f32], rows: &mut [f32
     }
 }
 
+/// `rows[i * stride + t] = cols[t * n + i]` (`n = cols.len() / stride`)
+/// for any stride of 1 or more: [`interleave`]'s vectors for the small
+/// ones (a decode step's state), a plain loop over the rows for the
+/// others.
+///
+/// # Panics
+/// If `stride` is 0, `cols.len()` is not a multiple of it or `rows` is
+/// shorter than `cols`.
+pub(crate) fn interleave_by(isa: Isa, stride: usize, cols: &[f32], rows: &mut [f32]) {
+    match stride {
+        2 => interleave::<2>(isa, cols, rows),
+        3 => interleave::<3>(isa, cols, rows),
+        4 => interleave::<4>(isa, cols, rows),
+        _ => {
+            assert!(
+                stride > 0 && cols.len().is_multiple_of(stride) && rows.len() >= cols.len(),
+                "interleave past the rows"
+            );
+            let n = cols.len() / stride;
+            for (i, row) in rows[..cols.len()].chunks_exact_mut(stride).enumerate() {
+                for (t, v) in row.iter_mut().enumerate() {
+                    *v = cols[t * n + i];
+                }
+            }
+        }
+    }
+}
+
 /// Side of the square blocks [`transpose`] moves at a time: 8 lines of 8
 /// floats in, 8 out, all in registers (one AVX vector a line, or two NEON
 /// ones).
@@ -227,34 +255,6 @@ fn simd_gather<const S: usize>(isa: Isa, line: &[f32], out: &mut [f32]) -> usize
         #[cfg(target_arch = "aarch64")]
         Backend::Neon => unsafe { neon::gather::<S>(line, out) },
         _ => 0,
-    }
-}
-
-/// `rows[i * stride + t] = cols[t * n + i]` (`n = cols.len() / stride`)
-/// for any stride of 1 or more: [`interleave`]'s vectors for the small
-/// ones (a decode step's state), a plain loop over the rows for the
-/// others.
-///
-/// # Panics
-/// If `stride` is 0, `cols.len()` is not a multiple of it or `rows` is
-/// shorter than `cols`.
-pub(crate) fn interleave_by(isa: Isa, stride: usize, cols: &[f32], rows: &mut [f32]) {
-    match stride {
-        2 => interleave::<2>(isa, cols, rows),
-        3 => interleave::<3>(isa, cols, rows),
-        4 => interleave::<4>(isa, cols, rows),
-        _ => {
-            assert!(
-                stride > 0 && cols.len().is_multiple_of(stride) && rows.len() >= cols.len(),
-                "interleave past the rows"
-            );
-            let n = cols.len() / stride;
-            for (i, row) in rows[..cols.len()].chunks_exact_mut(stride).enumerate() {
-                for (t, v) in row.iter_mut().enumerate() {
-                    *v = cols[t * n + i];
-                }
-            }
-        }
     }
 }
 
@@ -690,18 +690,6 @@ mod tests {
                 let want: Vec<f32> = (0..n).map(|i| (i * S) as f32).collect();
                 assert_eq!(out, want, "gather S={S} n={n}");
             }
-            // Rows one element longer than the columns fill: it must stay.
-            let cols: Vec<f32> = (0..S * n).map(|k| k as f32).collect();
-            let mut rows = vec![-1.0f32; S * n + 1];
-            interleave::<S>(isa, &cols, &mut rows);
-            for (q, &v) in rows.iter().enumerate() {
-                let want = if q < S * n {
-                    ((q % S) * n + q / S) as f32
-                } else {
-                    -1.0
-                };
-                assert_eq!(v, want, "interleave S={S} n={n} element {q}");
-            }
         }
     }
 
@@ -710,7 +698,7 @@ mod tests {
     /// every instruction set this CPU has (AVX2 and AVX-512 on x86-64, NEON
     /// under QEMU).
     #[test]
-    fn gathers_and_interleaves_move_exactly_their_elements() {
+    fn gathers_move_exactly_their_elements() {
         for isa in Isa::all_available() {
             check_stride::<2>(isa);
             check_stride::<3>(isa);
@@ -718,13 +706,15 @@ mod tests {
         }
     }
 
-    /// Every stride, the vector ones through [`interleave_by`] as well,
-    /// against the definition.
+    /// Every stride (the vector ones, 2 to 4, through [`interleave`]) and
+    /// length (whole vectors, tails), against the definition, with rows one
+    /// element longer than the columns fill (it must stay), on every
+    /// instruction set this CPU has.
     #[test]
-    fn interleave_by_moves_every_element_at_any_stride() {
+    fn interleaves_move_exactly_their_elements_at_any_stride() {
         for isa in Isa::all_available() {
             for s in 1..=6 {
-                for n in [0, 1, 7, 8, 17, 100] {
+                for n in [0, 1, 3, 4, 5, 7, 8, 15, 16, 17, 33, 64, 100] {
                     let cols: Vec<f32> = (0..s * n).map(|k| k as f32).collect();
                     let mut rows = vec![-1.0f32; s * n + 1];
                     interleave_by(isa, s, &cols, &mut rows);
