@@ -57,9 +57,9 @@ pub struct StateSlot {
     /// Whether its step writes the update straight into the state buffer's
     /// other half ([`Location::NextState`]), which then becomes the state
     /// by trading places with it: no copy at the end of the call (a decode
-    /// step's conv state is otherwise copied every token). Otherwise (a
-    /// float16 state, rounded as the model's `copy_` would; an update
-    /// that is an output) it is copied.
+    /// step's conv state is otherwise copied every token). A float16
+    /// state's update is copied instead, rounded as the model's `copy_`
+    /// would.
     pub swaps: bool,
 }
 
