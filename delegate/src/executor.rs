@@ -92,8 +92,9 @@ impl ExecState {
                 bytes: plan.arena_bytes,
             })?;
         let arena_base = arena.as_mut_ptr();
-        // The states, and a second half where the swapping ones' updates go.
-        let state_bytes = std::mem::size_of_val(plan.state_init.as_slice());
+        // The states, and (`Plan::state_bytes`) a second half where the
+        // swapping ones' updates go, `half` bytes further on.
+        let half = std::mem::size_of_val(plan.state_init.as_slice());
         let mut states = AlignedBuf::zeroed(plan.state_bytes());
         let states_base = states.as_mut_ptr();
         let mut shapes = vec![Shape::default(); plan.values.len()];
@@ -117,7 +118,7 @@ impl ExecState {
                     states_base.wrapping_add(offset * std::mem::size_of::<f32>())
                 }
                 Location::NextState(offset) => {
-                    states_base.wrapping_add(state_bytes + offset * std::mem::size_of::<f32>())
+                    states_base.wrapping_add(half + offset * std::mem::size_of::<f32>())
                 }
                 // Never viewed: the step that names it does not read it.
                 Location::Released => {
