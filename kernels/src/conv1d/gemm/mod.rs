@@ -42,13 +42,14 @@
 //! # No allocation
 //!
 //! `run` allocates nothing: the window lives in the scratch slot, sized at
-//! prepare ([`GemmConv::scratch_per_thread`]: `in_per_group × stride ×
-//! pitch` floats, the pitch being the longest chunk plus the filter's reach
-//! in phase rows), and chunks shorter than one block go through a stack
-//! buffer. This replaced the `gemm` crate (0.19), which allocated inside
-//! every call (a flag vector, packed copies of strided or ragged operands,
-//! and a thread-local slab on each thread's first call); neither it nor
-//! `matrixmultiply` takes a caller's workspace.
+//! prepare ([`GemmConv::scratch_per_thread`]: per input channel, a row of
+//! `pitch` floats for each phase some tap reads, the pitch being the
+//! longest chunk plus the filter's reach in phase rows, and the channels an
+//! odd number of cache lines apart), and chunks shorter than one block go
+//! through a stack buffer. This replaced the `gemm` crate (0.19), which
+//! allocated inside every call (a flag vector, packed copies of strided or
+//! ragged operands, and a thread-local slab on each thread's first call);
+//! neither it nor `matrixmultiply` takes a caller's workspace.
 //!
 //! # Measured
 //!

@@ -290,10 +290,10 @@ fn partial_blocks_read_only_their_own_filters() {
         assert_eq!(run_gemm(&conv, &p, &x, &w[..], None), want, "{backend:?}");
         // One input channel's window: one phase row of the longest chunk
         // (the whole output here, or one block) plus the filter's reach,
-        // rounded up to 64 bytes.
+        // rounded up to 64 bytes, then to an odd number of them.
         let cols = conv.kernel.block().cols();
-        let pitch = (6usize.max(cols) + 2).next_multiple_of(16);
-        assert_eq!(conv.scratch_per_thread(), 2 * pitch);
+        let lines = (6usize.max(cols) + 2).div_ceil(16);
+        assert_eq!(conv.scratch_per_thread(), 2 * 16 * (lines | 1));
     }
 }
 
@@ -312,22 +312,55 @@ fn window_rows_per_phase() {
     let next: Vec<usize> = w.offsets.iter().map(|o| 336 + o).collect();
     assert_eq!(&w.reads[5..], &next[..]);
     // Stride 2, dilation 2: every tap reads the even phase, the only row.
+    // Its two lines are padded to three between channels, so that channels
+    // read at one column spread over the L1 cache's sets.
     let w = Window::new(2, 3, 2, 2, 10, 16);
     assert_eq!((w.pitch, w.halo), (32, 2));
     assert_eq!(&*w.offsets, &[0, 1, 2]);
     assert_eq!(&*w.phases, &[0]);
-    assert_eq!(w.channel_stride(), 32);
+    assert_eq!(w.channel_stride(), 48);
+    assert_eq!(&w.reads[3..], &[48, 49, 50]);
     // Stride 4, K = 3: phases 0, 1, 2 are read, 3 has no row.
     let w = Window::new(2, 3, 4, 1, 20, 16);
     assert_eq!((w.pitch, w.halo), (32, 0));
     assert_eq!(&*w.offsets, &[0, 32, 64]);
     assert_eq!(&*w.phases, &[0, 1, 2]);
-    assert_eq!(w.channel_stride(), 96);
+    assert_eq!(w.channel_stride(), 112);
     // A stride of 4e9 and 8 taps (a fuzzed blob's; finding the phases by
     // scanning every residue below the stride took minutes): 8 phases.
     let w = Window::new(2, 8, 4_000_000_000, 1, 20, 16);
     assert_eq!(&*w.phases, &[0, 1, 2, 3, 4, 5, 6, 7]);
     assert_eq!((w.halo, w.offsets[7]), (0, 7 * w.pitch));
+}
+
+/// Channels read at one column land in distinct L1 sets: rows of 256
+/// floats, 1 KiB apart (a pointwise conv over 256 frames), put every
+/// channel into 4 of the 64 sets. Any 64 consecutive channels' reads of
+/// one column must map to 64 different sets (of 64-byte lines).
+#[test]
+fn consecutive_channels_spread_over_the_cache_sets() {
+    for (k, stride, dilation, chunk) in [
+        (1, 1, 1, 256),
+        (1, 1, 1, 512),
+        (3, 1, 1, 1022),
+        (2, 2, 1, 1024),
+        (3, 4, 1, 20),
+    ] {
+        let w = Window::new(64, k, stride, dilation, chunk, 16);
+        let cs = w.channel_stride();
+        assert!(cs >= w.phases.len() * w.pitch && cs.is_multiple_of(16));
+        let sets: std::collections::HashSet<usize> = w
+            .reads
+            .iter()
+            .step_by(k)
+            .map(|&at| (at / 16) % 64)
+            .collect();
+        assert_eq!(
+            sets.len(),
+            64,
+            "k {k} stride {stride} chunk {chunk}: channel stride {cs}"
+        );
+    }
 }
 
 #[test]
