@@ -334,9 +334,9 @@ fn window_rows_per_phase() {
 }
 
 /// Channels read at one column land in distinct L1 sets: rows of 256
-/// floats, 1 KiB apart (a pointwise conv over 256 frames), put every
-/// channel into 4 of the 64 sets. Any 64 consecutive channels' reads of
-/// one column must map to 64 different sets (of 64-byte lines).
+/// floats, 1 KiB apart (a pointwise conv over 256 frames), put all the
+/// channels' reads into 4 of the 64 sets. Any 64 consecutive channels'
+/// reads of one column must map to 64 different sets (of 64-byte lines).
 #[test]
 fn consecutive_channels_spread_over_the_cache_sets() {
     for (k, stride, dilation, chunk) in [
