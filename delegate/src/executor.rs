@@ -94,7 +94,7 @@ impl ExecState {
         let arena_base = arena.as_mut_ptr();
         // The states, and (`Plan::state_bytes`) a second half where the
         // swapping ones' updates go, `half` bytes further on.
-        let half = std::mem::size_of_val(plan.state_init.as_slice());
+        let half = plan.state_half_bytes();
         let mut states = AlignedBuf::zeroed(plan.state_bytes());
         let states_base = states.as_mut_ptr();
         let mut shapes = vec![Shape::default(); plan.values.len()];

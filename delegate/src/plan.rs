@@ -344,10 +344,16 @@ impl Plan {
         })
     }
 
-    /// Bytes the delegate-owned states take: their initial contents' layout,
-    /// twice where some state swaps halves with its update.
+    /// Bytes of one half of the state buffer: the states' initial contents'
+    /// layout. A swapping state's update lies this far after the state.
+    pub fn state_half_bytes(&self) -> usize {
+        std::mem::size_of_val(self.state_init.as_slice())
+    }
+
+    /// Bytes the delegate-owned states take: one half, twice where some
+    /// state swaps halves with its update.
     pub fn state_bytes(&self) -> usize {
-        let half = std::mem::size_of_val(self.state_init.as_slice());
+        let half = self.state_half_bytes();
         if self.states.iter().any(|slot| slot.swaps) {
             2 * half
         } else {

@@ -131,9 +131,6 @@ pub(crate) struct Window {
     /// The phases some tap reads, ascending: row `i` holds phase
     /// `phases[i]`.
     pub phases: Box<[usize]>,
-    /// Floats from one input channel's rows to the next's: its phase rows,
-    /// padded to an odd number of 64-byte lines ([`channel_stride`]).
-    channel_stride: usize,
     /// Where each (input channel, tap) of the micro-kernels' one loop
     /// reads, in their order: `c · channel_stride + offsets[k]` at index
     /// `c · taps + k`, for the `cin` input channels of a group.
@@ -171,7 +168,6 @@ impl Window {
             halo,
             stride,
             offsets,
-            channel_stride: channel_stride(phases.len() * pitch),
             phases,
             reads: Box::default(),
         };
@@ -182,9 +178,11 @@ impl Window {
         window
     }
 
-    /// Floats of scratch per input channel.
+    /// Floats of scratch per input channel, from one channel's rows to the
+    /// next's: its phase rows, padded to an odd number of 64-byte lines
+    /// ([`odd_lines`]).
     pub(crate) fn channel_stride(&self) -> usize {
-        self.channel_stride
+        odd_lines(self.phases.len() * self.pitch)
     }
 }
 
@@ -202,7 +200,7 @@ impl Window {
 /// were already an odd number of lines apart stayed within noise
 /// (0.98-1.04x), and so did SpeechT5's HiFi-GAN on the Xeon at 1 to 16
 /// threads (bit-identical outputs: the sums run in the same order).
-fn channel_stride(floats: usize) -> usize {
+fn odd_lines(floats: usize) -> usize {
     debug_assert!(floats.is_multiple_of(16));
     if (floats / 16).is_multiple_of(2) {
         floats + 16
