@@ -1,7 +1,8 @@
 //! A reshape that splits or merges dimensions (`OpDesc::Regroup`): its
-//! stored input copied, in row-major order, into its stored output.
+//! stored input copied, in row-major order, into its stored output, in
+//! parallel on the call's pool.
 
-use rustconv_kernels::KernelError;
+use rustconv_kernels::{par, KernelError};
 
 use super::call::Call;
 use super::kind::StepKind;
@@ -46,7 +47,7 @@ impl StepKind for CopyStep {
                 requirement: "must equal its input's",
             });
         }
-        to.copy_from_slice(from);
+        par::copy(to, from);
         Ok(())
     }
 }
