@@ -508,18 +508,13 @@ impl Executable<'_> {
     }
 }
 
-/// Chunk of a float16 conversion each task handles.
-const CONVERT_CHUNK: usize = 1 << 14;
-
 /// # Safety
 /// `src` holds `n` f16s, `dst` room for `n` f32s, and they do not overlap.
 unsafe fn f16_to_f32(src: *const u8, dst: *mut u8, n: usize) {
     use half::slice::HalfFloatSliceExt;
     let src = std::slice::from_raw_parts(src.cast::<half::f16>(), n);
     let dst = std::slice::from_raw_parts_mut(dst.cast::<f32>(), n);
-    par::for_each_chunk_mut(dst, CONVERT_CHUNK, |i, d| {
-        src[i * CONVERT_CHUNK..][..d.len()].convert_to_f32_slice(d)
-    });
+    par::zip_chunks(dst, src, |d, s| s.convert_to_f32_slice(d));
 }
 
 /// # Safety
@@ -528,9 +523,7 @@ unsafe fn f32_to_f16(src: *const u8, dst: *mut u8, n: usize) {
     use half::slice::HalfFloatSliceExt;
     let src = std::slice::from_raw_parts(src.cast::<f32>(), n);
     let dst = std::slice::from_raw_parts_mut(dst.cast::<half::f16>(), n);
-    par::for_each_chunk_mut(dst, CONVERT_CHUNK, |i, d| {
-        d.convert_from_f32_slice(&src[i * CONVERT_CHUNK..][..d.len()])
-    });
+    par::zip_chunks(dst, src, |d, s| d.convert_from_f32_slice(s));
 }
 
 fn bound_shape(plan: &Plan, v: usize) -> Shape {

@@ -199,22 +199,32 @@ pub fn for_each_chunk_mut_min<T: Send>(
     });
 }
 
-/// `dst.copy_from_slice(src)` in tasks of [`MIN_TASK_ELEMS`] elements on
-/// the current pool. A stored tensor a wide pool has just written lies in
-/// every core's cache: one thread copying it alone ran slower on 16
-/// threads than on one (a HiFi-GAN's reshapes, 16-core Xeon).
+/// Calls `f(d, s)` for the matching pieces of [`MIN_TASK_ELEMS`] elements
+/// of `dst` and `src` (the last may be shorter), in parallel as
+/// [`for_each`]: whole-tensor copies and conversions. A stored tensor a
+/// wide pool has just written lies in every core's cache: one thread
+/// copying it alone ran slower on 16 threads than on one (a HiFi-GAN's
+/// reshapes, 16-core Xeon).
+///
+/// # Panics
+/// If the lengths differ.
+pub fn zip_chunks<D: Send, S: Sync>(dst: &mut [D], src: &[S], f: impl Fn(&mut [D], &[S]) + Sync) {
+    assert_eq!(
+        dst.len(),
+        src.len(),
+        "pieces of slices of different lengths"
+    );
+    for_each_chunk_mut(dst, MIN_TASK_ELEMS, |i, d| {
+        f(d, &src[i * MIN_TASK_ELEMS..][..d.len()])
+    });
+}
+
+/// `dst.copy_from_slice(src)` on the current pool ([`zip_chunks`]).
 ///
 /// # Panics
 /// If the lengths differ (as `copy_from_slice`).
 pub fn copy<T: Copy + Send + Sync>(dst: &mut [T], src: &[T]) {
-    assert_eq!(
-        dst.len(),
-        src.len(),
-        "copy between slices of different lengths"
-    );
-    for_each_chunk_mut(dst, MIN_TASK_ELEMS, |i, d| {
-        d.copy_from_slice(&src[i * MIN_TASK_ELEMS..][..d.len()])
-    });
+    zip_chunks(dst, src, |d, s| d.copy_from_slice(s));
 }
 
 /// Calls `f(i, j, piece)` for the `j`-th `inner`-long piece (the last of a
