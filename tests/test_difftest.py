@@ -263,6 +263,50 @@ def test_known_bugs_recognise_their_regressions_and_repairs_remove_the_trigger()
         assert not bug.applies(repaired), bug.id
 
 
+#: Seed 52031's shrunk failure (fuzz, stop 45): a float16 conv, ExecuTorch's
+#: portable cumsum between two RustConv calls, a transposed conv and a scan.
+#: Given the cumsum's output it receives, RustConv's result was within a
+#: quarter float16 ulp of float64; the cumsum (running sum kept in float16)
+#: was not, and the scan took that to 5 ulps of eager.
+_HALF_CUMSUM = {
+    "seed": 210697501275, "mode": "static", "dtype": "float16", "time": 57, "tmin": 57,
+    "tmax": 57, "calls": [57],
+    "inputs": {"x12": {"shape": [12, 3, 4]}, "xv11": {"shape": [1, 3, "T"]},
+               "xv22": {"shape": [1, 3, "T+3"]}},
+    "params": {"p17": {"shape": [12, 3, 3], "init": "normal"},
+               "pv23": {"shape": [1, 3], "init": "normal"}},
+    "buffers": {},
+    "ops": [
+        {"out": "v13", "op": "conv", "x": "xv11", "w": "x12", "b": None, "padding": 3},
+        {"out": "v15", "op": "cumsum", "x": "v13", "dim": 2},
+        {"out": "v18", "op": "slice", "x": "p17", "dim": 2, "start": 1, "end": 2},
+        {"out": "v20", "op": "conv_transpose", "x": "v15", "w": "v18"},
+        {"out": "v24", "op": "scan", "x0": "pv23", "a": "xv22", "u": "v20"},
+    ],
+    "outputs": ["v24"],
+}  # fmt: skip
+
+
+def test_the_half_cumsum_bug_applies_to_narrow_cumsums_and_its_repair_widens_them():
+    """The upstream known bug ``portable_half_cumsum`` applies to seed
+    52031's reproducer in both flows; its repair (the cumsum between casts to
+    float32 and back, what eager computes) leaves a valid model it no longer
+    applies to; a cumsum of float32 values in a float16 graph, or of a float32
+    graph, is not one it applies to."""
+    from difftest.generate import probe_graph
+    from difftest.known import KNOWN_BUGS, applicable
+
+    (bug,) = [b for b in KNOWN_BUGS if b.id == "portable_half_cumsum"]
+    assert bug.upstream
+    for flow in ("edge", "xnn"):
+        assert bug in applicable(_HALF_CUMSUM, flow)
+    repaired = bug.repair(_HALF_CUMSUM)
+    probe_graph(repaired)
+    assert not bug.applies(repaired)
+    assert [op["op"] for op in repaired["ops"]][:4] == ["conv", "cast", "cumsum", "cast"]
+    assert not bug.applies({**_HALF_CUMSUM, "dtype": "float32"})
+
+
 def test_eager_reference_returns_on_the_conv_onednn_never_finishes():
     """Seed 500061 of the long run stalled it for an hour: its float16
     depthwise conv (x [2, 12, 71], w [12, 1, 31], groups 12) never returned

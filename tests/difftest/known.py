@@ -47,6 +47,35 @@ def _gelu_tanh_to_gelu(graph: dict) -> dict:
     return graph
 
 
+_NARROW = ("float16", "bfloat16")
+
+
+def _narrow_cumsums(graph: dict) -> list[int]:
+    """The cumsums of float16 or bfloat16 values: those a cast makes so, or
+    any other of a graph of that dtype."""
+    casts = {op["out"]: op["to"] for op in graph["ops"] if op["op"] == "cast"}
+    return [
+        i
+        for i, op in enumerate(graph["ops"])
+        if op["op"] == "cumsum" and casts.get(op["x"], graph["dtype"]) in _NARROW
+    ]
+
+
+def _cumsums_in_float32(graph: dict) -> dict:
+    """Each narrow cumsum as ``cast(cumsum(cast(x, float32)), dtype)``: what
+    eager computes (its running sum in float32, each output rounded)."""
+    graph = copy.deepcopy(graph)
+    for i in reversed(_narrow_cumsums(graph)):
+        op = graph["ops"][i]
+        out = op["out"]
+        graph["ops"][i : i + 1] = [
+            {"out": f"{out}_w", "op": "cast", "x": op["x"], "to": "float32"},
+            {**op, "out": f"{out}_s", "x": f"{out}_w"},
+            {"out": out, "op": "cast", "x": f"{out}_s", "to": graph["dtype"]},
+        ]
+    return graph
+
+
 KNOWN_BUGS: list[KnownBug] = [
     KnownBug(
         id="xnnpack_gelu_tanh",
@@ -58,6 +87,20 @@ KNOWN_BUGS: list[KnownBug] = [
         applies=lambda g: bool(_gelu_tanh_ops(g)),
         repair=_gelu_tanh_to_gelu,
         flows=("xnn",),
+        upstream=True,
+    ),
+    KnownBug(
+        id="portable_half_cumsum",
+        summary=(
+            "ExecuTorch's portable cumsum (executorch 1.5.1) keeps a float16 or bfloat16 "
+            "running sum in that dtype, where eager sums in float32: seed 52031's 57-step "
+            "cumsum ended 3.4x further from the float64 reference than eager's, and a scan "
+            "after it (|a| ~ 1 over 60 steps) took the difference to 5 float16 ulps. Shows "
+            "where a cumsum sits between RustConv's calls"
+        ),
+        regression=None,
+        applies=lambda g: bool(_narrow_cumsums(g)),
+        repair=_cumsums_in_float32,
         upstream=True,
     ),
 ]
