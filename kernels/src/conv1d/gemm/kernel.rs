@@ -131,6 +131,9 @@ pub(crate) struct Window {
     /// The phases some tap reads, ascending: row `i` holds phase
     /// `phases[i]`.
     pub phases: Box<[usize]>,
+    /// Floats from one input channel's rows to the next's
+    /// ([`channel_stride`]).
+    channel_stride: usize,
     /// Where each (input channel, tap) of the micro-kernels' one loop
     /// reads, in their order: `c · channel_stride + offsets[k]` at index
     /// `c · taps + k`, for the `cin` input channels of a group.
@@ -157,52 +160,72 @@ impl Window {
         let phases = phases.into_boxed_slice();
         let halo = (kernel_size - 1) * dilation / stride;
         let pitch = (max_chunk.max(cols) + halo).next_multiple_of(16);
-        let offsets = (0..kernel_size)
+        let offsets: Box<[usize]> = (0..kernel_size)
             .map(|k| {
                 let row = phases.iter().position(|&r| r == k * dilation % stride);
                 row.expect("a phase some tap reads") * pitch + k * dilation / stride
             })
             .collect();
-        let mut window = Window {
+        let channel_stride = channel_stride(cin, phases.len(), pitch);
+        let reads = (0..cin)
+            .flat_map(|c| offsets.iter().map(move |&o| c * channel_stride + o))
+            .collect();
+        Window {
             pitch,
             halo,
             stride,
             offsets,
             phases,
-            reads: Box::default(),
-        };
-        let cs = window.channel_stride();
-        window.reads = (0..cin)
-            .flat_map(|c| window.offsets.iter().map(move |&o| c * cs + o))
-            .collect();
-        window
+            channel_stride,
+            reads,
+        }
     }
 
     /// Floats of scratch per input channel, from one channel's rows to the
-    /// next's: its phase rows, padded to an odd number of 64-byte lines
-    /// ([`odd_lines`]).
+    /// next's ([`channel_stride`]).
     pub(crate) fn channel_stride(&self) -> usize {
-        odd_lines(self.phases.len() * self.pitch)
+        self.channel_stride
     }
 }
 
-/// The distance between consecutive input channels' rows in a window whose
-/// channels hold `floats` each (a multiple of 16): an odd number of 64-byte
-/// lines. The micro-kernel's steps read every channel's row at the same
-/// columns; an even number of lines apart, those reads fall into a fraction
-/// of the L1 cache's 64 sets (rows of 512 floats: 2 of them, 16 lines for
-/// all the channels), and a block's reads go to L2. An odd number spreads
-/// any 64 consecutive channels over all the sets. Measured with
-/// `calibrate_blocks` (1 thread, best of 11-15 alternating rounds,
-/// 2026-11-29): a pointwise conv of 256 -> 512 channels over 512 frames
-/// ran 1.16x as fast on the 2-core Zen 3 VM (AVX2) and 1.11x on the
-/// 16-core Xeon (AVX-512), 256 -> 256 1.09x and 1.20x; shapes whose rows
-/// were already an odd number of lines apart stayed within noise
-/// (0.98-1.04x), and so did SpeechT5's HiFi-GAN on the Xeon at 1 to 16
-/// threads (bit-identical outputs: the sums run in the same order).
-fn odd_lines(floats: usize) -> usize {
-    debug_assert!(floats.is_multiple_of(16));
-    if (floats / 16).is_multiple_of(2) {
+/// Most rows (of phases, one per input channel and phase) a window may
+/// have for [`channel_stride`] to pad them: one 64-byte line of each is
+/// 32 KiB, the L1 data cache of Zen 3 and 4 and of many Arm cores.
+const SPREAD_ROWS: usize = 512;
+
+/// The distance between consecutive input channels' rows in a window of
+/// `cin` channels holding `phases` rows of `pitch` floats (a multiple of
+/// 16) each.
+///
+/// Up to [`SPREAD_ROWS`] rows, an odd number of 64-byte lines. The
+/// micro-kernel's steps read every channel's row at the same columns; an
+/// even number of lines apart, those reads fall into a fraction of the L1
+/// cache's 64 sets (rows of 512 floats: 2 of them, 16 lines for all the
+/// channels), and a block's reads go to L2. An odd number spreads any 64
+/// consecutive channels over all the sets. Measured with `calibrate_blocks`
+/// (1 thread, best of 11-15 alternating rounds, 2026-11-29): a pointwise
+/// conv of 256 -> 512 channels over 512 frames ran 1.16x as fast on the
+/// 2-core Zen 3 VM (AVX2) and 1.11x on the 16-core Xeon (AVX-512), 256 ->
+/// 256 1.09x and 1.20x; shapes whose rows were already an odd number of
+/// lines apart stayed within noise (0.98-1.04x), and so did SpeechT5's
+/// HiFi-GAN on the Xeon at 1 to 16 threads (bit-identical outputs: the sums
+/// run in the same order).
+///
+/// More rows than that overflow L1 at every step whatever their sets, and
+/// the padding only grows the window (by up to a line a channel) and the
+/// fill's writes. wav2letter's 2000-channel pointwise convs over 26 frames
+/// (rows of 2 lines, 3 padded) ran 4-6% slower padded with AVX2 on a Zen 4
+/// core (`calibrate_blocks`, median of 5 alternating rounds, 2026-11-29:
+/// 2000 -> 40 at 53.7 GFLOP/s against 56.9, 2000 -> 2000 at 55.2 against
+/// 57.6, `docs/bench/ab-s46-gemm-wide-windows.md`), and the 2000 -> 2000
+/// one 5.0 -> 7.55 ms in session 45's ETDumps of the builds before and
+/// after the padding on Zen 3, whose L2 is half as large.
+/// 1024 channels had gained nothing from it (0.96x on Zen 3, 1.01x on the
+/// Xeon).
+fn channel_stride(cin: usize, phases: usize, pitch: usize) -> usize {
+    debug_assert!(pitch.is_multiple_of(16));
+    let floats = phases * pitch;
+    if cin * phases <= SPREAD_ROWS && (floats / 16).is_multiple_of(2) {
         floats + 16
     } else {
         floats

@@ -363,6 +363,31 @@ fn consecutive_channels_spread_over_the_cache_sets() {
     }
 }
 
+/// Windows of more rows than one line of each fits in L1 keep their rows'
+/// own pitch: padding cannot spread reads that overflow L1 anyway, and it
+/// pushed wav2letter's 2000-channel pointwise window (4 lines a channel,
+/// 5 padded: 640 KiB) out of Zen 3's 512 KiB L2.
+#[test]
+fn windows_wider_than_l1_are_not_padded() {
+    // (input channels, taps, stride, chunk, channel stride)
+    for (cin, k, stride, chunk, want) in [
+        (2000, 1, 1, 51, 64),
+        (513, 1, 1, 512, 512),
+        (512, 1, 1, 512, 528),
+        (257, 2, 2, 64, 2 * 64),
+        (256, 2, 2, 64, 2 * 64 + 16),
+        (1024, 3, 1, 1022, 1024),
+    ] {
+        let w = Window::new(cin, k, stride, 1, chunk, 16);
+        assert_eq!(
+            w.channel_stride(),
+            want,
+            "{cin} channels, K {k}, stride {stride}"
+        );
+        assert_eq!(w.reads[k], w.channel_stride() + w.offsets[0]);
+    }
+}
+
 #[test]
 fn few_outputs_take_the_narrow_block() {
     for backend in Backend::all_available() {
@@ -388,7 +413,8 @@ fn few_outputs_take_the_narrow_block() {
 
 /// GFLOP/s of each of this CPU's blocks, forced, on one thread:
 /// `cargo test --release -p rustconv-kernels calibrate_blocks -- --ignored --nocapture`.
-/// `GEMM_SHAPES=cin:cout:n:k,...` replaces the shapes ("same" padding).
+/// `GEMM_SHAPES=cin:cout:n:k,...` replaces the shapes ("same" padding);
+/// `GEMM_ISA=avx2` forces an instruction set.
 #[test]
 #[ignore]
 fn calibrate_blocks() {
@@ -397,7 +423,14 @@ fn calibrate_blocks() {
          128:256:256:1,256:256:1000:1,512:512:500:3"
             .into()
     });
-    let isa = Isa::detect();
+    // `GEMM_ISA=avx2` (any `Isa::name`) forces one of the CPU's instruction sets.
+    let isa = match std::env::var("GEMM_ISA") {
+        Ok(name) => *Isa::all_available()
+            .iter()
+            .find(|isa| isa.name() == name)
+            .unwrap_or_else(|| panic!("GEMM_ISA={name}: not an instruction set of this CPU")),
+        Err(_) => Isa::detect(),
+    };
     let blocks = kernel::blocks(isa.backend());
     println!("{:?}: blocks {blocks:?}", isa.backend());
     for shape in shapes.split(',') {
