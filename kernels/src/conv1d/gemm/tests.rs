@@ -388,6 +388,37 @@ fn windows_wider_than_l1_are_not_padded() {
     }
 }
 
+/// Windows of more rows than [`windows_wider_than_l1_are_not_padded`]
+/// pads compute what the reference does, on every backend: the random
+/// shapes have too few channels to reach them.
+#[test]
+fn unpadded_wide_windows_match_reference_on_every_backend() {
+    let mut rng = Rng::new(46);
+    let cases = [
+        params(1, (600, 24, 1), 51, 1, 1, (0, 0), 1),
+        params(1, (300, 16, 1), 120, 2, 2, (1, 0), 1),
+        params(2, (1040, 40, 2), 90, 3, 1, (1, 1), 1),
+    ];
+    for isa in Isa::all_available() {
+        for max in &cases {
+            let g = max.geometry().unwrap();
+            let conv = GemmConv::new(&g, isa);
+            let win = &conv.window;
+            let rows = g.in_per_group * win.phases.len();
+            assert!(rows > 512, "{max:?}: {rows} rows");
+            assert_eq!(win.channel_stride(), win.phases.len() * win.pitch);
+            let w = rng.vec(max.weight_elems(), -1.0, 1.0);
+            let b = rng.vec(max.bias_elems(), -1.0, 1.0);
+            for in_len in [max.in_len, max.in_len / 2] {
+                let p = Conv1dParams { in_len, ..*max };
+                let x = rng.vec(p.input_elems(), -1.0, 1.0);
+                let got = run_gemm(&conv, &p, &x, &w, Some(&b));
+                check_output(&p, &x, &w, Some(&b), &got, &format!("{isa:?}: {p:?}"));
+            }
+        }
+    }
+}
+
 #[test]
 fn few_outputs_take_the_narrow_block() {
     for backend in Backend::all_available() {
