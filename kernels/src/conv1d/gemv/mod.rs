@@ -873,6 +873,61 @@ mod tests {
         y
     }
 
+    /// A decode step of 12 dense layers (250 -> 250, K = 11: 33 MB of
+    /// weights, past the caches), one output per row, one thread: the
+    /// weights read in place as [`STREAMS`] filters side by side, against
+    /// packed into panels (output channels in the lanes, one stream).
+    /// `cargo test --release -p rustconv-kernels calibrate_decode -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn calibrate_decode() {
+        let mut rng = Rng::new(7);
+        let layers = 12;
+        let step = params(1, (250, 250, 1), 11, 11, 1, (0, 0), 1);
+        let x = rng.vec(step.input_elems(), -1.0, 1.0);
+        let ws: Vec<Vec<f32>> = (0..layers)
+            .map(|_| rng.vec(step.weight_elems(), -1.0, 1.0))
+            .collect();
+        let bytes = (layers * step.weight_elems() * 4) as f64;
+        for (name, max_len) in [("in place, 8 streams", 11), ("packed panels", 12)] {
+            let max = Conv1dParams {
+                in_len: max_len,
+                ..step
+            };
+            assert_eq!(
+                Gemv::packs(&max.geometry().unwrap()),
+                max_len == 12,
+                "{name}"
+            );
+            let convs: Vec<PreparedConv1d> = ws
+                .iter()
+                .map(|w| PreparedConv1d::new(&max, w, Choice::Force(Algorithm::Gemm)).unwrap())
+                .collect();
+            let scratch = Scratch::sized(
+                crate::par::threads(),
+                convs[0].rows_scratch_per_thread(0, 0),
+                convs[0].shared_scratch(),
+            );
+            let mut y = vec![0.0; step.output_elems().unwrap()];
+            let mut times = Vec::new();
+            for _ in 0..200 {
+                let t = std::time::Instant::now();
+                for (conv, w) in convs.iter().zip(&ws) {
+                    conv.run(&step, &x, Some(w), None, &mut y, &scratch)
+                        .unwrap();
+                }
+                times.push(t.elapsed().as_secs_f64());
+            }
+            times.sort_by(f64::total_cmp);
+            let median = times[times.len() / 2];
+            println!(
+                "{name}: {:.3} ms a step, {:.1} GB/s",
+                median * 1e3,
+                bytes / median / 1e9
+            );
+        }
+    }
+
     #[test]
     fn matches_reference_on_every_backend() {
         let mut rng = Rng::new(3);
