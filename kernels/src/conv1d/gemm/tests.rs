@@ -365,8 +365,8 @@ fn consecutive_channels_spread_over_the_cache_sets() {
 
 /// Windows of more rows than one line of each fits in L1 keep their rows'
 /// own pitch: padding cannot spread reads that overflow L1 anyway, and it
-/// pushed wav2letter's 2000-channel pointwise window (4 lines a channel,
-/// 5 padded: 640 KiB) out of Zen 3's 512 KiB L2.
+/// only grew wav2letter's 2000-channel pointwise windows (2 lines a
+/// channel, 3 padded), which ran slower for it (see `channel_stride`).
 #[test]
 fn windows_wider_than_l1_are_not_padded() {
     // (input channels, taps, stride, chunk, channel stride)
