@@ -44,8 +44,9 @@
 //! `run` allocates nothing: the window lives in the scratch slot, sized at
 //! prepare ([`GemmConv::scratch_per_thread`]: per input channel, a row of
 //! `pitch` floats for each phase some tap reads, the pitch being the
-//! longest chunk plus the filter's reach in phase rows, and the channels an
-//! odd number of cache lines apart), and chunks shorter than one block go
+//! longest chunk plus the filter's reach in phase rows, and in windows of
+//! up to 512 rows the channels an odd number of cache lines apart: see
+//! `kernel.rs`'s `channel_stride`), and chunks shorter than one block go
 //! through a stack buffer. This replaced the `gemm` crate (0.19), which
 //! allocated inside every call (a flag vector, packed copies of strided or
 //! ragged operands, and a thread-local slab on each thread's first call);
