@@ -305,6 +305,15 @@ def test_the_half_cumsum_bug_applies_to_narrow_cumsums_and_its_repair_widens_the
     assert not bug.applies(repaired)
     assert [op["op"] for op in repaired["ops"]][:4] == ["conv", "cast", "cumsum", "cast"]
     assert not bug.applies({**_HALF_CUMSUM, "dtype": "float32"})
+    # In a float32 graph, a cumsum a cast makes float16 is one; its repair
+    # hands on float16 values, as the cumsum did, not the graph's dtype.
+    cast = {"out": "v14", "op": "cast", "x": "v13", "to": "float16"}
+    ops = _HALF_CUMSUM["ops"]
+    wide = {**_HALF_CUMSUM, "dtype": "float32",
+            "ops": [ops[0], cast, {**ops[1], "x": "v14"}, *ops[2:]]}  # fmt: skip
+    assert bug.applies(wide)
+    back = [op for op in bug.repair(wide)["ops"] if op["op"] == "cast"][-1]
+    assert (back["out"], back["to"]) == ("v15", "float16")
 
 
 def test_eager_reference_returns_on_the_conv_onednn_never_finishes():

@@ -50,28 +50,28 @@ def _gelu_tanh_to_gelu(graph: dict) -> dict:
 _NARROW = ("float16", "bfloat16")
 
 
-def _narrow_cumsums(graph: dict) -> list[int]:
-    """The cumsums of float16 or bfloat16 values: those a cast makes so, or
-    any other of a graph of that dtype."""
+def _narrow_cumsums(graph: dict) -> list[tuple[int, str]]:
+    """The cumsums of float16 or bfloat16 values, with that dtype: those a
+    cast makes so, or any other of a graph of that dtype."""
     casts = {op["out"]: op["to"] for op in graph["ops"] if op["op"] == "cast"}
-    return [
-        i
-        for i, op in enumerate(graph["ops"])
-        if op["op"] == "cumsum" and casts.get(op["x"], graph["dtype"]) in _NARROW
-    ]
+    found = []
+    for i, op in enumerate(graph["ops"]):
+        if op["op"] == "cumsum" and (dtype := casts.get(op["x"], graph["dtype"])) in _NARROW:
+            found.append((i, dtype))
+    return found
 
 
 def _cumsums_in_float32(graph: dict) -> dict:
-    """Each narrow cumsum as ``cast(cumsum(cast(x, float32)), dtype)``: what
-    eager computes (its running sum in float32, each output rounded)."""
+    """Each narrow cumsum as ``cast(cumsum(cast(x, float32)), its dtype)``:
+    what eager computes (its running sum in float32, each output rounded)."""
     graph = copy.deepcopy(graph)
-    for i in reversed(_narrow_cumsums(graph)):
+    for i, dtype in reversed(_narrow_cumsums(graph)):
         op = graph["ops"][i]
         out = op["out"]
         graph["ops"][i : i + 1] = [
             {"out": f"{out}_w", "op": "cast", "x": op["x"], "to": "float32"},
             {**op, "out": f"{out}_s", "x": f"{out}_w"},
-            {"out": out, "op": "cast", "x": f"{out}_s", "to": graph["dtype"]},
+            {"out": out, "op": "cast", "x": f"{out}_s", "to": dtype},
         ]
     return graph
 
