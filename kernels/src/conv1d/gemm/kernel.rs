@@ -191,7 +191,7 @@ impl Window {
 /// Most rows (of phases, one per input channel and phase) a window may
 /// have for [`channel_stride`] to pad them: one 64-byte line of each is
 /// 32 KiB, the L1 data cache of Zen 3 and 4 and of many Arm cores.
-const SPREAD_ROWS: usize = 512;
+pub(crate) const SPREAD_ROWS: usize = 512;
 
 /// The distance between consecutive input channels' rows in a window of
 /// `cin` channels holding `phases` rows of `pitch` floats (a multiple of

@@ -405,7 +405,7 @@ fn unpadded_wide_windows_match_reference_on_every_backend() {
             let conv = GemmConv::new(&g, isa);
             let win = &conv.window;
             let rows = g.in_per_group * win.phases.len();
-            assert!(rows > 512, "{max:?}: {rows} rows");
+            assert!(rows > kernel::SPREAD_ROWS, "{max:?}: {rows} rows");
             assert_eq!(win.channel_stride(), win.phases.len() * win.pitch);
             let w = rng.vec(max.weight_elems(), -1.0, 1.0);
             let b = rng.vec(max.bias_elems(), -1.0, 1.0);
